@@ -1,0 +1,59 @@
+# Every target is idempotent: with everything installed, a second call starts work in seconds.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export CDK_DISABLE_VERSION_CHECK := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+
+.PHONY: setup run test lint format typecheck unit integration infra e2e synth bench clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.installed node_modules/.installed  ## create .venv, install the project and dev tools, npm ci
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+run: setup  ## the main job: the simulator's Lab 6.1 report (no AWS account needed)
+	$(BIN)/swarm sim lab61
+
+test: setup lint typecheck  ## lint, type-check and the whole pytest suite
+	$(BIN)/pytest -n 2 tests
+
+lint: setup  ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: setup  ## mypy on the library, the functions and the infrastructure
+	$(BIN)/mypy swarm functions infra app.py
+
+unit: setup  ## tests/unit only
+	$(BIN)/pytest tests/unit
+
+integration: setup  ## tests/integration only (moto)
+	$(BIN)/pytest tests/integration
+
+infra: setup  ## tests/infra only (CDK assertions, cdk-nag, cfn-lint, ASL)
+	$(BIN)/pytest tests/infra
+
+e2e: setup  ## tests/e2e only (the whole stack on the local emulator)
+	$(BIN)/pytest tests/e2e
+
+synth: setup  ## synthesize the CloudFormation templates offline into cdk.out/
+	npx cdk synth --quiet
+
+clean:  ## remove build output (keeps .venv and node_modules)
+	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache .hypothesis

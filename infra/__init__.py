@@ -1,0 +1,1 @@
+"""CDK infrastructure: one stack composing one construct per capability."""

@@ -1,0 +1,174 @@
+"""Records to plain JSON-ready dicts and back: one codec for state files, queues and adapters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm.core.errors import InvalidInput
+from swarm.core.governor import BucketState
+from swarm.core.lanes import QueuedUnit
+from swarm.core.model import (
+    AttemptRecord,
+    Lane,
+    Reservation,
+    RunRecord,
+    RunSpec,
+    RunState,
+    UnitRecord,
+    UnitSpec,
+    UnitState,
+)
+
+Doc = dict[str, Any]
+
+
+def spec_to_doc(spec: RunSpec) -> Doc:
+    return {
+        "run_id": spec.run_id,
+        "tenant": spec.tenant,
+        "lane": spec.lane.value,
+        "budget": spec.budget,
+        "max_attempts": spec.max_attempts,
+        "units": [[u.unit_id, u.projected_tokens] for u in spec.units],
+    }
+
+
+def spec_from_doc(doc: Doc) -> RunSpec:
+    return RunSpec(
+        run_id=doc["run_id"],
+        tenant=doc["tenant"],
+        lane=Lane.parse(doc["lane"]),
+        budget=int(doc["budget"]),
+        max_attempts=int(doc["max_attempts"]),
+        units=tuple(UnitSpec(str(uid), int(tokens)) for uid, tokens in doc["units"]),
+    )
+
+
+_RUN_COUNTERS = (
+    "spent", "reserved", "attempts", "retries", "completed", "dead_lettered", "remainder",
+    "in_flight", "budget",
+)  # fmt: skip
+
+
+def run_to_doc(run: RunRecord) -> Doc:
+    doc: Doc = {"spec": spec_to_doc(run.spec), "state": run.state.value}
+    doc.update({name: getattr(run, name) for name in _RUN_COUNTERS})
+    doc.update({"opened_at": run.opened_at, "closed_at": run.closed_at})
+    return doc
+
+
+def run_from_doc(doc: Doc) -> RunRecord:
+    counters = {name: int(doc[name]) for name in _RUN_COUNTERS}
+    return RunRecord(
+        spec=spec_from_doc(doc["spec"]),
+        state=RunState(doc["state"]),
+        opened_at=float(doc["opened_at"]),
+        closed_at=None if doc["closed_at"] is None else float(doc["closed_at"]),
+        **counters,
+    )
+
+
+def unit_to_doc(unit: UnitRecord) -> Doc:
+    res = unit.reservation
+    return {
+        "run_id": unit.run_id,
+        "unit_id": unit.unit_id,
+        "projected_tokens": unit.projected_tokens,
+        "state": unit.state.value,
+        "attempts": unit.attempts,
+        "spent": unit.spent,
+        "drain_retry": unit.drain_retry,
+        "reservation": None
+        if res is None
+        else {"attempt": res.attempt, "projected": res.projected, "lease_expires": res.lease_expires},
+    }
+
+
+def unit_from_doc(doc: Doc) -> UnitRecord:
+    res = doc.get("reservation")
+    return UnitRecord(
+        run_id=doc["run_id"],
+        unit_id=doc["unit_id"],
+        projected_tokens=int(doc["projected_tokens"]),
+        state=UnitState(doc["state"]),
+        attempts=int(doc["attempts"]),
+        spent=int(doc["spent"]),
+        drain_retry=bool(doc["drain_retry"]),
+        reservation=None
+        if res is None
+        else Reservation(int(res["attempt"]), int(res["projected"]), float(res["lease_expires"])),
+    )
+
+
+def attempt_to_doc(a: AttemptRecord) -> Doc:
+    return {
+        "run_id": a.run_id,
+        "unit_id": a.unit_id,
+        "attempt": a.attempt,
+        "tokens": a.tokens,
+        "succeeded": a.succeeded,
+        "settled_at": a.settled_at,
+        "reclaimed": a.reclaimed,
+    }
+
+
+def attempt_from_doc(doc: Doc) -> AttemptRecord:
+    return AttemptRecord(
+        run_id=doc["run_id"],
+        unit_id=doc["unit_id"],
+        attempt=int(doc["attempt"]),
+        tokens=int(doc["tokens"]),
+        succeeded=bool(doc["succeeded"]),
+        settled_at=float(doc["settled_at"]),
+        reclaimed=bool(doc.get("reclaimed", False)),
+    )
+
+
+def queued_to_doc(q: QueuedUnit) -> Doc:
+    return {
+        "run_id": q.run_id,
+        "unit_id": q.unit_id,
+        "tenant": q.tenant,
+        "lane": q.lane.value,
+        "attempt": q.attempt,
+        "tokens": q.tokens,
+    }
+
+
+def queued_from_doc(doc: Doc) -> QueuedUnit:
+    """Parse a queue message; a malformed one is an InvalidInput naming the missing field."""
+    try:
+        return QueuedUnit(
+            run_id=str(doc["run_id"]),
+            unit_id=str(doc["unit_id"]),
+            tenant=str(doc["tenant"]),
+            lane=Lane.parse(str(doc["lane"])),
+            attempt=int(doc["attempt"]),
+            tokens=int(doc["tokens"]),
+        )
+    except KeyError as missing:
+        raise InvalidInput(str(missing.args[0]), "missing from the queue message") from None
+    except (TypeError, ValueError) as bad:
+        raise InvalidInput("message", f"malformed queue message: {bad}") from None
+
+
+def bucket_to_doc(state: BucketState) -> Doc:
+    return {
+        "tokens": state.tokens,
+        "updated_at": state.updated_at,
+        "cut_rate": state.cut_rate,
+        "cut_at": state.cut_at,
+        "throttles": state.throttles,
+        "last_throttle_at": state.last_throttle_at,
+    }
+
+
+def bucket_from_doc(doc: Doc) -> BucketState:
+    return BucketState(
+        tokens=float(doc["tokens"]),
+        updated_at=float(doc["updated_at"]),
+        cut_rate=None if doc["cut_rate"] is None else float(doc["cut_rate"]),
+        cut_at=float(doc["cut_at"]),
+        throttles=int(doc["throttles"]),
+        last_throttle_at=None if doc["last_throttle_at"] is None else float(doc["last_throttle_at"]),
+    )

@@ -1,0 +1,397 @@
+"""The budget ledger: admission, settlement, retries, exhaustion and resume.
+
+The decisions are pure functions over :class:`RunRecord` / :class:`UnitRecord`; :class:`Ledger`
+is the storage port every implementation (in memory here, DynamoDB in ``swarm.adapters``)
+provides with the same meaning, checked by one shared contract test suite.
+
+Semantics (the design sketch's invariants):
+
+* **Admission** reserves an attempt's projected cost only if ``spent + reserved + projected <=
+  budget``. The first refusal moves the run to ``exhausting``: every unit waiting for admission
+  (never admitted, or waiting to retry) joins the *remainder*.
+* **Settlement** replaces the reservation with the tokens actually spent, failed attempts
+  included, exactly once per ``(unit, attempt)``: a repeated settlement returns the first one's
+  result and changes nothing. A failed attempt is retried until ``max_attempts``, then the unit is
+  dead-lettered.
+* **Draining.** While exhausting, only units that were in flight when the budget ran out keep
+  going: a retry owed to an attempt that failed during the drain is admitted if the budget still
+  covers it, otherwise that unit joins the remainder too. When nothing is in flight or owed a
+  retry, the run closes as ``run.exhausted``.
+* **Resume.** A top-up raises the budget and reopens an exhausting/exhausted run; the remainder
+  becomes pending again (attempt counts kept) and is handed back to be enqueued.
+* **Leases.** A reservation carries a lease; :meth:`Ledger.reclaim_expired` settles an attempt
+  whose worker died as failed, charging its projected tokens (the provider billed the work), so a
+  late settlement from that worker is a duplicate and nothing is counted twice.
+
+Remainder membership is derived, not stored: a ``pending`` unit of a run that is no longer open
+is in the remainder unless it is owed a drain retry. That keeps every operation O(1) in storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.core.model import (
+    AttemptRecord,
+    Reservation,
+    RunRecord,
+    RunSpec,
+    RunState,
+    UnitRecord,
+    UnitState,
+)
+
+DEFAULT_LEASE_S = 900.0
+
+
+class Fate(str, Enum):
+    """What happens to a unit after one of its attempts settles."""
+
+    RETRY = "retry"
+    COMPLETED = "completed"
+    DEAD_LETTERED = "dead_lettered"
+
+
+@dataclass(frozen=True)
+class Admission:
+    admitted: bool
+    reason: str  # admitted | already_admitted | budget | exhausting | closed | terminal
+    run: RunRecord
+    unit: UnitRecord
+
+    @property
+    def exhausted_run(self) -> bool:
+        """True when this refusal (or an earlier one) put the run into exhaustion."""
+        return self.run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    fate: Fate
+    duplicate: bool
+    run: RunRecord
+    unit: UnitRecord
+    attempt: AttemptRecord
+
+
+@dataclass(frozen=True)
+class TopUp:
+    run: RunRecord
+    requeue: tuple[str, ...]  # the former remainder, to be enqueued again
+
+
+# ---------------------------------------------------------------- pure decisions
+
+
+def effective_state(run: RunRecord, unit: UnitRecord) -> UnitState:
+    """The state a caller should see: pending units of a non-open run are the remainder."""
+    if unit.state is UnitState.PENDING and run.state is not RunState.OPEN and not unit.drain_retry:
+        return UnitState.REMAINDER
+    return unit.state
+
+
+def _close_if_done(run: RunRecord, now: float) -> RunRecord:
+    if run.state is RunState.OPEN and run.completed + run.dead_lettered == run.units_total:
+        return run.with_(state=RunState.COMPLETED, closed_at=now)
+    if run.state is RunState.EXHAUSTING and run.in_flight == 0 and run.pending == 0:
+        return run.with_(state=RunState.EXHAUSTED, closed_at=now)
+    return run
+
+
+def decide_admission(
+    run: RunRecord, unit: UnitRecord, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+) -> tuple[RunRecord, UnitRecord, Admission]:
+    """Admit (reserve) or refuse attempt ``attempt`` of ``unit``; returns the new records."""
+
+    def refuse(reason: str, r: RunRecord, u: UnitRecord) -> tuple[RunRecord, UnitRecord, Admission]:
+        return r, u, Admission(False, reason, r, u)
+
+    if unit.state is UnitState.IN_FLIGHT:
+        if unit.reservation is not None and unit.reservation.attempt == attempt:
+            return run, unit, Admission(True, "already_admitted", run, unit)
+        raise Conflict(
+            f"unit {unit.unit_id} of run {run.run_id} is in flight with attempt "
+            f"{unit.attempts}, not {attempt}"
+        )
+    if unit.state.terminal:
+        return refuse("terminal", run, unit)
+    if attempt != unit.attempts:
+        raise Conflict(
+            f"unit {unit.unit_id} of run {run.run_id} expects attempt {unit.attempts}, got {attempt}"
+        )
+    if run.state.closed:
+        return refuse("closed", run, unit)
+    if run.state is RunState.EXHAUSTING and not unit.drain_retry:
+        return refuse("exhausting", run, unit)
+
+    projected = unit.projected_tokens
+    if run.spent + run.reserved + projected > run.budget:
+        if run.state is RunState.OPEN:
+            # Exhaustion begins: every waiting unit (this one included) joins the remainder.
+            run = run.with_(state=RunState.EXHAUSTING, remainder=run.pending)
+        else:  # a drain retry the budget no longer covers
+            unit = unit.with_(drain_retry=False)
+            run = run.with_(remainder=run.remainder + 1)
+        return refuse("budget", _close_if_done(run, now), unit)
+
+    unit = unit.with_(
+        state=UnitState.IN_FLIGHT,
+        drain_retry=False,
+        reservation=Reservation(attempt=attempt, projected=projected, lease_expires=now + lease_s),
+    )
+    run = run.with_(reserved=run.reserved + projected, in_flight=run.in_flight + 1)
+    return run, unit, Admission(True, "admitted", run, unit)
+
+
+def decide_settlement(
+    run: RunRecord,
+    unit: UnitRecord,
+    attempt: int,
+    tokens: int,
+    succeeded: bool,
+    now: float,
+    *,
+    reclaimed: bool = False,
+) -> tuple[RunRecord, UnitRecord, Settlement]:
+    """Settle a first (never a repeated) settlement of an admitted attempt."""
+    if not isinstance(tokens, int) or tokens < 0:
+        raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
+    reservation = unit.reservation
+    if unit.state is not UnitState.IN_FLIGHT or reservation is None or reservation.attempt != attempt:
+        raise Conflict(
+            f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) holds no reservation"
+        )
+    record = AttemptRecord(run.run_id, unit.unit_id, attempt, tokens, succeeded, now, reclaimed)
+    attempts = unit.attempts + 1
+    run = run.with_(
+        spent=run.spent + tokens,
+        reserved=run.reserved - reservation.projected,
+        in_flight=run.in_flight - 1,
+        attempts=run.attempts + 1,
+    )
+    unit = unit.with_(attempts=attempts, spent=unit.spent + tokens, reservation=None)
+    if succeeded:
+        fate = Fate.COMPLETED
+        unit = unit.with_(state=UnitState.COMPLETED)
+        run = run.with_(completed=run.completed + 1)
+    elif attempts >= run.spec.max_attempts:
+        fate = Fate.DEAD_LETTERED
+        unit = unit.with_(state=UnitState.DEAD_LETTERED)
+        run = run.with_(dead_lettered=run.dead_lettered + 1)
+    else:
+        fate = Fate.RETRY
+        draining = run.state is RunState.EXHAUSTING
+        unit = unit.with_(state=UnitState.PENDING, drain_retry=draining)
+        run = run.with_(retries=run.retries + 1)
+    run = _close_if_done(run, now)
+    return run, unit, Settlement(fate, False, run, unit, record)
+
+
+def decide_top_up(run: RunRecord, amount: int, now: float) -> RunRecord:
+    if not isinstance(amount, int) or amount <= 0:
+        raise InvalidInput("top_up", f"must be a positive whole number of tokens, got {amount!r}")
+    if run.state is RunState.COMPLETED:
+        raise Conflict(f"run {run.run_id} is completed: there is nothing to resume")
+    run = run.with_(budget=run.budget + amount)
+    if run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED):
+        run = run.with_(state=RunState.OPEN, remainder=0, closed_at=None)
+    return run
+
+
+def fresh_records(spec: RunSpec, now: float) -> tuple[RunRecord, list[UnitRecord]]:
+    run = RunRecord(spec=spec, opened_at=now)
+    units = [UnitRecord(spec.run_id, u.unit_id, u.projected_tokens) for u in spec.units]
+    return _close_if_done(run, now), units
+
+
+# ---------------------------------------------------------------- the port
+
+
+class Ledger(Protocol):
+    """The run books. Every method is atomic with respect to every other caller."""
+
+    def open_run(self, spec: RunSpec, now: float) -> RunRecord:
+        """Create the books for a run; idempotent for the same spec, Conflict for another."""
+        ...
+
+    def run(self, run_id: str) -> RunRecord: ...
+
+    def unit(self, run_id: str, unit_id: str) -> UnitRecord: ...
+
+    def units(self, run_id: str) -> list[UnitRecord]:
+        """Every unit with its *effective* state (remainder included), in spec order."""
+        ...
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]: ...
+
+    def admit(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> Admission: ...
+
+    def settle(
+        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Settlement: ...
+
+    def top_up(self, run_id: str, amount: int, now: float) -> TopUp: ...
+
+    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]: ...
+
+
+def remainder_of(ledger: Ledger, run_id: str) -> list[str]:
+    return [u.unit_id for u in ledger.units(run_id) if u.state is UnitState.REMAINDER]
+
+
+# ---------------------------------------------------------------- in memory
+
+
+class InMemoryLedger:
+    """The reference implementation: a dict per run, used by the simulator and unit tests."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, RunRecord] = {}
+        self._units: dict[str, dict[str, UnitRecord]] = {}
+        self._attempts: dict[tuple[str, str, int], Settlement] = {}
+
+    # -- reads
+    def run(self, run_id: str) -> RunRecord:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise NotFound(f"no run {run_id!r}") from None
+
+    def unit(self, run_id: str, unit_id: str) -> UnitRecord:
+        run = self.run(run_id)
+        try:
+            unit = self._units[run_id][unit_id]
+        except KeyError:
+            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
+        return unit.with_(state=effective_state(run, unit))
+
+    def units(self, run_id: str) -> list[UnitRecord]:
+        run = self.run(run_id)
+        return [u.with_(state=effective_state(run, u)) for u in self._units[run_id].values()]
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        self.run(run_id)
+        return [s.attempt for (r, _, _), s in self._attempts.items() if r == run_id]
+
+    # -- writes
+    def open_run(self, spec: RunSpec, now: float) -> RunRecord:
+        existing = self._runs.get(spec.run_id)
+        if existing is not None:
+            if existing.spec != spec:
+                raise Conflict(f"run {spec.run_id!r} exists with a different spec")
+            return existing
+        run, units = fresh_records(spec, now)
+        self._runs[spec.run_id] = run
+        self._units[spec.run_id] = {u.unit_id: u for u in units}
+        return run
+
+    def admit(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> Admission:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        run, unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+        self._runs[run_id] = run
+        self._units[run_id][unit_id] = unit
+        return admission
+
+    def settle(
+        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Settlement:
+        return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
+
+    def top_up(self, run_id: str, amount: int, now: float) -> TopUp:
+        before = self.run(run_id)
+        requeue = tuple(
+            u.unit_id
+            for u in self._units[run_id].values()
+            if effective_state(before, u) is UnitState.REMAINDER
+        )
+        run = decide_top_up(before, amount, now)
+        self._runs[run_id] = run
+        return TopUp(run, requeue if run.state is RunState.OPEN else ())
+
+    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+        expired = [
+            u
+            for u in self._units[run_id].values()
+            if u.reservation is not None and u.reservation.lease_expires <= now
+        ]
+        self.run(run_id)
+        return [
+            self._settle(
+                run_id,
+                u.unit_id,
+                u.reservation.attempt,
+                u.reservation.projected,
+                False,
+                now,
+                reclaimed=True,
+            )
+            for u in expired
+            if u.reservation is not None
+        ]
+
+    # -- persistence (the simulator's state files)
+    def records(self) -> tuple[list[RunRecord], list[UnitRecord], list[AttemptRecord]]:
+        """Everything the books hold, stored states (not effective ones)."""
+        units = [u for by_id in self._units.values() for u in by_id.values()]
+        return list(self._runs.values()), units, [s.attempt for s in self._attempts.values()]
+
+    @classmethod
+    def from_records(
+        cls, runs: Iterable[RunRecord], units: Iterable[UnitRecord], attempts: Iterable[AttemptRecord]
+    ) -> InMemoryLedger:
+        ledger = cls()
+        for run in runs:
+            ledger._runs[run.run_id] = run
+            ledger._units[run.run_id] = {}
+        for unit in units:
+            ledger._units[unit.run_id][unit.unit_id] = unit
+        for a in attempts:
+            run = ledger._runs[a.run_id]
+            if a.succeeded:
+                fate = Fate.COMPLETED
+            elif a.attempt + 1 >= run.spec.max_attempts:
+                fate = Fate.DEAD_LETTERED
+            else:
+                fate = Fate.RETRY
+            unit = ledger._units[a.run_id][a.unit_id]
+            ledger._attempts[(a.run_id, a.unit_id, a.attempt)] = Settlement(fate, False, run, unit, a)
+        return ledger
+
+    # -- helpers
+    def _raw_unit(self, run_id: str, unit_id: str) -> UnitRecord:
+        try:
+            return self._units[run_id][unit_id]
+        except KeyError:
+            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
+
+    def _settle(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        *,
+        reclaimed: bool,
+    ) -> Settlement:
+        key = (run_id, unit_id, attempt)
+        first = self._attempts.get(key)
+        if first is not None:
+            return Settlement(first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt)
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        run, unit, settlement = decide_settlement(
+            run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed
+        )
+        self._runs[run_id] = run
+        self._units[run_id][unit_id] = unit
+        self._attempts[key] = settlement
+        return settlement

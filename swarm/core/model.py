@@ -1,0 +1,215 @@
+"""Runs, units, lanes and the records the ledger keeps about them.
+
+A *run* is one submitted batch: an id, the tenant that submitted it, a priority lane, a token
+budget, a retry limit and its units. A *unit* is one piece of agent work with a projected token
+cost (what admission reserves); the tokens actually spent are only known when an attempt ends.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from swarm.core.errors import InvalidInput
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def check_id(field_name: str, value: str) -> str:
+    """Ids travel in SQS messages, DynamoDB keys and Step Functions execution names."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise InvalidInput(
+            field_name,
+            f"{value!r} is not a valid id: use 1-128 letters, digits, '.', '_', ':' or '-', "
+            "starting with a letter or digit",
+        )
+    return value
+
+
+class Lane(str, Enum):
+    """Priority lanes, highest first. Keep the number small enough to reason about."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        """0 for the highest lane; lower ranks are served first."""
+        return _LANE_ORDER.index(self)
+
+    @classmethod
+    def parse(cls, value: str, field_name: str = "lane") -> Lane:
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(lane.value for lane in cls)
+            raise InvalidInput(field_name, f"{value!r} is not a lane; use one of {allowed}") from None
+
+
+_LANE_ORDER = (Lane.HIGH, Lane.NORMAL, Lane.LOW)
+LANES: tuple[Lane, ...] = _LANE_ORDER
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One unit of work as submitted: its id and projected token cost."""
+
+    unit_id: str
+    projected_tokens: int
+
+    def __post_init__(self) -> None:
+        check_id("unit_id", self.unit_id)
+        if not isinstance(self.projected_tokens, int) or self.projected_tokens < 1:
+            raise InvalidInput(
+                f"units[{self.unit_id}].projected_tokens",
+                f"must be a positive whole number of tokens, got {self.projected_tokens!r}",
+            )
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A batch as submitted. Immutable: resume changes the books, never the spec."""
+
+    run_id: str
+    tenant: str
+    lane: Lane
+    budget: int
+    units: tuple[UnitSpec, ...]
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        check_id("run_id", self.run_id)
+        check_id("tenant", self.tenant)
+        if not isinstance(self.budget, int) or self.budget < 0:
+            raise InvalidInput("budget", f"must be a whole number of tokens >= 0, got {self.budget!r}")
+        if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 100:
+            raise InvalidInput("max_attempts", f"must be 1..100, got {self.max_attempts!r}")
+        if not self.units:
+            raise InvalidInput("units", "a run needs at least one unit")
+        seen: set[str] = set()
+        for unit in self.units:
+            if unit.unit_id in seen:
+                raise InvalidInput("units", f"unit id {unit.unit_id!r} appears more than once")
+            seen.add(unit.unit_id)
+
+    @property
+    def projected_total(self) -> int:
+        return sum(u.projected_tokens for u in self.units)
+
+
+class RunState(str, Enum):
+    """``open`` admits units; ``exhausting`` admits only retries of units that were in flight when
+    the budget ran out; ``exhausted`` and ``completed`` are closed (a top-up reopens exhausted)."""
+
+    OPEN = "open"
+    EXHAUSTING = "exhausting"
+    EXHAUSTED = "exhausted"
+    COMPLETED = "completed"
+
+    @property
+    def closed(self) -> bool:
+        return self in (RunState.EXHAUSTED, RunState.COMPLETED)
+
+    @property
+    def event(self) -> str:
+        """The event name a closed run is announced with (``run.completed`` / ``run.exhausted``)."""
+        return f"run.{self.value}"
+
+
+class UnitState(str, Enum):
+    PENDING = "pending"  # waiting for (re-)admission: never admitted, or a retry
+    IN_FLIGHT = "in_flight"  # an attempt holds a reservation
+    COMPLETED = "completed"
+    DEAD_LETTERED = "dead_lettered"
+    REMAINDER = "remainder"  # not run because the budget ran out; a top-up brings it back
+
+    @property
+    def terminal(self) -> bool:
+        return self in (UnitState.COMPLETED, UnitState.DEAD_LETTERED, UnitState.REMAINDER)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Tokens held for one admitted attempt until it settles or its lease expires."""
+
+    attempt: int
+    projected: int
+    lease_expires: float
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    run_id: str
+    unit_id: str
+    projected_tokens: int
+    state: UnitState = UnitState.PENDING
+    attempts: int = 0  # attempts settled so far; the next attempt's number is this value
+    spent: int = 0  # tokens settled over every attempt of this unit
+    reservation: Reservation | None = None
+    drain_retry: bool = False  # a retry owed to an attempt that failed while the run was exhausting
+
+    def with_(self, **changes: object) -> UnitRecord:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The run's books. ``spent + reserved <= budget`` holds after every admission."""
+
+    spec: RunSpec
+    state: RunState = RunState.OPEN
+    spent: int = 0
+    reserved: int = 0
+    attempts: int = 0
+    retries: int = 0
+    completed: int = 0
+    dead_lettered: int = 0
+    remainder: int = 0
+    in_flight: int = 0
+    budget: int = field(default=-1)  # the spec's budget plus every top-up
+    opened_at: float = 0.0
+    closed_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget < 0:
+            object.__setattr__(self, "budget", self.spec.budget)
+
+    @property
+    def run_id(self) -> str:
+        return self.spec.run_id
+
+    @property
+    def units_total(self) -> int:
+        return len(self.spec.units)
+
+    @property
+    def pending(self) -> int:
+        return (
+            self.units_total
+            - self.completed
+            - self.dead_lettered
+            - self.remainder
+            - self.in_flight
+        )
+
+    @property
+    def available(self) -> int:
+        return self.budget - self.spent - self.reserved
+
+    def with_(self, **changes: object) -> RunRecord:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One settled attempt: the unit of exactly-once settlement."""
+
+    run_id: str
+    unit_id: str
+    attempt: int
+    tokens: int
+    succeeded: bool
+    settled_at: float
+    reclaimed: bool = False  # settled by lease expiry (the worker died holding it)

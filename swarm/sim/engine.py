@@ -1,0 +1,229 @@
+"""The fleet's digital twin: the scheduler core driven on a virtual clock.
+
+Each simulated second, in this order: attempts whose service time is over settle in the ledger
+(failed ones are retried at the back of their lane, or dead-lettered), then free workers take
+units from the lanes: ledger admission first (the first refusal starts exhaustion), then a draw
+from the governor (a refusal blocks the lane head until the deficit refills). The clock then jumps
+to the next second at which something can happen, so long runs cost little.
+
+With Lab 6.1's parameters this reproduces the book's table to the token and second, because the
+governor, ledger and lanes here are the same code the Lambda functions run against DynamoDB/SQS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from swarm.core.clock import VirtualClock
+from swarm.core.errors import InvalidInput
+from swarm.core.governor import GovernorConfig, InMemoryGovernor, ticks_until
+from swarm.core.lanes import InMemoryLanes, Policy, QueuedUnit
+from swarm.core.ledger import Fate, InMemoryLedger, remainder_of
+from swarm.core.model import Lane, RunRecord, RunSpec, RunState
+from swarm.sim.workload import Workload
+
+RUN_ID = "sim-run"
+TENANT = "sim"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    workers: int = 100
+    quota_tpm: int = 300_000
+    share: float = 0.95
+    budget: int = 6_000_000
+    max_attempts: int = 3
+    policy: Policy = Policy.FIFO
+    horizon_s: int = 30 * 86_400  # a simulation that has not finished by then stops and says so
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise InvalidInput("workers", f"must be >= 1, got {self.workers}")
+        if self.budget < 0:
+            raise InvalidInput("budget", f"must be >= 0 tokens, got {self.budget}")
+        if not 1 <= self.max_attempts <= 100:
+            raise InvalidInput("max_attempts", f"must be 1..100, got {self.max_attempts}")
+        if self.horizon_s < 1:
+            raise InvalidInput("horizon", f"must be >= 1 second, got {self.horizon_s}")
+        self.governor  # validates quota and share
+
+    @property
+    def governor(self) -> GovernorConfig:
+        return GovernorConfig(quota_tpm=self.quota_tpm, share=self.share)
+
+
+@dataclass(frozen=True)
+class Running:
+    finish: int
+    item: QueuedUnit
+
+
+@dataclass(frozen=True)
+class SimResult:
+    run: RunRecord
+    elapsed: int
+    killed: bool = False
+    in_flight: int = 0  # attempts running when killed
+    horizon_reached: bool = False
+    remainder: tuple[str, ...] = ()
+    lost_attempts: int = 0  # attempts that were running at a kill, settled on resume
+
+
+@dataclass
+class Simulation:
+    workload: Workload
+    fleet: FleetConfig
+    clock: VirtualClock = field(default_factory=VirtualClock)
+    ledger: InMemoryLedger = field(default_factory=InMemoryLedger)
+    lanes: InMemoryLanes | None = None
+    governor: InMemoryGovernor | None = None
+    in_flight: list[Running] = field(default_factory=list)
+    lost_attempts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lanes is None:
+            self.lanes = InMemoryLanes(self.fleet.policy)
+        if self.governor is None:
+            self.governor = InMemoryGovernor(self.fleet.governor, self.clock.now())
+
+    # ------------------------------------------------------------ set-up
+
+    @classmethod
+    def fresh(cls, workload: Workload, fleet: FleetConfig) -> Simulation:
+        sim = cls(workload, fleet)
+        spec = RunSpec(RUN_ID, TENANT, Lane.NORMAL, fleet.budget, workload.specs(), fleet.max_attempts)
+        sim.ledger.open_run(spec, sim.clock.now())
+        for unit in spec.units:
+            sim._enqueue(unit.unit_id, unit.projected_tokens, attempt=0)
+        return sim
+
+    @property
+    def run(self) -> RunRecord:
+        return self.ledger.run(RUN_ID)
+
+    def _enqueue(self, unit_id: str, tokens: int, attempt: int) -> None:
+        assert self.lanes is not None
+        spec = self.run.spec
+        self.lanes.push(QueuedUnit(RUN_ID, unit_id, spec.tenant, spec.lane, attempt, tokens))
+
+    # ------------------------------------------------------------ the loop
+
+    def run_until(self, kill_at: int | None = None) -> SimResult:
+        """Run to the end of the run (or to ``kill_at``, leaving the state resumable)."""
+        t = int(self.clock.now())
+        if kill_at is not None and kill_at <= t:
+            raise InvalidInput("kill_at", f"must be after the current time {t}s, got {kill_at}s")
+        while not self.run.state.closed:
+            if t > self.fleet.horizon_s:
+                return self._result(t, horizon_reached=True)
+            self.clock.advance_to(t)
+            self._settle_finished(t)
+            next_draw = None if self.run.state.closed else self._dispatch(t)
+            if self.run.state.closed:
+                break
+            candidates = [r.finish for r in self.in_flight]
+            if next_draw is not None:
+                candidates.append(next_draw)
+            if not candidates:
+                raise RuntimeError(f"simulation stalled at {t}s with the run {self.run.state.value}")
+            t_next = min(candidates)
+            if kill_at is not None and t_next >= kill_at:
+                self.clock.advance_to(kill_at)
+                return self._result(kill_at, killed=True)
+            t = t_next
+        closed_at = self.run.closed_at
+        return self._result(int(closed_at if closed_at is not None else t))
+
+    def _settle_finished(self, t: int) -> None:
+        still: list[Running] = []
+        for running in self.in_flight:
+            if running.finish > t:
+                still.append(running)
+                continue
+            item = running.item
+            failed = self.workload.fails(self.workload.index_of(item.unit_id), item.attempt)
+            self._settle(item, succeeded=not failed, now=t)
+        self.in_flight = still
+
+    def _settle(self, item: QueuedUnit, succeeded: bool, now: float) -> None:
+        settlement = self.ledger.settle(
+            item.run_id, item.unit_id, item.attempt, item.tokens, succeeded, now
+        )
+        if settlement.fate is Fate.RETRY and not settlement.duplicate:
+            self._enqueue(item.unit_id, item.tokens, item.attempt + 1)
+
+    def _dispatch(self, t: int) -> int | None:
+        """Fill free workers; returns when the governor can next grant the blocked head."""
+        assert self.lanes is not None and self.governor is not None
+        while len(self.in_flight) < self.fleet.workers:
+            item = self.lanes.peek()
+            if item is None:
+                return None
+            admission = self.ledger.admit(
+                item.run_id, item.unit_id, item.attempt, t, lease_s=math.inf
+            )
+            if not admission.admitted:
+                self.lanes.pop()
+                if admission.exhausted_run:  # the waiting units are the remainder now
+                    self.lanes.remove(item.run_id, set(remainder_of(self.ledger, item.run_id)))
+                continue
+            draw = self.governor.draw(item.tokens, item.lane, t)
+            if not draw.granted:
+                return t + ticks_until(draw.wait_s)
+            self.lanes.pop()
+            self.in_flight.append(Running(t + self.workload.service_s(item.tokens), item))
+        return None
+
+    # ------------------------------------------------------------ kill / resume
+
+    def recover_after_kill(self) -> int:
+        """The fleet died: every attempt that was running is lost, its tokens billed anyway.
+
+        Each is settled as a failed attempt charging its projected tokens (so spent stays the
+        sum over every attempt), and retried or dead-lettered like any failure. Units that had
+        completed are never touched.
+        """
+        lost = list(self.in_flight)
+        self.in_flight = []
+        now = self.clock.now()
+        for running in lost:
+            self._settle(running.item, succeeded=False, now=now)
+        self.lost_attempts += len(lost)
+        return len(lost)
+
+    def top_up(self, amount: int) -> int:
+        """Raise the budget and put the remainder back on its lane; returns how many."""
+        top = self.ledger.top_up(RUN_ID, amount, self.clock.now())
+        for unit_id in top.requeue:
+            unit = self.ledger.unit(RUN_ID, unit_id)
+            self._enqueue(unit_id, unit.projected_tokens, unit.attempts)
+        return len(top.requeue)
+
+    def _result(
+        self, elapsed: int, *, killed: bool = False, horizon_reached: bool = False
+    ) -> SimResult:
+        run = self.run
+        remainder = tuple(remainder_of(self.ledger, RUN_ID)) if run.state is RunState.EXHAUSTED else ()
+        return SimResult(
+            run=run,
+            elapsed=elapsed,
+            killed=killed,
+            in_flight=len(self.in_flight) if killed else 0,
+            horizon_reached=horizon_reached,
+            remainder=remainder,
+            lost_attempts=self.lost_attempts,
+        )
+
+
+def simulate(workload: Workload, fleet: FleetConfig, kill_at: int | None = None) -> SimResult:
+    return Simulation.fresh(workload, fleet).run_until(kill_at)
+
+
+def crossover_workers(workload: Workload, fleet: FleetConfig) -> int:
+    """Little's law: the workers the governed quota can actually feed (N* = rate x service time)."""
+    tokens = [workload.tokens(i) for i in range(workload.units)]
+    avg_tokens = sum(tokens) / len(tokens)
+    avg_service = sum(workload.service_s(t) for t in tokens) / len(tokens)
+    units_per_min = fleet.governor.rate * 60 / avg_tokens
+    return math.ceil(units_per_min * avg_service / 60)
