@@ -80,7 +80,11 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
         "drain_retry": unit.drain_retry,
         "reservation": None
         if res is None
-        else {"attempt": res.attempt, "projected": res.projected, "lease_expires": res.lease_expires},
+        else {
+            "attempt": res.attempt,
+            "projected": res.projected,
+            "lease_expires": res.lease_expires,
+        },
     }
 
 
@@ -170,5 +174,7 @@ def bucket_from_doc(doc: Doc) -> BucketState:
         cut_rate=None if doc["cut_rate"] is None else float(doc["cut_rate"]),
         cut_at=float(doc["cut_at"]),
         throttles=int(doc["throttles"]),
-        last_throttle_at=None if doc["last_throttle_at"] is None else float(doc["last_throttle_at"]),
+        last_throttle_at=None
+        if doc["last_throttle_at"] is None
+        else float(doc["last_throttle_at"]),
     )

@@ -40,7 +40,9 @@ class GovernorConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.quota_tpm, int) or self.quota_tpm <= 0:
-            raise InvalidInput("quota_tpm", f"must be a positive whole number, got {self.quota_tpm!r}")
+            raise InvalidInput(
+                "quota_tpm", f"must be a positive whole number, got {self.quota_tpm!r}"
+            )
         if not 0 < self.share <= 1:
             raise InvalidInput("governor_share", f"must be in (0, 1], got {self.share!r}")
         if self.capacity is not None and self.capacity <= 0:
@@ -51,7 +53,9 @@ class GovernorConfig:
         if not 0 <= self.initial_fill <= 1:
             raise InvalidInput("initial_fill", f"must be in [0, 1], got {self.initial_fill!r}")
         if not 0 < self.decrease_factor < 1:
-            raise InvalidInput("decrease_factor", f"must be in (0, 1), got {self.decrease_factor!r}")
+            raise InvalidInput(
+                "decrease_factor", f"must be in (0, 1), got {self.decrease_factor!r}"
+            )
         if not 0 < self.min_rate_fraction <= 1:
             raise InvalidInput(
                 "min_rate_fraction", f"must be in (0, 1], got {self.min_rate_fraction!r}"
@@ -98,7 +102,9 @@ class BucketState:
     def effective_rate(self, config: GovernorConfig, now: float) -> float:
         if self.cut_rate is None:
             return config.rate
-        recovered = self.cut_rate + config.recovery_per_s * config.rate * max(0.0, now - self.cut_at)
+        recovered = self.cut_rate + config.recovery_per_s * config.rate * max(
+            0.0, now - self.cut_at
+        )
         return min(config.rate, recovered)
 
     def available(self, config: GovernorConfig, now: float) -> float:
@@ -136,9 +142,9 @@ def check_amount(config: GovernorConfig, amount: float, lane: Lane) -> None:
     if amount + config.reserve(lane) > config.bucket_capacity:
         raise InvalidInput(
             "amount",
-            f"{amount:,.0f} tokens from lane {lane.value} can never be granted: the bucket holds "
-            f"{config.bucket_capacity:,.0f} and keeps {config.reserve(lane):,.0f} for higher lanes; "
-            "split the unit or raise the governor capacity",
+            f"{amount:,.0f} tokens from lane {lane.value} can never be granted: the bucket "
+            f"holds {config.bucket_capacity:,.0f} and keeps {config.reserve(lane):,.0f} for "
+            "higher lanes; split the unit or raise the governor capacity",
         )
 
 

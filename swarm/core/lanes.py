@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 from swarm.core.errors import InvalidInput
 from swarm.core.model import LANES, Lane
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     FIFO = "fifo"
     FAIR = "fair"
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 from swarm.core.errors import Conflict, InvalidInput, NotFound
@@ -48,7 +48,7 @@ from swarm.core.model import (
 DEFAULT_LEASE_S = 900.0
 
 
-class Fate(str, Enum):
+class Fate(StrEnum):
     """What happens to a unit after one of its attempts settles."""
 
     RETRY = "retry"
@@ -121,7 +121,8 @@ def decide_admission(
         return refuse("terminal", run, unit)
     if attempt != unit.attempts:
         raise Conflict(
-            f"unit {unit.unit_id} of run {run.run_id} expects attempt {unit.attempts}, got {attempt}"
+            f"unit {unit.unit_id} of run {run.run_id} expects attempt {unit.attempts}, "
+            f"got {attempt}"
         )
     if run.state.closed:
         return refuse("closed", run, unit)
@@ -161,7 +162,11 @@ def decide_settlement(
     if not isinstance(tokens, int) or tokens < 0:
         raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
     reservation = unit.reservation
-    if unit.state is not UnitState.IN_FLIGHT or reservation is None or reservation.attempt != attempt:
+    if (
+        unit.state is not UnitState.IN_FLIGHT
+        or reservation is None
+        or reservation.attempt != attempt
+    ):
         raise Conflict(
             f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) holds no reservation"
         )
@@ -345,7 +350,10 @@ class InMemoryLedger:
 
     @classmethod
     def from_records(
-        cls, runs: Iterable[RunRecord], units: Iterable[UnitRecord], attempts: Iterable[AttemptRecord]
+        cls,
+        runs: Iterable[RunRecord],
+        units: Iterable[UnitRecord],
+        attempts: Iterable[AttemptRecord],
     ) -> InMemoryLedger:
         ledger = cls()
         for run in runs:
@@ -362,7 +370,9 @@ class InMemoryLedger:
             else:
                 fate = Fate.RETRY
             unit = ledger._units[a.run_id][a.unit_id]
-            ledger._attempts[(a.run_id, a.unit_id, a.attempt)] = Settlement(fate, False, run, unit, a)
+            ledger._attempts[(a.run_id, a.unit_id, a.attempt)] = Settlement(
+                fate, False, run, unit, a
+            )
         return ledger
 
     # -- helpers
@@ -386,7 +396,9 @@ class InMemoryLedger:
         key = (run_id, unit_id, attempt)
         first = self._attempts.get(key)
         if first is not None:
-            return Settlement(first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt)
+            return Settlement(
+                first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt
+            )
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
         run, unit, settlement = decide_settlement(
             run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed

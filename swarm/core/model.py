@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 from swarm.core.errors import InvalidInput
 
@@ -27,7 +27,7 @@ def check_id(field_name: str, value: str) -> str:
     return value
 
 
-class Lane(str, Enum):
+class Lane(StrEnum):
     """Priority lanes, highest first. Keep the number small enough to reason about."""
 
     HIGH = "high"
@@ -45,7 +45,9 @@ class Lane(str, Enum):
             return cls(value)
         except ValueError:
             allowed = ", ".join(lane.value for lane in cls)
-            raise InvalidInput(field_name, f"{value!r} is not a lane; use one of {allowed}") from None
+            raise InvalidInput(
+                field_name, f"{value!r} is not a lane; use one of {allowed}"
+            ) from None
 
 
 _LANE_ORDER = (Lane.HIGH, Lane.NORMAL, Lane.LOW)
@@ -83,7 +85,9 @@ class RunSpec:
         check_id("run_id", self.run_id)
         check_id("tenant", self.tenant)
         if not isinstance(self.budget, int) or self.budget < 0:
-            raise InvalidInput("budget", f"must be a whole number of tokens >= 0, got {self.budget!r}")
+            raise InvalidInput(
+                "budget", f"must be a whole number of tokens >= 0, got {self.budget!r}"
+            )
         if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 100:
             raise InvalidInput("max_attempts", f"must be 1..100, got {self.max_attempts!r}")
         if not self.units:
@@ -99,7 +103,7 @@ class RunSpec:
         return sum(u.projected_tokens for u in self.units)
 
 
-class RunState(str, Enum):
+class RunState(StrEnum):
     """``open`` admits units; ``exhausting`` admits only retries of units that were in flight when
     the budget ran out; ``exhausted`` and ``completed`` are closed (a top-up reopens exhausted)."""
 
@@ -118,7 +122,7 @@ class RunState(str, Enum):
         return f"run.{self.value}"
 
 
-class UnitState(str, Enum):
+class UnitState(StrEnum):
     PENDING = "pending"  # waiting for (re-)admission: never admitted, or a retry
     IN_FLIGHT = "in_flight"  # an attempt holds a reservation
     COMPLETED = "completed"
@@ -187,11 +191,7 @@ class RunRecord:
     @property
     def pending(self) -> int:
         return (
-            self.units_total
-            - self.completed
-            - self.dead_lettered
-            - self.remainder
-            - self.in_flight
+            self.units_total - self.completed - self.dead_lettered - self.remainder - self.in_flight
         )
 
     @property

@@ -46,7 +46,7 @@ class FleetConfig:
             raise InvalidInput("max_attempts", f"must be 1..100, got {self.max_attempts}")
         if self.horizon_s < 1:
             raise InvalidInput("horizon", f"must be >= 1 second, got {self.horizon_s}")
-        self.governor  # validates quota and share
+        _ = self.governor  # validates quota and share
 
     @property
     def governor(self) -> GovernorConfig:
@@ -92,7 +92,9 @@ class Simulation:
     @classmethod
     def fresh(cls, workload: Workload, fleet: FleetConfig) -> Simulation:
         sim = cls(workload, fleet)
-        spec = RunSpec(RUN_ID, TENANT, Lane.NORMAL, fleet.budget, workload.specs(), fleet.max_attempts)
+        spec = RunSpec(
+            RUN_ID, TENANT, Lane.NORMAL, fleet.budget, workload.specs(), fleet.max_attempts
+        )
         sim.ledger.open_run(spec, sim.clock.now())
         for unit in spec.units:
             sim._enqueue(unit.unit_id, unit.projected_tokens, attempt=0)
@@ -116,7 +118,7 @@ class Simulation:
             raise InvalidInput("kill_at", f"must be after the current time {t}s, got {kill_at}s")
         while not self.run.state.closed:
             if t > self.fleet.horizon_s:
-                return self._result(t, horizon_reached=True)
+                return self.result(t, horizon_reached=True)
             self.clock.advance_to(t)
             self._settle_finished(t)
             next_draw = None if self.run.state.closed else self._dispatch(t)
@@ -126,14 +128,15 @@ class Simulation:
             if next_draw is not None:
                 candidates.append(next_draw)
             if not candidates:
-                raise RuntimeError(f"simulation stalled at {t}s with the run {self.run.state.value}")
+                raise RuntimeError(
+                    f"simulation stalled at {t}s with the run {self.run.state.value}"
+                )
             t_next = min(candidates)
             if kill_at is not None and t_next >= kill_at:
                 self.clock.advance_to(kill_at)
-                return self._result(kill_at, killed=True)
+                return self.result(kill_at, killed=True)
             t = t_next
-        closed_at = self.run.closed_at
-        return self._result(int(closed_at if closed_at is not None else t))
+        return self.result()
 
     def _settle_finished(self, t: int) -> None:
         still: list[Running] = []
@@ -200,11 +203,16 @@ class Simulation:
             self._enqueue(unit_id, unit.projected_tokens, unit.attempts)
         return len(top.requeue)
 
-    def _result(
-        self, elapsed: int, *, killed: bool = False, horizon_reached: bool = False
+    def result(
+        self, elapsed: int | None = None, *, killed: bool = False, horizon_reached: bool = False
     ) -> SimResult:
+        """The run as it stands; ``elapsed`` defaults to when it closed (or the clock)."""
         run = self.run
-        remainder = tuple(remainder_of(self.ledger, RUN_ID)) if run.state is RunState.EXHAUSTED else ()
+        if elapsed is None:
+            elapsed = int(run.closed_at if run.closed_at is not None else self.clock.now())
+        remainder = (
+            tuple(remainder_of(self.ledger, RUN_ID)) if run.state is RunState.EXHAUSTED else ()
+        )
         return SimResult(
             run=run,
             elapsed=elapsed,

@@ -1,0 +1,1 @@
+"""Benchmarks with printed figures (performance targets live here, not in timed tests)."""
