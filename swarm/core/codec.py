@@ -46,7 +46,7 @@ def spec_from_doc(doc: Doc) -> RunSpec:
 
 _RUN_COUNTERS = (
     "spent", "reserved", "attempts", "retries", "completed", "dead_lettered", "remainder",
-    "in_flight", "budget",
+    "in_flight", "budget", "exhaustions",
 )  # fmt: skip
 
 
@@ -77,7 +77,7 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
         "state": unit.state.value,
         "attempts": unit.attempts,
         "spent": unit.spent,
-        "drain_retry": unit.drain_retry,
+        "drain_epoch": unit.drain_epoch,
         "reservation": None
         if res is None
         else {
@@ -97,7 +97,7 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
         state=UnitState(doc["state"]),
         attempts=int(doc["attempts"]),
         spent=int(doc["spent"]),
-        drain_retry=bool(doc["drain_retry"]),
+        drain_epoch=int(doc["drain_epoch"]),
         reservation=None
         if res is None
         else Reservation(int(res["attempt"]), int(res["projected"]), float(res["lease_expires"])),

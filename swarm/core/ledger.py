@@ -24,7 +24,9 @@ Semantics (the design sketch's invariants):
   late settlement from that worker is a duplicate and nothing is counted twice.
 
 Remainder membership is derived, not stored: a ``pending`` unit of a run that is no longer open
-is in the remainder unless it is owed a drain retry. That keeps every operation O(1) in storage.
+is in the remainder unless it is owed a drain retry (its attempt failed during the *current*
+exhaustion: ``unit.drain_epoch == run.exhaustions``, so flags from an earlier exhaustion that a
+top-up ended go stale by themselves). That keeps every operation O(1) in storage.
 """
 
 from __future__ import annotations
@@ -87,9 +89,22 @@ class TopUp:
 # ---------------------------------------------------------------- pure decisions
 
 
+def owed_drain_retry(run: RunRecord, unit: UnitRecord) -> bool:
+    """A pending unit whose attempt failed during the current drain may still be admitted."""
+    return (
+        run.state is RunState.EXHAUSTING
+        and unit.state is UnitState.PENDING
+        and unit.drain_epoch == run.exhaustions
+    )
+
+
 def effective_state(run: RunRecord, unit: UnitRecord) -> UnitState:
     """The state a caller should see: pending units of a non-open run are the remainder."""
-    if unit.state is UnitState.PENDING and run.state is not RunState.OPEN and not unit.drain_retry:
+    if (
+        unit.state is UnitState.PENDING
+        and run.state is not RunState.OPEN
+        and not owed_drain_retry(run, unit)
+    ):
         return UnitState.REMAINDER
     return unit.state
 
@@ -126,22 +141,24 @@ def decide_admission(
         )
     if run.state.closed:
         return refuse("closed", run, unit)
-    if run.state is RunState.EXHAUSTING and not unit.drain_retry:
+    if run.state is RunState.EXHAUSTING and not owed_drain_retry(run, unit):
         return refuse("exhausting", run, unit)
 
     projected = unit.projected_tokens
     if run.spent + run.reserved + projected > run.budget:
         if run.state is RunState.OPEN:
             # Exhaustion begins: every waiting unit (this one included) joins the remainder.
-            run = run.with_(state=RunState.EXHAUSTING, remainder=run.pending)
+            run = run.with_(
+                state=RunState.EXHAUSTING, remainder=run.pending, exhaustions=run.exhaustions + 1
+            )
         else:  # a drain retry the budget no longer covers
-            unit = unit.with_(drain_retry=False)
+            unit = unit.with_(drain_epoch=0)
             run = run.with_(remainder=run.remainder + 1)
         return refuse("budget", _close_if_done(run, now), unit)
 
     unit = unit.with_(
         state=UnitState.IN_FLIGHT,
-        drain_retry=False,
+        drain_epoch=0,
         reservation=Reservation(attempt=attempt, projected=projected, lease_expires=now + lease_s),
     )
     run = run.with_(reserved=run.reserved + projected, in_flight=run.in_flight + 1)
@@ -190,7 +207,7 @@ def decide_settlement(
     else:
         fate = Fate.RETRY
         draining = run.state is RunState.EXHAUSTING
-        unit = unit.with_(state=UnitState.PENDING, drain_retry=draining)
+        unit = unit.with_(state=UnitState.PENDING, drain_epoch=run.exhaustions if draining else 0)
         run = run.with_(retries=run.retries + 1)
     run = _close_if_done(run, now)
     return run, unit, Settlement(fate, False, run, unit, record)

@@ -152,7 +152,9 @@ class UnitRecord:
     attempts: int = 0  # attempts settled so far; the next attempt's number is this value
     spent: int = 0  # tokens settled over every attempt of this unit
     reservation: Reservation | None = None
-    drain_retry: bool = False  # a retry owed to an attempt that failed while the run was exhausting
+    # the run's exhaustion epoch in which an attempt of this unit failed during the drain: the
+    # unit is owed a drain retry while that exhaustion lasts (0 = never)
+    drain_epoch: int = 0
 
     def with_(self, **changes: object) -> UnitRecord:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -172,6 +174,7 @@ class RunRecord:
     dead_lettered: int = 0
     remainder: int = 0
     in_flight: int = 0
+    exhaustions: int = 0  # how many times the budget ran out (the current drain's epoch)
     budget: int = field(default=-1)  # the spec's budget plus every top-up
     opened_at: float = 0.0
     closed_at: float | None = None
