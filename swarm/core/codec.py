@@ -84,6 +84,7 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
             "attempt": res.attempt,
             "projected": res.projected,
             "lease_expires": res.lease_expires,
+            "claimed": res.claimed,
         },
     }
 
@@ -100,7 +101,12 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
         drain_epoch=int(doc["drain_epoch"]),
         reservation=None
         if res is None
-        else Reservation(int(res["attempt"]), int(res["projected"]), float(res["lease_expires"])),
+        else Reservation(
+            int(res["attempt"]),
+            int(res["projected"]),
+            float(res["lease_expires"]),
+            bool(res.get("claimed", False)),
+        ),
     )
 
 

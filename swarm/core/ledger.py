@@ -19,9 +19,15 @@ Semantics (the design sketch's invariants):
   retry, the run closes as ``run.exhausted``.
 * **Resume.** A top-up raises the budget and reopens an exhausting/exhausted run; the remainder
   becomes pending again (attempt counts kept) and is handed back to be enqueued.
-* **Leases.** A reservation carries a lease; :meth:`Ledger.reclaim_expired` settles an attempt
-  whose worker died as failed, charging its projected tokens (the provider billed the work), so a
-  late settlement from that worker is a duplicate and nothing is counted twice.
+* **Claims and leases.** Admission may happen long before a worker starts (the fan-out admits a
+  unit, then it waits in its lane), so a reservation starts *unclaimed* with a long lease; the
+  worker that starts the attempt *claims* it with a lease of its visibility timeout. A second
+  delivery of the same message meanwhile finds it ``busy``. When a lease expires,
+  :meth:`Ledger.reclaim_expired` settles a *claimed* attempt as failed, charging its projected
+  tokens (the worker died; the provider billed the work), so a late settlement from that worker is
+  a duplicate and nothing is counted twice; an *unclaimed* reservation is simply released.
+* **Dead letters.** :meth:`Ledger.dead_letter` ends a unit the queue gave up on (a poison
+  message) whatever attempts it had left, settling a claimed attempt first.
 
 Remainder membership is derived, not stored: a ``pending`` unit of a run that is no longer open
 is in the remainder unless it is owed a drain retry (its attempt failed during the *current*
@@ -32,7 +38,7 @@ top-up ended go stale by themselves). That keeps every operation O(1) in storage
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -78,6 +84,15 @@ class Settlement:
     run: RunRecord
     unit: UnitRecord
     attempt: AttemptRecord
+
+
+@dataclass(frozen=True)
+class Claim:
+    claimed: bool
+    reason: (
+        str  # claimed | busy (another worker holds a live lease) | stale | settled | not_admitted
+    )
+    unit: UnitRecord
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,48 @@ def decide_settlement(
     return run, unit, Settlement(fate, False, run, unit, record)
 
 
+def decide_claim(
+    run: RunRecord, unit: UnitRecord, attempt: int, now: float, lease_s: float
+) -> tuple[UnitRecord, Claim]:
+    """A worker starts attempt ``attempt``: take the reservation's lease (run books unchanged)."""
+    res = unit.reservation
+    if unit.state is UnitState.IN_FLIGHT and res is not None and res.attempt == attempt:
+        if res.claimed and res.lease_expires > now:
+            return unit, Claim(False, "busy", unit)
+        if res.claimed:
+            return unit, Claim(False, "stale", unit)
+        unit = unit.with_(reservation=replace(res, claimed=True, lease_expires=now + lease_s))
+        return unit, Claim(True, "claimed", unit)
+    if unit.state.terminal or attempt < unit.attempts:
+        return unit, Claim(False, "settled", unit)
+    return unit, Claim(False, "not_admitted", unit)
+
+
+def decide_release(run: RunRecord, unit: UnitRecord, now: float) -> tuple[RunRecord, UnitRecord]:
+    """Give back an unclaimed reservation: no attempt ran, so nothing is spent or counted."""
+    res = unit.reservation
+    if unit.state is not UnitState.IN_FLIGHT or res is None or res.claimed:
+        raise Conflict(f"unit {unit.unit_id} of run {run.run_id} holds no unclaimed reservation")
+    unit = unit.with_(state=UnitState.PENDING, reservation=None)
+    run = run.with_(reserved=run.reserved - res.projected, in_flight=run.in_flight - 1)
+    if run.state is RunState.EXHAUSTING:  # not a drain retry: it joins the remainder
+        run = run.with_(remainder=run.remainder + 1)
+    return _close_if_done(run, now), unit
+
+
+def decide_dead_letter(
+    run: RunRecord, unit: UnitRecord, now: float
+) -> tuple[RunRecord, UnitRecord]:
+    """Force a pending unit to dead-lettered (the queue gave up on its message)."""
+    if unit.state is not UnitState.PENDING:
+        raise Conflict(f"unit {unit.unit_id} of run {run.run_id} is {unit.state.value}")
+    if effective_state(run, unit) is UnitState.REMAINDER:
+        run = run.with_(remainder=run.remainder - 1)
+    unit = unit.with_(state=UnitState.DEAD_LETTERED, drain_epoch=0)
+    run = run.with_(dead_lettered=run.dead_lettered + 1)
+    return _close_if_done(run, now), unit
+
+
 def decide_top_up(run: RunRecord, amount: int, now: float) -> RunRecord:
     if not isinstance(amount, int) or amount <= 0:
         raise InvalidInput("top_up", f"must be a positive whole number of tokens, got {amount!r}")
@@ -260,7 +317,21 @@ class Ledger(Protocol):
 
     def top_up(self, run_id: str, amount: int, now: float) -> TopUp: ...
 
-    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]: ...
+    def claim(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+    ) -> Claim: ...
+
+    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+        """Settle claimed attempts whose lease expired as lost; release unclaimed ones."""
+        ...
+
+    def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
+        """The same for one unit; returns the lost attempt's settlement, if there was one."""
+        ...
+
+    def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
+        """End a unit the queue gave up on; a claimed attempt is settled as lost first."""
+        ...
 
 
 def remainder_of(ledger: Ledger, run_id: str) -> list[str]:
@@ -338,26 +409,48 @@ class InMemoryLedger:
         self._runs[run_id] = run
         return TopUp(run, requeue if run.state is RunState.OPEN else ())
 
+    def claim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> Claim:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        unit, claim = decide_claim(run, unit, attempt, now, lease_s)
+        self._units[run_id][unit_id] = unit
+        return claim
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        expired = [
-            u
-            for u in self._units[run_id].values()
-            if u.reservation is not None and u.reservation.lease_expires <= now
-        ]
         self.run(run_id)
-        return [
-            self._settle(
-                run_id,
-                u.unit_id,
-                u.reservation.attempt,
-                u.reservation.projected,
-                False,
-                now,
-                reclaimed=True,
-            )
-            for u in expired
-            if u.reservation is not None
-        ]
+        lost = []
+        for unit_id in list(self._units[run_id]):
+            settlement = self.reclaim_unit(run_id, unit_id, now)
+            if settlement is not None:
+                lost.append(settlement)
+        return lost
+
+    def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        res = unit.reservation
+        if res is None or res.lease_expires > now:
+            return None
+        if not res.claimed:
+            self._runs[run_id], self._units[run_id][unit_id] = decide_release(run, unit, now)
+            return None
+        return self._settle(run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True)
+
+    def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
+        unit = self._raw_unit(run_id, unit_id)
+        res = unit.reservation
+        if res is not None:
+            if res.claimed:
+                self._settle(
+                    run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True
+                )
+            else:
+                self._runs[run_id], self._units[run_id][unit_id] = decide_release(
+                    self.run(run_id), unit, now
+                )
+        unit = self._raw_unit(run_id, unit_id)
+        if unit.state is UnitState.PENDING:
+            self._runs[run_id], unit = decide_dead_letter(self.run(run_id), unit, now)
+            self._units[run_id][unit_id] = unit
+        return self.unit(run_id, unit_id)
 
     # -- persistence (the simulator's state files)
     def records(self) -> tuple[list[RunRecord], list[UnitRecord], list[AttemptRecord]]:

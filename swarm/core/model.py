@@ -141,6 +141,7 @@ class Reservation:
     attempt: int
     projected: int
     lease_expires: float
+    claimed: bool = False  # a worker started the attempt (lease = its visibility timeout)
 
 
 @dataclass(frozen=True)

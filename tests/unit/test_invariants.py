@@ -132,15 +132,48 @@ class LedgerMachine(RuleBasedStateMachine):
     def tick(self, dt: float) -> None:
         self.now += dt
 
+    @rule(i=st.integers(0, UNITS - 1), lease=st.floats(1, 60))
+    def claim(self, i: int, lease: float) -> None:
+        unit = self.ledger.unit("r1", self._unit(i))
+        claim = self.ledger.claim("r1", unit.unit_id, unit.attempts, self.now, lease)
+        res = unit.reservation
+        if res is None:
+            assert not claim.claimed
+        elif res.claimed:
+            assert claim.reason == ("busy" if res.lease_expires > self.now else "stale")
+        else:
+            assert claim.claimed and claim.unit.reservation is not None
+            assert claim.unit.reservation.lease_expires == self.now + lease
+
     @precondition(lambda self: self.ledger.run("r1").in_flight > 0)
     @rule()
     def reclaim(self) -> None:
         before = self.ledger.run("r1")
+        expired = [
+            u
+            for u in self.ledger.units("r1")
+            if u.reservation is not None and u.reservation.lease_expires <= self.now
+        ]
         reclaimed = self.ledger.reclaim_expired("r1", self.now)
+        # claimed attempts are lost (their projected tokens charged); unclaimed ones released
+        assert len(reclaimed) == sum(1 for u in expired if u.reservation and u.reservation.claimed)
         for s in reclaimed:
             assert s.attempt.reclaimed and not s.attempt.succeeded
+            assert s.attempt.tokens == self.ledger.unit("r1", s.attempt.unit_id).projected_tokens
             self.settled[(s.attempt.unit_id, s.attempt.attempt)] = s.fate
-        assert self.ledger.run("r1").in_flight == before.in_flight - len(reclaimed)
+        assert self.ledger.run("r1").in_flight == before.in_flight - len(expired)
+
+    @rule(i=st.integers(0, UNITS - 1))
+    def dead_letter(self, i: int) -> None:
+        unit = self.ledger.unit("r1", self._unit(i))
+        res = unit.reservation
+        after = self.ledger.dead_letter("r1", unit.unit_id, self.now)
+        if res is not None and res.claimed:
+            self.settled[(unit.unit_id, res.attempt)] = Fate.RETRY  # settled as lost first
+        if unit.state.terminal and unit.state is not UnitState.REMAINDER:
+            assert after.state is unit.state
+        else:
+            assert after.state is UnitState.DEAD_LETTERED
 
     @invariant()
     def books_balance(self) -> None:
