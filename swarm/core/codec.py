@@ -142,6 +142,7 @@ def queued_to_doc(q: QueuedUnit) -> Doc:
         "lane": q.lane.value,
         "attempt": q.attempt,
         "tokens": q.tokens,
+        "input": q.input,
     }
 
 
@@ -155,6 +156,7 @@ def queued_from_doc(doc: Doc) -> QueuedUnit:
             lane=Lane.parse(str(doc["lane"])),
             attempt=int(doc["attempt"]),
             tokens=int(doc["tokens"]),
+            input=str(doc.get("input", "")),
         )
     except KeyError as missing:
         raise InvalidInput(str(missing.args[0]), "missing from the queue message") from None

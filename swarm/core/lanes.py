@@ -41,6 +41,7 @@ class QueuedUnit:
     lane: Lane
     attempt: int
     tokens: int  # the projected cost: what the governor is asked for
+    input: str = ""  # the unit's input for the model (the prompt); empty in the simulator
 
 
 class Lanes(Protocol):

@@ -245,6 +245,18 @@ def decide_claim(
     return unit, Claim(False, "not_admitted", unit)
 
 
+def decide_unclaim(
+    unit: UnitRecord, attempt: int, now: float, lease_s: float
+) -> tuple[UnitRecord, bool]:
+    """The claiming worker hands the attempt back unstarted (the model plane throttled it): the
+    reservation stays, unclaimed, so the unit's next delivery claims it again."""
+    res = unit.reservation
+    if unit.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
+        return unit, False
+    unit = unit.with_(reservation=replace(res, claimed=False, lease_expires=now + lease_s))
+    return unit, True
+
+
 def decide_release(run: RunRecord, unit: UnitRecord, now: float) -> tuple[RunRecord, UnitRecord]:
     """Give back an unclaimed reservation: no attempt ran, so nothing is spent or counted."""
     res = unit.reservation
@@ -320,6 +332,10 @@ class Ledger(Protocol):
     def claim(
         self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
     ) -> Claim: ...
+
+    def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
+        """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
+        ...
 
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
         """Settle claimed attempts whose lease expired as lost; release unclaimed ones."""
@@ -414,6 +430,12 @@ class InMemoryLedger:
         unit, claim = decide_claim(run, unit, attempt, now, lease_s)
         self._units[run_id][unit_id] = unit
         return claim
+
+    def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
+        self.run(run_id)
+        unit, done = decide_unclaim(self._raw_unit(run_id, unit_id), attempt, now, lease_s)
+        self._units[run_id][unit_id] = unit
+        return done
 
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
         self.run(run_id)

@@ -145,6 +145,17 @@ class LedgerMachine(RuleBasedStateMachine):
             assert claim.claimed and claim.unit.reservation is not None
             assert claim.unit.reservation.lease_expires == self.now + lease
 
+    @rule(i=st.integers(0, UNITS - 1))
+    def unclaim(self, i: int) -> None:
+        unit = self.ledger.unit("r1", self._unit(i))
+        before = self.ledger.run("r1")
+        handed_back = self.ledger.unclaim("r1", unit.unit_id, unit.attempts, self.now, 100)
+        assert handed_back == (unit.state is UnitState.IN_FLIGHT)
+        assert self.ledger.run("r1") == before  # the books do not move
+        if handed_back:
+            res = self.ledger.unit("r1", unit.unit_id).reservation
+            assert res is not None and not res.claimed
+
     @precondition(lambda self: self.ledger.run("r1").in_flight > 0)
     @rule()
     def reclaim(self) -> None:
