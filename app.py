@@ -1,21 +1,43 @@
 #!/usr/bin/env python3
-"""CDK entry point. Loads cdk.json's context itself so every path builds the same template."""
+"""CDK entry point. Loads cdk.json's context itself so `python app.py`, pytest and `npx cdk synth`
+build the same template; cdk-nag (AwsSolutions) runs as a CDK validation plugin on every synth."""
 
 from __future__ import annotations
 
-import aws_cdk as cdk
+from collections.abc import Mapping
+from typing import Any
 
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from infra.config import load_config
 from infra.context import cdk_json_context
+from infra.nag import acknowledge_findings
 from infra.stack import SwarmStack
 
 
-def build_app(context: dict[str, object] | None = None) -> cdk.App:
-    merged = {**cdk_json_context(), **(context or {})}
-    app = cdk.App(context=merged)
-    stage = str(app.node.try_get_context("stage"))
-    SwarmStack(app, f"Swarm-{stage}", stage=stage)
-    return app
+def build_app(
+    context: Mapping[str, Any] | None = None,
+    *,
+    nag: bool = True,
+    outdir: str | None = None,
+) -> tuple[cdk.App, SwarmStack]:
+    """cdk.json's context, overridden by ``context`` (the CLI's ``-c`` values arrive there too)."""
+    app = cdk.App(context={**cdk_json_context(), **(context or {})}, outdir=outdir)
+    # The CLI's -c values (and cdk.json again) reach the app through the environment and win
+    # over the constructor's context, so validate what the app node finally holds.
+    config = load_config(app.node.get_all_context())
+    stack = SwarmStack(
+        app,
+        f"Swarm-{config.stage}",
+        config=config,
+        description=f"swarm control plane ({config.stage}): lanes, fleet, governor, ledger",
+    )
+    acknowledge_findings(stack)
+    if nag:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return app, stack
 
 
 if __name__ == "__main__":
-    build_app().synth()
+    build_app()[0].synth()

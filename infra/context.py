@@ -6,10 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from infra.constants import ROOT
+
+CDK_JSON = ROOT / "cdk.json"
 
 
-def cdk_json_context(path: Path = ROOT / "cdk.json") -> dict[str, Any]:
-    context = json.loads(path.read_text())["context"]
-    assert isinstance(context, dict)
+def cdk_json_context(path: Path = CDK_JSON) -> dict[str, Any]:
+    """The ``context`` object of cdk.json (defaults and feature flags)."""
+    document = json.loads(path.read_text())
+    context = document.get("context")
+    if not isinstance(context, dict):
+        raise ValueError(f"{path.name} has no 'context' object")
     return context

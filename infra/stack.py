@@ -1,15 +1,155 @@
-"""The control plane stack."""
+"""The control plane stack: one construct per capability, wired through the env contract."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_events as events
 from constructs import Construct
+
+from infra import constants as c
+from infra.api import FrontDoor
+from infra.config import SwarmConfig
+from infra.drain import DrainSwitch
+from infra.fanout import FanOut
+from infra.functions import Environment, FunctionFactory
+from infra.observability import Observability
+from infra.queues import LaneQueues
+from infra.storage import BatchStorage
+from infra.tables import Tables
+from infra.workers import DLQ_TIMEOUT, Workers
+from swarm import settings as env
+from swarm.core.model import LANES
 
 
 class SwarmStack(cdk.Stack):
-    def __init__(self, scope: Construct, construct_id: str, *, stage: str, **kwargs: Any) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: SwarmConfig, **kwargs: Any
+    ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.stage = stage
-        cdk.CfnOutput(self, "Stage", value=stage)
+        self.config = config
+        service = f"{c.SERVICE}-{config.stage}"
+        environment = Environment()
+        environment.update(_static_environment(config, service))
+
+        self.lanes = LaneQueues(self, "Lanes", config=config, dlq_timeout=DLQ_TIMEOUT)
+        self.tables = Tables(self, "Tables", config=config)
+        self.storage = BatchStorage(self, "Storage", config=config)
+        self.bus = events.EventBus(self, "Events", description=f"swarm {config.stage} run events")
+        self.drain = DrainSwitch(self, "Drain", config=config)
+        environment.set(
+            **{
+                env.GOVERNOR_TABLE_NAME: self.tables.governor.table_name,
+                env.LEDGER_TABLE_NAME: self.tables.ledger.table_name,
+                env.BUCKET_NAME: self.storage.bucket.bucket_name,
+                env.EVENT_BUS_NAME: self.bus.event_bus_name,
+                env.DRAIN_PARAMETER_NAME: self.drain.parameter.parameter_name,
+            },
+            **{env.queue_url_var(lane): self.lanes.queues[lane].queue_url for lane in LANES},
+            **{env.dlq_url_var(lane): self.lanes.dead_letters[lane].queue_url for lane in LANES},
+        )
+        factory = FunctionFactory(self, config, environment)
+
+        self.workers = Workers(
+            self,
+            "Workers",
+            config=config,
+            factory=factory,
+            lanes=self.lanes,
+            governor=self.tables.governor,
+            ledger=self.tables.ledger,
+            drain_parameter=self.drain.parameter,
+            bus=self.bus,
+        )
+        environment.update(self.workers.mapping_ids())
+        self.drain_controller = self.drain.add_controller(
+            factory=factory, mappings=list(self.workers.mappings.values()), lanes=self.lanes
+        )
+        self.fanout = FanOut(
+            self,
+            "FanOut",
+            config=config,
+            factory=factory,
+            lanes=self.lanes,
+            ledger=self.tables.ledger,
+            storage=self.storage,
+            bus=self.bus,
+        )
+        environment.set(**{env.STATE_MACHINE_ARN: self.fanout.state_machine.state_machine_arn})
+        self.front_door = FrontDoor(
+            self,
+            "FrontDoor",
+            config=config,
+            factory=factory,
+            lanes=self.lanes,
+            governor=self.tables.governor,
+            ledger=self.tables.ledger,
+            storage=self.storage,
+            state_machine=self.fanout.state_machine,
+            executions_arn=self.fanout.executions_arn,
+            drain_parameter=self.drain.parameter,
+        )
+        self.functions = {
+            c.API: self.front_door.handler,
+            c.FANOUT: self.fanout.admit,
+            c.WORKER: self.workers.worker,
+            c.DLQ: self.workers.dead_letters,
+            c.FINALIZER: self.fanout.finalizer,
+            c.DRAIN: self.drain_controller,
+        }
+        self.observability = Observability(
+            self,
+            "Observability",
+            config=config,
+            service=service,
+            lanes=self.lanes,
+            api=self.front_door.api,
+            state_machine=self.fanout.state_machine,
+            functions={name: f.function for name, f in self.functions.items()},
+        )
+        self._outputs()
+
+    def _outputs(self) -> None:
+        outputs = {
+            c.OUTPUT_API_URL: self.front_door.api.url,
+            c.OUTPUT_STATE_MACHINE_ARN: self.fanout.state_machine.state_machine_arn,
+            c.OUTPUT_BUCKET_NAME: self.storage.bucket.bucket_name,
+            c.OUTPUT_DRAIN_PARAMETER: self.drain.parameter.parameter_name,
+            c.OUTPUT_GOVERNOR_TABLE: self.tables.governor.table_name,
+            c.OUTPUT_LEDGER_TABLE: self.tables.ledger.table_name,
+            c.OUTPUT_EVENT_BUS: self.bus.event_bus_name,
+            c.OUTPUT_DASHBOARD: self.observability.dashboard.dashboard_name,
+        }
+        for name, value in outputs.items():
+            cdk.CfnOutput(self, name, value=value)
+        cdk.CfnOutput(self, "Stage", value=self.config.stage)
+
+
+def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
+    """Variables known from the configuration alone."""
+    values = {
+        env.STAGE: config.stage,
+        env.POWERTOOLS_SERVICE_NAME: service,
+        env.POWERTOOLS_METRICS_NAMESPACE: c.METRICS_NAMESPACE,
+        env.POWERTOOLS_LOG_LEVEL: config.observability.log_level,
+        env.QUOTA_TPM: str(config.quota_tpm),
+        env.GOVERNOR_SHARE: str(config.governor_share),
+        env.GOVERNOR_MAX_WAIT_SECONDS: str(config.worker.governor_max_wait_seconds),
+        env.MAX_ATTEMPTS: str(config.max_attempts),
+        env.LEASE_SECONDS: str(config.visibility_timeout_seconds),
+        env.DEFAULT_BUDGET_TOKENS: str(config.budget.default_tokens),
+        env.MAX_BUDGET_TOKENS: str(config.budget.max_tokens),
+        env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,
+        env.MODEL_ADAPTER: config.model.adapter,
+        env.BEDROCK_MODEL_ID: config.model.bedrock_model_id,
+        env.SIM_MODEL_QUOTA_TPM: str(config.model.simulated.quota_tpm),
+        env.SIM_MODEL_FAILURE_RATE: str(config.model.simulated.failure_rate),
+        env.SIM_MODEL_SEED: str(config.model.simulated.seed),
+    }
+    if config.governor_capacity_tokens is not None:
+        values[env.GOVERNOR_CAPACITY] = str(config.governor_capacity_tokens)
+    for lane in LANES:
+        values[env.lane_reserve_var(lane)] = str(config.lane_reserves.of(lane))
+        values[env.shed_depth_var(lane)] = str(config.lanes.of(lane).shed_depth)
+    return values

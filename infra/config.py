@@ -1,0 +1,229 @@
+"""The stack's configuration: cdk.json context, validated at synth.
+
+Every key lives at the top level of the context (``npx cdk synth -c quota_tpm=400000`` overrides
+one; object values such as ``lanes`` take JSON on the command line). A bad value fails synth with
+:class:`ConfigError`, whose message names the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from swarm.core.model import LANES, Lane
+
+#: CloudWatch Logs accepts only these retention periods (days).
+RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+    3288, 3653,
+)  # fmt: skip
+
+
+class ConfigError(ValueError):
+    """A context value is missing or not allowed; the message names the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LaneConfig(_Strict):
+    max_concurrency: int = Field(ge=2, le=1000)  # the ESM's MaximumConcurrency (2..1000)
+    shed_depth: int = Field(ge=1)  # queue depth past which the API sheds submissions with 429
+
+
+class LanesConfig(_Strict):
+    high: LaneConfig
+    normal: LaneConfig
+    low: LaneConfig
+
+    def of(self, lane: Lane) -> LaneConfig:
+        value: LaneConfig = getattr(self, lane.value)
+        return value
+
+    @model_validator(mode="after")
+    def _higher_lanes_get_more(self) -> LanesConfig:
+        if not self.high.max_concurrency >= self.normal.max_concurrency >= self.low.max_concurrency:
+            raise ValueError(
+                "max_concurrency must not increase from high to normal to low "
+                f"(got {self.high.max_concurrency}, {self.normal.max_concurrency}, "
+                f"{self.low.max_concurrency})"
+            )
+        return self
+
+
+class LaneReserves(_Strict):
+    high: float = Field(ge=0, lt=1)
+    normal: float = Field(ge=0, lt=1)
+    low: float = Field(ge=0, lt=1)
+
+    def of(self, lane: Lane) -> float:
+        value: float = getattr(self, lane.value)
+        return value
+
+    @model_validator(mode="after")
+    def _lower_lanes_leave_more(self) -> LaneReserves:
+        if not self.high <= self.normal <= self.low:
+            raise ValueError(
+                "reserves keep tokens for higher lanes, so they must not decrease from high to "
+                f"normal to low (got {self.high}, {self.normal}, {self.low})"
+            )
+        return self
+
+
+class WorkerConfig(_Strict):
+    timeout_seconds: int = Field(ge=10, le=900)
+    memory_mb: int = Field(ge=128, le=10240)
+    reserved_concurrency: int | None = Field(default=None, ge=2)  # null: none (small accounts)
+    batch_size: int = Field(ge=1, le=10)
+    governor_max_wait_seconds: float = Field(ge=0)
+
+
+class BudgetConfig(_Strict):
+    default_tokens: int = Field(ge=0)
+    max_tokens: int = Field(ge=1)
+
+
+class FanoutConfig(_Strict):
+    max_concurrency: int = Field(ge=1, le=10000)  # Distributed Map child executions at once
+    tolerated_failure_percentage: int = Field(ge=0, le=100)
+    finalizer_poll_seconds: int = Field(ge=1, le=3600)
+
+
+class ApiConfig(_Strict):
+    throttle_rate_limit: float = Field(gt=0)
+    throttle_burst_limit: int = Field(ge=1, le=5000)
+    tenant_principal_prefix: str = Field(pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$")
+    create_cloudwatch_role: bool  # account-wide API Gateway logging role; see README-deploy
+
+
+class SimulatedModelConfig(_Strict):
+    quota_tpm: int = Field(ge=1)
+    failure_rate: float = Field(ge=0, le=1)
+    seed: int
+
+
+class ModelConfig(_Strict):
+    adapter: Literal["simulated", "bedrock"]
+    bedrock_model_id: str = Field(pattern=r"^[a-z0-9.:-]+$")
+    simulated: SimulatedModelConfig
+
+
+class ObservabilityConfig(_Strict):
+    log_retention_days: int
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+    alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$")
+    governor_saturation_percent: float = Field(gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _retention_allowed(self) -> ObservabilityConfig:
+        if self.log_retention_days not in RETENTION_DAYS:
+            raise ValueError(
+                f"log_retention_days={self.log_retention_days} is not a CloudWatch Logs retention;"
+                f" use one of {', '.join(str(d) for d in RETENTION_DAYS)}"
+            )
+        return self
+
+
+class SwarmConfig(_Strict):
+    stage: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
+    production_stages: tuple[str, ...]
+    quota_tpm: int = Field(ge=1, le=1_000_000_000)
+    governor_share: float = Field(gt=0, le=1)
+    governor_capacity_tokens: int | None = Field(default=None, ge=1)
+    lane_reserves: LaneReserves
+    lanes: LanesConfig
+    worker: WorkerConfig
+    max_attempts: int = Field(ge=1, le=100)
+    max_receive_count: int = Field(ge=1, le=1000)
+    budget: BudgetConfig
+    fanout: FanoutConfig
+    api: ApiConfig
+    model: ModelConfig
+    observability: ObservabilityConfig
+
+    @property
+    def production(self) -> bool:
+        """Production stages retain data and turn on deletion protection."""
+        return self.stage in self.production_stages
+
+    @property
+    def visibility_timeout_seconds(self) -> int:
+        """AWS's guidance for SQS-triggered Lambda: at least six times the function timeout."""
+        return 6 * self.worker.timeout_seconds
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SwarmConfig:
+        if self.max_receive_count < self.max_attempts:
+            raise ValueError(
+                f"max_receive_count={self.max_receive_count} must be >= max_attempts="
+                f"{self.max_attempts}: a governor wait returns a message without an attempt"
+            )
+        lanes_total = sum(self.lanes.of(lane).max_concurrency for lane in LANES)
+        reserved = self.worker.reserved_concurrency
+        if reserved is not None and reserved < lanes_total:
+            raise ValueError(
+                f"worker.reserved_concurrency={reserved} must be >= the sum of "
+                f"lanes.*.max_concurrency ({lanes_total}), or null"
+            )
+        if self.worker.governor_max_wait_seconds >= self.worker.timeout_seconds:
+            raise ValueError(
+                "worker.governor_max_wait_seconds must be below worker.timeout_seconds "
+                f"({self.worker.governor_max_wait_seconds} >= {self.worker.timeout_seconds})"
+            )
+        if self.budget.default_tokens > self.budget.max_tokens:
+            raise ValueError("budget.default_tokens must be <= budget.max_tokens")
+        return self
+
+
+CONFIG_KEYS = tuple(SwarmConfig.model_fields)
+
+# Context keys that are not ours: CDK feature flags ("@aws-cdk/..."), CDK's own ("aws:cdk:...",
+# "cli-telemetry", "acknowledged-issue-numbers"...) and lookups ("availability-zones:...").
+_FOREIGN_KEYS = frozenset({"cli-telemetry", "acknowledged-issue-numbers"})
+
+
+def _decode(key: str, value: Any) -> Any:
+    """`cdk -c lanes='{...}'` passes a string: decode JSON for keys whose value is structured."""
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"context key '{key}': not valid JSON ({error.msg})") from None
+    if isinstance(value, str) and value == "null":
+        return None
+    return value
+
+
+def load_config(context: Mapping[str, Any]) -> SwarmConfig:
+    """Validate the swarm keys of a CDK context; raise :class:`ConfigError` naming the key."""
+    unknown = sorted(
+        key
+        for key in context
+        if key not in CONFIG_KEYS
+        and key not in _FOREIGN_KEYS
+        and not key.startswith(("@", "aws:", "aws-cdk:"))
+        and ":" not in key
+    )
+    if unknown:
+        raise ConfigError(
+            f"unknown context key(s): {', '.join(unknown)}; allowed keys: {', '.join(CONFIG_KEYS)}"
+        )
+    values = {key: _decode(key, context[key]) for key in CONFIG_KEYS if key in context}
+    try:
+        return SwarmConfig.model_validate(values)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            key = ".".join(str(part) for part in item["loc"]) or "(context)"
+            message = item["msg"].removeprefix("Value error, ")
+            if item["type"] == "missing":
+                problems.append(f"context key '{key}' is required")
+            elif isinstance(item.get("input"), dict):
+                problems.append(f"context key '{key}': {message}")
+            else:
+                problems.append(f"context key '{key}': {message} (got {item.get('input')!r})")
+        raise ConfigError("invalid cdk.json context: " + "; ".join(problems)) from None

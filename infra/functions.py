@@ -1,0 +1,168 @@
+"""How every function is built: own role, own log group, JSON logs, tracing, the env contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra.bundling import function_code
+from infra.config import SwarmConfig
+from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, SWARM_FUNCTION, FunctionName
+
+#: The newest Python runtime aws-cdk-lib 2.275.0 offers (cdk-nag's L1 rule checks it).
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+ARCHITECTURE = lambda_.Architecture.X86_64
+
+_LOG_LEVELS = {
+    "DEBUG": lambda_.ApplicationLogLevel.DEBUG,
+    "INFO": lambda_.ApplicationLogLevel.INFO,
+    "WARNING": lambda_.ApplicationLogLevel.WARN,
+    "ERROR": lambda_.ApplicationLogLevel.ERROR,
+}
+
+
+_RETENTION = {
+    1: logs.RetentionDays.ONE_DAY,
+    3: logs.RetentionDays.THREE_DAYS,
+    5: logs.RetentionDays.FIVE_DAYS,
+    7: logs.RetentionDays.ONE_WEEK,
+    14: logs.RetentionDays.TWO_WEEKS,
+    30: logs.RetentionDays.ONE_MONTH,
+    60: logs.RetentionDays.TWO_MONTHS,
+    90: logs.RetentionDays.THREE_MONTHS,
+    120: logs.RetentionDays.FOUR_MONTHS,
+    150: logs.RetentionDays.FIVE_MONTHS,
+    180: logs.RetentionDays.SIX_MONTHS,
+    365: logs.RetentionDays.ONE_YEAR,
+    400: logs.RetentionDays.THIRTEEN_MONTHS,
+    545: logs.RetentionDays.EIGHTEEN_MONTHS,
+    731: logs.RetentionDays.TWO_YEARS,
+    1096: logs.RetentionDays.THREE_YEARS,
+    1827: logs.RetentionDays.FIVE_YEARS,
+    2192: logs.RetentionDays.SIX_YEARS,
+    2557: logs.RetentionDays.SEVEN_YEARS,
+    2922: logs.RetentionDays.EIGHT_YEARS,
+    3288: logs.RetentionDays.NINE_YEARS,
+    3653: logs.RetentionDays.TEN_YEARS,
+}
+
+
+def retention(config: SwarmConfig) -> logs.RetentionDays:
+    """The configured retention (config.py already checked it is one CloudWatch accepts)."""
+    return _RETENTION[config.observability.log_retention_days]
+
+
+class ContractError(RuntimeError):
+    """The stack cannot give a function a variable its contract (swarm/settings.py) lists."""
+
+
+@dataclass
+class Environment:
+    """Values of the contract's variables, filled in as the stack creates the resources."""
+
+    values: dict[str, str] = field(default_factory=dict)
+
+    def set(self, **values: str) -> None:
+        self.values.update(values)
+
+    def update(self, values: Mapping[str, str]) -> None:
+        self.values.update(values)
+
+    def for_function(self, name: FunctionName) -> dict[str, str]:
+        """Exactly the variables ``FUNCTION_ENV[name]`` lists: no more (least knowledge)."""
+        env: dict[str, str] = {SWARM_FUNCTION: name}
+        for var in FUNCTION_ENV[name]:
+            if var in env:
+                continue
+            if var in self.values:
+                env[var] = self.values[var]
+            elif var in OPTIONAL_VARS:
+                env[var] = ""
+            else:
+                raise ContractError(f"the {name} function needs {var}, which is not built yet")
+        return env
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    name: FunctionName
+    description: str
+    timeout: cdk.Duration
+    memory_mb: int = 256
+    reserved_concurrency: int | None = None
+
+
+class SwarmFunction(Construct):
+    """One handler module of ``functions/`` as a Lambda function with its own role and logs."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        spec: FunctionSpec,
+        config: SwarmConfig,
+        environment: Environment,
+        code: lambda_.Code,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        removal = cdk.RemovalPolicy.RETAIN if config.production else cdk.RemovalPolicy.DESTROY
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"swarm {config.stage} {spec.name} function (least privilege)",
+        )
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=retention(config),
+            removal_policy=removal,
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description=spec.description,
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            handler=f"functions.{spec.name}.handler",
+            code=code,
+            role=self.role,
+            timeout=spec.timeout,
+            memory_size=spec.memory_mb,
+            reserved_concurrent_executions=spec.reserved_concurrency,
+            environment=environment.for_function(spec.name),
+            log_group=self.log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+            application_log_level_v2=_LOG_LEVELS[config.observability.log_level],
+            system_log_level_v2=lambda_.SystemLogLevel.WARN,
+            tracing=lambda_.Tracing.ACTIVE,
+        )
+        # Logs only to its own group: no AWSLambdaBasicExecutionRole (logs:* on every group).
+        self.log_group.grant_write(self.role)
+
+
+class FunctionFactory:
+    """Builds the functions of one stack from one shared code asset."""
+
+    def __init__(self, scope: Construct, config: SwarmConfig, environment: Environment) -> None:
+        self.scope = scope
+        self.config = config
+        self.environment = environment
+        self.code = function_code(RUNTIME, ARCHITECTURE)
+
+    def build(self, construct_id: str, spec: FunctionSpec) -> SwarmFunction:
+        return SwarmFunction(
+            self.scope,
+            construct_id,
+            spec=spec,
+            config=self.config,
+            environment=self.environment,
+            code=self.code,
+        )

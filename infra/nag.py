@@ -1,0 +1,111 @@
+"""cdk-nag (AwsSolutions) acknowledgments: each scoped to one construct and one finding, with the
+reason. ``tests/infra`` checks that the findings acknowledged here are the only ones, and that
+``Resource: "*"`` is granted only for the actions named below."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from constructs import IConstruct
+
+from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
+from infra.stack import SwarmStack
+
+#: Actions that have no resource-level permissions, so IAM requires ``Resource: "*"``.
+STAR_ONLY_ACTIONS = frozenset(
+    {
+        # X-Ray tracing (Lambda tracing=ACTIVE, Step Functions tracing)
+        "xray:PutTraceSegments",
+        "xray:PutTelemetryRecords",
+        "xray:GetSamplingRules",
+        "xray:GetSamplingTargets",
+        # Step Functions log delivery to CloudWatch Logs
+        "logs:CreateLogDelivery",
+        "logs:GetLogDelivery",
+        "logs:UpdateLogDelivery",
+        "logs:DeleteLogDelivery",
+        "logs:ListLogDeliveries",
+        "logs:PutResourcePolicy",
+        "logs:DescribeResourcePolicies",
+        "logs:DescribeLogGroups",
+    }
+)
+
+_XRAY = (
+    "Resource::* only for X-Ray (xray:PutTraceSegments/PutTelemetryRecords), which has no "
+    "resource-level permissions; every other statement names its table, queue or parameter"
+)
+
+
+def _ack(scope: IConstruct, finding: str, reason: str) -> None:
+    cdk.Validations.of(scope).acknowledge(
+        cdk.Acknowledgment(id=f"AwsSolutions::AwsSolutions-{finding}", reason=reason)
+    )
+
+
+def _ref(stack: cdk.Stack, construct: IConstruct) -> str:
+    """How cdk-nag prints a resource's ARN in a finding id: ``<LogicalId.Arn>``."""
+    child = construct.node.default_child
+    assert isinstance(child, cdk.CfnElement)
+    return f"<{stack.get_logical_id(child)}.Arn>"
+
+
+def acknowledge_findings(stack: SwarmStack) -> None:
+    bucket = _ref(stack, stack.storage.bucket)
+    manifests = f"IAM5[Resource::{bucket}/{MANIFEST_PREFIX}*]"
+    results = f"IAM5[Resource::{bucket}/{RESULTS_PREFIX}*]"
+    name = stack.fanout.state_machine_name
+    executions = "arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:"
+
+    for function in stack.functions.values():
+        _ack(function.role, "IAM5[Resource::*]", _XRAY)
+
+    fanout_role = stack.fanout.role
+    _ack(
+        fanout_role,
+        "IAM5[Resource::*]",
+        "X-Ray tracing and CloudWatch Logs log delivery (logs:*LogDelivery, "
+        "logs:*ResourcePolicy, logs:DescribeLogGroups) have no resource-level permissions",
+    )
+    _ack(
+        fanout_role,
+        manifests,
+        "ItemReader reads the batch's manifest: one object per batch, keyed by batch id",
+    )
+    _ack(
+        fanout_role,
+        results,
+        "ResultWriter writes results/<execution>/...: keys are chosen by Step Functions",
+    )
+    _ack(
+        fanout_role,
+        f"IAM5[Resource::{executions}{name}/*]",
+        "Distributed Map child executions are named <state machine>/<map run>:<id> at run time",
+    )
+
+    api_role = stack.front_door.handler.role
+    _ack(api_role, manifests, "The API writes and reads one manifest per batch, keyed by batch id")
+    _ack(api_role, results, "Batch status reads the results of the batch's own execution")
+    _ack(
+        api_role,
+        f"IAM5[Resource::{executions}{name}:*]",
+        "Executions are named by batch id at submit time: status, resume (redrive) and stop "
+        "need every execution of this one state machine",
+    )
+    _ack(
+        stack.fanout.finalizer.role,
+        results,
+        "The finalizer reads the ResultWriter output and writes results/remainder per batch",
+    )
+
+    _ack(
+        stack.front_door.api,
+        "COG4",
+        "IAM (SigV4) authorization on every method instead of Cognito: tenants are IAM "
+        "principals, the tenant comes from the verified caller identity, no secrets stored",
+    )
+    _ack(
+        stack.front_door.api.deployment_stage,
+        "APIG3",
+        "No WAF web ACL by default: every request must be SigV4-signed (unsigned traffic is "
+        "rejected before integration) and the stage is throttled; attach an ACL per account",
+    )

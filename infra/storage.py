@@ -1,0 +1,67 @@
+"""The manifest/results bucket, with its server access log bucket."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from infra.config import SwarmConfig
+from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
+
+
+class BatchStorage(Construct):
+    """Encrypted, private, TLS-only buckets that clean up after themselves (lifecycle rules)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: SwarmConfig) -> None:
+        super().__init__(scope, construct_id)
+        removal = cdk.RemovalPolicy.RETAIN if config.production else cdk.RemovalPolicy.DESTROY
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            versioned=False,
+            lifecycle_rules=[
+                s3.LifecycleRule(id="expire-access-logs", expiration=cdk.Duration.days(90))
+            ],
+            removal_policy=removal,
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Batches",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="batches/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-manifests",
+                    prefix=MANIFEST_PREFIX,
+                    expiration=cdk.Duration.days(30),
+                ),
+                s3.LifecycleRule(
+                    id="expire-results",
+                    prefix=RESULTS_PREFIX,
+                    expiration=cdk.Duration.days(90),
+                ),
+                s3.LifecycleRule(
+                    id="abort-incomplete-uploads",
+                    abort_incomplete_multipart_upload_after=cdk.Duration.days(1),
+                ),
+            ],
+            removal_policy=removal,
+        )
+
+    def grant_objects(self, grantee: iam.IGrantable, prefix: str, *actions: str) -> None:
+        """Exactly ``actions`` on the objects under ``prefix`` (CDK's grants add List*/Get*)."""
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=list(actions), resources=[self.bucket.arn_for_objects(f"{prefix}*")]
+            )
+        )

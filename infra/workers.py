@@ -1,0 +1,133 @@
+"""The worker fleet (one event source mapping per lane) and the dead-letter handler."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from infra.config import SwarmConfig
+from infra.constants import DLQ, WORKER
+from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
+from infra.queues import LaneQueues
+from swarm.core.model import LANES, Lane
+from swarm.settings import worker_mapping_var
+
+DLQ_TIMEOUT = cdk.Duration.seconds(60)
+
+
+class Workers(Construct):
+    """Workers are slots, not identities: everything a worker knows is in the unit's record."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: SwarmConfig,
+        factory: FunctionFactory,
+        lanes: LaneQueues,
+        governor: dynamodb.ITable,
+        ledger: dynamodb.ITable,
+        drain_parameter: ssm.IStringParameter,
+        bus: events.IEventBus,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        worker_config = config.worker
+        self.worker: SwarmFunction = factory.build(
+            "Worker",
+            FunctionSpec(
+                name=WORKER,
+                description="Runs units from the lanes under the governor and the ledger",
+                timeout=cdk.Duration.seconds(worker_config.timeout_seconds),
+                memory_mb=worker_config.memory_mb,
+                reserved_concurrency=worker_config.reserved_concurrency,
+            ),
+        )
+        role = self.worker.role
+        governor.grant_read_write_data(role)
+        ledger.grant_read_write_data(role)
+        drain_parameter.grant_read(role)
+        bus.grant_put_events_to(role)
+        if config.model.adapter == "bedrock":
+            role.add_to_principal_policy(_bedrock_statement(self, config.model.bedrock_model_id))
+
+        # One mapping per lane; higher lanes get more concurrent pollers (MaximumConcurrency).
+        self.mappings: dict[Lane, lambda_.EventSourceMapping] = {}
+        for lane in LANES:
+            queue = lanes.queues[lane]
+            queue.grant_consume_messages(role)
+            self.mappings[lane] = lambda_.EventSourceMapping(
+                self,
+                f"{lane.value.capitalize()}Mapping",
+                target=self.worker.function,
+                event_source_arn=queue.queue_arn,
+                batch_size=worker_config.batch_size,
+                max_concurrency=config.lanes.of(lane).max_concurrency,
+                report_batch_item_failures=True,
+                enabled=True,
+            )
+
+        self.dead_letters: SwarmFunction = factory.build(
+            "DeadLetters",
+            FunctionSpec(
+                name=DLQ,
+                description="Records dead letters from the lanes' DLQs and settles them",
+                timeout=DLQ_TIMEOUT,
+            ),
+        )
+        ledger.grant_read_write_data(self.dead_letters.role)
+        bus.grant_put_events_to(self.dead_letters.role)
+        for lane in LANES:
+            dead_letters = lanes.dead_letters[lane]
+            dead_letters.grant_consume_messages(self.dead_letters.role)
+            lambda_.EventSourceMapping(
+                self,
+                f"{lane.value.capitalize()}DeadLetterMapping",
+                target=self.dead_letters.function,
+                event_source_arn=dead_letters.queue_arn,
+                batch_size=10,
+                max_concurrency=2,
+                report_batch_item_failures=True,
+            )
+
+    def mapping_ids(self) -> dict[str, str]:
+        """``WORKER_MAPPING_ID_<LANE>`` for the drain controller."""
+        return {
+            worker_mapping_var(lane): mapping.event_source_mapping_id
+            for lane, mapping in self.mappings.items()
+        }
+
+
+def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
+    """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls."""
+    stack = cdk.Stack.of(scope)
+    prefix, _, base_id = model_id.partition(".")
+    if prefix in ("us", "eu", "apac", "global", "us-gov", "jp", "au", "ca") and base_id:
+        # A cross-region inference profile routes to the base model in several regions.
+        resources = [
+            stack.format_arn(
+                service="bedrock", resource="inference-profile", resource_name=model_id
+            ),
+            stack.format_arn(
+                service="bedrock",
+                region="*",
+                account="",
+                resource="foundation-model",
+                resource_name=base_id,
+            ),
+        ]
+    else:
+        resources = [
+            stack.format_arn(
+                service="bedrock", account="", resource="foundation-model", resource_name=model_id
+            )
+        ]
+    return iam.PolicyStatement(
+        actions=["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"],
+        resources=resources,
+    )
