@@ -1,0 +1,262 @@
+"""The batch API's behaviour: submit, status, resume, fleet view.
+
+Submission order is chosen so a failure leaves nothing half-written that a retry cannot finish:
+everything is validated first; then the manifest goes to S3 (an orphan object is harmless and
+expires by lifecycle rule), then the ledger opens the run (idempotent for the same spec), then the
+fan-out execution starts, named after the batch id (idempotent by name). A client that retries with
+the same ``Idempotency-Key`` gets the same batch id, so a retried submit resumes exactly where the
+failed one stopped and never creates a second batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
+from swarm.core.errors import Conflict, InvalidInput, NotFound, SwarmError
+from swarm.core.governor import Governor, GovernorSnapshot
+from swarm.core.ledger import Ledger
+from swarm.core.model import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.report import healthy_line
+from swarm.service.ports import BlobStore, DrainSwitch, Executions, LaneDepth, LaneQueue
+
+DRAIN_RETRY_AFTER_S = 60
+
+
+class Draining(SwarmError):
+    """The drain switch is on: intake is stopped for a deploy."""
+
+    retry_after_s = DRAIN_RETRY_AFTER_S
+
+
+class Shedding(SwarmError):
+    """Backpressure: the lanes are too deep or the model plane is throttling."""
+
+    def __init__(self, shed: Shed) -> None:
+        super().__init__(
+            f"the control plane is shedding load ({shed.reason}, {shed.depth_ahead} units ahead); "
+            f"retry after {shed.retry_after_s}s"
+        )
+        self.shed = shed
+        self.retry_after_s = shed.retry_after_s
+
+
+@dataclass(frozen=True)
+class UnitInput:
+    unit_id: str
+    projected_tokens: int
+    input: str = ""
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    lane: Lane
+    budget: int
+    max_attempts: int
+    units: Sequence[UnitInput]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run: RunRecord
+    created: bool  # False: an earlier submit with the same Idempotency-Key made it
+
+
+@dataclass(frozen=True)
+class BatchesConfig:
+    shed_policy: ShedPolicy
+    max_budget: int
+
+
+def manifest_key(run_id: str, part: str = "units") -> str:
+    return f"manifests/{run_id}/{part}.json"
+
+
+def results_key(run_id: str, state: RunState, epoch: int) -> str:
+    """One object per closure: a run closes as exhausted at most once per exhaustion epoch and
+    as completed once, so ``state-epoch`` never repeats."""
+    return f"results/{run_id}/{state.value}-{epoch}.json"
+
+
+def batch_id_for(tenant: str, idempotency_key: str | None) -> str:
+    if idempotency_key is None:
+        return f"b-{uuid.uuid4().hex[:24]}"
+    digest = hashlib.sha256(f"{tenant}\0{idempotency_key}".encode()).hexdigest()
+    return f"b-{digest[:24]}"
+
+
+def manifest_items(spec: RunSpec, inputs: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Distributed Map's items: one per unit, everything the fan-out step needs."""
+    return [
+        {
+            "run_id": spec.run_id,
+            "unit_id": u.unit_id,
+            "tenant": spec.tenant,
+            "lane": spec.lane.value,
+            "attempt": 0,  # the fan-out step asks the ledger for the real next attempt
+            "tokens": u.projected_tokens,
+            "input": inputs.get(u.unit_id, ""),
+        }
+        for u in spec.units
+    ]
+
+
+def execution_input(run_id: str, key: str) -> dict[str, Any]:
+    return {"run_id": run_id, "manifest_key": key}
+
+
+@dataclass
+class Batches:
+    ledger: Ledger
+    governor: Governor
+    queue: LaneQueue
+    blobs: BlobStore
+    executions: Executions
+    drain: DrainSwitch
+    config: BatchesConfig
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(
+        self, tenant: str, request: SubmitRequest, idempotency_key: str | None, now: float
+    ) -> Submitted:
+        if request.budget > self.config.max_budget:
+            raise InvalidInput(
+                "budget",
+                f"{request.budget:,} is above this deployment's maximum of "
+                f"{self.config.max_budget:,} tokens",
+            )
+        run_id = batch_id_for(tenant, idempotency_key)
+        spec = RunSpec(
+            run_id=run_id,
+            tenant=tenant,
+            lane=request.lane,
+            budget=request.budget,
+            units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
+            max_attempts=request.max_attempts,
+        )
+        if idempotency_key is not None:
+            existing = self._existing(spec)
+            if existing is not None:
+                self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
+                return Submitted(existing, created=False)
+        if self.drain.draining():
+            raise Draining("the control plane is draining for a deploy; intake is stopped")
+        avg = spec.projected_total / len(spec.units)
+        shed = shed_decision(
+            self.config.shed_policy,
+            spec.lane,
+            {lane: d.queued for lane, d in self.queue.depths().items()},
+            self.governor.snapshot(now),
+            avg,
+            now,
+        )
+        if shed is not None:
+            raise Shedding(shed)
+        inputs = {u.unit_id: u.input for u in request.units}
+        key = manifest_key(run_id)
+        self.blobs.put_json(key, manifest_items(spec, inputs))
+        run = self.ledger.open_run(spec, now)
+        self.executions.start(run_id, execution_input(run_id, key))
+        return Submitted(run, created=True)
+
+    def _existing(self, spec: RunSpec) -> RunRecord | None:
+        try:
+            run = self.ledger.run(spec.run_id)
+        except NotFound:
+            return None
+        if run.spec != spec:
+            raise Conflict(
+                "this Idempotency-Key was used for a different batch; use a new key for new work"
+            )
+        return run
+
+    # ------------------------------------------------------------------ status
+
+    def _run_for(self, tenant: str, run_id: str) -> RunRecord:
+        run = self.ledger.run(run_id)
+        if run.spec.tenant != tenant:  # never reveal another tenant's batch
+            raise NotFound(f"no batch {run_id!r}")
+        return run
+
+    def status(self, tenant: str, run_id: str, now: float) -> dict[str, Any]:
+        run = self._run_for(tenant, run_id)
+        elapsed = (run.closed_at if run.closed_at is not None else now) - run.opened_at
+        doc: dict[str, Any] = {
+            "batch_id": run.run_id,
+            "tenant": run.spec.tenant,
+            "lane": run.spec.lane.value,
+            "state": run.state.value,
+            "units": run.units_total,
+            "counts": {
+                "completed": run.completed,
+                "dead_lettered": run.dead_lettered,
+                "remainder": run.remainder,
+                "in_flight": run.in_flight,
+                "pending": run.pending,
+            },
+            "attempts": run.attempts,
+            "retries": run.retries,
+            "tokens": {
+                "budget": run.budget,
+                "spent": run.spent,
+                "reserved": run.reserved,
+                "available": run.available,
+            },
+            "elapsed_s": round(elapsed, 3),
+            "healthy_line": healthy_line(run, elapsed),
+        }
+        if run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED):
+            doc["remainder"] = [
+                u.unit_id for u in self.ledger.units(run_id) if u.state is UnitState.REMAINDER
+            ]
+        return doc
+
+    # ------------------------------------------------------------------ resume
+
+    def resume(self, tenant: str, run_id: str, top_up: int, now: float) -> dict[str, Any]:
+        run = self._run_for(tenant, run_id)
+        if run.state is RunState.COMPLETED:
+            raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
+        if self.drain.draining():
+            raise Draining("the control plane is draining for a deploy; resume after it")
+        epoch = run.exhaustions
+        top = self.ledger.top_up(run_id, top_up, now)
+        if top.requeue:
+            original = self.blobs.get_json(manifest_key(run_id))
+            wanted = set(top.requeue)
+            items = [item for item in original if item["unit_id"] in wanted]
+            key = manifest_key(run_id, f"resume-{epoch}")
+            self.blobs.put_json(key, items)
+            self.executions.start(f"{run_id}-resume-{epoch}", execution_input(run_id, key))
+        doc = self.status(tenant, run_id, now)
+        doc["requeued"] = len(top.requeue)
+        return doc
+
+    # ------------------------------------------------------------------ fleet
+
+    def fleet(self, now: float) -> dict[str, Any]:
+        depths = self.queue.depths()
+        snap: GovernorSnapshot = self.governor.snapshot(now)
+        return {
+            "draining": self.drain.draining(),
+            "governor": {
+                "available_tokens": round(snap.available),
+                "capacity_tokens": round(snap.capacity),
+                "governed_rate_tps": round(snap.governed_rate, 3),
+                "effective_rate_tps": round(snap.effective_rate, 3),
+                "throttles": snap.throttles,
+                "last_throttle_at": snap.last_throttle_at,
+            },
+            "lanes": {lane.value: _depth_doc(d) for lane, d in depths.items()},
+            "in_flight": sum(d.in_flight for d in depths.values()),
+            "queued": sum(d.queued for d in depths.values()),
+        }
+
+
+def _depth_doc(d: LaneDepth) -> dict[str, int]:
+    return {"visible": d.visible, "in_flight": d.in_flight, "delayed": d.delayed}

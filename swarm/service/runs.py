@@ -1,0 +1,186 @@
+"""Fan-out, finalization, dead letters and the drain controller.
+
+How completion flows back to a batch: through the ledger's counters, not per-unit callbacks. Every
+settlement already updates the run's counts in the same atomic write that makes it exactly-once,
+and the run closes itself (``completed`` / ``exhausted``) the moment its last unit becomes
+terminal. The state machine's finalizer only has to *observe* that: it polls the run (a Wait loop
+costs a few state transitions a minute), sweeps leases that expired (a worker died and its message
+was lost), and on closure writes the results, the remainder manifest and the event. Task tokens
+per unit would cost a callback per unit and would not survive a drained deploy, where units wait
+in their lanes for as long as the deploy takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from swarm.core import codec
+from swarm.core.errors import InvalidInput
+from swarm.core.lanes import QueuedUnit
+from swarm.core.ledger import Fate, Ledger
+from swarm.core.model import UnitState
+from swarm.core.report import healthy_line
+from swarm.service.batches import manifest_key, results_key
+from swarm.service.ports import BlobStore, DrainSwitch, Events, LaneQueue, Mappings, MappingState
+
+EVENT_SOURCE = "swarm.control-plane"
+
+
+@dataclass
+class FanOut:
+    """One Distributed Map item: admit the unit's next attempt, then enqueue it on its lane."""
+
+    ledger: Ledger
+    queue: LaneQueue
+    queue_lease_s: float  # how long a reservation may wait in its lane before it is released
+
+    def admit_and_enqueue(self, item: Mapping[str, Any], now: float) -> dict[str, Any]:
+        queued = codec.queued_from_doc(dict(item))
+        unit = self.ledger.unit(queued.run_id, queued.unit_id)
+        if unit.state.terminal:
+            return {"unit_id": queued.unit_id, "outcome": unit.state.value}
+        attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+        admission = self.ledger.admit(
+            queued.run_id, queued.unit_id, attempt, now, self.queue_lease_s
+        )
+        if not admission.admitted:
+            return {"unit_id": queued.unit_id, "outcome": "remainder", "reason": admission.reason}
+        # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
+        self.queue.send(
+            QueuedUnit(
+                queued.run_id,
+                queued.unit_id,
+                queued.tenant,
+                queued.lane,
+                attempt,
+                unit.projected_tokens,
+                queued.input,
+            )
+        )
+        return {"unit_id": queued.unit_id, "outcome": "enqueued", "attempt": attempt}
+
+
+@dataclass
+class Finalizer:
+    ledger: Ledger
+    queue: LaneQueue
+    blobs: BlobStore
+    events: Events
+
+    def finalize(self, run_id: str, now: float) -> dict[str, Any]:
+        """Sweep expired leases; on closure write results + remainder and announce the event.
+
+        Idempotent: the results object is keyed by the run's closure epoch, so a repeated call
+        (a Step Functions retry) neither rewrites it nor announces the closure twice.
+        """
+        for lost in self.ledger.reclaim_expired(run_id, now):
+            if lost.fate is Fate.RETRY:  # the dead worker's message may be gone: requeue it
+                run = lost.run
+                self.queue.send(
+                    QueuedUnit(
+                        run_id,
+                        lost.unit.unit_id,
+                        run.spec.tenant,
+                        run.spec.lane,
+                        lost.unit.attempts,
+                        lost.unit.projected_tokens,
+                    )
+                )
+        run = self.ledger.run(run_id)
+        if not run.state.closed:
+            return {"run_id": run_id, "closed": False, "state": run.state.value}
+        epoch = run.exhaustions
+        key = results_key(run_id, run.state, epoch)
+        if not self.blobs.exists(key):
+            units = self.ledger.units(run_id)
+            remainder = [u.unit_id for u in units if u.state is UnitState.REMAINDER]
+            if remainder:
+                original = self.blobs.get_json(manifest_key(run_id))
+                wanted = set(remainder)
+                self.blobs.put_json(
+                    f"results/{run_id}/remainder-{epoch}.json",
+                    [i for i in original if i["unit_id"] in wanted],
+                )
+            elapsed = (run.closed_at or now) - run.opened_at
+            self.blobs.put_json(
+                key,
+                {
+                    "run_id": run_id,
+                    "state": run.state.value,
+                    "healthy_line": healthy_line(run, elapsed),
+                    "spent": run.spent,
+                    "budget": run.budget,
+                    "units": {
+                        u.unit_id: {
+                            "state": u.state.value,
+                            "attempts": u.attempts,
+                            "tokens": u.spent,
+                        }
+                        for u in units
+                    },
+                    "remainder": remainder,
+                },
+            )
+            self.events.publish(
+                run.state.event,
+                {
+                    "run_id": run_id,
+                    "tenant": run.spec.tenant,
+                    "state": run.state.value,
+                    "completed": run.completed,
+                    "dead_lettered": run.dead_lettered,
+                    "remainder": run.remainder,
+                    "spent": run.spent,
+                    "budget": run.budget,
+                    "retries": run.retries,
+                    "elapsed_s": elapsed,
+                    "healthy_line": healthy_line(run, elapsed),
+                    "results_key": key,
+                },
+            )
+        return {"run_id": run_id, "closed": True, "state": run.state.value, "results_key": key}
+
+
+def dead_letter(ledger: Ledger, item: QueuedUnit, now: float) -> UnitState:
+    """A message SQS gave up on (maxReceiveCount): end the unit, settling any claimed attempt."""
+    return ledger.dead_letter(item.run_id, item.unit_id, now).state
+
+
+@dataclass
+class DrainController:
+    switch: DrainSwitch
+    mappings: Mappings
+    queue: LaneQueue
+
+    def apply(self) -> dict[str, Any]:
+        """Make the event source mappings follow the parameter (exact read, no cache)."""
+        draining = self.switch.draining(fresh=True)
+        states = self.mappings.set_enabled(not draining)
+        return self._report(draining, states)
+
+    def status(self) -> dict[str, Any]:
+        return self._report(self.switch.draining(fresh=True), self.mappings.states())
+
+    def _report(self, draining: bool, states: list[MappingState]) -> dict[str, Any]:
+        depths = self.queue.depths()
+        in_flight = sum(d.in_flight for d in depths.values())
+        stopped = all(not s.enabled for s in states)
+        return {
+            "draining": draining,
+            "mappings": {s.lane.value: s.state for s in states},
+            "in_flight": in_flight,
+            "queued": sum(d.queued for d in depths.values()),
+            "safe_to_deploy": draining and stopped and in_flight == 0,
+        }
+
+
+def parse_bool_flag(value: str) -> bool:
+    """The drain parameter's value: ``on``/``off`` (also true/false, 1/0)."""
+    v = value.strip().lower()
+    if v in ("on", "true", "1", "yes"):
+        return True
+    if v in ("off", "false", "0", "no", ""):
+        return False
+    raise InvalidInput("drain", f"{value!r} is not a drain value; use on or off")

@@ -1,0 +1,171 @@
+"""The worker's loop for one queue message: drain check, admission, governor, claim, model, settle.
+
+Outcomes map onto SQS (the handler does the mapping):
+
+* :class:`Ack`: delete the message (the unit completed, was dead-lettered, joined the remainder,
+  or this delivery is a duplicate of settled work).
+* :class:`RetryLater`: report a batch item failure so SQS redelivers the message after
+  ``after_s``; this is how a failed attempt is retried ("retries by redelivery").
+* :class:`Requeue`: send a copy with ``DelaySeconds`` and delete the original. Used when the unit
+  did not run for reasons that are not the unit's fault (draining, the governor's bounded wait
+  ran out, the model plane throttled, another worker holds the attempt), so the receive count,
+  and with it the DLQ's maxReceiveCount, only counts real attempts.
+
+Exactly-once settlement: the ledger settles each ``(unit, attempt)`` once; a duplicate delivery
+finds the attempt settled, claimed by a live worker (busy) or stale (its worker died: the lost
+attempt is settled with its projected tokens, then the unit retries).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarm.core.governor import Governor, acquire
+from swarm.core.lanes import QueuedUnit
+from swarm.core.ledger import Fate, Ledger
+from swarm.core.model import UnitState
+from swarm.modelplane import ModelPlane, ModelRequest, ModelThrottled
+from swarm.service.ports import DrainSwitch
+
+MAX_SQS_DELAY_S = 900
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    lease_s: float  # a claim's lease: the lanes' visibility timeout
+    max_wait_s: float  # the governor's bounded wait before the unit goes back to its lane
+    retry_backoff_s: int = 10  # a failed attempt is redelivered after this long
+    requeue_delay_s: int = 30  # draining / throttled / busy: try again after this long
+
+
+@dataclass(frozen=True)
+class Ack:
+    reason: str
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    after_s: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    delay_s: int
+    reason: str
+
+
+Outcome = Ack | RetryLater | Requeue
+
+
+@dataclass(frozen=True)
+class WorkReport:
+    """What happened, for the handler's metrics and logs."""
+
+    outcome: Outcome
+    attempt: int | None = None
+    tokens: int = 0
+    succeeded: bool | None = None
+    fate: Fate | None = None
+    waited_s: float = 0.0
+    throttled: bool = False
+    lost_attempt_tokens: int = 0  # tokens of a dead worker's attempt settled on its behalf
+
+
+def _delay(seconds: float) -> int:
+    return int(min(MAX_SQS_DELAY_S, max(1, math.ceil(seconds))))
+
+
+@dataclass
+class Worker:
+    ledger: Ledger
+    governor: Governor
+    model: ModelPlane
+    drain: DrainSwitch
+    config: WorkerConfig
+    now: Callable[[], float]
+    sleep: Callable[[float], None]
+
+    def process(self, item: QueuedUnit) -> WorkReport:
+        if self.drain.draining(fresh=True):
+            return WorkReport(Requeue(self.config.requeue_delay_s, "draining"))
+        lost_tokens = 0
+        # Bring the unit to "in flight, unclaimed" (or find out there is nothing to do).
+        for _ in range(4):
+            unit = self.ledger.unit(item.run_id, item.unit_id)
+            if unit.state.terminal:
+                return WorkReport(
+                    Ack(f"unit is {unit.state.value}"), lost_attempt_tokens=lost_tokens
+                )
+            res = unit.reservation
+            if unit.state is UnitState.PENDING:
+                admission = self.ledger.admit(
+                    item.run_id, item.unit_id, unit.attempts, self.now(), self.config.lease_s
+                )
+                if not admission.admitted:
+                    return WorkReport(Ack(f"not admitted: {admission.reason}"))
+                continue
+            assert res is not None
+            if not res.claimed:
+                break
+            if res.lease_expires > self.now():
+                wait = _delay(res.lease_expires - self.now())
+                return WorkReport(Requeue(wait, "busy: another worker holds this attempt"))
+            lost = self.ledger.reclaim_unit(item.run_id, item.unit_id, self.now())
+            lost_tokens += lost.attempt.tokens if lost is not None else 0
+        else:  # pragma: no cover - four transitions always reach a decision
+            return WorkReport(Requeue(self.config.requeue_delay_s, "unsettled unit state"))
+
+        attempt = res.attempt
+        got = acquire(
+            self.governor, res.projected, item.lane, self.now, self.sleep, self.config.max_wait_s
+        )
+        if not got.granted:
+            snapshot = self.governor.snapshot(self.now())
+            deficit = max(0.0, res.projected - snapshot.available)
+            return WorkReport(
+                Requeue(_delay(deficit / snapshot.effective_rate), "governor: wait bound reached"),
+                attempt=attempt,
+                waited_s=got.waited_s,
+                lost_attempt_tokens=lost_tokens,
+            )
+        claim = self.ledger.claim(
+            item.run_id, item.unit_id, attempt, self.now(), self.config.lease_s
+        )
+        if not claim.claimed:
+            return WorkReport(
+                Requeue(self.config.requeue_delay_s, f"claim refused: {claim.reason}"),
+                attempt=attempt,
+                waited_s=got.waited_s,
+            )
+        request = ModelRequest(item.run_id, item.unit_id, attempt, res.projected, item.input)
+        try:
+            result = self.model.invoke(request)
+        except ModelThrottled:
+            self.governor.report_throttle(self.now())
+            self.ledger.unclaim(item.run_id, item.unit_id, attempt, self.now(), self.config.lease_s)
+            return WorkReport(
+                Requeue(self.config.requeue_delay_s, "model plane throttled"),
+                attempt=attempt,
+                waited_s=got.waited_s,
+                throttled=True,
+            )
+        settlement = self.ledger.settle(
+            item.run_id, item.unit_id, attempt, result.tokens, result.succeeded, self.now()
+        )
+        outcome: Outcome
+        if settlement.fate is Fate.RETRY:
+            outcome = RetryLater(self.config.retry_backoff_s, "attempt failed: retry")
+        else:
+            outcome = Ack(settlement.fate.value)
+        return WorkReport(
+            outcome,
+            attempt=attempt,
+            tokens=0 if settlement.duplicate else result.tokens,
+            succeeded=result.succeeded,
+            fate=settlement.fate,
+            waited_s=got.waited_s,
+            lost_attempt_tokens=lost_tokens,
+        )

@@ -1,0 +1,309 @@
+"""The services end to end on in-memory ports: submit, fan out, work, settle, finalize."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from swarm.core.backpressure import ShedPolicy
+from swarm.core.governor import GovernorConfig, InMemoryGovernor
+from swarm.core.lanes import QueuedUnit
+from swarm.core.ledger import InMemoryLedger
+from swarm.core.model import Lane, RunState, UnitState
+from swarm.modelplane import SimulatedModelPlane
+from swarm.service import runs
+from swarm.service.batches import (
+    Batches,
+    BatchesConfig,
+    Draining,
+    Shedding,
+    SubmitRequest,
+    UnitInput,
+)
+from swarm.service.memory import (
+    MemoryBlobs,
+    MemoryDrain,
+    MemoryEvents,
+    MemoryExecutions,
+    MemoryMappings,
+    MemoryQueue,
+)
+from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerConfig
+
+QUOTA = 600_000  # the model plane's TPM; the governor takes 95% of it
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+@dataclass
+class Plane:
+    clock: Clock = field(default_factory=Clock)
+    ledger: InMemoryLedger = field(default_factory=InMemoryLedger)
+    queue: MemoryQueue = field(default_factory=MemoryQueue)
+    blobs: MemoryBlobs = field(default_factory=MemoryBlobs)
+    executions: MemoryExecutions = field(default_factory=MemoryExecutions)
+    drain: MemoryDrain = field(default_factory=MemoryDrain)
+    events: MemoryEvents = field(default_factory=MemoryEvents)
+    failure_rate: float = 0.0
+    shed_limits: dict[Lane, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.governor = InMemoryGovernor(
+            GovernorConfig(QUOTA, 0.95, initial_fill=1.0), now=self.clock.now()
+        )
+        self.model = SimulatedModelPlane(
+            QUOTA, self.failure_rate, seed=1, clock=self.clock.now, sleep=self.clock.sleep
+        )
+        self.batches = Batches(
+            self.ledger,
+            self.governor,
+            self.queue,
+            self.blobs,
+            self.executions,
+            self.drain,
+            BatchesConfig(ShedPolicy(self.shed_limits), max_budget=10**9),
+        )
+        self.fanout = runs.FanOut(self.ledger, self.queue, queue_lease_s=86_400)
+        self.worker = Worker(
+            self.ledger,
+            self.governor,
+            self.model,
+            self.drain,
+            WorkerConfig(lease_s=300, max_wait_s=20),
+            self.clock.now,
+            self.clock.sleep,
+        )
+        self.finalizer = runs.Finalizer(self.ledger, self.queue, self.blobs, self.events)
+        self.outcomes: Counter[str] = Counter()
+
+    def submit(self, units: int, budget: int = 10**8, tenant: str = "acme", **kw: object) -> str:
+        request = SubmitRequest(
+            lane=kw.get("lane", Lane.NORMAL),  # type: ignore[arg-type]
+            budget=budget,
+            max_attempts=3,
+            units=[UnitInput(f"u{i:03d}", 10_000 + 37 * i) for i in range(units)],
+        )
+        key = kw.get("key")
+        submitted = self.batches.submit(tenant, request, key, self.clock.now())  # type: ignore[arg-type]
+        return submitted.run.run_id
+
+    def fan_out(self) -> None:
+        """What the state machine does: each execution's items through the fan-out step."""
+        for name, payload in list(self.executions.started.items()):
+            if payload.get("done"):
+                continue
+            for item in self.blobs.get_json(payload["manifest_key"]):
+                self.fanout.admit_and_enqueue(item, self.clock.now())
+            payload["done"] = True
+
+    def pump(self, max_steps: int = 100_000) -> None:
+        """Workers drain the lanes; delayed messages come back when the lanes are empty."""
+        for _ in range(max_steps):
+            item = self.queue.receive()
+            if item is None:
+                if not self.queue.delayed:
+                    return
+                self.clock.t += max(d for d, _ in self.queue.delayed)
+                self.queue.release_delayed()
+                continue
+            report = self.worker.process(item)
+            self.outcomes[type(report.outcome).__name__] += 1
+            match report.outcome:
+                case RetryLater(after_s=after):
+                    self.clock.t += after
+                    self.queue.lanes[item.lane].append(item)
+                case Requeue(delay_s=delay):
+                    self.queue.send(item, delay)
+                case Ack():
+                    pass
+        raise AssertionError("the lanes never drained")
+
+    def run(self, run_id: str) -> dict[str, object]:
+        self.fan_out()
+        self.pump()
+        return self.finalizer.finalize(run_id, self.clock.now())
+
+
+def test_a_batch_completes_and_the_books_reconcile() -> None:
+    plane = Plane(failure_rate=0.1)
+    run_id = plane.submit(120)
+    result = plane.run(run_id)
+    run = plane.ledger.run(run_id)
+    assert result["closed"] and run.state is RunState.COMPLETED
+    assert run.completed + run.dead_lettered == 120
+    attempts = plane.ledger.attempts(run_id)
+    assert run.spent == sum(a.tokens for a in attempts) == plane.model.tokens_billed
+    assert run.retries > 0  # 10% of attempts failed and were redelivered
+    assert plane.model.throttles == 0  # the governor kept the fleet under the model quota
+    event, detail = plane.events.published[-1]
+    assert event == "run.completed" and detail["spent"] == run.spent
+    assert plane.blobs.exists(result["results_key"])  # type: ignore[arg-type]
+
+
+def test_exhaustion_then_resume_completes_the_exact_remainder() -> None:
+    plane = Plane()
+    run_id = plane.submit(50, budget=300_000)
+    plane.run(run_id)
+    status = plane.batches.status("acme", run_id, plane.clock.now())
+    assert status["state"] == "exhausted"
+    remainder = status["remainder"]
+    assert len(remainder) == status["counts"]["remainder"] == 50 - status["counts"]["completed"]
+    assert plane.events.published[-1][0] == "run.exhausted"
+    assert plane.blobs.get_json(f"results/{run_id}/remainder-1.json")[0]["unit_id"] == remainder[0]
+    completed_before = {
+        u.unit_id for u in plane.ledger.units(run_id) if u.state is UnitState.COMPLETED
+    }
+    # When the tenant tops up and resumes
+    resumed = plane.batches.resume("acme", run_id, 1_000_000, plane.clock.now())
+    assert resumed["requeued"] == len(remainder)
+    plane.run(run_id)
+    run = plane.ledger.run(run_id)
+    assert run.state is RunState.COMPLETED and run.completed == 50
+    # no unit that had completed ran again
+    for attempt in plane.ledger.attempts(run_id):
+        if attempt.unit_id in completed_before:
+            assert attempt.attempt == 0
+    assert plane.events.published[-1][0] == "run.completed"
+
+
+def test_a_duplicate_delivery_settles_once() -> None:
+    plane = Plane()
+    run_id = plane.submit(3)
+    plane.fan_out()
+    first = plane.queue.receive()
+    assert first is not None
+    plane.worker.process(first)
+    duplicate = plane.worker.process(first)  # SQS delivered the same message again
+    assert duplicate.outcome == Ack("unit is completed")
+    assert len([a for a in plane.ledger.attempts(run_id) if a.unit_id == first.unit_id]) == 1
+
+
+def test_a_worker_dying_mid_unit_is_retried_and_its_tokens_counted() -> None:
+    plane = Plane()
+    run_id = plane.submit(2)
+    plane.fan_out()
+    item = plane.queue.receive()
+    assert item is not None
+    # the worker claims the attempt, calls the model (tokens billed), then dies before settling
+    unit = plane.ledger.unit(run_id, item.unit_id)
+    assert plane.ledger.claim(run_id, item.unit_id, 0, plane.clock.now(), 300).claimed
+    # a redelivery before the lease expires finds the attempt busy and waits, without running it
+    busy = plane.worker.process(item)
+    assert isinstance(busy.outcome, Requeue) and "busy" in busy.outcome.reason
+    plane.clock.t += 301  # SQS redelivers after the visibility timeout
+    report = plane.worker.process(item)
+    assert report.outcome == Ack("completed")
+    assert report.lost_attempt_tokens == unit.projected_tokens
+    attempts = [a for a in plane.ledger.attempts(run_id) if a.unit_id == item.unit_id]
+    assert [(a.attempt, a.succeeded, a.reclaimed) for a in attempts] == [
+        (0, False, True),
+        (1, True, False),
+    ]
+    assert plane.ledger.unit(run_id, item.unit_id).spent == 2 * unit.projected_tokens
+
+
+def test_draining_refuses_submissions_and_workers_take_nothing_new() -> None:
+    plane = Plane()
+    run_id = plane.submit(5)
+    plane.fan_out()
+    plane.drain.set(True)
+    with pytest.raises(Draining):
+        plane.submit(1, key="another")
+    item = plane.queue.receive()
+    assert item is not None
+    report = plane.worker.process(item)
+    assert report.outcome == Requeue(30, "draining")
+    assert plane.ledger.run(run_id).spent == 0
+    plane.queue.send(item, 30)
+    plane.drain.set(False)
+    plane.pump()
+    assert plane.ledger.run(run_id).state is RunState.COMPLETED
+
+
+def test_deep_lanes_shed_with_retry_after_and_higher_lanes_shed_last() -> None:
+    plane = Plane(shed_limits={Lane.HIGH: 1_000, Lane.NORMAL: 100, Lane.LOW: 20})
+    plane.submit(60, lane=Lane.NORMAL)
+    plane.fan_out()
+    with pytest.raises(Shedding) as shed:
+        plane.submit(5, lane=Lane.LOW, key="low")
+    assert shed.value.shed.reason == "lane_depth" and shed.value.retry_after_s >= 1
+    # 60 units x ~11k tokens at 9,500 tokens/s governed: about 70s of work ahead
+    assert 60 <= shed.value.retry_after_s <= 90
+    plane.submit(5, lane=Lane.HIGH, key="high")  # the high lane is still open
+
+
+def test_a_quota_storm_slows_the_governor_and_sheds_lower_lanes() -> None:
+    plane = Plane()
+    run_id = plane.submit(40)
+    plane.fan_out()
+    plane.model.storm(quota_tpm=20_000, until=plane.clock.now() + 120)
+    for _ in range(5):
+        item = plane.queue.receive()
+        assert item is not None
+        report = plane.worker.process(item)
+        if report.throttled:
+            plane.queue.send(item, 30)
+    fleet = plane.batches.fleet(plane.clock.now())
+    assert fleet["governor"]["throttles"] >= 1
+    assert fleet["governor"]["effective_rate_tps"] < fleet["governor"]["governed_rate_tps"]
+    with pytest.raises(Shedding) as shed:
+        plane.submit(3, key="during-storm")
+    assert shed.value.shed.reason == "throttling"
+    plane.pump()  # the storm passes; everything completes
+    assert plane.ledger.run(run_id).state is RunState.COMPLETED
+
+
+def test_idempotency_key_returns_the_same_batch_and_refuses_a_different_one() -> None:
+    plane = Plane()
+    first = plane.submit(4, key="k1")
+    assert plane.submit(4, key="k1") == first
+    assert len(plane.executions.started) == 1
+    from swarm.core.errors import Conflict
+
+    with pytest.raises(Conflict):
+        plane.submit(5, key="k1")
+
+
+def test_other_tenants_cannot_see_a_batch() -> None:
+    plane = Plane()
+    run_id = plane.submit(2)
+    from swarm.core.errors import NotFound
+
+    with pytest.raises(NotFound):
+        plane.batches.status("someone-else", run_id, plane.clock.now())
+
+
+def test_dead_letter_queue_ends_a_poison_unit() -> None:
+    plane = Plane()
+    run_id = plane.submit(1)
+    plane.fan_out()
+    item = plane.queue.receive()
+    assert isinstance(item, QueuedUnit)
+    assert runs.dead_letter(plane.ledger, item, plane.clock.now()) is UnitState.DEAD_LETTERED
+    assert plane.ledger.run(run_id).state is RunState.COMPLETED
+    assert plane.ledger.run(run_id).dead_lettered == 1
+
+
+def test_drain_controller_reports_when_it_is_safe_to_deploy() -> None:
+    plane = Plane()
+    controller = runs.DrainController(plane.drain, MemoryMappings(), plane.queue)
+    assert controller.apply()["mappings"] == {
+        "high": "Enabled",
+        "normal": "Enabled",
+        "low": "Enabled",
+    }
+    plane.drain.set(True)
+    report = controller.apply()
+    assert set(report["mappings"].values()) == {"Disabled"}
+    assert report["safe_to_deploy"]
