@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from swarm.core.backpressure import ShedPolicy
+from swarm.core.errors import Conflict, NotFound
 from swarm.core.governor import GovernorConfig, InMemoryGovernor
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import InMemoryLedger
@@ -100,7 +101,7 @@ class Plane:
 
     def fan_out(self) -> None:
         """What the state machine does: each execution's items through the fan-out step."""
-        for name, payload in list(self.executions.started.items()):
+        for payload in list(self.executions.started.values()):
             if payload.get("done"):
                 continue
             for item in self.blobs.get_json(payload["manifest_key"]):
@@ -269,8 +270,6 @@ def test_idempotency_key_returns_the_same_batch_and_refuses_a_different_one() ->
     first = plane.submit(4, key="k1")
     assert plane.submit(4, key="k1") == first
     assert len(plane.executions.started) == 1
-    from swarm.core.errors import Conflict
-
     with pytest.raises(Conflict):
         plane.submit(5, key="k1")
 
@@ -278,8 +277,6 @@ def test_idempotency_key_returns_the_same_batch_and_refuses_a_different_one() ->
 def test_other_tenants_cannot_see_a_batch() -> None:
     plane = Plane()
     run_id = plane.submit(2)
-    from swarm.core.errors import NotFound
-
     with pytest.raises(NotFound):
         plane.batches.status("someone-else", run_id, plane.clock.now())
 
