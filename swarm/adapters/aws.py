@@ -1,0 +1,207 @@
+"""The service ports on SQS, S3, Step Functions, SSM, EventBridge and Lambda.
+
+Each adapter takes an injected boto3 client (tests and the local runtime pass moto-backed ones;
+the Lambda functions build them lazily through :mod:`swarm.adapters.clients`). Errors are mapped
+by AWS error code, never by message text.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.adapters import client_error_type, error_code
+from swarm.core import codec
+from swarm.core.errors import InvalidInput, NotFound
+from swarm.core.lanes import QueuedUnit
+from swarm.core.model import LANES, Lane
+from swarm.service.ports import LaneDepth, MappingState
+from swarm.service.runs import parse_bool_flag
+
+MAX_SQS_DELAY_S = 900
+
+
+def message_body(item: QueuedUnit) -> str:
+    return json.dumps(codec.queued_to_doc(item), separators=(",", ":"))
+
+
+def parse_message_body(body: str) -> QueuedUnit:
+    """A lane message's body; a malformed one raises InvalidInput naming what is wrong."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise InvalidInput("body", f"not JSON: {e.msg}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("body", "a lane message is a JSON object")
+    return codec.queued_from_doc(doc)
+
+
+@dataclass
+class SqsLanes:
+    """One standard queue per lane; the tenant is the message group, so SQS fair queues can
+    spread tenants inside a lane."""
+
+    client: Any
+    urls: Mapping[Lane, str]
+
+    def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
+        self.client.send_message(
+            QueueUrl=self.urls[item.lane],
+            MessageBody=message_body(item),
+            DelaySeconds=max(0, min(MAX_SQS_DELAY_S, int(delay_s))),
+            MessageGroupId=item.tenant,
+        )
+
+    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
+        self.client.change_message_visibility(
+            QueueUrl=self.urls[lane],
+            ReceiptHandle=receipt_handle,
+            VisibilityTimeout=max(0, min(43_200, int(seconds))),
+        )
+
+    def depths(self) -> Mapping[Lane, LaneDepth]:
+        names = [
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ]
+        out: dict[Lane, LaneDepth] = {}
+        for lane in LANES:
+            if lane not in self.urls:
+                continue
+            attrs = self.client.get_queue_attributes(
+                QueueUrl=self.urls[lane], AttributeNames=names
+            )["Attributes"]
+            out[lane] = LaneDepth(*(int(attrs.get(n, 0)) for n in names))
+        return out
+
+
+@dataclass
+class S3Blobs:
+    client: Any
+    bucket: str
+
+    def put_json(self, key: str, doc: Any) -> None:
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=json.dumps(doc, separators=(",", ":")).encode(),
+            ContentType="application/json",
+        )
+
+    def get_json(self, key: str) -> Any:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except client_error_type() as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                raise NotFound(f"no object {key!r} in the bucket") from None
+            raise
+        return json.loads(body)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except client_error_type() as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise
+        return True
+
+
+@dataclass
+class StepFunctionsExecutions:
+    client: Any
+    state_machine_arn: str
+
+    def start(self, name: str, payload: Mapping[str, Any]) -> bool:
+        try:
+            self.client.start_execution(
+                stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload)
+            )
+        except client_error_type() as e:
+            if error_code(e) == "ExecutionAlreadyExists":
+                return False
+            raise
+        return True
+
+
+@dataclass
+class SsmDrainSwitch:
+    """The drain flag; ``draining()`` caches for ``ttl_s`` unless asked for a fresh read."""
+
+    client: Any
+    name: str
+    ttl_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    _cached: tuple[float, bool] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def draining(self, fresh: bool = False) -> bool:
+        with self._lock:
+            now = self.clock()
+            if not fresh and self._cached is not None and now - self._cached[0] < self.ttl_s:
+                return self._cached[1]
+        value = self.client.get_parameter(Name=self.name)["Parameter"]["Value"]
+        on = parse_bool_flag(str(value))
+        with self._lock:
+            self._cached = (self.clock(), on)
+        return on
+
+    def set(self, draining: bool) -> None:
+        self.client.put_parameter(
+            Name=self.name, Value="on" if draining else "off", Type="String", Overwrite=True
+        )
+        with self._lock:
+            self._cached = None
+
+
+@dataclass
+class EventBridgeEvents:
+    client: Any
+    bus_name: str
+    source: str = "swarm.control-plane"
+
+    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None:
+        response = self.client.put_events(
+            Entries=[
+                {
+                    "EventBusName": self.bus_name,
+                    "Source": self.source,
+                    "DetailType": detail_type,
+                    "Detail": json.dumps(detail, default=str),
+                }
+            ]
+        )
+        if response.get("FailedEntryCount"):
+            entry = response["Entries"][0]
+            raise RuntimeError(
+                f"EventBridge refused {detail_type}: {entry.get('ErrorCode')} "
+                f"{entry.get('ErrorMessage')}"
+            )
+
+
+@dataclass
+class LambdaMappings:
+    client: Any
+    uuids: Mapping[Lane, str]
+
+    def set_enabled(self, enabled: bool) -> list[MappingState]:
+        states = []
+        for lane, uuid in self.uuids.items():
+            resp = self.client.update_event_source_mapping(UUID=uuid, Enabled=enabled)
+            states.append(MappingState(lane, uuid, str(resp.get("State", "Unknown"))))
+        return states
+
+    def states(self) -> list[MappingState]:
+        return [
+            MappingState(
+                lane,
+                uuid,
+                str(self.client.get_event_source_mapping(UUID=uuid).get("State", "Unknown")),
+            )
+            for lane, uuid in self.uuids.items()
+        ]
