@@ -1,0 +1,191 @@
+"""Patches that make moto faithful where the control plane depends on it, and an embedded server.
+
+Why: moto's request lock covers request dispatch, not the DynamoDB backend. Two threads doing a
+conditional ``UpdateItem`` on one item can both evaluate the condition against the old item and
+both write, so a correct governor can over-grant in a test and an incorrect one can look fine
+(measured: 8-16 threads decrementing an item from 300 granted 310-477). Real DynamoDB conditional
+writes and transactions are atomic per item. :func:`patch_dynamodb_atomicity` wraps the backend's
+item operations in ONE re-entrant lock, which makes them atomic again (300 granted, every run).
+
+The patch also makes ``update_item`` return a *copy* of the item taken under the lock: moto
+serialises ``ReturnValues=ALL_NEW`` from the live item after the backend call returns, so without
+the copy a response could show a later writer's values.
+
+Patches are idempotent, process-wide (they patch the class, so every backend and every account
+is covered) and reversible (:func:`unpatch_dynamodb_atomicity`, used by the test that proves the
+patch matters). Later patches (Lambda without Docker, Step Functions listing) belong here too:
+one function per patch, listed in :data:`PATCHES`, applied together by :func:`apply_all`.
+
+:func:`start_server` starts an embedded moto server (``ThreadedMotoServer``) in a background
+thread of the *current* process with the patches applied, on a free localhost port, and returns
+its endpoint (workers in other processes reach it over HTTP, like a real fleet).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+# The backend methods that read or write items. Reads are included so a strongly consistent
+# read (and a TransactGetItems, whose logic lives in moto's responses module) never observes a
+# half-applied transaction.
+DYNAMODB_LOCKED_METHODS: tuple[str, ...] = (
+    "put_item",
+    "update_item",
+    "delete_item",
+    "transact_write_items",
+    "get_item",
+    "query",
+    "scan",
+    "batch_write_item",
+    "transact_get_items",
+    "batch_get_item",
+)
+
+_DYNAMODB_LOCK = threading.RLock()
+_ORIGINALS: dict[str, Callable[..., Any]] = {}
+_PATCH_GUARD = threading.Lock()
+
+
+def dynamodb_lock() -> threading.RLock:
+    """The lock every patched DynamoDB backend call holds (tests use it to inject delays)."""
+    return _DYNAMODB_LOCK
+
+
+def _locked(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _DYNAMODB_LOCK:
+            result = original(*args, **kwargs)
+            if name == "update_item":
+                # responses.py serialises ALL_NEW after we return: hand it a stable snapshot
+                result = copy.deepcopy(result)
+            return result
+
+    wrapper.__swarm_patched__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _responses_locked(original: Callable[..., Any]) -> Callable[..., Any]:
+    """TransactGetItems and BatchGetItem read the tables directly in moto's responses module."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _DYNAMODB_LOCK:
+            return original(*args, **kwargs)
+
+    wrapper.__swarm_patched__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+_RESPONSE_METHODS: tuple[str, ...] = ("transact_get_items", "batch_get_item", "batch_write_item")
+
+
+def patch_dynamodb_atomicity() -> None:
+    """Serialise moto's DynamoDB item operations with one RLock (idempotent)."""
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.responses import DynamoHandler
+
+    with _PATCH_GUARD:
+        if _ORIGINALS:
+            return
+        for name in DYNAMODB_LOCKED_METHODS:
+            original = getattr(DynamoDBBackend, name)
+            _ORIGINALS[f"backend.{name}"] = original
+            setattr(DynamoDBBackend, name, _locked(name, original))
+        for name in _RESPONSE_METHODS:
+            original = getattr(DynamoHandler, name)
+            _ORIGINALS[f"responses.{name}"] = original
+            setattr(DynamoHandler, name, _responses_locked(original))
+
+
+def unpatch_dynamodb_atomicity() -> None:
+    """Restore moto's original (racy) methods; for the test that shows the patch matters."""
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.responses import DynamoHandler
+
+    with _PATCH_GUARD:
+        for key, original in _ORIGINALS.items():
+            kind, name = key.split(".", 1)
+            setattr(DynamoDBBackend if kind == "backend" else DynamoHandler, name, original)
+        _ORIGINALS.clear()
+
+
+def dynamodb_patched() -> bool:
+    return bool(_ORIGINALS)
+
+
+@contextmanager
+def dynamodb_unpatched() -> Iterator[None]:
+    """Temporarily run moto without the patch (restores the previous state afterwards)."""
+    was = dynamodb_patched()
+    unpatch_dynamodb_atomicity()
+    try:
+        yield
+    finally:
+        if was:
+            patch_dynamodb_atomicity()
+
+
+PATCHES: dict[str, Callable[[], None]] = {
+    "dynamodb-atomicity": patch_dynamodb_atomicity,
+}
+
+
+def apply_all() -> None:
+    """Apply every patch the control plane relies on (idempotent)."""
+    for patch in PATCHES.values():
+        patch()
+
+
+# ------------------------------------------------------------------ embedded server
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EmbeddedServer:
+    """A running moto server; ``endpoint`` is what boto3's ``endpoint_url`` takes."""
+
+    endpoint: str
+    _server: Any
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def start_server(
+    host: str = "127.0.0.1", port: int | None = None, patch: bool = True
+) -> EmbeddedServer:
+    """Start a moto server in a daemon thread of this process, patched unless ``patch=False``.
+
+    The patch is process-wide, so it covers the server's request threads too. Stop it with
+    :meth:`EmbeddedServer.stop`.
+    """
+    from moto.server import ThreadedMotoServer
+
+    if patch:
+        apply_all()
+    port = free_port(host) if port is None else port
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+    server.start()
+    return EmbeddedServer(endpoint=f"http://{host}:{port}", _server=server)
+
+
+@contextmanager
+def running_server(patch: bool = True) -> Iterator[EmbeddedServer]:
+    server = start_server(patch=patch)
+    try:
+        yield server
+    finally:
+        server.stop()

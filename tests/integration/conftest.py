@@ -1,0 +1,75 @@
+"""Fixtures for the moto-backed integration tests.
+
+moto's DynamoDB backend is not atomic under threads (docs/local-aws.md): every fixture here runs
+with :func:`swarm.local.motopatch.apply_all` applied, in-process (``mock_aws``) or in an embedded
+moto server on a free localhost port.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from moto import mock_aws
+
+from swarm.adapters import create_table
+from swarm.local import motopatch
+
+TABLE = "swarm-test"
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials, so nothing can reach a real account."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SECURITY_TOKEN": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def dynamodb(aws_credentials: None) -> Iterator[Any]:
+    """An in-process moto DynamoDB client with the single table created (patched backend)."""
+    motopatch.apply_all()
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name=REGION)
+        create_table(client, TABLE)
+        yield client
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[motopatch.EmbeddedServer]:
+    """One embedded, patched moto server per test process (xdist workers get their own)."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    server = motopatch.start_server()
+    yield server
+    server.stop()
+
+
+def server_client(endpoint: str, pool: int = 10) -> Any:
+    return boto3.client(
+        "dynamodb",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(max_pool_connections=pool, retries={"max_attempts": 3, "mode": "standard"}),
+    )
+
+
+@pytest.fixture
+def server_table(moto_server: motopatch.EmbeddedServer, request: pytest.FixtureRequest) -> str:
+    """A fresh table on the embedded server, named after the test."""
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name)[:200]
+    create_table(server_client(moto_server.endpoint), name)
+    return name

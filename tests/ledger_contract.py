@@ -1,0 +1,287 @@
+"""The Ledger port's contract: one suite every implementation must pass with the same results.
+
+Subclass :class:`LedgerContract` and provide a ``ledger`` fixture returning a fresh, empty
+ledger. The scenario tests pin the semantics of swarm/core/ledger.py; the differential test
+replays random operation sequences against the implementation and the in-memory reference and
+requires identical answers and identical books after every step.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.core.ledger import Fate, InMemoryLedger, Ledger, remainder_of
+from swarm.core.model import Lane, RunSpec, RunState, UnitSpec, UnitState
+
+
+def spec(
+    run_id: str = "run-1", units: int = 4, tokens: int = 100, budget: int = 1_000, attempts: int = 3
+) -> RunSpec:
+    return RunSpec(
+        run_id=run_id,
+        tenant="tenant-a",
+        lane=Lane.NORMAL,
+        budget=budget,
+        units=tuple(UnitSpec(f"u{i}", tokens) for i in range(units)),
+        max_attempts=attempts,
+    )
+
+
+def balanced(ledger: Ledger, run_id: str) -> None:
+    """The books agree with the units and the attempts (the invariants of the design sketch)."""
+    run = ledger.run(run_id)
+    units = ledger.units(run_id)
+    attempts = ledger.attempts(run_id)
+    assert run.spent == sum(a.tokens for a in attempts) == sum(u.spent for u in units)
+    assert run.reserved == sum(u.reservation.projected for u in units if u.reservation)
+    assert run.in_flight == sum(1 for u in units if u.state is UnitState.IN_FLIGHT)
+    assert run.completed == sum(1 for u in units if u.state is UnitState.COMPLETED)
+    assert run.dead_lettered == sum(1 for u in units if u.state is UnitState.DEAD_LETTERED)
+    assert run.remainder == sum(1 for u in units if u.state is UnitState.REMAINDER)
+    assert run.attempts == len(attempts) == sum(u.attempts for u in units)
+
+
+class LedgerContract:
+    """Scenario tests of the Ledger port (Given/When/Then)."""
+
+    @pytest.fixture
+    def ledger(self) -> Ledger:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    # -- opening
+    def test_open_is_idempotent_for_the_same_spec_and_conflicts_for_another(
+        self, ledger: Ledger
+    ) -> None:
+        first = ledger.open_run(spec(), now=1.0)
+        assert ledger.open_run(spec(), now=2.0) == first
+        with pytest.raises(Conflict):
+            ledger.open_run(spec(budget=5), now=3.0)
+        assert [u.unit_id for u in ledger.units("run-1")] == ["u0", "u1", "u2", "u3"]
+        assert first.state is RunState.OPEN and first.opened_at == 1.0
+
+    def test_unknown_runs_and_units_are_not_found(self, ledger: Ledger) -> None:
+        with pytest.raises(NotFound):
+            ledger.run("nope")
+        ledger.open_run(spec(), now=0.0)
+        with pytest.raises(NotFound):
+            ledger.unit("run-1", "nope")
+        with pytest.raises(NotFound):
+            ledger.admit("run-1", "nope", 0, now=0.0)
+
+    # -- admission and settlement
+    def test_admission_reserves_and_settlement_replaces_the_reservation(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(), now=0.0)
+        admission = ledger.admit("run-1", "u0", 0, now=1.0)
+        assert admission.admitted and admission.reason == "admitted"
+        assert ledger.run("run-1").reserved == 100
+        assert ledger.admit("run-1", "u0", 0, now=1.5).reason == "already_admitted"
+        settled = ledger.settle("run-1", "u0", 0, tokens=70, succeeded=True, now=2.0)
+        assert settled.fate is Fate.COMPLETED and not settled.duplicate
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.completed, run.attempts) == (70, 0, 1, 1)
+        balanced(ledger, "run-1")
+
+    def test_a_repeated_settlement_returns_the_first_and_changes_nothing(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=1.0)
+        first = ledger.settle("run-1", "u0", 0, tokens=80, succeeded=False, now=2.0)
+        before = ledger.run("run-1")
+        again = ledger.settle("run-1", "u0", 0, tokens=999, succeeded=True, now=3.0)
+        assert again.duplicate and again.fate is first.fate is Fate.RETRY
+        assert again.attempt == first.attempt
+        assert ledger.run("run-1") == before
+        balanced(ledger, "run-1")
+
+    def test_wrong_attempts_conflict_and_bad_tokens_are_invalid(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(), now=0.0)
+        with pytest.raises(Conflict):
+            ledger.admit("run-1", "u0", 1, now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        with pytest.raises(Conflict):
+            ledger.settle("run-1", "u0", 1, tokens=1, succeeded=True, now=1.0)
+        with pytest.raises(InvalidInput):
+            ledger.settle("run-1", "u0", 0, tokens=-1, succeeded=True, now=1.0)
+
+    def test_failed_attempts_retry_then_dead_letter_and_the_run_completes(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(units=2, attempts=2), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        assert ledger.settle("run-1", "u0", 0, 10, False, now=1.0).fate is Fate.RETRY
+        ledger.admit("run-1", "u0", 1, now=1.0)
+        assert ledger.settle("run-1", "u0", 1, 10, False, now=2.0).fate is Fate.DEAD_LETTERED
+        ledger.admit("run-1", "u1", 0, now=2.0)
+        ledger.settle("run-1", "u1", 0, 50, True, now=3.0)
+        run = ledger.run("run-1")
+        assert run.state is RunState.COMPLETED and run.closed_at == 3.0
+        assert (run.spent, run.retries, run.dead_lettered) == (70, 1, 1)
+        assert ledger.admit("run-1", "u1", 1, now=4.0).reason == "terminal"
+        balanced(ledger, "run-1")
+
+    # -- exhaustion, draining, resume
+    def test_exhaustion_drains_in_flight_then_closes_with_the_remainder(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(units=5, budget=250), now=0.0)
+        assert ledger.admit("run-1", "u0", 0, now=0.0).admitted
+        assert ledger.admit("run-1", "u1", 0, now=0.0).admitted
+        refused = ledger.admit("run-1", "u2", 0, now=1.0)
+        assert not refused.admitted and refused.reason == "budget" and refused.exhausted_run
+        assert ledger.run("run-1").state is RunState.EXHAUSTING
+        assert ledger.admit("run-1", "u3", 0, now=1.0).reason == "exhausting"
+        assert remainder_of(ledger, "run-1") == ["u2", "u3", "u4"]
+        # a failure during the drain is owed a retry, admitted while the budget covers it
+        assert ledger.settle("run-1", "u0", 0, 100, False, now=2.0).fate is Fate.RETRY
+        assert ledger.unit("run-1", "u0").state is UnitState.PENDING
+        refused_retry = ledger.admit("run-1", "u0", 1, now=2.0)  # 100 + 100 + 100 > 250
+        assert refused_retry.reason == "budget"
+        assert remainder_of(ledger, "run-1") == ["u0", "u2", "u3", "u4"]
+        ledger.settle("run-1", "u1", 0, 90, True, now=3.0)
+        run = ledger.run("run-1")
+        assert run.state is RunState.EXHAUSTED and run.closed_at == 3.0
+        assert run.remainder == 4
+        balanced(ledger, "run-1")
+        # resume: a top-up reopens the run and hands back the remainder
+        top = ledger.top_up("run-1", 1_000, now=4.0)
+        assert top.run.state is RunState.OPEN and set(top.requeue) == {"u0", "u2", "u3", "u4"}
+        assert ledger.run("run-1").budget == 1_250 and remainder_of(ledger, "run-1") == []
+        for uid, attempt in (("u0", 1), ("u2", 0), ("u3", 0), ("u4", 0)):
+            assert ledger.admit("run-1", uid, attempt, now=5.0).admitted
+            ledger.settle("run-1", uid, attempt, 100, True, now=6.0)
+        assert ledger.run("run-1").state is RunState.COMPLETED
+        balanced(ledger, "run-1")
+
+    def test_an_exhausted_run_with_nothing_in_flight_closes_at_once(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2, budget=50), now=0.0)
+        refused = ledger.admit("run-1", "u0", 0, now=1.0)
+        assert refused.reason == "budget" and refused.run.state is RunState.EXHAUSTED
+        assert ledger.admit("run-1", "u1", 0, now=1.0).reason == "closed"
+        assert remainder_of(ledger, "run-1") == ["u0", "u1"]
+        with pytest.raises(InvalidInput):
+            ledger.top_up("run-1", 0, now=2.0)
+
+    def test_a_completed_run_cannot_be_topped_up(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=1), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.settle("run-1", "u0", 0, 5, True, now=1.0)
+        with pytest.raises(Conflict):
+            ledger.top_up("run-1", 10, now=2.0)
+
+    # -- claims and leases
+    def test_claims_make_duplicate_deliveries_busy_and_reclaim_charges_lost_work(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        assert ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30).claimed
+        assert ledger.claim("run-1", "u0", 0, now=2.0, lease_s=30).reason == "busy"
+        assert ledger.reclaim_expired("run-1", now=20.0) == []  # lease still live
+        lost = ledger.reclaim_expired("run-1", now=31.0)
+        assert [s.attempt.reclaimed for s in lost] == [True]
+        assert lost[0].attempt.tokens == 100 and lost[0].fate is Fate.RETRY
+        # the worker was only slow: its late settlement is a duplicate, counted once
+        late = ledger.settle("run-1", "u0", 0, 40, True, now=32.0)
+        assert late.duplicate and late.fate is Fate.RETRY
+        assert ledger.run("run-1").spent == 100
+        assert ledger.claim("run-1", "u0", 0, now=33.0, lease_s=30).reason == "settled"
+        balanced(ledger, "run-1")
+
+    def test_an_expired_unclaimed_reservation_is_released_not_charged(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(), now=0.0)
+        ledger.admit("run-1", "u1", 0, now=0.0, lease_s=10)
+        assert ledger.reclaim_expired("run-1", now=11.0) == []
+        run = ledger.run("run-1")
+        assert (run.reserved, run.in_flight, run.spent) == (0, 0, 0)
+        assert ledger.unit("run-1", "u1").state is UnitState.PENDING
+        assert ledger.admit("run-1", "u1", 0, now=12.0).admitted
+        balanced(ledger, "run-1")
+
+    def test_unclaim_hands_the_attempt_back_unstarted(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        assert ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30).claimed
+        assert ledger.unclaim("run-1", "u0", 0, now=2.0, lease_s=500)
+        assert ledger.claim("run-1", "u0", 0, now=3.0, lease_s=30).claimed
+        assert not ledger.unclaim("run-1", "u1", 0, now=3.0, lease_s=30)
+
+    def test_dead_letter_settles_a_claimed_attempt_first(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=0.0, lease_s=30)
+        unit = ledger.dead_letter("run-1", "u0", now=1.0)
+        assert unit.state is UnitState.DEAD_LETTERED and unit.spent == 100
+        assert ledger.dead_letter("run-1", "u1", now=2.0).state is UnitState.DEAD_LETTERED
+        assert ledger.run("run-1").state is RunState.COMPLETED
+        balanced(ledger, "run-1")
+
+    # -- the reference, differentially
+    @pytest.mark.parametrize("seed", range(6))
+    def test_random_operations_match_the_in_memory_reference(
+        self, ledger: Ledger, seed: int
+    ) -> None:
+        replay(ledger, seed, steps=120)
+
+
+def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) -> Any:
+    lease, tokens, ok = args
+    if op == "admit":
+        return led.admit("run-1", uid, attempt, now, lease)
+    if op == "settle":
+        return led.settle("run-1", uid, attempt, tokens, ok, now)
+    if op == "claim":
+        return led.claim("run-1", uid, attempt, now, lease)
+    if op == "unclaim":
+        return led.unclaim("run-1", uid, attempt, now, lease)
+    if op == "reclaim":
+        return led.reclaim_expired("run-1", now)
+    if op == "dead":
+        return led.dead_letter("run-1", uid, now)
+    return led.top_up("run-1", 400, now)
+
+
+def _outcome(led: Ledger, *call: Any) -> tuple[str, Any]:
+    try:
+        return "ok", _apply(led, *call)
+    except (Conflict, NotFound, InvalidInput) as e:
+        return type(e).__name__, None
+
+
+OPS = ("admit", "admit", "settle", "settle", "claim", "unclaim", "reclaim", "dead", "top")
+
+
+def replay(ledger: Ledger, seed: int, steps: int) -> None:
+    """Random operations on ``ledger`` and the reference: same answers, same books."""
+    rng = random.Random(seed)
+    reference = InMemoryLedger()
+    s = spec(units=6, tokens=100, budget=rng.choice([300, 600, 1_200]), attempts=rng.randint(1, 3))
+    assert ledger.open_run(s, now=0.0) == reference.open_run(s, now=0.0)
+    now = 0.0
+    for _ in range(steps):
+        now += rng.choice([0.5, 1.0, 7.0])
+        uid = f"u{rng.randrange(6)}"
+        unit = reference.unit("run-1", uid)
+        attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+        attempt += rng.choice([0, 0, 0, 0, -1])
+        op = rng.choice(OPS)
+        args = (rng.choice([5.0, 20.0]), rng.randint(0, 150), rng.random() < 0.5)
+        expected = _outcome(reference, op, uid, attempt, now, args)
+        actual = _outcome(ledger, op, uid, attempt, now, args)
+        assert actual == expected, f"step {op} {uid} attempt {attempt} at {now}"
+        assert ledger.run("run-1") == reference.run("run-1")
+        assert ledger.units("run-1") == reference.units("run-1")
+    assert sorted(ledger.attempts("run-1"), key=_akey) == sorted(
+        reference.attempts("run-1"), key=_akey
+    )
+    balanced(ledger, "run-1")
+
+
+def _akey(a: Any) -> tuple[str, int]:
+    return (a.unit_id, a.attempt)

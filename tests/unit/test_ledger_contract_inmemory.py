@@ -1,0 +1,14 @@
+"""The in-memory reference ledger against the shared Ledger contract."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm.core.ledger import InMemoryLedger, Ledger
+from tests.ledger_contract import LedgerContract
+
+
+class TestInMemoryLedger(LedgerContract):
+    @pytest.fixture
+    def ledger(self) -> Ledger:
+        return InMemoryLedger()
