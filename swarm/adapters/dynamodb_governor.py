@@ -490,7 +490,9 @@ class DynamoDBGovernor:
     ) -> float:
         """Seconds until this shard could serve the draw, at its current effective rate."""
         rate = float(s.rate_at(t))
-        return float(over if book else deficit) / rate
+        # + 2 us: ``now`` and the credit are rounded down to micro units, so a caller that
+        # sleeps exactly this long finds the tokens there
+        return float(over if book else deficit) / rate + 2e-6
 
     def _shard_order(self, amount: int, reserve: float, t: Decimal, now: float) -> list[int]:
         """Best of two (home and a random other) by cached wait, then the rest, shuffled."""
