@@ -1,10 +1,203 @@
-"""Placeholder for the api function (replaced by the functions issue)."""
+"""The batch API (API Gateway REST proxy): submit, status, resume, fleet, drain status.
+
+Thin: parse and authenticate here, behaviour in :mod:`swarm.service.batches`. Every error is JSON
+``{"error": code, "message": ...}`` with the status its type maps to.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """REST proxy for the batch API (submit, status, resume, fleet, drain status)."""
-    raise NotImplementedError("the api handler lands with the functions issue")
+from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.runtime import Runtime
+from swarm.service.api_models import (
+    Forbidden,
+    TooLarge,
+    Unauthenticated,
+    check_manifest_key,
+    parse_manifest_units,
+    parse_resume,
+    parse_submit,
+    submit_request,
+    tenant_of,
+)
+from swarm.service.batches import Batches, Draining, Shedding
+from swarm.settings import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED, SettingsError
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+app = APIGatewayRestResolver()
+
+_cache: dict[str, Any] = {}
+
+
+def runtime() -> Runtime:
+    if "runtime" not in _cache:
+        _cache["runtime"] = Runtime.from_env()
+    rt: Runtime = _cache["runtime"]
+    return rt
+
+
+def batches() -> Batches:
+    if "batches" not in _cache:
+        _cache["batches"] = runtime().batches()
+    service: Batches = _cache["batches"]
+    return service
+
+
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response[str]:
+    return Response(
+        status_code=status,
+        content_type="application/json",
+        body=json.dumps(doc),
+        headers=headers or {},
+    )
+
+
+def _error(status: int, code: str, message: str, retry_after: int | None = None) -> Response[str]:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return _json(status, {"error": code, "message": message}, headers)
+
+
+@app.exception_handler(InvalidInput)
+def _invalid(e: InvalidInput) -> Response[str]:
+    return _error(400, "invalid_request", str(e))
+
+
+@app.exception_handler(Forbidden)
+def _forbidden(e: Forbidden) -> Response[str]:
+    return _error(403, "forbidden", str(e))
+
+
+@app.exception_handler(NotFound)
+def _not_found(e: NotFound) -> Response[str]:
+    return _error(404, "not_found", str(e))
+
+
+@app.exception_handler(Conflict)
+def _conflict(e: Conflict) -> Response[str]:
+    return _error(409, "conflict", str(e))
+
+
+@app.exception_handler(TooLarge)
+def _too_large(e: TooLarge) -> Response[str]:
+    return _error(413, "too_large", str(e))
+
+
+@app.exception_handler(Shedding)
+def _shedding(e: Shedding) -> Response[str]:
+    metrics.add_metric(METRIC_SUBMISSIONS_SHED, MetricUnit.Count, 1)
+    return _error(429, "shedding", str(e), e.retry_after_s)
+
+
+@app.exception_handler(Draining)
+def _draining(e: Draining) -> Response[str]:
+    metrics.add_metric(METRIC_SUBMISSIONS_REFUSED, MetricUnit.Count, 1)
+    return _error(503, "draining", str(e), e.retry_after_s)
+
+
+@app.exception_handler(SettingsError)
+def _misconfigured(e: SettingsError) -> Response[str]:
+    logger.error("misconfigured function", error=str(e))
+    return _error(500, "misconfigured", "the service is misconfigured; its operators are alerted")
+
+
+def _tenant() -> str:
+    identity = app.current_event.request_context.identity
+    if not identity.user_arn:
+        raise Unauthenticated("sign the request with AWS credentials (SigV4)")
+    tenant = tenant_of(identity.user_arn, runtime().settings.tenant_principal_prefix or "")
+    logger.append_keys(tenant=tenant)
+    return tenant
+
+
+@app.exception_handler(Unauthenticated)
+def _unauth(e: Unauthenticated) -> Response[str]:
+    return _error(401, "unauthenticated", str(e))
+
+
+@app.post("/batches")
+@tracer.capture_method
+def submit() -> Response[str]:
+    tenant = _tenant()
+    body = parse_submit(app.current_event.body)
+    if body.manifest is not None:
+        check_manifest_key(tenant, body.manifest.key)
+        try:
+            doc = runtime().blobs().get_json(body.manifest.key)
+        except NotFound:
+            raise InvalidInput("manifest.key", f"no object {body.manifest.key!r}") from None
+        units = parse_manifest_units(doc)
+    else:
+        units = body.units or []
+    s = runtime().settings
+    request = submit_request(
+        body,
+        units,
+        default_budget=s.default_budget_tokens or 0,
+        default_attempts=s.max_attempts or 3,
+    )
+    key = app.current_event.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise InvalidInput("Idempotency-Key", "must be 1-255 characters")
+    submitted = batches().submit(tenant, request, key, time.time())
+    logger.append_keys(batch_id=submitted.run.run_id)
+    doc = batches().status(tenant, submitted.run.run_id, time.time())
+    location = {"Location": f"/batches/{submitted.run.run_id}"}
+    return _json(201 if submitted.created else 200, doc, location)
+
+
+@app.get("/batches/<batch_id>")
+@tracer.capture_method
+def status(batch_id: str) -> Response[str]:
+    tenant = _tenant()
+    logger.append_keys(batch_id=batch_id)
+    return _json(200, batches().status(tenant, batch_id, time.time()))
+
+
+@app.post("/batches/<batch_id>/resume")
+@tracer.capture_method
+def resume(batch_id: str) -> Response[str]:
+    tenant = _tenant()
+    logger.append_keys(batch_id=batch_id)
+    body = parse_resume(app.current_event.body)
+    return _json(200, batches().resume(tenant, batch_id, body.top_up, time.time()))
+
+
+@app.get("/fleet")
+@tracer.capture_method
+def fleet() -> Response[str]:
+    _tenant()
+    return _json(200, batches().fleet(time.time()))
+
+
+@app.get("/drain")
+@tracer.capture_method
+def drain() -> Response[str]:
+    _tenant()
+    view = batches().fleet(time.time())
+    return _json(
+        200,
+        {
+            "draining": view["draining"],
+            "in_flight": view["in_flight"],
+            "queued": view["queued"],
+            "safe_to_deploy": view["draining"] and view["in_flight"] == 0,
+        },
+    )
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(event, context)

@@ -1,10 +1,60 @@
-"""Placeholder for the dlq function (replaced by the functions issue)."""
+"""Dead-letter handler: messages SQS gave up on (maxReceiveCount) end their unit as dead-lettered,
+settling a claimed attempt first, so the run can still close and its books stay exact."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """SQS batch from the dead-letter queues: record each dead letter and settle it."""
-    raise NotImplementedError("the dlq handler lands with the functions issue")
+from swarm.adapters.aws import parse_message_body
+from swarm.core.errors import InvalidInput, NotFound
+from swarm.core.ledger import Ledger
+from swarm.runtime import Runtime
+from swarm.service.runs import dead_letter
+from swarm.settings import METRIC_UNITS_DEAD_LETTERED
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+processor = BatchProcessor(event_type=EventType.SQS)
+_cache: dict[str, Ledger] = {}
+
+
+def ledger() -> Ledger:
+    if "ledger" not in _cache:
+        _cache["ledger"] = Runtime.from_env().ledger()
+    return _cache["ledger"]
+
+
+@tracer.capture_method
+def record_handler(record: SQSRecord) -> None:
+    try:
+        item = parse_message_body(record.body)
+    except InvalidInput as e:  # nothing to settle: keep the evidence in the logs and drop it
+        logger.error("malformed dead letter dropped", error=str(e), body=record.body[:1_000])
+        return
+    logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
+    try:
+        state = dead_letter(ledger(), item, time.time())
+    except NotFound:
+        logger.error("dead letter for an unknown run or unit dropped")
+        return
+    metrics.add_metric(METRIC_UNITS_DEAD_LETTERED, MetricUnit.Count, 1)
+    logger.warning("unit dead-lettered by the queue", state=state.value)
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return dict(process_partial_response(event, record_handler, processor, context))

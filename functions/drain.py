@@ -1,10 +1,30 @@
-"""Placeholder for the drain function (replaced by the functions issue)."""
+"""Drain controller: on a change of the drain parameter (EventBridge), enable or disable the
+workers' event source mappings, and report what is still in flight (safe to deploy at 0)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """On a drain parameter change, disable or enable the workers' event source mappings."""
-    raise NotImplementedError("the drain handler lands with the functions issue")
+from swarm.runtime import Runtime
+from swarm.service.runs import DrainController
+
+logger = Logger()
+tracer = Tracer()
+_cache: dict[str, DrainController] = {}
+
+
+def controller() -> DrainController:
+    if "controller" not in _cache:
+        _cache["controller"] = Runtime.from_env().drain_controller()
+    return _cache["controller"]
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    report = controller().apply()
+    logger.info("drain applied", **report)
+    return report

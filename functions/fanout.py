@@ -1,10 +1,36 @@
-"""Placeholder for the fanout function (replaced by the functions issue)."""
+"""Fan-out step (the Distributed Map's item processor): admit the unit, then enqueue it.
+
+Event: ``{"batch_id": ..., "index": n, "unit": <manifest item>}``. A refused admission is not an
+error: the unit joins the remainder and the run starts exhausting.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Distributed Map item step: ledger admission of one unit, then enqueue it on its lane."""
-    raise NotImplementedError("the fanout handler lands with the functions issue")
+from swarm.runtime import Runtime
+from swarm.service.runs import FanOut
+
+logger = Logger()
+tracer = Tracer()
+_cache: dict[str, FanOut] = {}
+
+
+def fanout() -> FanOut:
+    if "fanout" not in _cache:
+        _cache["fanout"] = Runtime.from_env().fanout()
+    return _cache["fanout"]
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    item = event["unit"]
+    logger.append_keys(batch_id=event.get("batch_id"), unit_id=item.get("unit_id"))
+    result = fanout().admit_and_enqueue(item, time.time())
+    logger.info("fan-out", **result)
+    return result

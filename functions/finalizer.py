@@ -1,10 +1,40 @@
-"""Placeholder for the finalizer function (replaced by the functions issue)."""
+"""Finalizer (the state machine's poll loop): sweep expired leases; on closure write results and
+the remainder manifest and publish ``run.completed`` / ``run.exhausted``. Returns ``closed``."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Close the run (run.completed / run.exhausted) once every unit is terminal."""
-    raise NotImplementedError("the finalizer handler lands with the functions issue")
+from swarm.runtime import Runtime
+from swarm.service.runs import Finalizer
+from swarm.settings import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+_cache: dict[str, Finalizer] = {}
+
+
+def finalizer() -> Finalizer:
+    if "finalizer" not in _cache:
+        _cache["finalizer"] = Runtime.from_env().finalizer()
+    return _cache["finalizer"]
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    batch_id = str(event["batch_id"])
+    logger.append_keys(batch_id=batch_id)
+    result = finalizer().finalize(batch_id, time.time())
+    if result["closed"] and result.get("announced"):
+        name = METRIC_RUNS_COMPLETED if result["state"] == "completed" else METRIC_RUNS_EXHAUSTED
+        metrics.add_metric(name, MetricUnit.Count, 1)
+    logger.info("finalize", **result)
+    return result

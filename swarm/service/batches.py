@@ -106,7 +106,7 @@ def manifest_items(spec: RunSpec, inputs: Mapping[str, str]) -> list[dict[str, A
 
 
 def execution_input(run_id: str, key: str) -> dict[str, Any]:
-    return {"run_id": run_id, "manifest_key": key}
+    return {"batch_id": run_id, "manifest_key": key}
 
 
 @dataclass

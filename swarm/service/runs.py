@@ -93,6 +93,7 @@ class Finalizer:
             return {"run_id": run_id, "closed": False, "state": run.state.value}
         epoch = run.exhaustions
         key = results_key(run_id, run.state, epoch)
+        announced = False
         if not self.blobs.exists(key):
             units = self.ledger.units(run_id)
             remainder = [u.unit_id for u in units if u.state is UnitState.REMAINDER]
@@ -140,7 +141,14 @@ class Finalizer:
                     "results_key": key,
                 },
             )
-        return {"run_id": run_id, "closed": True, "state": run.state.value, "results_key": key}
+            announced = True
+        return {
+            "run_id": run_id,
+            "closed": True,
+            "state": run.state.value,
+            "results_key": key,
+            "announced": announced,
+        }
 
 
 def dead_letter(ledger: Ledger, item: QueuedUnit, now: float) -> UnitState:

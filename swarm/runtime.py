@@ -1,0 +1,171 @@
+"""Wiring for the Lambda functions: services built from validated :class:`Settings`.
+
+Built once per cold start (the handlers cache them at module level on first use, never at import
+time); boto3 clients are created lazily through one factory, so tests and the local runtime can
+pass moto-backed clients instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from swarm.adapters.aws import (
+    EventBridgeEvents,
+    LambdaMappings,
+    S3Blobs,
+    SqsLanes,
+    SsmDrainSwitch,
+    StepFunctionsExecutions,
+)
+from swarm.core.backpressure import ShedPolicy
+from swarm.core.governor import Governor, GovernorConfig
+from swarm.core.ledger import Ledger
+from swarm.core.model import LANES
+from swarm.modelplane import ModelPlane, SimulatedModelPlane
+from swarm.service.batches import Batches, BatchesConfig
+from swarm.service.runs import DrainController, FanOut, Finalizer
+from swarm.service.worker import Worker, WorkerConfig
+from swarm.settings import Settings, SettingsError
+
+#: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
+#: longest retention: a message cannot wait longer than that
+QUEUE_LEASE_S = 14 * 86_400
+
+ClientFactory = Callable[[str], Any]
+T = TypeVar("T")
+
+
+def need(value: T | None, variable: str) -> T:
+    """A setting this function requires; its absence names the environment variable."""
+    if value is None:
+        raise SettingsError(f"this function has no {variable} in its environment")
+    return value
+
+
+def boto3_clients() -> ClientFactory:
+    import boto3
+
+    cache: dict[str, Any] = {}
+
+    def client(service: str) -> Any:
+        if service not in cache:
+            cache[service] = boto3.client(service)
+        return cache[service]
+
+    return client
+
+
+def governor_name(config: GovernorConfig) -> str:
+    """A changed quota, share or capacity starts a fresh bucket instead of fighting the old one."""
+    return f"q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    clients: ClientFactory
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, clients: ClientFactory | None = None
+    ) -> Runtime:
+        return cls(
+            Settings.from_env(os.environ if environ is None else environ),
+            clients or boto3_clients(),
+        )
+
+    # -- ports
+    def ledger(self) -> Ledger:
+        from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+
+        table = need(self.settings.ledger_table, "LEDGER_TABLE_NAME")
+        return DynamoDBLedger(table, client=self.clients("dynamodb"))
+
+    def governor(self) -> Governor:
+        from swarm.adapters.dynamodb_governor import DynamoDBGovernor
+
+        config = self.settings.governor_config()
+        table = need(self.settings.governor_table, "GOVERNOR_TABLE_NAME")
+        return DynamoDBGovernor(
+            config, table, client=self.clients("dynamodb"), name=governor_name(config)
+        )
+
+    def lanes(self) -> SqsLanes:
+        return SqsLanes(
+            self.clients("sqs"), {lane: self.settings.queue_url(lane) for lane in LANES}
+        )
+
+    def blobs(self) -> S3Blobs:
+        bucket = need(self.settings.bucket_name, "BUCKET_NAME")
+        return S3Blobs(self.clients("s3"), bucket)
+
+    def drain_switch(self) -> SsmDrainSwitch:
+        name = need(self.settings.drain_parameter, "DRAIN_PARAMETER_NAME")
+        return SsmDrainSwitch(self.clients("ssm"), name)
+
+    def events(self) -> EventBridgeEvents:
+        bus = need(self.settings.event_bus_name, "EVENT_BUS_NAME")
+        return EventBridgeEvents(self.clients("events"), bus)
+
+    def model(self) -> ModelPlane:
+        s = self.settings
+        if s.model_adapter == "bedrock":
+            from swarm.adapters.bedrock import BedrockModelPlane
+
+            return BedrockModelPlane(self.clients("bedrock-runtime"), str(s.bedrock_model_id))
+        return SimulatedModelPlane(
+            quota_tpm=need(s.sim_model_quota_tpm, "SIM_MODEL_QUOTA_TPM"),
+            failure_rate=s.sim_model_failure_rate or 0.0,
+            seed=s.sim_model_seed or 0,
+        )
+
+    # -- services
+    def batches(self) -> Batches:
+        s = self.settings
+        policy = ShedPolicy({lane: s.shed_depth(lane) for lane in LANES})
+        max_budget = need(s.max_budget_tokens, "MAX_BUDGET_TOKENS")
+        return Batches(
+            self.ledger(),
+            self.governor(),
+            self.lanes(),
+            self.blobs(),
+            StepFunctionsExecutions(
+                self.clients("stepfunctions"),
+                need(s.state_machine_arn, "STATE_MACHINE_ARN"),
+            ),
+            self.drain_switch(),
+            BatchesConfig(policy, max_budget=max_budget),
+        )
+
+    def fanout(self) -> FanOut:
+        return FanOut(self.ledger(), self.lanes(), queue_lease_s=QUEUE_LEASE_S)
+
+    def worker(self) -> Worker:
+        s = self.settings
+        config = WorkerConfig(
+            lease_s=float(need(s.lease_seconds, "LEASE_SECONDS")),
+            max_wait_s=float(need(s.governor_max_wait_seconds, "GOVERNOR_MAX_WAIT_SECONDS")),
+        )
+        return Worker(
+            self.ledger(),
+            self.governor(),
+            self.model(),
+            self.drain_switch(),
+            config,
+            time.time,
+            time.sleep,
+        )
+
+    def finalizer(self) -> Finalizer:
+        return Finalizer(self.ledger(), self.lanes(), self.blobs(), self.events())
+
+    def drain_controller(self) -> DrainController:
+        mappings = LambdaMappings(
+            self.clients("lambda"),
+            {lane: self.settings.worker_mapping_id(lane) for lane in LANES},
+        )
+        return DrainController(self.drain_switch(), mappings, self.lanes())
