@@ -293,7 +293,13 @@ class DynamoDBGovernor:
         # a shard's view of the config: capacity and reserves checked per shard
         self._shard_config = replace(config, capacity=config.bucket_capacity / shards)
         self._cache: dict[int, ShardState] = {}
+        # shards last seen in debt (tickets booked ahead): other workers are drawing from them,
+        # so a cached view that looks full is just old; guess "below capacity" (a wrong guess
+        # costs one failed write, which returns the item and corrects the next try)
+        self._busy: set[int] = set()
         self._ticket: Ticket | None = None
+        # when the tokens of the last grant became the caller's (a ticket's ready time)
+        self.last_grant_at: float | None = None
         self._waits: deque[float] = deque(maxlen=recent_waits)
         self._lock = threading.Lock()  # one instance may be shared by threads; keep it safe
 
@@ -409,6 +415,7 @@ class DynamoDBGovernor:
                     if now >= held.ready_at:
                         self._ticket = None
                         self.stats.grants += 1
+                        self.last_grant_at = held.ready_at
                         return Draw(True, 0.0, self._shard_tokens(held.shard, now))
                     return Draw(False, held.ready_at - now, self._shard_tokens(held.shard, now))
                 self._cancel_locked(now)
@@ -429,7 +436,7 @@ class DynamoDBGovernor:
                 credit = s.credit(t)
                 tokens = min(s.capacity, credit - s.drawn)
                 ahead = _dec(float(s.rate_at(t)) * self.horizon_s) if book else _ZERO
-                if tokens >= s.capacity:
+                if tokens >= s.capacity and index not in self._busy:
                     # full: the refill above capacity is lost, so reset drawn instead of adding
                     update = "SET drawn = :newd"
                     condition = "drawn <= :full AND base_time = :bt"
@@ -466,13 +473,16 @@ class DynamoDBGovernor:
                         self._cache[index] = ShardState.from_item(item)
                     else:
                         self._load(now)
+                    self._observe(index, t)
                     continue
                 s = ShardState.from_item(result["Attributes"])
                 self._cache[index] = s
+                self._observe(index, t)
                 target = s.drawn + floor
                 left = float(credit - s.drawn)
                 if credit >= target:
                     self.stats.grants += 1
+                    self.last_grant_at = now
                     self._waits.append(0.0)
                     return Draw(True, 0.0, left)
                 ready = float(s.time_for_credit(target))
@@ -484,6 +494,13 @@ class DynamoDBGovernor:
         if best_wait is None:  # every try collided: back off briefly, with jitter
             best_wait = 0.005 + 0.02 * self._rng.random()
         return Draw(False, best_wait, float(best_tokens))
+
+    def _observe(self, index: int, t: Decimal) -> None:
+        """Remember whether the shard was in debt when this client last saw it."""
+        if self._cache[index].tokens(t) < 0:
+            self._busy.add(index)
+        else:
+            self._busy.discard(index)
 
     def _deny_wait(
         self, s: ShardState, t: Decimal, over: Decimal, deficit: Decimal, book: bool

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -176,6 +177,8 @@ def start_server(
 
     if patch:
         apply_all()
+    # werkzeug logs every request to stderr: thousands of lines per benchmark second
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port(host) if port is None else port
     server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
