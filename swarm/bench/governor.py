@@ -11,7 +11,8 @@ docstring for the arithmetic). Reported:
 
 * tokens granted, and tokens *over-granted*: the largest excess, over any time window, of the
   tokens granted in it above what a bucket can give (``capacity + rate x window``, and for
-  windows that start at the bucket's creation ``initial + rate x window``). Must be 0.
+  windows that start at the bucket's creation ``initial + rate x window``), in whole tokens
+  (grant times are the instants the tokens became the worker's). Must be 0.
 * DynamoDB requests per grant and failed conditional writes per grant (every request of every
   worker, including each worker's first read of the shard items);
 * utilization: tokens granted / (governed rate x duration);
@@ -42,6 +43,7 @@ class BenchConfig:
     work_s: float = 0.2  # the model call after a grant (demand = workers / work_s units/s)
     horizon_s: float = 15.0  # how far ahead a worker may book (>= the queue at this demand)
     capacity_units: float = 2.0  # bucket capacity, in units per shard
+    max_wait_s: float | None = None  # acquire's bound (default: the horizon, or 5 s without)
 
     def __post_init__(self) -> None:
         checks = [
@@ -123,6 +125,7 @@ def _worker_process(
     config = governor_config(cfg)
     reports: list[WorkerReport] = []
     lock = threading.Lock()
+    max_wait = cfg.max_wait_s if cfg.max_wait_s is not None else (cfg.horizon_s or 5.0)
 
     def work(i: int) -> None:
         gov = DynamoDBGovernor(
@@ -138,7 +141,7 @@ def _worker_process(
         refused = 0
         time.sleep(max(0.0, start_at - time.time()))
         while time.time() < end_at:
-            got = acquire(gov, cfg.amount, Lane.NORMAL, time.time, time.sleep, cfg.horizon_s)
+            got = acquire(gov, cfg.amount, Lane.NORMAL, time.time, time.sleep, max_wait)
             now = time.time()
             if got.granted:
                 at = gov.last_grant_at if gov.last_grant_at is not None else now
@@ -220,7 +223,8 @@ def run(cfg: BenchConfig, endpoint: str | None = None) -> dict[str, Any]:
         for i in range(cfg.workers % cfg.processes):
             per[i] += 1
         spawn_margin = 3.0 + 0.5 * cfg.processes  # processes import boto3 before the start
-        start_at = time.time() + spawn_margin
+        # a whole second: exactly representable, so the bucket's base time is exactly it
+        start_at = float(math.ceil(time.time() + spawn_margin))
         end_at = start_at + cfg.seconds
         DynamoDBGovernor(governor_config(cfg), table, client=client, shards=cfg.shards).create(
             start_at
@@ -268,7 +272,11 @@ def summarize(
         "grants": len(grants),
         "tokens_granted": granted,
         "tokens_allowed": allowed,
-        "over_granted": over_granted(grants, start_at, 0.0, cfg.capacity, cfg.rate),
+        # whole tokens: grant times are floats of epoch seconds (~0.2 us resolution), so a
+        # fraction of a token is measurement noise; a real over-grant is a whole draw
+        "over_granted": math.floor(
+            over_granted(grants, start_at, 0.0, cfg.capacity, cfg.rate) + 1e-9
+        ),
         "requests": requests,
         "requests_per_grant": requests / n,
         "conditional_failures": failures,
