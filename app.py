@@ -4,6 +4,7 @@ build the same template; cdk-nag (AwsSolutions) runs as a CDK validation plugin 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,17 @@ from infra.context import cdk_json_context
 from infra.nag import acknowledge_findings
 from infra.stack import SwarmStack
 
+#: What the CLI passes for cdk.json's "versionReporting": false, "pathMetadata": true and
+#: "assetMetadata": true; set here too so `python app.py` and pytest build the same template.
+CLI_DEFAULTS: dict[str, Any] = {
+    "aws:cdk:version-reporting": False,
+    "aws:cdk:enable-path-metadata": True,
+    "aws:cdk:enable-asset-metadata": True,
+}
+
+
+SKIP_BUNDLING: dict[str, Any] = {"aws:cdk:bundling-stacks": []}
+
 
 def build_app(
     context: Mapping[str, Any] | None = None,
@@ -23,7 +35,12 @@ def build_app(
     outdir: str | None = None,
 ) -> tuple[cdk.App, SwarmStack]:
     """cdk.json's context, overridden by ``context`` (the CLI's ``-c`` values arrive there too)."""
-    app = cdk.App(context={**cdk_json_context(), **(context or {})}, outdir=outdir)
+    app = cdk.App(
+        context={**CLI_DEFAULTS, **cdk_json_context(), **(context or {})},
+        # The CLI refuses `-c aws:...`; SWARM_SKIP_BUNDLING=1 skips the pip bundling (tests, CI).
+        post_cli_context=SKIP_BUNDLING if os.environ.get("SWARM_SKIP_BUNDLING") == "1" else None,
+        outdir=outdir,
+    )
     # The CLI's -c values (and cdk.json again) reach the app through the environment and win
     # over the constructor's context, so validate what the app node finally holds.
     config = load_config(app.node.get_all_context())

@@ -9,6 +9,7 @@ from constructs import IConstruct
 
 from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 from infra.stack import SwarmStack
+from infra.workers import CROSS_REGION_PREFIXES
 
 #: Actions that have no resource-level permissions, so IAM requires ``Resource: "*"``.
 STAR_ONLY_ACTIONS = frozenset(
@@ -82,9 +83,23 @@ def acknowledge_findings(stack: SwarmStack) -> None:
         "Distributed Map child executions are named <state machine>/<map run>:<id> at run time",
     )
 
+    model = stack.config.model
+    prefix, _, base_id = model.bedrock_model_id.partition(".")
+    if model.adapter == "bedrock" and base_id and prefix in CROSS_REGION_PREFIXES:
+        _ack(
+            stack.workers.worker.role,
+            f"IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/{base_id}]",
+            "A cross-region inference profile routes each call to the same foundation model in "
+            "any region of its geography; the grant names that one model",
+        )
+
     api_role = stack.front_door.handler.role
     _ack(api_role, manifests, "The API writes and reads one manifest per batch, keyed by batch id")
-    _ack(api_role, results, "Batch status reads the results of the batch's own execution")
+    _ack(
+        api_role,
+        results,
+        "Batch status reads results/<execution>/...: the ResultWriter output of its own execution",
+    )
     _ack(
         api_role,
         f"IAM5[Resource::{executions}{name}:*]",

@@ -18,6 +18,8 @@ from swarm.core.model import LANES, Lane
 from swarm.settings import worker_mapping_var
 
 DLQ_TIMEOUT = cdk.Duration.seconds(60)
+#: Bedrock model ids with one of these prefixes are cross-region inference profiles.
+CROSS_REGION_PREFIXES = ("us", "eu", "apac", "global", "us-gov", "jp", "au", "ca")
 
 
 class Workers(Construct):
@@ -107,7 +109,7 @@ def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
     """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls."""
     stack = cdk.Stack.of(scope)
     prefix, _, base_id = model_id.partition(".")
-    if prefix in ("us", "eu", "apac", "global", "us-gov", "jp", "au", "ca") and base_id:
+    if prefix in CROSS_REGION_PREFIXES and base_id:
         # A cross-region inference profile routes to the base model in several regions.
         resources = [
             stack.format_arn(

@@ -195,6 +195,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         LEDGER_TABLE_NAME,
         BUCKET_NAME,
         EVENT_BUS_NAME,
+        *QUEUE_URL_VARS,  # the lease sweeper requeues a retry whose worker died with its message
     ),
     "drain": (
         *_COMMON,

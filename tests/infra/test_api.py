@@ -1,0 +1,88 @@
+"""The front door: IAM auth on every method, validation, throttling, access logs."""
+
+from __future__ import annotations
+
+import json
+
+from tests.infra.conftest import Synthesized
+
+ROUTES = {
+    ("POST", "batches"),
+    ("GET", "{batch_id}"),
+    ("POST", "resume"),
+    ("GET", "fleet"),
+    ("GET", "drain"),
+}
+
+
+def test_every_method_requires_iam_and_validates(synth: Synthesized) -> None:
+    methods = synth.of_type("AWS::ApiGateway::Method")
+    resources = synth.of_type("AWS::ApiGateway::Resource")
+    validators = synth.of_type("AWS::ApiGateway::RequestValidator")
+    assert len(validators) == 1
+    ((validator_id, validator),) = validators.items()
+    assert validator["Properties"]["ValidateRequestBody"] is True
+    assert validator["Properties"]["ValidateRequestParameters"] is True
+    seen = set()
+    for method in methods.values():
+        props = method["Properties"]
+        assert props["AuthorizationType"] == "AWS_IAM"
+        assert props["RequestValidatorId"] == {"Ref": validator_id}
+        assert props["Integration"]["Type"] == "AWS_PROXY"
+        path_part = resources[props["ResourceId"]["Ref"]]["Properties"]["PathPart"]
+        seen.add((props["HttpMethod"], path_part))
+    assert seen == ROUTES
+
+
+def test_submit_and_resume_bodies_have_models(synth: Synthesized) -> None:
+    models = {
+        m["Properties"]["Schema"]["title"]: m["Properties"]["Schema"]
+        for m in synth.of_type("AWS::ApiGateway::Model").values()
+    }
+    submission = models["BatchSubmission"]
+    assert submission["properties"]["lane"]["enum"] == ["high", "normal", "low"]
+    assert submission["properties"]["units"]["items"]["required"] == [
+        "unit_id",
+        "projected_tokens",
+    ]
+    assert models["BatchResume"]["properties"]["top_up"]["minimum"] == 0
+    for method in synth.of_type("AWS::ApiGateway::Method").values():
+        if method["Properties"]["HttpMethod"] == "POST":
+            assert "application/json" in method["Properties"]["RequestModels"]
+
+
+def test_stage_throttles_logs_and_traces(synth: Synthesized) -> None:
+    ((_, stage),) = synth.of_type("AWS::ApiGateway::Stage").items()
+    props = stage["Properties"]
+    assert props["StageName"] == synth.config.stage
+    assert props["TracingEnabled"] is True
+    # The log group's ARN without the ":*" suffix (the logGroupDestinationArnWithoutWildcard flag)
+    destination = json.dumps(props["AccessLogSetting"]["DestinationArn"])
+    assert synth.logical_id(synth.stack.front_door.access_logs) in destination
+    access_format = json.loads(props["AccessLogSetting"]["Format"])
+    assert {"requestId", "caller", "user", "status"} <= set(access_format)
+    (settings,) = props["MethodSettings"]
+    assert settings["ThrottlingRateLimit"] == synth.config.api.throttle_rate_limit
+    assert settings["ThrottlingBurstLimit"] == synth.config.api.throttle_burst_limit
+    assert settings["LoggingLevel"] == "ERROR"
+    assert settings["DataTraceEnabled"] is False
+
+
+def test_no_account_wide_cloudwatch_role(synth: Synthesized) -> None:
+    assert not synth.of_type("AWS::ApiGateway::Account")
+
+
+def test_gateway_errors_answer_json_with_the_validation_message(synth: Synthesized) -> None:
+    responses = {
+        r["Properties"]["ResponseType"]: r["Properties"]
+        for r in synth.of_type("AWS::ApiGateway::GatewayResponse").values()
+    }
+    body = json.loads(responses["BAD_REQUEST_BODY"]["ResponseTemplates"]["application/json"])
+    assert body == {
+        "error": "invalid_request",
+        "message": "$context.error.validationErrorString",
+    }
+    assert responses["THROTTLED"]["StatusCode"] == "429"
+    assert responses["THROTTLED"]["ResponseParameters"] == {
+        "gatewayresponse.header.Retry-After": "'1'"
+    }

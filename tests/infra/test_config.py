@@ -1,0 +1,169 @@
+"""cdk.json context: validated at synth, errors name the key and what is allowed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app import build_app
+from infra.config import ConfigError, load_config
+from infra.constants import ROOT
+from infra.context import cdk_json_context
+from tests.infra.conftest import NO_BUNDLING, Synthesized
+
+ASSET_HASH = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def _context(**overrides: Any) -> dict[str, Any]:
+    return {**cdk_json_context(), **overrides}
+
+
+def test_cdk_json_defaults_are_valid() -> None:
+    config = load_config(cdk_json_context())
+    assert config.stage == "dev"
+    assert not config.production
+
+
+def test_recommended_feature_flags_and_offline_settings_are_in_cdk_json() -> None:
+    document = json.loads((ROOT / "cdk.json").read_text())
+    assert document["app"] == ".venv/bin/python app.py"
+    assert document["notices"] is False
+    context = document["context"]
+    assert context["cli-telemetry"] is False
+    assert context["@aws-cdk/aws-apigateway:disableCloudWatchRole"] is True
+    assert context["@aws-cdk/aws-stepfunctions:useDistributedMapResultWriterV2"] is True
+    assert sum(key.startswith("@aws-cdk") for key in context) > 50
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        ({"quota_tpm": 0}, "quota_tpm", "greater than or equal to 1"),
+        ({"quota_tpm": "lots"}, "quota_tpm", "valid integer"),
+        ({"governor_share": 1.5}, "governor_share", "less than or equal to 1"),
+        ({"stage": "Prod!"}, "stage", "pattern"),
+        (
+            {"model": {**cdk_json_context()["model"], "adapter": "openai"}},
+            "model.adapter",
+            "'simulated' or 'bedrock'",
+        ),
+        (
+            {
+                "lanes": {
+                    "high": {"max_concurrency": 2, "shed_depth": 10},
+                    "normal": {"max_concurrency": 5, "shed_depth": 10},
+                    "low": {"max_concurrency": 2, "shed_depth": 10},
+                }
+            },
+            "lanes",
+            "must not increase from high to normal to low",
+        ),
+        (
+            {
+                "lanes": {
+                    "high": {"max_concurrency": 1, "shed_depth": 10},
+                    "normal": {"max_concurrency": 2, "shed_depth": 10},
+                    "low": {"max_concurrency": 2, "shed_depth": 10},
+                }
+            },
+            "lanes.high.max_concurrency",
+            "greater than or equal to 2",
+        ),
+        (
+            {"observability": {**cdk_json_context()["observability"], "log_retention_days": 10}},
+            "observability",
+            "use one of 1, 3, 5, 7, 14, 30",
+        ),
+        ({"max_receive_count": 2, "max_attempts": 3}, "(context)", "max_receive_count=2"),
+        ({"quota_tmp": 5}, "quota_tmp", "allowed keys: stage"),
+        ({"lanes": "{not json"}, "lanes", "not valid JSON"),
+    ],
+)
+def test_bad_context_fails_synth_naming_the_key(
+    overrides: dict[str, Any], key: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        build_app({**NO_BUNDLING, **overrides}, nag=False)
+    message = str(error.value)
+    assert key in message
+    assert allowed in message
+
+
+def test_cli_style_string_values_are_accepted() -> None:
+    """`npx cdk synth -c quota_tpm=400000 -c lanes='{...}'` passes strings."""
+    lanes = json.dumps(cdk_json_context()["lanes"])
+    config = load_config(_context(quota_tpm="400000", lanes=lanes))
+    assert config.quota_tpm == 400000
+    assert (
+        config.lanes.high.max_concurrency == cdk_json_context()["lanes"]["high"]["max_concurrency"]
+    )
+
+
+def _normalized(template: dict[str, Any]) -> str:
+    """The template with asset hashes masked: they cover functions/ and swarm/ sources, which
+    may change between two synths of one session (edits while the tests run)."""
+    return ASSET_HASH.sub("<asset-hash>", json.dumps(template, sort_keys=True))
+
+
+def test_python_app_py_builds_the_same_template_as_pytest(
+    synth: Synthesized, tmp_path: Path
+) -> None:
+    # Given `python app.py` run the way the CLI runs it (context through the environment)
+    environment = {
+        **os.environ,
+        "CDK_OUTDIR": str(tmp_path),
+        "CDK_CONTEXT_JSON": json.dumps(NO_BUNDLING),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Then the template is byte-for-byte what pytest synthesized
+    template = json.loads((tmp_path / "Swarm-dev.template.json").read_text())
+    assert _normalized(template) == _normalized(synth.template)
+
+
+@pytest.mark.slow
+def test_cdk_cli_synth_builds_the_same_template(synth: Synthesized, tmp_path: Path) -> None:
+    """`npx cdk synth` offline: same template (bundling skipped, as in every test)."""
+    cdk = ROOT / "node_modules" / ".bin" / "cdk"
+    if not cdk.exists():
+        pytest.skip("node_modules not installed (npm ci)")
+    environment = {
+        **os.environ,
+        "CDK_DISABLE_VERSION_CHECK": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        "SWARM_SKIP_BUNDLING": "1",
+    }
+    result = subprocess.run(
+        [
+            str(cdk),
+            "synth",
+            "--quiet",
+            "--output",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "feature flags" not in result.stderr.lower()
+    template = json.loads((tmp_path / "Swarm-dev.template.json").read_text())
+    assert _normalized(template) == _normalized(synth.template)

@@ -1,0 +1,266 @@
+"""The functions: runtime, logging, tracing, the env contract, triggers and least privilege."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, WORKER
+from infra.functions import RUNTIME
+from infra.nag import STAR_ONLY_ACTIONS
+from swarm import settings as env
+from swarm.core.model import LANES
+from swarm.settings import FUNCTION_ENV, FunctionName, Settings, SettingsError
+from tests.infra.conftest import Synthesized
+from tests.infra.helpers import (
+    actions_on,
+    all_actions,
+    arn,
+    as_list,
+    ref,
+    references,
+    statements_of_role,
+)
+
+
+def _function(synth: Synthesized, name: FunctionName) -> dict[str, Any]:
+    props: dict[str, Any] = synth.resources[synth.logical_id(synth.stack.functions[name].function)][
+        "Properties"
+    ]
+    return props
+
+
+def test_runtime_is_the_newest_python_the_pinned_cdk_offers() -> None:
+    import aws_cdk.aws_lambda as lambda_
+
+    newest = max(
+        (name for name in dir(lambda_.Runtime) if name.startswith("PYTHON_3_")),
+        key=lambda name: int(name.rsplit("_", 1)[1]),
+    )
+    assert RUNTIME.name == getattr(lambda_.Runtime, newest).name
+
+
+@pytest.mark.parametrize("name", env.FUNCTIONS)
+def test_each_function_has_own_role_logs_json_and_tracing(
+    synth: Synthesized, name: FunctionName
+) -> None:
+    fn = synth.stack.functions[name]
+    props = _function(synth, name)
+    assert props["Runtime"] == RUNTIME.name
+    assert props["Handler"] == f"functions.{name}.handler"
+    assert props["TracingConfig"] == {"Mode": "Active"}
+    assert props["LoggingConfig"]["LogFormat"] == "JSON"
+    assert props["LoggingConfig"]["LogGroup"] == ref(synth, fn.log_group)
+    assert props["Role"] == arn(synth, fn.role)
+    log_group = synth.resources[synth.logical_id(fn.log_group)]["Properties"]
+    assert log_group["RetentionInDays"] == synth.config.observability.log_retention_days
+    # No managed policies (AWSLambdaBasicExecutionRole = logs on every group)
+    role = synth.resources[synth.logical_id(fn.role)]["Properties"]
+    assert "ManagedPolicyArns" not in role
+    # Logs only to its own group
+    statements = statements_of_role(synth, fn.role)
+    assert actions_on(statements, arn(synth, fn.log_group)) == {
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+    }
+
+
+def test_roles_are_not_shared(synth: Synthesized) -> None:
+    roles = {synth.logical_id(f.role) for f in synth.stack.functions.values()}
+    assert len(roles) == len(env.FUNCTIONS)
+
+
+@pytest.mark.parametrize("name", env.FUNCTIONS)
+def test_environment_is_exactly_the_contract(synth: Synthesized, name: FunctionName) -> None:
+    # Given the variables the stack sets on the function
+    variables = _function(synth, name)["Environment"]["Variables"]
+    # Then they are exactly the ones swarm/settings.py lists for it
+    assert set(variables) == set(FUNCTION_ENV[name])
+    assert variables[env.SWARM_FUNCTION] == name
+    # And, with CloudFormation's tokens replaced by plausible values, they validate
+    resolved = {
+        key: (
+            "arn:aws:states:us-east-1:123456789012:stateMachine:x"
+            if key == env.STATE_MACHINE_ARN
+            else f"value-of-{key.lower()}"
+            if isinstance(value, dict)
+            else value
+        )
+        for key, value in variables.items()
+    }
+    settings = Settings.from_env(resolved)
+    assert settings.function == name
+    if name in (API, WORKER):
+        governor = settings.governor_config()
+        assert governor.quota_tpm == synth.config.quota_tpm
+        assert governor.share == synth.config.governor_share
+
+
+def test_environment_points_at_the_right_resources(synth: Synthesized) -> None:
+    stack = synth.stack
+    worker = _function(synth, WORKER)["Environment"]["Variables"]
+    for lane in LANES:
+        assert worker[env.queue_url_var(lane)] == ref(synth, stack.lanes.queues[lane])
+    assert worker[env.GOVERNOR_TABLE_NAME] == ref(synth, stack.tables.governor)
+    assert worker[env.LEDGER_TABLE_NAME] == ref(synth, stack.tables.ledger)
+    assert worker[env.DRAIN_PARAMETER_NAME] == ref(synth, stack.drain.parameter)
+    drain = _function(synth, DRAIN)["Environment"]["Variables"]
+    for lane in LANES:
+        assert drain[env.worker_mapping_var(lane)] == ref(synth, stack.workers.mappings[lane])
+    api = _function(synth, API)["Environment"]["Variables"]
+    assert api[env.STATE_MACHINE_ARN] == ref(synth, stack.fanout.state_machine)
+    for lane in LANES:
+        assert api[env.shed_depth_var(lane)] == str(synth.config.lanes.of(lane).shed_depth)
+
+
+def test_settings_name_the_missing_or_bad_variable() -> None:
+    with pytest.raises(SettingsError, match="SWARM_FUNCTION"):
+        Settings.from_env({})
+    base = {name: "x" for name in FUNCTION_ENV[DRAIN]} | {
+        env.SWARM_FUNCTION: DRAIN,
+        env.STAGE: "dev",
+        env.POWERTOOLS_LOG_LEVEL: "INFO",
+    }
+    assert Settings.from_env(base).function == DRAIN
+    missing = dict(base)
+    del missing[env.DRAIN_PARAMETER_NAME]
+    with pytest.raises(SettingsError, match=env.DRAIN_PARAMETER_NAME):
+        Settings.from_env(missing)
+    with pytest.raises(SettingsError, match="STAGE"):
+        Settings.from_env(base | {env.STAGE: "Not A Stage"})
+
+
+def test_worker_mappings_one_per_lane_with_per_lane_concurrency(synth: Synthesized) -> None:
+    worker = synth.stack.workers.worker
+    for lane in LANES:
+        mapping = synth.resources[synth.logical_id(synth.stack.workers.mappings[lane])]
+        props = mapping["Properties"]
+        assert props["EventSourceArn"] == arn(synth, synth.stack.lanes.queues[lane])
+        assert props["FunctionName"] == ref(synth, worker.function)
+        assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+        assert props["ScalingConfig"] == {
+            "MaximumConcurrency": synth.config.lanes.of(lane).max_concurrency
+        }
+        assert props["BatchSize"] == synth.config.worker.batch_size
+    concurrency = [synth.config.lanes.of(lane).max_concurrency for lane in LANES]
+    assert concurrency == sorted(concurrency, reverse=True)  # higher lanes get more
+    props = _function(synth, WORKER)
+    assert props["ReservedConcurrentExecutions"] == synth.config.worker.reserved_concurrency
+    assert props["Timeout"] == synth.config.worker.timeout_seconds
+
+
+def test_dead_letter_handler_reads_every_dlq(synth: Synthesized) -> None:
+    dlq_fn = synth.logical_id(synth.stack.workers.dead_letters.function)
+    sources = [
+        m["Properties"]
+        for m in synth.of_type("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": dlq_fn}
+    ]
+    assert sorted(str(s["EventSourceArn"]) for s in sources) == sorted(
+        str(arn(synth, synth.stack.lanes.dead_letters[lane])) for lane in LANES
+    )
+    assert all(s["FunctionResponseTypes"] == ["ReportBatchItemFailures"] for s in sources)
+
+
+def test_star_resources_only_for_actions_without_resource_level_permissions(
+    synth: Synthesized,
+) -> None:
+    for policy in synth.of_type("AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if "*" in as_list(statement["Resource"]):
+                assert set(as_list(statement["Action"])) <= STAR_ONLY_ACTIONS, statement
+            assert not any(a.endswith(":*") for a in as_list(statement["Action"])), statement
+
+
+def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
+    stack = synth.stack
+    statements = statements_of_role(synth, stack.workers.worker.role)
+    for table in (stack.tables.governor, stack.tables.ledger):
+        assert {"dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:PutItem"} <= actions_on(
+            statements, arn(synth, table)
+        )
+    assert "ssm:GetParameter" in actions_on(
+        statements,
+        {
+            "Fn::Join": [
+                "",
+                [
+                    "arn:",
+                    {"Ref": "AWS::Partition"},
+                    ":ssm:",
+                    {"Ref": "AWS::Region"},
+                    ":",
+                    {"Ref": "AWS::AccountId"},
+                    ":parameter",
+                    {"Ref": synth.logical_id(stack.drain.parameter)},
+                ],
+            ]
+        },
+    )
+    for lane in LANES:
+        assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} <= (
+            actions_on(statements, arn(synth, stack.lanes.queues[lane]))
+        )
+    # The simulated model plane needs no Bedrock access
+    assert not any(a.startswith("bedrock:") for a in all_actions(statements))
+    # The worker never sends to the lanes nor starts executions
+    assert "sqs:SendMessage" not in all_actions(statements)
+    assert not any(a.startswith("states:") for a in all_actions(statements))
+
+
+def test_bedrock_grant_is_scoped_to_the_configured_model(prod_synth: Synthesized) -> None:
+    statements = statements_of_role(prod_synth, prod_synth.stack.workers.worker.role)
+    bedrock = [s for s in statements if "bedrock:InvokeModel" in as_list(s["Action"])]
+    assert len(bedrock) == 1
+    resources = str(bedrock[0]["Resource"])
+    assert "inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0" in resources
+    assert "foundation-model/anthropic.claude-3-5-haiku-20241022-v1:0" in resources
+
+
+def test_fanout_sends_to_the_lanes_only(synth: Synthesized) -> None:
+    stack = synth.stack
+    statements = statements_of_role(synth, stack.fanout.admit.role)
+    send = [s for s in statements if "sqs:SendMessage" in as_list(s["Action"])]
+    assert sorted(str(r) for s in send for r in as_list(s["Resource"])) == sorted(
+        str(arn(synth, stack.lanes.queues[lane])) for lane in LANES
+    )
+    assert "sqs:ReceiveMessage" not in all_actions(statements)
+    assert not any(
+        a.startswith("dynamodb:") for a in actions_on(statements, arn(synth, stack.tables.governor))
+    )
+
+
+def test_drain_controller_updates_only_the_worker_mappings(synth: Synthesized) -> None:
+    stack = synth.stack
+    statements = statements_of_role(synth, stack.drain_controller.role)
+    update = [s for s in statements if "lambda:UpdateEventSourceMapping" in as_list(s["Action"])]
+    assert len(update) == 1
+    resources = as_list(update[0]["Resource"])
+    assert len(resources) == len(LANES)
+    for lane in LANES:
+        mapping_id = synth.logical_id(stack.workers.mappings[lane])
+        assert sum(references(r, mapping_id) for r in resources) == 1
+    assert not any(a.startswith("dynamodb:") for a in all_actions(statements))
+
+
+def test_api_can_start_and_redrive_only_its_state_machine(synth: Synthesized) -> None:
+    stack = synth.stack
+    statements = statements_of_role(synth, stack.front_door.handler.role)
+    assert actions_on(statements, ref(synth, stack.fanout.state_machine)) == {
+        "states:StartExecution"
+    }
+    redrive = [s for s in statements if "states:RedriveExecution" in as_list(s["Action"])]
+    assert len(redrive) == 1
+    assert f"execution:{stack.fanout.state_machine_name}:*" in str(redrive[0]["Resource"])
+    # Reads lane depth, never consumes or sends
+    assert "sqs:GetQueueAttributes" in all_actions(statements)
+    assert not {"sqs:SendMessage", "sqs:ReceiveMessage"} & all_actions(statements)
+
+
+@pytest.mark.parametrize("name", [FANOUT, FINALIZER, DLQ])
+def test_no_function_but_worker_and_api_touches_the_governor(
+    synth: Synthesized, name: FunctionName
+) -> None:
+    statements = statements_of_role(synth, synth.stack.functions[name].role)
+    assert not actions_on(statements, arn(synth, synth.stack.tables.governor))
