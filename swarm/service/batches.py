@@ -144,7 +144,7 @@ class Batches:
             if existing is not None:
                 self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
                 return Submitted(existing, created=False)
-        if self.drain.draining():
+        if self.drain.draining(fresh=True):  # exact: an operator just flipped it
             raise Draining("the control plane is draining for a deploy; intake is stopped")
         avg = spec.projected_total / len(spec.units)
         shed = shed_decision(
@@ -222,7 +222,7 @@ class Batches:
         run = self._run_for(tenant, run_id)
         if run.state is RunState.COMPLETED:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
-        if self.drain.draining():
+        if self.drain.draining(fresh=True):
             raise Draining("the control plane is draining for a deploy; resume after it")
         epoch = run.exhaustions
         top = self.ledger.top_up(run_id, top_up, now)

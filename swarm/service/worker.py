@@ -89,7 +89,9 @@ class Worker:
     sleep: Callable[[float], None]
 
     def process(self, item: QueuedUnit) -> WorkReport:
-        if self.drain.draining(fresh=True):
+        # cached for a few seconds: the handler refreshes it once per batch, so a fleet of
+        # hundreds of workers does not read the parameter once per message
+        if self.drain.draining():
             return WorkReport(Requeue(self.config.requeue_delay_s, "draining"))
         lost_tokens = 0
         # Bring the unit to "in flight, unclaimed" (or find out there is nothing to do).
