@@ -261,3 +261,51 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     plane.work()
     run = ledger().run(batch_id)
     assert (run.completed, run.dead_lettered, run.state) == (1, 1, RunState.COMPLETED)
+
+
+def test_drain_controller_disables_and_enables_the_worker_mappings(
+    aws_credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import zipfile
+
+    motopatch.apply_all()
+    with mock_aws():
+        # Given a worker function with one SQS mapping per lane
+        iam = boto3.client("iam", region_name=REGION)
+        role = iam.create_role(RoleName="worker", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        code = io.BytesIO()
+        with zipfile.ZipFile(code, "w") as z:
+            z.writestr("index.py", "def handler(event, context):\n    return {}\n")
+        lam = boto3.client("lambda", region_name=REGION)
+        lam.create_function(
+            FunctionName="worker",
+            Runtime="python3.13",
+            Role=role,
+            Handler="index.handler",
+            Code={"ZipFile": code.getvalue()},
+        )
+        sqs = boto3.client("sqs", region_name=REGION)
+        uuids = {}
+        for lane in ("high", "normal", "low"):
+            url = sqs.create_queue(QueueName=f"esm-{lane}")["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+                "QueueArn"
+            ]
+            uuids[lane] = lam.create_event_source_mapping(
+                EventSourceArn=arn, FunctionName="worker", BatchSize=1
+            )["UUID"]
+        overrides = {f"WORKER_MAPPING_ID_{lane.upper()}": uuid for lane, uuid in uuids.items()}
+        for plane in build(monkeypatch, **overrides):
+            # When the operator turns the drain switch on, EventBridge invokes the controller
+            plane.set_drain(True)
+            report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
+            # Then every worker mapping is disabled and it says whether it is safe to deploy
+            assert set(report["mappings"].values()) <= {"Disabled", "Disabling"}
+            assert report["draining"] and report["in_flight"] == 0 and report["safe_to_deploy"]
+            for uuid in uuids.values():
+                assert lam.get_event_source_mapping(UUID=uuid)["State"] in ("Disabled", "Disabling")
+            plane.set_drain(False)
+            report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
+            assert set(report["mappings"].values()) <= {"Enabled", "Enabling"}
+            assert not report["safe_to_deploy"]
