@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from swarm import ops_cli
 from swarm.bench import cli as bench_cli
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.lanes import Policy
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sim(sub)
+    ops_cli.register(sub)
     bench_cli.register(sub)
     return parser
 

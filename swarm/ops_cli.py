@@ -1,0 +1,281 @@
+"""Operator commands: submit, status (with a live progress bar), resume, fleet, drain.
+
+They work the same against the local stack (``swarm local up``) and a deployed one
+(``--stack Swarm-prod``): only the :class:`~swarm.client.Target` differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swarm.client import Client, target_from_args
+from swarm.core.errors import InvalidInput
+
+TERMINAL = ("completed", "exhausted")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: must be >= 1")
+    return value
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(target_from_args(args.api_url, args.stack, args.region, args.tenant))
+
+
+def _target_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where (default: the local stack from `swarm local up`)")
+    g.add_argument("--stack", help="a deployed stack's name, e.g. Swarm-prod (reads its outputs)")
+    g.add_argument("--api-url", help="the API's base URL")
+    g.add_argument("--region", help="AWS region of the deployed stack")
+    g.add_argument("--tenant", help="local stack only: act as this tenant (default: demo)")
+
+
+# ------------------------------------------------------------------ progress
+
+
+def progress_line(doc: dict[str, Any], width: int = 30) -> str:
+    """``[#####.....]  120/400 done | 35 in flight | 245 queued | 1.2M of 6.0M tokens (20%)``"""
+    total = max(1, int(doc["units"]))
+    counts, tokens = doc["counts"], doc["tokens"]
+    done = counts["completed"] + counts["dead_lettered"]
+    filled = int(width * done / total)
+    bar = "#" * filled + "." * (width - filled)
+    spent, budget = tokens["spent"], tokens["budget"]
+    share = f" ({spent / budget:.0%})" if budget else ""
+    line = (
+        f"[{bar}] {done:>{len(str(total))}}/{total} done | {counts['in_flight']} in flight | "
+        f"{counts['pending']} queued | {_tokens(spent)} of {_tokens(budget)} tokens{share}"
+    )
+    if counts["remainder"]:
+        line += f" | remainder {counts['remainder']}"
+    return line
+
+
+def _tokens(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.2f}M"
+    if n >= 10_000:
+        return f"{n / 1e3:.0f}k"
+    return f"{n:,}"
+
+
+def watch(client: Client, batch_id: str, interval_s: float = 1.0, timeout_s: float = 3600) -> Any:
+    """Print progress until the batch closes; returns its final status."""
+    tty = sys.stdout.isatty()
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        doc = client.status(batch_id)
+        line = progress_line(doc)
+        if tty:
+            print("\r" + line.ljust(len(last)), end="", flush=True)
+        elif line != last:
+            print(line, flush=True)
+        last = line
+        if doc["state"] in TERMINAL:
+            if tty:
+                print()
+            return doc
+        if time.monotonic() > deadline:
+            if tty:
+                print()
+            raise InvalidInput(
+                "--watch", f"batch {batch_id} still {doc['state']} after {timeout_s}s"
+            )
+        time.sleep(interval_s)
+
+
+# ------------------------------------------------------------------ commands
+
+
+def generated_units(n: int, seed: int, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Units shaped like Lab 6.1's (8,000-16,000 tokens each)."""
+    rng = random.Random(seed)
+    return [
+        {
+            "unit_id": f"unit-{i:05d}",
+            "projected_tokens": rng.randint(min_tokens, max_tokens),
+            "input": f"work unit {i}",
+        }
+        for i in range(n)
+    ]
+
+
+def _read_units(path: Path) -> Any:
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise InvalidInput("FILE", f"cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise InvalidInput("FILE", f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
+    if isinstance(doc, list):
+        return {"units": doc}
+    if isinstance(doc, dict):
+        return doc
+    raise InvalidInput("FILE", f"{path}: give a JSON array of units or a batch object")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.generate is None):
+        raise InvalidInput("submit", "give a FILE of units or --generate N, not both")
+    if args.file is not None:
+        body = _read_units(args.file)
+    else:
+        body = {"units": generated_units(args.generate, args.seed, 8_000, 16_000)}
+    if args.lane:
+        body["lane"] = args.lane
+    if args.budget is not None:
+        body["budget"] = args.budget
+    client = _client(args)
+    doc = client.submit(body, args.idempotency_key)
+    if args.json and not args.watch:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"batch {doc['batch_id']}: {doc['units']} units on the {doc['lane']} lane, "
+        f"budget {doc['tokens']['budget']:,} tokens"
+    )
+    if args.watch:
+        final = watch(client, doc["batch_id"])
+        print(final["healthy_line"])
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client = _client(args)
+    doc = watch(client, args.batch) if args.watch else client.status(args.batch)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    if not args.watch:
+        print(progress_line(doc))
+    print(doc["healthy_line"])
+    if doc.get("remainder"):
+        print(
+            f"remainder ({len(doc['remainder'])}): {', '.join(doc['remainder'][:10])}"
+            + (" ..." if len(doc["remainder"]) > 10 else "")
+        )
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    client = _client(args)
+    doc = client.resume(args.batch, args.top_up)
+    print(
+        f"batch {args.batch}: topped up by {args.top_up:,} tokens, "
+        f"{doc['requeued']} remainder units requeued"
+    )
+    if args.watch:
+        print(watch(client, args.batch)["healthy_line"])
+    return 0
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    doc = _client(args).fleet()
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    g = doc["governor"]
+    print(
+        f"governor: {g['available_tokens']:,} of {g['capacity_tokens']:,} tokens available, "
+        f"rate {g['effective_rate_tps']:,.0f}/{g['governed_rate_tps']:,.0f} tokens/s, "
+        f"{g['throttles']} throttles"
+    )
+    for lane, d in doc["lanes"].items():
+        print(
+            f"  {lane:<7} visible {d['visible']:>6}  in flight {d['in_flight']:>5}  "
+            f"delayed {d['delayed']:>5}"
+        )
+    print(
+        f"draining: {'on' if doc['draining'] else 'off'} | in flight {doc['in_flight']} | "
+        f"queued {doc['queued']}"
+    )
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.action in ("on", "off"):
+        client.set_drain(args.action == "on")
+        print(f"drain {args.action}: {client.target.drain_parameter}")
+    if args.action == "on" and args.wait:
+        deadline = time.monotonic() + args.timeout
+        while True:
+            doc = client.drain_status()
+            if doc["safe_to_deploy"]:
+                print("in flight: 0; queued units stay queued. Safe to deploy.")
+                return 0
+            if time.monotonic() > deadline:
+                print(f"still {doc['in_flight']} in flight after {args.timeout}s", file=sys.stderr)
+                return 1
+            print(f"waiting: {doc['in_flight']} in flight, {doc['queued']} queued", flush=True)
+            time.sleep(args.interval)
+    if args.action == "status":
+        doc = client.drain_status()
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            state = "on" if doc["draining"] else "off"
+            safe = "safe to deploy" if doc["safe_to_deploy"] else "not safe to deploy yet"
+            print(f"drain {state}: {doc['in_flight']} in flight, {doc['queued']} queued; {safe}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("submit", help="submit a batch (a FILE of units, or --generate N)")
+    p.add_argument(
+        "file",
+        nargs="?",
+        type=Path,
+        metavar="FILE",
+        help="JSON: an array of units, or {units|manifest, lane, budget, ...}",
+    )
+    p.add_argument("--generate", type=_positive, metavar="N", help="N Lab-6.1-like units")
+    p.add_argument("--seed", type=int, default=0, help="seed for --generate (0)")
+    p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
+    p.add_argument("--budget", type=_positive, help="token budget")
+    p.add_argument("--idempotency-key", help="a retried submit with this key is the same batch")
+    p.add_argument("--watch", action="store_true", help="show progress until the batch closes")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    _target_options(p)
+    p.set_defaults(handler=cmd_submit)
+
+    p = sub.add_parser("status", help="a batch's state, counts and spend")
+    p.add_argument("batch", metavar="BATCH")
+    p.add_argument("--watch", action="store_true", help="live progress bar until it closes")
+    p.add_argument("--json", action="store_true")
+    _target_options(p)
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
+    p.add_argument("batch", metavar="BATCH")
+    p.add_argument("--top-up", type=_positive, required=True, metavar="TOKENS")
+    p.add_argument("--watch", action="store_true")
+    _target_options(p)
+    p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("fleet", help="governor, lanes, in flight, drain state")
+    p.add_argument("--json", action="store_true")
+    _target_options(p)
+    p.set_defaults(handler=cmd_fleet)
+
+    p = sub.add_parser("drain", help="the drain switch: on [--wait], off, status")
+    p.add_argument("action", choices=["on", "off", "status"])
+    p.add_argument("--wait", action="store_true", help="with on: block until in flight is 0")
+    p.add_argument("--timeout", type=_positive, default=1800, help="seconds to wait (1800)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between checks (2)")
+    p.add_argument("--json", action="store_true")
+    _target_options(p)
+    p.set_defaults(handler=cmd_drain)

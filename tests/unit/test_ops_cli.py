@@ -1,0 +1,46 @@
+"""Operator CLI pieces that need no server: the progress bar, generated units, targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm.client import Target
+from swarm.core.errors import InvalidInput
+from swarm.ops_cli import generated_units, progress_line
+
+
+def status(done: int, dead: int, in_flight: int, pending: int, spent: int) -> dict[str, object]:
+    return {
+        "units": 400,
+        "counts": {
+            "completed": done,
+            "dead_lettered": dead,
+            "remainder": 0,
+            "in_flight": in_flight,
+            "pending": pending,
+        },
+        "tokens": {"spent": spent, "budget": 6_000_000},
+    }
+
+
+def test_progress_line_shows_completion_flight_queue_and_spend() -> None:
+    line = progress_line(status(100, 0, 50, 250, 1_200_000), width=20)
+    assert line.startswith("[#####...............] 100/400 done")
+    assert "50 in flight | 250 queued | 1.20M of 6.00M tokens (20%)" in line
+
+
+def test_generated_units_look_like_lab_61() -> None:
+    units = generated_units(400, seed=0, min_tokens=8_000, max_tokens=16_000)
+    assert len({u["unit_id"] for u in units}) == 400
+    assert all(8_000 <= u["projected_tokens"] <= 16_000 for u in units)
+    assert units == generated_units(400, seed=0, min_tokens=8_000, max_tokens=16_000)
+
+
+def test_a_missing_local_target_explains_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="swarm local up"):
+        Target.load(tmp_path / "nope.json")
+    target = Target("http://127.0.0.1:1", "us-east-1", "/swarm/local/drain", "http://x", "demo")
+    target.save(tmp_path / "t.json")
+    assert Target.load(tmp_path / "t.json") == target
