@@ -12,6 +12,7 @@ import pytest
 
 from infra.constants import FANOUT_ASL, ROOT
 from infra.fanout import definition_substitutions
+from infra.local_definition import local_definitions
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import arn
 
@@ -111,3 +112,25 @@ def test_asl_validator_catches_a_broken_map(synth: Synthesized, tmp_path: Path) 
         timeout=60,
     )
     assert result.returncode != 0
+
+
+def test_local_definition_for_moto(synth: Synthesized) -> None:
+    # Given a resolver standing in for the deployed stack's physical values
+    def resolve(value: Any) -> str:
+        text = json.dumps(value)
+        if "Storage" in text:
+            return "local-bucket"
+        return f"arn:aws:lambda:us-east-1:123456789012:function:{abs(hash(text))}"
+
+    # When the local runtime builds the definition moto can run
+    (definition,) = local_definitions(synth.template, synth.outdir, resolve).values()
+    fan_out = json.loads(definition)["States"]["FanOut"]
+    # Then only the settings moto cannot run differ from the deployed ones
+    assert fan_out["ItemProcessor"]["ProcessorConfig"]["ExecutionType"] == "STANDARD"
+    assert fan_out["ToleratedFailurePercentage"] == float(
+        synth.config.fanout.tolerated_failure_percentage
+    )
+    assert isinstance(fan_out["ToleratedFailurePercentage"], float)
+    assert fan_out["MaxConcurrency"] == synth.config.fanout.max_concurrency
+    assert fan_out["ItemReader"]["Parameters"]["Bucket"] == "local-bucket"
+    assert fan_out["ItemSelector"]["unit.$"] == "$$.Map.Item.Value"  # context paths survive
