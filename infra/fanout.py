@@ -80,9 +80,13 @@ class FanOut(Construct):
             ),
         )
         ledger.grant_read_write_data(self.finalizer.role)
-        # Reads the ResultWriter's output, writes results and the remainder manifest.
+        # Writes results and the remainder manifest (read from the batch's manifest).
         storage.grant_objects(self.finalizer.role, RESULTS_PREFIX, "s3:GetObject", "s3:PutObject")
+        storage.grant_objects(self.finalizer.role, MANIFEST_PREFIX, "s3:GetObject")
         bus.grant_put_events_to(self.finalizer.role)
+        # Its lease sweeper requeues the retry of a unit whose worker died with its message.
+        for queue in lanes.queues.values():
+            queue.grant_send_messages(self.finalizer.role)
 
         # The name is derived from the stack's (unique per account and region): the role's
         # policy must name the state machine's own ARN (child executions), and a generated

@@ -111,6 +111,11 @@ def acknowledge_findings(stack: SwarmStack) -> None:
         results,
         "The finalizer reads the ResultWriter output and writes results/remainder per batch",
     )
+    _ack(
+        stack.fanout.finalizer.role,
+        manifests,
+        "The finalizer reads a batch's manifest (keyed by batch id) to write its remainder",
+    )
 
     _ack(
         stack.front_door.api,
