@@ -90,8 +90,15 @@ class Runtime:
 
         config = self.settings.governor_config()
         table = need(self.settings.governor_table, "GOVERNOR_TABLE_NAME")
+        # Workers book their tokens ahead (tickets) for up to their bounded wait: one request
+        # per grant under contention instead of every waiter waking up to collide.
+        horizon = float(self.settings.governor_max_wait_seconds or 0.0)
         return DynamoDBGovernor(
-            config, table, client=self.clients("dynamodb"), name=governor_name(config)
+            config,
+            table,
+            client=self.clients("dynamodb"),
+            name=governor_name(config),
+            horizon_s=horizon,
         )
 
     def lanes(self) -> SqsLanes:

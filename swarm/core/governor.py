@@ -191,6 +191,11 @@ class Governor(Protocol):
 
     def snapshot(self, now: float) -> GovernorSnapshot: ...
 
+    def cancel(self, now: float) -> bool:
+        """Give back tokens a refused draw booked ahead for this caller (implementations that
+        book tickets, see ``swarm.adapters.dynamodb_governor``), when it stops waiting."""
+        ...
+
 
 class InMemoryGovernor:
     """One bucket in one process: the simulator's governor and the reference for the adapters."""
@@ -208,6 +213,9 @@ class InMemoryGovernor:
 
     def snapshot(self, now: float) -> GovernorSnapshot:
         return snapshot_of(self.state, self.config, now)
+
+    def cancel(self, now: float) -> bool:
+        return False  # never books ahead
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,7 @@ def acquire(
             return Acquired(True, waited, draws)
         remaining = max_wait_s - waited
         if remaining <= 0 or result.wait_s > remaining:
+            governor.cancel(now())  # a ticket booked for us goes back to the bucket
             return Acquired(False, waited, draws)
         # never sleep zero (a float rounding could leave a tiny deficit): at least 1 ms
         sleep(max(result.wait_s, 0.001))
