@@ -19,9 +19,7 @@ def handler_routes() -> set[tuple[str, str]]:
 
 
 def test_every_route_is_documented_and_every_documented_route_exists() -> None:
-    documented = {
-        (method.upper(), path) for path, ops in SPEC["paths"].items() for method in ops
-    }
+    documented = {(method.upper(), path) for path, ops in SPEC["paths"].items() for method in ops}
     assert documented == handler_routes()
 
 
