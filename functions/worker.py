@@ -25,6 +25,7 @@ from swarm.core.ledger import Fate
 from swarm.runtime import Runtime
 from swarm.service.worker import Ack, Requeue, RetryLater, Worker
 from swarm.settings import (
+    METRIC_GOVERNOR_SATURATION,
     METRIC_GOVERNOR_WAIT_MS,
     METRIC_MODEL_THROTTLES,
     METRIC_TOKENS_SPENT,
@@ -59,8 +60,10 @@ def record_handler(record: SQSRecord) -> None:
     logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes = _services()
     report = worker.process(item)
-    if report.waited_s:
+    if report.attempt is not None:  # the unit drew from the governor
         metrics.add_metric(METRIC_GOVERNOR_WAIT_MS, MetricUnit.Milliseconds, report.waited_s * 1e3)
+        saturated = 100.0 if report.waited_s > 0.05 else 0.0  # had to wait for tokens
+        metrics.add_metric(METRIC_GOVERNOR_SATURATION, MetricUnit.Percent, saturated)
     if report.tokens or report.lost_attempt_tokens:
         tokens = report.tokens + report.lost_attempt_tokens
         metrics.add_metric(METRIC_TOKENS_SPENT, MetricUnit.Count, tokens)
