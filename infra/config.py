@@ -32,7 +32,10 @@ class _Strict(BaseModel):
 
 class LaneConfig(_Strict):
     max_concurrency: int = Field(ge=2, le=1000)  # the ESM's MaximumConcurrency (2..1000)
-    shed_depth: int = Field(ge=1)  # queue depth past which the API sheds submissions with 429
+    # units queued on this lane and every higher one (the work ahead of a new unit) past which
+    # the API sheds submissions to this lane with 429; must not increase towards lower lanes,
+    # so that a higher lane never sheds while a lower one still admits
+    shed_depth: int = Field(ge=1)
 
 
 class LanesConfig(_Strict):
@@ -51,6 +54,12 @@ class LanesConfig(_Strict):
                 "max_concurrency must not increase from high to normal to low "
                 f"(got {self.high.max_concurrency}, {self.normal.max_concurrency}, "
                 f"{self.low.max_concurrency})"
+            )
+        if not self.high.shed_depth >= self.normal.shed_depth >= self.low.shed_depth:
+            raise ValueError(
+                "shed_depth must not increase from high to normal to low: it counts the work "
+                "queued at or above a lane, and higher lanes shed last "
+                f"(got {self.high.shed_depth}, {self.normal.shed_depth}, {self.low.shed_depth})"
             )
         return self
 

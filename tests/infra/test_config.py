@@ -77,6 +77,17 @@ def test_recommended_feature_flags_and_offline_settings_are_in_cdk_json() -> Non
             "greater than or equal to 2",
         ),
         (
+            {
+                "lanes": {
+                    "high": {"max_concurrency": 10, "shed_depth": 100},
+                    "normal": {"max_concurrency": 6, "shed_depth": 500},
+                    "low": {"max_concurrency": 4, "shed_depth": 50},
+                }
+            },
+            "lanes",
+            "shed_depth must not increase from high to normal to low",
+        ),
+        (
             {"observability": {**cdk_json_context()["observability"], "log_retention_days": 10}},
             "observability",
             "use one of 1, 3, 5, 7, 14, 30",
