@@ -75,8 +75,13 @@ class Finalizer:
         Idempotent: the results object is keyed by the run's closure epoch, so a repeated call
         (a Step Functions retry) neither rewrites it nor announces the closure twice.
         """
-        for lost in self.ledger.reclaim_expired(run_id, now):
-            if lost.fate is Fate.RETRY:  # the dead worker's message may be gone: requeue it
+        retries = [s for s in self.ledger.reclaim_expired(run_id, now) if s.fate is Fate.RETRY]
+        if retries:  # the dead workers' messages may be gone: requeue them, input included
+            inputs = {
+                item["unit_id"]: item.get("input", "")
+                for item in self.blobs.get_json(manifest_key(run_id))
+            }
+            for lost in retries:
                 run = lost.run
                 self.queue.send(
                     QueuedUnit(
@@ -86,6 +91,7 @@ class Finalizer:
                         run.spec.lane,
                         lost.unit.attempts,
                         lost.unit.projected_tokens,
+                        inputs.get(lost.unit.unit_id, ""),
                     )
                 )
         run = self.ledger.run(run_id)

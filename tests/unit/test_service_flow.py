@@ -304,3 +304,22 @@ def test_drain_controller_reports_when_it_is_safe_to_deploy() -> None:
     report = controller.apply()
     assert set(report["mappings"].values()) == {"Disabled"}
     assert report["safe_to_deploy"]
+
+
+def test_the_finalizer_sweeps_a_lost_claim_and_requeues_the_unit_with_its_input() -> None:
+    plane = Plane()
+    request = SubmitRequest(Lane.NORMAL, 10**8, 3, [UnitInput("only", 9_000, "the prompt")])
+    run_id = plane.batches.submit("acme", request, None, plane.clock.now()).run.run_id
+    plane.fan_out()
+    item = plane.queue.receive()  # a worker takes it, claims the attempt, and dies; the
+    assert item is not None  # message is gone too (an earlier duplicate delivery was acked)
+    assert plane.ledger.claim(run_id, "only", 0, plane.clock.now(), 300).claimed
+    assert not plane.finalizer.finalize(run_id, plane.clock.now())["closed"]
+    assert plane.queue.receive() is None  # nothing to redeliver yet: the lease is live
+    plane.clock.t += 301
+    plane.finalizer.finalize(run_id, plane.clock.now())
+    retry = plane.queue.receive()
+    assert retry is not None and (retry.attempt, retry.input) == (1, "the prompt")
+    assert plane.worker.process(retry).outcome == Ack("completed")
+    result = plane.finalizer.finalize(run_id, plane.clock.now())
+    assert result["closed"] and plane.ledger.run(run_id).spent == 2 * 9_000
