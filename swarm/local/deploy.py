@@ -1,0 +1,289 @@
+"""Synthesize the app and deploy its template into moto through CloudFormation.
+
+Steps (each listed in docs/local.md):
+
+1. Synthesize ``app.py``'s stack with the local context (stage ``local``, time-scaled quota,
+   short worker timeout and finalizer poll) and bundling skipped: the local function host imports
+   ``functions/`` and ``swarm/`` from this repository, the same code the asset packs. Synthesis
+   runs in a child process (jsii starts a node runtime) and is cached by a hash of the sources
+   and the context.
+2. Emulate ``cdk bootstrap``: the asset bucket and the ``/cdk-bootstrap/hnb659fds/version``
+   parameter the template's ``BootstrapVersion`` parameter reads.
+3. Upload every file asset of ``*.assets.json`` to moto's S3 (directories zipped).
+4. ``create_stack`` with the template as synthesized (no rewrite of the template itself).
+5. Apply the state machine definition from :func:`infra.local_definition.local_definitions`
+   (moto ignores ``DefinitionS3Location`` and ``DefinitionSubstitutions``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP_QUALIFIER = "hnb659fds"
+BOOTSTRAP_VERSION = "30"
+SYNTH_TIMEOUT_S = 300
+STACK_TIMEOUT_S = 120
+
+#: the real model's latency the simulated plane imitates, before time scaling
+BASE_SECONDS_PER_1K_TOKENS = 0.5
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """How the local stack differs from the deployed one (all through the app's context)."""
+
+    time_scale: float = 10.0  # quota x scale, model latency / scale
+    stage: str = "local"
+    worker_timeout_s: int = 10  # the schema's minimum; lanes' visibility timeout = 6 x this
+    governor_max_wait_s: float = 5.0
+    finalizer_poll_s: int = 1
+    failure_rate: float | None = None  # None: cdk.json's
+
+    def context(self) -> dict[str, Any]:
+        from infra.context import cdk_json_context
+
+        base = cdk_json_context()
+        model = json.loads(json.dumps(base["model"]))
+        model["simulated"]["quota_tpm"] = int(model["simulated"]["quota_tpm"] * self.time_scale)
+        if self.failure_rate is not None:
+            model["simulated"]["failure_rate"] = self.failure_rate
+        worker = {
+            **base["worker"],
+            "timeout_seconds": self.worker_timeout_s,
+            "governor_max_wait_seconds": self.governor_max_wait_s,
+        }
+        fanout = {**base["fanout"], "finalizer_poll_seconds": self.finalizer_poll_s}
+        return {
+            "stage": self.stage,
+            "quota_tpm": int(base["quota_tpm"] * self.time_scale),
+            "model": model,
+            "worker": worker,
+            "fanout": fanout,
+        }
+
+    @property
+    def seconds_per_1k_tokens(self) -> float:
+        return BASE_SECONDS_PER_1K_TOKENS / self.time_scale
+
+
+# ------------------------------------------------------------------ synth
+
+
+def _sources_digest(context: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(context, sort_keys=True).encode())
+    files = [ROOT / "app.py", ROOT / "cdk.json"]
+    for folder in ("infra", "statemachines", "functions", "swarm"):
+        files += sorted(p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".json"))
+    for path in files:
+        if "__pycache__" in path.parts:
+            continue
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def synthesize(outdir: Path, options: LocalOptions) -> Path:
+    """Synthesize into ``outdir`` (reused when nothing changed); returns the template's path."""
+    context = options.context()
+    stamp = outdir / "swarm-local.digest"
+    digest = _sources_digest(context)
+    template = outdir / f"Swarm-{options.stage}.template.json"
+    if template.exists() and stamp.exists() and stamp.read_text() == digest:
+        return template
+    env = {
+        **os.environ,
+        "SWARM_SKIP_BUNDLING": "1",
+        "CDK_DISABLE_VERSION_CHECK": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+    }
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from app import build_app; "
+        "build_app(json.loads(sys.argv[2]), nag=False, outdir=sys.argv[3])[0].synth()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), json.dumps(context), str(outdir)],
+        capture_output=True,
+        text=True,
+        timeout=SYNTH_TIMEOUT_S,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    if result.returncode != 0 or not template.exists():
+        raise RuntimeError(f"synth failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    stamp.write_text(digest)
+    return template
+
+
+# ------------------------------------------------------------------ deploy
+
+
+@dataclass(frozen=True)
+class Deployed:
+    stack_name: str
+    outputs: dict[str, str]
+    physical: dict[str, str]  # logical id -> physical id
+    types: dict[str, str]  # logical id -> resource type
+    template: dict[str, Any]
+    local_changes: list[str]
+
+    def of_type(self, resource_type: str) -> dict[str, str]:
+        return {k: v for k, v in self.physical.items() if self.types.get(k) == resource_type}
+
+
+def _zip_dir(src: Path) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(src.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zf.write(path, path.relative_to(src))
+    return buf.getvalue()
+
+
+def _fill(text: str, account: str, region: str) -> str:
+    return (
+        text.replace("${AWS::AccountId}", account)
+        .replace("${AWS::Region}", region)
+        .replace("${AWS::Partition}", "aws")
+    )
+
+
+def bootstrap(clients: Any, account: str, region: str) -> str:
+    """What ``cdk bootstrap`` leaves in an account, as far as the template needs it."""
+    bucket = f"cdk-{BOOTSTRAP_QUALIFIER}-assets-{account}-{region}"
+    s3 = clients("s3")
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    clients("ssm").put_parameter(
+        Name=f"/cdk-bootstrap/{BOOTSTRAP_QUALIFIER}/version",
+        Value=BOOTSTRAP_VERSION,
+        Type="String",
+        Overwrite=True,
+    )
+    return bucket
+
+
+def upload_assets(clients: Any, assembly: Path, account: str, region: str) -> int:
+    s3 = clients("s3")
+    count = 0
+    for manifest in sorted(assembly.glob("*.assets.json")):
+        for asset in json.loads(manifest.read_text()).get("files", {}).values():
+            source = assembly / asset["source"]["path"]
+            if asset["source"].get("packaging") == "zip" or source.is_dir():
+                body = _zip_dir(source)
+            else:
+                body = source.read_bytes()
+            for dest in asset["destinations"].values():
+                bucket = _fill(dest["bucketName"], account, region)
+                with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+                    s3.create_bucket(Bucket=bucket)
+                s3.put_object(Bucket=bucket, Key=dest["objectKey"], Body=body)
+                count += 1
+    return count
+
+
+def governor_table_ids(template: dict[str, Any]) -> list[str]:
+    """Tables whose name reaches the functions as GOVERNOR_TABLE_NAME."""
+    ids: set[str] = set()
+    for resource in template["Resources"].values():
+        if resource["Type"] != "AWS::Lambda::Function":
+            continue
+        variables = resource["Properties"].get("Environment", {}).get("Variables", {})
+        ref = variables.get("GOVERNOR_TABLE_NAME")
+        if isinstance(ref, dict) and "Ref" in ref:
+            ids.add(ref["Ref"])
+    return sorted(ids)
+
+
+def fix_governor_key_schema(template: dict[str, Any]) -> list[str]:
+    """A defect of the template, not a moto limitation: the governor adapter
+    (swarm/adapters/dynamodb_governor.py) keys its items by ``pk`` + ``sk`` (one item per
+    shard), but the stack creates the governor table with ``pk`` only, so every draw fails
+    with "The provided key element does not match the schema". Until infra/tables.py is fixed
+    (``sort_key=True`` for the governor), the local copy adds the sort key; a strict xfail in
+    tests/e2e shows when the fix lands so this can be deleted."""
+    fixed = []
+    for logical in governor_table_ids(template):
+        props = template["Resources"][logical]["Properties"]
+        if any(k["KeyType"] == "RANGE" for k in props["KeySchema"]):
+            continue
+        props["KeySchema"].append({"AttributeName": "sk", "KeyType": "RANGE"})
+        props["AttributeDefinitions"].append({"AttributeName": "sk", "AttributeType": "S"})
+        fixed.append(f"{logical}: added the sort key 'sk' the governor adapter uses")
+    return fixed
+
+
+#: Changes to the local copy of the template (docs/local.md lists them). Each returns what it did.
+TEMPLATE_FIXES = (fix_governor_key_schema,)
+
+
+def deploy(clients: Any, template_path: Path, stack_name: str, region: str) -> Deployed:
+    from infra.local_definition import local_definitions
+
+    assembly = template_path.parent
+    account = clients("sts").get_caller_identity()["Account"]
+    bootstrap(clients, account, region)
+    upload_assets(clients, assembly, account, region)
+    cfn = clients("cloudformation")
+    template = json.loads(template_path.read_text())
+    applied = [change for fix in TEMPLATE_FIXES for change in fix(template)]
+    body = json.dumps(template)
+    cfn.create_stack(
+        StackName=stack_name,
+        TemplateBody=body,
+        Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"],
+    )
+    deadline = time.monotonic() + STACK_TIMEOUT_S
+    while True:
+        stack = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]
+        status = stack["StackStatus"]
+        if not status.endswith("IN_PROGRESS"):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"stack {stack_name} still {status} after {STACK_TIMEOUT_S}s")
+        time.sleep(0.2)
+    if status != "CREATE_COMPLETE":
+        raise RuntimeError(f"stack {stack_name}: {status} {stack.get('StackStatusReason', '')}")
+    physical: dict[str, str] = {}
+    types: dict[str, str] = {}
+    for res in cfn.describe_stack_resources(StackName=stack_name)["StackResources"]:
+        logical = res.get("LogicalResourceId")
+        if not logical:  # a resource type moto's CloudFormation skips (listed in docs/local.md)
+            continue
+        physical[logical] = res.get("PhysicalResourceId", "")
+        types[logical] = template["Resources"].get(logical, {}).get("Type", "")
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    deployed = Deployed(stack_name, outputs, physical, types, template, applied)
+
+    lam = clients("lambda")
+
+    def resolve(value: Any) -> str:
+        if isinstance(value, dict) and "Ref" in value:
+            return physical[value["Ref"]]
+        if isinstance(value, dict) and "Fn::GetAtt" in value:
+            logical, attribute = value["Fn::GetAtt"]
+            if types.get(logical) == "AWS::Lambda::Function" and attribute == "Arn":
+                arn: str = lam.get_function(FunctionName=physical[logical])["Configuration"][
+                    "FunctionArn"
+                ]
+                return arn
+        raise ValueError(f"cannot resolve {value!r} locally")
+
+    sfn = clients("stepfunctions")
+    for logical, definition in local_definitions(template, assembly, resolve).items():
+        sfn.update_state_machine(stateMachineArn=physical[logical], definition=definition)
+    return deployed

@@ -1,0 +1,139 @@
+"""moto patches the local stack needs besides the DynamoDB one in :mod:`swarm.local.motopatch`.
+
+Each patch is small, process-wide, idempotent, and listed in docs/local.md with the reason:
+
+* :func:`patch_event_bus_ref`: moto's ``Ref`` of ``AWS::Events::EventBus`` renders the Python
+  object (``<moto.events.models.EventBus object at 0x..>``) instead of the bus name, which breaks
+  every function's ``EVENT_BUS_NAME``. Real CloudFormation returns the name.
+* :func:`patch_state_machine_cfn`: with execution enabled, moto's API serves state machines from
+  its interpreter backend while CloudFormation creates them in the plain backend (so they are not
+  listed, cannot be updated and never run). The patch creates them in the backend the API uses.
+* :func:`patch_sqs_no_builtin_esm`: moto's own SQS event source mapping invokes the function
+  synchronously inside ``SendMessage`` (no batching, no concurrency limit, no visibility timeout).
+  The local poller (:mod:`swarm.local.poller`) replaces it, so moto's is switched off.
+* :func:`patch_sqs_fair_queues`: SQS *fair queues* (standard queues, ``MessageGroupId`` = tenant)
+  serve tenants with few messages in flight ahead of a tenant that floods the queue. moto returns
+  messages in send order. The patch orders the visible messages of a standard queue the way fair
+  queues behave: round-robin across message groups, groups with fewer in-flight messages first.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+_APPLIED: set[str] = set()
+_GUARD = threading.Lock()
+
+#: A definition the state machine holds until the local definition replaces it.
+PLACEHOLDER_DEFINITION = json.dumps(
+    {
+        "StartAt": "NotDeployed",
+        "States": {"NotDeployed": {"Type": "Fail", "Error": "LocalDefinitionNotApplied"}},
+    }
+)
+
+
+def _once(name: str, patch: Callable[[], None]) -> None:
+    with _GUARD:
+        if name in _APPLIED:
+            return
+        patch()
+        _APPLIED.add(name)
+
+
+def patch_event_bus_ref() -> None:
+    def apply() -> None:
+        from moto.events.models import EventBus
+
+        EventBus.physical_resource_id = property(lambda self: self.name)  # type: ignore[attr-defined]
+
+    _once("event-bus-ref", apply)
+
+
+def patch_state_machine_cfn() -> None:
+    def apply() -> None:
+        from moto.stepfunctions.models import StateMachine
+        from moto.stepfunctions.responses import get_backend
+        from moto.stepfunctions.utils import cfn_to_api_tags
+
+        def create_from_cloudformation_json(
+            cls: Any,
+            /,
+            resource_name: str,
+            cloudformation_json: Any,
+            account_id: str,
+            region_name: str,
+            **kwargs: Any,
+        ) -> Any:
+            properties = cloudformation_json["Properties"]
+            name = properties.get("StateMachineName", resource_name)
+            # DefinitionS3Location is ignored by moto: hold a placeholder until the runtime
+            # applies infra.local_definition's definition with update_state_machine
+            definition = properties.get("DefinitionString") or PLACEHOLDER_DEFINITION
+            tags = cfn_to_api_tags(properties.get("Tags", []))
+            backend = get_backend(account_id, region_name)
+            return backend.create_state_machine(
+                name, definition, properties.get("RoleArn", ""), tags=tags
+            )
+
+        StateMachine.create_from_cloudformation_json = classmethod(  # type: ignore[method-assign,assignment]
+            create_from_cloudformation_json
+        )
+
+    _once("state-machine-cfn", apply)
+
+
+def patch_sqs_no_builtin_esm() -> None:
+    def apply() -> None:
+        from moto.sqs.models import Queue
+
+        # __init__ assigns {}; reads get a fresh empty dict, so nothing is ever triggered
+        Queue.lambda_event_source_mappings = property(  # type: ignore[assignment]
+            lambda self: {}, lambda self, value: None
+        )
+
+    _once("sqs-no-builtin-esm", apply)
+
+
+def fair_order(messages: list[Any], in_flight: Counter[str]) -> list[Any]:
+    """Visible messages in fair-queue order: the n-th message of a group ranks at
+    ``in_flight[group] + n``; ties keep send order. Messages without a group form one group."""
+    seen: Counter[str] = Counter()
+    ranked = []
+    for position, message in enumerate(messages):
+        group = message.group_id or ""
+        ranked.append((in_flight[group] + seen[group], position, message))
+        seen[group] += 1
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    return [r[2] for r in ranked]
+
+
+def patch_sqs_fair_queues() -> None:
+    def apply() -> None:
+        from moto.sqs.models import Queue
+
+        original = Queue.messages
+
+        def messages(self: Any) -> list[Any]:
+            visible: list[Any] = original.fget(self)  # type: ignore[attr-defined]
+            if self.fifo_queue or len(visible) < 2:
+                return visible
+            in_flight: Counter[str] = Counter(
+                m.group_id or "" for m in self._messages if not m.visible
+            )
+            return fair_order(visible, in_flight)
+
+        Queue.messages = property(messages)  # type: ignore[method-assign,assignment]
+
+    _once("sqs-fair-queues", apply)
+
+
+def apply_all() -> None:
+    patch_event_bus_ref()
+    patch_state_machine_cfn()
+    patch_sqs_no_builtin_esm()
+    patch_sqs_fair_queues()

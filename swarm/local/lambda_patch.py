@@ -1,0 +1,265 @@
+"""Lambda without Docker: moto's ``Invoke`` runs the real handlers of the deployed functions.
+
+moto's Docker-less Lambda backend echoes the payload of every ``Invoke``.
+:func:`patch_lambda_invoke` replaces ``LambdaSimpleBackend.invoke`` so that an ``Invoke``
+(direct, from the Step Functions interpreter's ``lambda:invoke``, or from the local SQS poller and drain watcher) looks the function
+up in moto, takes its ``Handler`` and its ``Environment`` as deployed by CloudFormation, and calls
+``functions.<name>.handler`` with the event and a Lambda context. An exception becomes
+``FunctionError: Unhandled`` with ``{"errorType", "errorMessage"}``, as in AWS.
+
+Isolation. Many invocations run at once (the poller's lanes, the map's children, the API), and a
+handler module holds per-sandbox state: Powertools' ``BatchProcessor`` and REST resolver keep the
+current batch / request on the instance, and ``_cache`` holds the wiring. Sharing one module
+between concurrent invocations loses batch item failures and mixes requests (seen: a retried
+unit's message deleted, another batch failed whole). So each concurrent invocation gets its own
+*sandbox*: a separate copy of the handler module (a cold start), reused by later invocations one
+at a time, like a Lambda execution environment.
+
+Environment variables are process-global, so the host never writes a function's environment into
+``os.environ``: it keeps the invocation's environment in a thread-local, and
+:meth:`swarm.runtime.Runtime.from_env` (which every handler calls on its cold start, with no
+arguments) is patched to read it from there and to use moto-backed clients. What stays
+process-global: the Powertools variables, the same for every function of the stack (checked at
+start); Powertools ``Metrics`` (its metric set is class-level, shared by every instance), so
+metrics are disabled locally (moto does not ingest EMF anyway); and Powertools ``Logger`` keys
+(shared per service), so correlation keys in the local log can mix between concurrent
+invocations.
+
+The simulated model plane is one object per process, shared by every worker invocation, like a
+real model endpoint's quota is shared by the whole fleet; its latency is time-scaled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import threading
+import traceback
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from swarm.local.events import LambdaContext
+from swarm.modelplane import ModelPlane, ModelRequest, ModelResult, SimulatedModelPlane
+
+log = logging.getLogger("swarm.local")
+
+#: Powertools variables read at import or at handler time; they must agree across functions.
+PROCESS_WIDE = (
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_LOG_LEVEL",
+)
+
+
+class WorkerCrash(BaseException):
+    """A simulated worker death (the sandbox killed mid-unit): a BaseException, so Powertools'
+    batch processor does not turn it into a per-record failure; the whole invocation fails."""
+
+
+@dataclass
+class FaultyModelPlane:
+    """The shared simulated plane, plus an injected fault: the next ``crashes`` calls bill their
+    tokens and then kill the worker before it can settle (the model call happened, the sandbox
+    died)."""
+
+    plane: SimulatedModelPlane
+    crashes: int = 0
+    crashed: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def arm_crashes(self, n: int) -> None:
+        with self._lock:
+            self.crashes += n
+
+    def invoke(self, request: ModelRequest) -> ModelResult:
+        result = self.plane.invoke(request)
+        with self._lock:
+            crash = self.crashes > 0
+            if crash:
+                self.crashes -= 1
+                self.crashed += 1
+        if crash:
+            raise WorkerCrash(f"simulated worker death during {request.unit_id}")
+        return result
+
+
+@dataclass
+class Invocation:
+    function_name: str
+    env: Mapping[str, str]
+
+
+class FunctionHost:
+    """Runs the deployed functions' handlers in this process, each with its own environment."""
+
+    def __init__(
+        self,
+        clients: Callable[[str], Any],
+        model: FaultyModelPlane | None = None,
+    ) -> None:
+        self.clients = clients
+        self.model = model
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.invocations: Counter[str] = Counter()
+        self._idle: dict[str, list[ModuleType]] = {}
+        self._sandboxes = 0
+
+    def current(self) -> Invocation | None:
+        inv: Invocation | None = getattr(self._local, "invocation", None)
+        return inv
+
+    def call(self, function_name: str, handler: str, env: Mapping[str, str], event: Any) -> Any:
+        module_name, _, attr = handler.rpartition(".")
+        sandbox = self._acquire(function_name, module_name)
+        previous = self.current()
+        self._local.invocation = Invocation(function_name, dict(env))
+        try:
+            return getattr(sandbox, attr)(event, LambdaContext(function_name))
+        finally:
+            self._local.invocation = previous
+            with self._lock:
+                self._idle.setdefault(function_name, []).append(sandbox)
+
+    def _acquire(self, function_name: str, module_name: str) -> ModuleType:
+        """An idle sandbox of the function, or a cold start: a fresh copy of the handler module,
+        so its module-level state (Powertools' batch processor and resolver, the wiring cache)
+        serves one invocation at a time, as a Lambda execution environment does."""
+        with self._lock:
+            self.invocations[function_name] += 1
+            idle = self._idle.setdefault(function_name, [])
+            if idle:
+                return idle.pop()
+            self.invocations[f"cold_starts:{function_name}"] += 1
+            self._sandboxes += 1
+            unique = f"{module_name}__sandbox{self._sandboxes}"
+        spec = importlib.util.find_spec(module_name)
+        if spec is None or spec.origin is None:
+            raise ImportError(f"no handler module {module_name}")
+        copy_spec = importlib.util.spec_from_file_location(unique, spec.origin)
+        assert copy_spec is not None and copy_spec.loader is not None
+        module = importlib.util.module_from_spec(copy_spec)
+        sys.modules[unique] = module
+        copy_spec.loader.exec_module(module)
+        return module
+
+
+_HOST: list[FunctionHost] = []
+_ORIGINALS: dict[str, Any] = {}
+
+
+def host() -> FunctionHost | None:
+    return _HOST[0] if _HOST else None
+
+
+def install(function_host: FunctionHost, process_env: Mapping[str, str]) -> None:
+    """Route moto's Lambda Invoke to ``function_host`` and the handlers' wiring through it."""
+    for name, value in process_env.items():
+        os.environ[name] = value
+    _HOST[:] = [function_host]
+    patch_lambda_invoke()
+    patch_runtime()
+
+
+def uninstall() -> None:
+    _HOST.clear()
+
+
+def _invoke(
+    self: Any,
+    function_name: str,
+    qualifier: str | None,
+    body: Any,
+    headers: Any,
+    response_headers: Any,
+) -> bytes:
+    fn_host = host()
+    if fn_host is None:  # not installed: moto's behaviour
+        original: Callable[..., bytes] = _ORIGINALS["invoke"]
+        return original(self, function_name, qualifier, body, headers, response_headers)
+    fn = self.get_function(function_name, qualifier)  # raises ResourceNotFound like AWS
+    text = body.decode() if isinstance(body, bytes) else (body or "")
+    event = json.loads(text) if text.strip() else {}
+    env = dict(fn.environment_vars or {})
+    if headers and headers.get("X-Amz-Invocation-Type") == "Event":
+        thread = threading.Thread(
+            target=_run_quietly,
+            args=(fn_host, fn.function_name, fn.handler, env, event),
+            name=f"lambda-event-{fn.function_name}",
+            daemon=True,
+        )
+        thread.start()
+        return b""
+    try:
+        result = fn_host.call(fn.function_name, fn.handler, env, event)
+    except (Exception, WorkerCrash) as e:
+        response_headers["x-amz-function-error"] = "Unhandled"
+        return json.dumps(
+            {
+                "errorType": type(e).__name__,
+                "errorMessage": str(e),
+                "stackTrace": traceback.format_exception(e)[-5:],
+            }
+        ).encode()
+    return json.dumps(result).encode()
+
+
+def _run_quietly(
+    fn_host: FunctionHost, name: str, handler: str, env: Mapping[str, str], event: Any
+) -> None:
+    try:
+        fn_host.call(name, handler, env, event)
+    except (Exception, WorkerCrash):
+        log.exception("asynchronous invocation of %s failed", name)
+
+
+def patch_lambda_invoke() -> None:
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+
+    if "invoke" in _ORIGINALS:
+        return
+    _ORIGINALS["invoke"] = LambdaSimpleBackend.invoke
+    LambdaSimpleBackend.invoke = _invoke  # type: ignore[method-assign]
+
+
+def patch_runtime() -> None:
+    """Handlers build their wiring with ``Runtime.from_env()``: give them the invoking function's
+    environment and moto-backed clients; give workers the shared, fault-injectable model plane."""
+    from swarm.runtime import Runtime
+
+    if "from_env" in _ORIGINALS:
+        return
+    original_from_env = Runtime.from_env.__func__  # type: ignore[attr-defined]
+    original_model = Runtime.model
+
+    def from_env(
+        cls: type[Runtime],
+        environ: Mapping[str, str] | None = None,
+        clients: Callable[[str], Any] | None = None,
+    ) -> Runtime:
+        fn_host = host()
+        inv = fn_host.current() if fn_host else None
+        if fn_host is not None and inv is not None and environ is None:
+            environ, clients = inv.env, clients or fn_host.clients
+        runtime: Runtime = original_from_env(cls, environ, clients)
+        return runtime
+
+    def model(self: Runtime) -> ModelPlane:
+        fn_host = host()
+        simulated = self.settings.model_adapter == "simulated"
+        if fn_host is not None and fn_host.model is not None and simulated:
+            return fn_host.model
+        plane: ModelPlane = original_model(self)
+        return plane
+
+    _ORIGINALS["from_env"] = original_from_env
+    _ORIGINALS["model"] = original_model
+    Runtime.from_env = classmethod(from_env)  # type: ignore[method-assign,assignment]
+    Runtime.model = model  # type: ignore[method-assign]

@@ -1,0 +1,234 @@
+"""The parts of Lambda and EventBridge that moto does not run, done the way AWS does them.
+
+:class:`MappingPoller` is the Lambda SQS poller for one event source mapping: it reads the mapping
+from moto (so ``Enabled`` flips by the drain controller take effect within a second), receives up
+to ``BatchSize`` messages (the queue's visibility timeout applies), invokes the function through
+moto's Lambda API with the SQS event, keeps at most ``MaximumConcurrency`` invocations in flight,
+and with ``ReportBatchItemFailures`` deletes every message except the reported failures. A
+function error (an unhandled exception, a crashed worker) deletes nothing: the batch comes back
+after its visibility timeout, as on AWS.
+
+:class:`ParameterRule` is an EventBridge rule on an SSM parameter: moto emits no "Parameter Store
+Change" events, so it polls the parameter and invokes the rule's target with that event when the
+parameter's version changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from swarm.local.events import sqs_event
+
+log = logging.getLogger("swarm.local")
+
+#: Lambda's default when a mapping sets no MaximumConcurrency (bounded locally)
+DEFAULT_CONCURRENCY = 5
+REFRESH_S = 0.5
+LONG_POLL_S = 1
+
+
+@dataclass
+class PollerStats:
+    batches: int = 0
+    messages: int = 0
+    deleted: int = 0
+    item_failures: int = 0
+    function_errors: int = 0
+    max_in_flight: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class MappingPoller:
+    clients: Any
+    uuid: str
+    region: str
+    stop: threading.Event
+    stats: PollerStats = field(default_factory=PollerStats)
+    _active: int = 0
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _mapping: dict[str, Any] = field(default_factory=dict)
+    _queue_url: str = ""
+
+    def refresh(self) -> dict[str, Any]:
+        self._mapping = self.clients("lambda").get_event_source_mapping(UUID=self.uuid)
+        if not self._queue_url:
+            name = self._mapping["EventSourceArn"].rsplit(":", 1)[-1]
+            self._queue_url = self.clients("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+        return self._mapping
+
+    @property
+    def enabled(self) -> bool:
+        return self._mapping.get("State") == "Enabled"
+
+    @property
+    def max_concurrency(self) -> int:
+        scaling = self._mapping.get("ScalingConfig") or {}
+        return int(scaling.get("MaximumConcurrency") or DEFAULT_CONCURRENCY)
+
+    @property
+    def in_flight(self) -> int:
+        return self._active
+
+    def run(self) -> None:
+        self.refresh()
+        pool = ThreadPoolExecutor(
+            max_workers=max(self.max_concurrency, 1), thread_name_prefix=f"esm-{self.uuid[:8]}"
+        )
+        last_refresh = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                if time.monotonic() - last_refresh > REFRESH_S:
+                    try:
+                        self.refresh()
+                    except Exception:  # moto going down: the loop ends with stop
+                        log.exception("mapping %s: refresh failed", self.uuid)
+                    last_refresh = time.monotonic()
+                if not self.enabled:
+                    self.stop.wait(REFRESH_S / 2)
+                    continue
+                with self._cond:
+                    if self._active >= self.max_concurrency:
+                        self._cond.wait(REFRESH_S / 2)
+                        continue
+                try:
+                    messages = self._receive()
+                except Exception:
+                    if not self.stop.is_set():
+                        log.exception("mapping %s: receive failed", self.uuid)
+                    self.stop.wait(1)
+                    continue
+                if not messages:
+                    continue
+                with self._cond:
+                    self._active += 1
+                    self.stats.max_in_flight = max(self.stats.max_in_flight, self._active)
+                pool.submit(self._deliver, messages)
+        finally:
+            pool.shutdown(wait=True)
+
+    def _receive(self) -> list[dict[str, Any]]:
+        response = self.clients("sqs").receive_message(
+            QueueUrl=self._queue_url,
+            MaxNumberOfMessages=int(self._mapping.get("BatchSize", 10)),
+            WaitTimeSeconds=LONG_POLL_S,
+            AttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )
+        messages: list[dict[str, Any]] = response.get("Messages", [])
+        return messages
+
+    def _deliver(self, messages: list[dict[str, Any]]) -> None:
+        try:
+            self._invoke(messages)
+        except Exception:
+            log.exception("mapping %s: delivery failed", self.uuid)
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def _invoke(self, messages: list[dict[str, Any]]) -> None:
+        mapping = self._mapping
+        event = sqs_event(mapping["EventSourceArn"], messages, self.region)
+        self.stats.batches += 1
+        self.stats.messages += len(messages)
+        response = self.clients("lambda-invoke").invoke(
+            FunctionName=mapping["FunctionArn"], Payload=json.dumps(event).encode()
+        )
+        payload = response["Payload"].read()
+        if response.get("FunctionError"):
+            # nothing deleted: the whole batch is redelivered after its visibility timeout
+            self.stats.function_errors += 1
+            log.warning(
+                "mapping %s: function error %s", self.uuid, payload[:4000].decode(errors="replace")
+            )
+            return
+        ids = {m["MessageId"] for m in messages}
+        failed: set[str] = set()
+        if "ReportBatchItemFailures" in (mapping.get("FunctionResponseTypes") or []):
+            try:
+                doc = json.loads(payload or b"null") or {}
+                failed = {f["itemIdentifier"] for f in doc.get("batchItemFailures") or []}
+            except (ValueError, TypeError, KeyError):
+                failed = set(ids)  # an unreadable response fails the whole batch, as on AWS
+            if not failed <= ids:
+                failed = set(ids)
+        self.stats.item_failures += len(failed)
+        done = [m for m in messages if m["MessageId"] not in failed]
+        if done:
+            self.clients("sqs").delete_message_batch(
+                QueueUrl=self._queue_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)
+                ],
+            )
+            self.stats.deleted += len(done)
+
+
+@dataclass
+class ParameterRule:
+    """An EventBridge rule matching "Parameter Store Change" for one parameter."""
+
+    clients: Any
+    parameter: str
+    target_arn: str
+    region: str
+    account: str
+    stop: threading.Event
+    interval_s: float = 0.25
+    fired: int = 0
+    errors: int = 0
+
+    def _version(self) -> int | None:
+        try:
+            doc = self.clients("ssm").get_parameter(Name=self.parameter)["Parameter"]
+        except Exception:
+            return None
+        return int(doc["Version"])
+
+    def event(self, operation: str) -> dict[str, Any]:
+        return {
+            "version": "0",
+            "id": str(uuid.uuid4()),
+            "detail-type": "Parameter Store Change",
+            "source": "aws.ssm",
+            "account": self.account,
+            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": self.region,
+            "resources": [f"arn:aws:ssm:{self.region}:{self.account}:parameter{self.parameter}"],
+            "detail": {"name": self.parameter, "type": "String", "operation": operation},
+        }
+
+    def run(self) -> None:
+        seen = self._version()
+        while not self.stop.wait(self.interval_s):
+            version = self._version()
+            if version is None or version == seen:
+                continue
+            operation = "Create" if seen is None else "Update"
+            seen = version
+            self.fire(operation)
+
+    def fire(self, operation: str) -> None:
+        # EventBridge retries a failed target (the rule's RetryPolicy): a few times here
+        for attempt in range(3):
+            response = self.clients("lambda-invoke").invoke(
+                FunctionName=self.target_arn, Payload=json.dumps(self.event(operation)).encode()
+            )
+            response["Payload"].read()
+            if not response.get("FunctionError"):
+                self.fired += 1
+                return
+            self.errors += 1
+            self.stop.wait(0.5 * (attempt + 1))

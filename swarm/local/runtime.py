@@ -1,0 +1,348 @@
+"""The whole stack on an embedded, patched moto server, in one process.
+
+:class:`LocalStack` starts moto (with the DynamoDB patch of :mod:`swarm.local.motopatch` and the
+patches of :mod:`swarm.local.emulator` and :mod:`swarm.local.lambda_patch`), synthesizes the app
+and deploys its template through CloudFormation (:mod:`swarm.local.deploy`), then plays the parts
+moto does not: API Gateway (:mod:`swarm.local.apiserver`), the Lambda SQS pollers and the
+EventBridge rule on the drain parameter (:mod:`swarm.local.poller`). The fan-out state machine
+runs on moto's Step Functions interpreter, whose ``lambda:invoke`` reaches the real handlers.
+
+``python -m swarm.local.runtime serve`` runs it in the foreground until SIGTERM/SIGINT; ``swarm
+local up`` starts that as a background process and waits for it to be ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarm.client import LOCAL_TARGET_FILE, Target
+from swarm.local.deploy import Deployed, LocalOptions, deploy, synthesize
+
+log = logging.getLogger("swarm.local")
+
+REGION = "us-east-1"
+STATE_DIR = LOCAL_TARGET_FILE.parent
+RUNTIME_FILE = "local-runtime.json"  # pid and endpoints of the running stack (not a Target)
+LOG_FILE = "local.log"
+DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def _client_factory(endpoint: str, region: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    cache: dict[str, Any] = {}
+    lock = threading.Lock()
+    session = boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
+    )
+
+    def client(service: str) -> Any:
+        with lock:
+            if service not in cache:
+                if service == "lambda-invoke":  # one try, long read: an invoke is never retried
+                    config = Config(
+                        retries={"total_max_attempts": 1},
+                        read_timeout=900,
+                        max_pool_connections=64,
+                    )
+                    cache[service] = session.client("lambda", endpoint_url=endpoint, config=config)
+                else:
+                    config = Config(max_pool_connections=64, retries={"mode": "standard"})
+                    cache[service] = session.client(service, endpoint_url=endpoint, config=config)
+            return cache[service]
+
+    return client
+
+
+@dataclass
+class LocalStack:
+    options: LocalOptions = field(default_factory=LocalOptions)
+    state_dir: Path = STATE_DIR
+    api_port: int = 0
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.server: Any = None
+        self.api: Any = None
+        self.host: Any = None
+        self.model: Any = None
+        self.pollers: list[Any] = []
+        self.rules: list[Any] = []
+        self.threads: list[threading.Thread] = []
+        self.deployed: Deployed | None = None
+        self.target: Target | None = None
+        self.timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> Target:
+        from swarm.local import emulator, motopatch
+
+        t0 = time.monotonic()
+        for name, value in DUMMY_CREDENTIALS.items():
+            os.environ.setdefault(name, value)
+        os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+        motopatch.apply_all()
+        emulator.apply_all()
+        self.server = motopatch.start_server()
+        endpoint = self.server.endpoint
+        os.environ["MOTO_PORT"] = endpoint.rsplit(":", 1)[1]  # the SFN interpreter calls back here
+        config = {"lambda": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}
+        request = urllib.request.Request(
+            endpoint + "/moto-api/config", data=json.dumps(config).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+        self.timings["moto_s"] = time.monotonic() - t0
+        clients = _client_factory(endpoint, REGION)
+
+        t1 = time.monotonic()
+        template = synthesize(self.state_dir / "cdk.out", self.options)
+        self.timings["synth_s"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        self.deployed = deploy(clients, template, f"Swarm-{self.options.stage}", REGION)
+        self.timings["deploy_s"] = time.monotonic() - t2
+        self._start_functions(clients)
+        self._start_pollers(clients)
+        self._start_api(clients)
+        outputs = self.deployed.outputs
+        self.target = Target(
+            api_url=self.api.url,
+            region=REGION,
+            drain_parameter=outputs["DrainParameterName"],
+            aws_endpoint=endpoint,
+            tenant=None,
+            sign=False,
+        )
+        self.timings["total_s"] = time.monotonic() - t0
+        return self.target
+
+    def _functions(self, clients: Any) -> dict[str, dict[str, Any]]:
+        """Deployed functions by handler module (``functions.worker`` -> its configuration)."""
+        assert self.deployed is not None
+        lam = clients("lambda")
+        out: dict[str, dict[str, Any]] = {}
+        for physical in self.deployed.of_type("AWS::Lambda::Function").values():
+            conf = lam.get_function(FunctionName=physical)["Configuration"]
+            out[conf["Handler"].rpartition(".")[0]] = conf
+        return out
+
+    def _start_functions(self, clients: Any) -> None:
+        from swarm.local import lambda_patch
+        from swarm.modelplane import SimulatedModelPlane
+
+        functions = self._functions(clients)
+        self.functions = functions
+        envs = [f.get("Environment", {}).get("Variables", {}) for f in functions.values()]
+        process_env: dict[str, str] = {
+            "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
+            # Metrics' metric set is class-level, shared by concurrent sandboxes (lambda_patch)
+            "POWERTOOLS_METRICS_DISABLED": "true",
+        }
+        for name in lambda_patch.PROCESS_WIDE:
+            values = {e[name] for e in envs if name in e}
+            if len(values) > 1:
+                raise RuntimeError(f"{name} differs between functions: {sorted(values)}")
+            if values:
+                process_env[name] = values.pop()
+        worker_env = functions["functions.worker"]["Environment"]["Variables"]
+        plane = SimulatedModelPlane(
+            quota_tpm=int(worker_env["SIM_MODEL_QUOTA_TPM"]),
+            failure_rate=float(worker_env["SIM_MODEL_FAILURE_RATE"]),
+            seed=int(worker_env["SIM_MODEL_SEED"]),
+            seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
+        )
+        self.model = lambda_patch.FaultyModelPlane(plane)
+        self.host = lambda_patch.FunctionHost(clients, self.model)
+        lambda_patch.install(self.host, process_env)
+
+    def _start_pollers(self, clients: Any) -> None:
+        from swarm.local.poller import MappingPoller, ParameterRule
+
+        assert self.deployed is not None
+        for uuid in self.deployed.of_type("AWS::Lambda::EventSourceMapping").values():
+            poller = MappingPoller(clients, uuid, REGION, self.stop_event)
+            self.pollers.append(poller)
+            self._thread(poller.run, f"poller-{uuid[:8]}")
+        account = clients("sts").get_caller_identity()["Account"]
+        for rule in _parameter_rules(self.deployed, clients):
+            parameter, target = rule
+            watcher = ParameterRule(clients, parameter, target, REGION, account, self.stop_event)
+            self.rules.append(watcher)
+            self._thread(watcher.run, "drain-rule")
+
+    def _start_api(self, clients: Any) -> None:
+        from swarm.local.apiserver import LocalApi
+
+        conf = self.functions["functions.api"]
+        env = conf["Environment"]["Variables"]
+        account = clients("sts").get_caller_identity()["Account"]
+        self.api = LocalApi(
+            clients,
+            conf["FunctionArn"],
+            account,
+            env.get("TENANT_PRINCIPAL_PREFIX", ""),
+            self.admin,
+            port=self.api_port,
+            stage=self.options.stage,
+        )
+        self.api.start()
+
+    def _thread(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    # ------------------------------------------------------------------ admin (/_local/...)
+    def admin(self, method: str, path: str, doc: Any) -> tuple[int, Any]:
+        plane = self.model.plane if self.model else None
+        if path == "/_local/model" and method == "GET" and plane is not None:
+            return 200, {
+                "calls": plane.calls,
+                "throttles": plane.throttles,
+                "tokens_billed": plane.tokens_billed,
+                "quota_tpm": plane.quota_tpm,
+                "storming": plane._storm_until is not None and plane._storm_until > time.time(),
+                "crashed_workers": self.model.crashed,
+            }
+        if path == "/_local/model/storm" and method == "POST" and plane is not None:
+            quota, seconds = int(doc["quota_tpm"]), float(doc["seconds"])
+            plane.storm(quota, time.time() + seconds)
+            return 200, {"quota_tpm": quota, "until_s": seconds}
+        if path == "/_local/faults" and method == "POST" and self.model is not None:
+            self.model.arm_crashes(int(doc.get("worker_crashes", 0)))
+            return 200, {"armed": self.model.crashes}
+        if path == "/_local/status" and method == "GET":
+            return 200, {
+                "pollers": [
+                    {
+                        "uuid": p.uuid,
+                        "function": p._mapping.get("FunctionArn", "").rsplit(":", 1)[-1],
+                        "queue": p._mapping.get("EventSourceArn", "").rsplit(":", 1)[-1],
+                        "enabled": p.enabled,
+                        "in_flight": p.in_flight,
+                        "max_concurrency": p.max_concurrency,
+                        **p.stats.as_dict(),
+                    }
+                    for p in self.pollers
+                ],
+                "drain_rule": [{"fired": r.fired, "errors": r.errors} for r in self.rules],
+                "invocations": dict(self.host.invocations) if self.host else {},
+                "timings": self.timings,
+                "template_changes": self.deployed.local_changes if self.deployed else [],
+                "time_scale": self.options.time_scale,
+            }
+        return 404, {"error": "not_found", "message": f"no local route {method} {path}"}
+
+    # ------------------------------------------------------------------ stop
+    def stop(self, timeout_s: float = 20.0) -> None:
+        self.stop_event.set()
+        if self.api is not None:
+            self.api.stop()
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        from swarm.local import lambda_patch
+
+        lambda_patch.uninstall()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _parameter_rules(deployed: Deployed, clients: Any) -> list[tuple[str, str]]:
+    """(parameter name, target function ARN) for each EventBridge rule on an SSM parameter."""
+    rules = []
+    lam = clients("lambda")
+    for _logical, resource in deployed.template["Resources"].items():
+        if resource["Type"] != "AWS::Events::Rule":
+            continue
+        props = resource["Properties"]
+        pattern = props.get("EventPattern", {})
+        if pattern.get("source") != ["aws.ssm"] or props.get("State") != "ENABLED":
+            continue
+        for name in pattern.get("detail", {}).get("name", []):
+            parameter = deployed.physical[name["Ref"]] if isinstance(name, dict) else name
+            for target in props.get("Targets", []):
+                target_logical = target["Arn"]["Fn::GetAtt"][0]
+                function = deployed.physical[target_logical]
+                arn = lam.get_function(FunctionName=function)["Configuration"]["FunctionArn"]
+                rules.append((parameter, arn))
+    return rules
+
+
+# ------------------------------------------------------------------ the background process
+
+
+def runtime_file(state_dir: Path) -> Path:
+    return state_dir / RUNTIME_FILE
+
+
+def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
+    """Run the stack until SIGTERM/SIGINT; write the Target (``local.json``) once ready."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    # a record's exception is logged at debug level by the batch processor: keep it
+    logging.getLogger("aws_lambda_powertools.utilities.batch.base").setLevel(logging.DEBUG)
+    # moto warns once per resource type its CloudFormation skips (listed in docs/local.md)
+    warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
+    stack = LocalStack(options, state_dir, api_port)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        target = stack.start()
+    except Exception:
+        log.exception("the local stack failed to start")
+        stack.stop()
+        return 1
+    info = {
+        "pid": os.getpid(),
+        "api_url": target.api_url,
+        "aws_endpoint": target.aws_endpoint,
+        "time_scale": options.time_scale,
+        "timings": stack.timings,
+    }
+    runtime_file(state_dir).write_text(json.dumps(info, indent=2) + "\n")
+    target.save(state_dir / LOCAL_TARGET_FILE.name)  # last: its presence means "ready"
+    log.info("local stack ready: %s", json.dumps(info))
+    print(f"swarm local stack ready: API {target.api_url}", flush=True)
+    while not stopping.wait(0.5):
+        pass
+    log.info("stopping the local stack")
+    stack.stop()
+    for path in (state_dir / LOCAL_TARGET_FILE.name, runtime_file(state_dir)):
+        path.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m swarm.local.runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve")
+    p.add_argument("--state-dir", type=Path, default=STATE_DIR)
+    p.add_argument("--time-scale", type=float, default=LocalOptions.time_scale)
+    p.add_argument("--failure-rate", type=float, default=None)
+    p.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    options = LocalOptions(time_scale=args.time_scale, failure_rate=args.failure_rate)
+    return serve(options, args.state_dir, args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
