@@ -99,6 +99,7 @@ def synthesize(outdir: Path, options: LocalOptions) -> Path:
     context = options.context()
     stamp = outdir / "swarm-local.digest"
     digest = _sources_digest(context)
+    outdir = outdir.resolve()
     template = outdir / f"Swarm-{options.stage}.template.json"
     if template.exists() and stamp.exists() and stamp.read_text() == digest:
         return template

@@ -2,10 +2,11 @@
 
 moto's Docker-less Lambda backend echoes the payload of every ``Invoke``.
 :func:`patch_lambda_invoke` replaces ``LambdaSimpleBackend.invoke`` so that an ``Invoke``
-(direct, from the Step Functions interpreter's ``lambda:invoke``, or from the local SQS poller and drain watcher) looks the function
-up in moto, takes its ``Handler`` and its ``Environment`` as deployed by CloudFormation, and calls
-``functions.<name>.handler`` with the event and a Lambda context. An exception becomes
-``FunctionError: Unhandled`` with ``{"errorType", "errorMessage"}``, as in AWS.
+(direct, from the Step Functions interpreter's ``lambda:invoke``, or from the local SQS poller
+and drain watcher) looks the function up in moto, takes its ``Handler`` and its ``Environment``
+as deployed by CloudFormation, and calls ``functions.<name>.handler`` with the event and a
+Lambda context. An exception becomes ``FunctionError: Unhandled`` with
+``{"errorType", "errorMessage"}``, as in AWS.
 
 Isolation. Many invocations run at once (the poller's lanes, the map's children, the API), and a
 handler module holds per-sandbox state: Powertools' ``BatchProcessor`` and REST resolver keep the

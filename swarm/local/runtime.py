@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
-from swarm.local.deploy import Deployed, LocalOptions, deploy, synthesize
+from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
 
 log = logging.getLogger("swarm.local")
 
@@ -91,6 +91,8 @@ class LocalStack:
         from swarm.local import emulator, motopatch
 
         t0 = time.monotonic()
+        if str(ROOT) not in sys.path:  # the handlers: functions/ next to swarm/
+            sys.path.insert(0, str(ROOT))
         for name, value in DUMMY_CREDENTIALS.items():
             os.environ.setdefault(name, value)
         os.environ.setdefault("AWS_DEFAULT_REGION", REGION)

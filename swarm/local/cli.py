@@ -1,0 +1,288 @@
+"""``swarm local up | down | status | demo``: the whole stack on the local emulator.
+
+``up`` starts the stack as a background process (``python -m swarm.local.runtime serve``) and
+returns once it is ready, so the operator CLI (``swarm submit``, ``swarm status --watch``...) can be
+used from the same shell; ``up --foreground`` runs it in this process until Ctrl-C instead (logs
+on the terminal, nothing to clean up). ``down`` stops the background process (SIGTERM, then
+SIGKILL after a bound) and removes ``.swarm/local.json``. ``demo`` is ``make run``: up, a seed-like
+batch through the HTTP API with live progress, the healthy line and the spend, down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swarm.client import LOCAL_TARGET_FILE, Client, Target
+from swarm.core.errors import InvalidInput, SwarmError
+from swarm.local.deploy import LocalOptions
+
+STATE_DIR = LOCAL_TARGET_FILE.parent
+READY_TIMEOUT_S = 300
+STOP_TIMEOUT_S = 30
+
+
+def _runtime_file(state_dir: Path) -> Path:
+    from swarm.local.runtime import runtime_file
+
+    return runtime_file(state_dir)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_ours(pid: int) -> bool:
+    """The pid still runs the local stack (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _alive(pid)
+    return b"swarm.local.runtime" in cmdline
+
+
+def running_pid(state_dir: Path) -> int | None:
+    path = _runtime_file(state_dir)
+    try:
+        pid = int(json.loads(path.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if _alive(pid) and _is_ours(pid) else None
+
+
+def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = False) -> Target:
+    """Start the stack in the background; return its Target once ``local.json`` is written."""
+    pid = running_pid(state_dir)
+    if pid is not None:
+        raise InvalidInput(
+            "local up", f"the local stack is already up (pid {pid}): `swarm local down`"
+        )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    target_file = state_dir / LOCAL_TARGET_FILE.name
+    for stale in (target_file, _runtime_file(state_dir)):
+        stale.unlink(missing_ok=True)
+    log_path = state_dir / "local.log"
+    command = [
+        sys.executable,
+        "-u",
+        "-m",
+        "swarm.local.runtime",
+        "serve",
+        "--state-dir",
+        str(state_dir),
+        "--time-scale",
+        str(options.time_scale),
+        "--port",
+        str(port),
+    ]
+    if options.failure_rate is not None:
+        command += ["--failure-rate", str(options.failure_rate)]
+    if not quiet:
+        print(f"starting the local stack (log: {log_path}) ...", flush=True)
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in this shell does not kill it: `down` does
+        )
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not target_file.exists():
+        if process.poll() is not None:
+            tail = log_path.read_text()[-3000:]
+            raise SwarmError(f"the local stack exited with {process.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            _stop_pid(process.pid)
+            raise SwarmError(f"the local stack was not ready after {READY_TIMEOUT_S}s")
+        time.sleep(0.25)
+    target = Target.load(target_file)
+    if not quiet:
+        info = json.loads(_runtime_file(state_dir).read_text())
+        print(
+            f"local stack up in {info['timings']['total_s']:.1f}s (pid {info['pid']}, "
+            f"time scale x{options.time_scale:g})\n"
+            f"  API:         {target.api_url}   (tenant: header X-Swarm-Tenant, default demo)\n"
+            f"  AWS (moto):  {target.aws_endpoint}\n"
+            f"  CLI target:  {target_file} (read by `swarm submit/status/fleet/drain`)\n"
+            "  try:         swarm submit --generate 200 --watch\n"
+            "  stop:        swarm local down"
+        )
+    return target
+
+
+def _stop_pid(pid: int) -> bool:
+    """SIGTERM, wait, then SIGKILL; True if it stopped on SIGTERM."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def down(state_dir: Path, quiet: bool = False) -> bool:
+    """Stop the background stack; remove local.json. False when nothing was running."""
+    pid = running_pid(state_dir)
+    stopped = False
+    if pid is not None:
+        clean = _stop_pid(pid)
+        stopped = True
+        if not quiet:
+            print(f"local stack stopped (pid {pid}{'' if clean else ', killed'})")
+    elif not quiet:
+        print("no local stack running")
+    for path in (state_dir / LOCAL_TARGET_FILE.name, _runtime_file(state_dir)):
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+# ------------------------------------------------------------------ demo (make run)
+
+
+def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_s: float) -> int:
+    from swarm.ops_cli import generated_units, watch
+
+    started = time.monotonic()
+    target = up(options, state_dir)
+    try:
+        client = Client(target)
+        body: dict[str, Any] = {"units": generated_units(units, seed, 8_000, 16_000)}
+        doc = client.submit(body, idempotency_key=f"demo-{seed}-{units}-{int(time.time())}")
+        print(
+            f"batch {doc['batch_id']}: {doc['units']} units (8k-16k tokens each) on the "
+            f"{doc['lane']} lane, budget {doc['tokens']['budget']:,} tokens"
+        )
+        final = watch(client, doc["batch_id"], interval_s=1.0, timeout_s=timeout_s)
+        tokens = final["tokens"]
+        print(final["healthy_line"])
+        print(
+            f"spend: {tokens['spent']:,} of {tokens['budget']:,} tokens "
+            f"({tokens['spent'] / max(1, tokens['budget']):.1%}); attempts {final['attempts']}, "
+            f"retries {final['retries']}, dead letters {final['counts']['dead_lettered']}"
+        )
+        model = client.request("GET", "/_local/model")[1]
+        print(
+            f"simulated model plane: {model['calls']} calls, {model['throttles']} throttles; "
+            f"wall time {time.monotonic() - started:.0f}s (stack start included)"
+        )
+        return 0 if final["state"] == "completed" else 1
+    finally:
+        down(state_dir)
+
+
+# ------------------------------------------------------------------ argparse
+
+
+def _options(args: argparse.Namespace) -> LocalOptions:
+    if args.time_scale <= 0:
+        raise InvalidInput("--time-scale", "must be > 0")
+    return LocalOptions(time_scale=args.time_scale, failure_rate=args.failure_rate)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if args.foreground:
+        from swarm.local.runtime import serve
+
+        return serve(_options(args), args.state_dir, args.port)
+    up(_options(args), args.state_dir, args.port)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    down(args.state_dir)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    pid = running_pid(args.state_dir)
+    if pid is None:
+        print("no local stack running")
+        return 1
+    target = Target.load(args.state_dir / LOCAL_TARGET_FILE.name)
+    doc = Client(target).request("GET", "/_local/status")[1]
+    print(
+        json.dumps(doc, indent=2) if args.json else f"local stack up (pid {pid}): {target.api_url}"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return demo(_options(args), args.state_dir, args.units, args.seed, args.timeout)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    local = sub.add_parser("local", help="the whole stack on the local emulator (moto)")
+    verbs = local.add_subparsers(dest="local_command", required=True)
+
+    def common(p: argparse.ArgumentParser, scale: bool = True) -> None:
+        p.add_argument("--state-dir", type=Path, default=STATE_DIR, help="(.swarm)")
+        if scale:
+            p.add_argument(
+                "--time-scale",
+                type=float,
+                default=LocalOptions.time_scale,
+                help="quota x N, model latency / N (default 10: a 300-unit batch in ~1.5 min)",
+            )
+            p.add_argument("--failure-rate", type=float, help="simulated failure rate (0.04)")
+
+    p = verbs.add_parser("up", help="start the local stack (background; --foreground to block)")
+    common(p)
+    p.add_argument("--foreground", action="store_true", help="run here until Ctrl-C")
+    p.add_argument("--port", type=int, default=0, help="API port on 127.0.0.1 (default: free)")
+    p.set_defaults(handler=cmd_up)
+
+    p = verbs.add_parser("down", help="stop the local stack and remove .swarm/local.json")
+    common(p, scale=False)
+    p.set_defaults(handler=cmd_down)
+
+    p = verbs.add_parser("status", help="is the local stack up; --json: pollers and timings")
+    common(p, scale=False)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_status)
+
+    p = verbs.add_parser("demo", help="up, a seed-like batch through the API with progress, down")
+    common(p)
+    p.add_argument("--units", type=int, default=300, help="units in the batch (300)")
+    p.add_argument("--seed", type=int, default=61, help="seed for the units (61)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the batch")
+    p.set_defaults(handler=cmd_demo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m swarm.local.cli up|down|status|demo`` (the same as ``swarm local ...``)."""
+    parser = argparse.ArgumentParser(prog="swarm")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["local", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        code: int = args.handler(args)
+    except SwarmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
