@@ -15,21 +15,19 @@ class Tables(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, config: SwarmConfig) -> None:
         super().__init__(scope, construct_id)
-        self.governor = self._table("Governor", config, sort_key=False)
-        self.ledger = self._table("Ledger", config, sort_key=True)
+        # Both use the adapters' key schema (swarm.adapters): governor shards are
+        # pk=gov#<name>, sk=shard#NNNN; ledger items pk=run#<id>, sk=spec|books|unit#..|attempt#..
+        self.governor = self._table("Governor", config)
+        self.ledger = self._table("Ledger", config)
 
-    def _table(self, construct_id: str, config: SwarmConfig, *, sort_key: bool) -> dynamodb.Table:
+    def _table(self, construct_id: str, config: SwarmConfig) -> dynamodb.Table:
         return dynamodb.Table(
             self,
             construct_id,
             partition_key=dynamodb.Attribute(
                 name=PARTITION_KEY, type=dynamodb.AttributeType.STRING
             ),
-            sort_key=(
-                dynamodb.Attribute(name=SORT_KEY, type=dynamodb.AttributeType.STRING)
-                if sort_key
-                else None
-            ),
+            sort_key=dynamodb.Attribute(name=SORT_KEY, type=dynamodb.AttributeType.STRING),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True

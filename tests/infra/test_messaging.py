@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Match
 
+from swarm.adapters import PARTITION_KEY, SORT_KEY
 from swarm.core.model import LANES
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import arn
@@ -51,6 +52,11 @@ def test_tables_are_on_demand_with_pitr_and_ttl(synth: Synthesized) -> None:
         assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
         assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
         assert props["SSESpecification"]["SSEEnabled"] is True
+        # the key schema the DynamoDB adapters write (governor shards and ledger items alike)
+        assert props["KeySchema"] == [
+            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+        ]
         # dev: no deletion protection, deleted with the stack
         assert props.get("DeletionProtectionEnabled", False) is False
         assert table["DeletionPolicy"] == "Delete"
