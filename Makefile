@@ -23,11 +23,13 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-run: setup  ## the main job: the simulator's Lab 6.1 report (no AWS account needed)
+run: setup  ## the main job: Lab 6.1 from the simulator, then a batch through the local stack
 	$(BIN)/swarm sim lab61
+	$(BIN)/swarm local demo
 
 test: setup lint typecheck  ## lint, type-check and the whole pytest suite
-	$(BIN)/pytest -n 2 tests
+	$(BIN)/pytest -n 2 tests --ignore=tests/e2e
+	$(BIN)/pytest tests/e2e  # one local stack for the whole tier: not split across workers
 
 lint: setup  ## ruff lint and format check
 	$(BIN)/ruff check .
@@ -49,7 +51,7 @@ integration: setup  ## tests/integration only (moto)
 infra: setup  ## tests/infra only (CDK assertions, cdk-nag, cfn-lint, ASL)
 	$(BIN)/pytest tests/infra
 
-e2e: setup  ## tests/e2e only (the whole stack on the local emulator)
+e2e: setup  ## tests/e2e only (the whole stack on the local emulator, ~7 min)
 	$(BIN)/pytest tests/e2e
 
 synth: setup  ## synthesize the CloudFormation templates offline into cdk.out/

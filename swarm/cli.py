@@ -18,6 +18,7 @@ from swarm.bench import cli as bench_cli
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.lanes import Policy
 from swarm.core.report import healthy_line
+from swarm.local import cli as local_cli
 from swarm.sim import lab61, state
 from swarm.sim.engine import FleetConfig, SimResult, Simulation, crossover_workers
 from swarm.sim.workload import Workload
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sim(sub)
     ops_cli.register(sub)
+    local_cli.register(sub)
     bench_cli.register(sub)
     return parser
 

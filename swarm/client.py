@@ -93,9 +93,15 @@ class Client:
     def _aws(self, service: str) -> Any:
         import boto3
 
-        return boto3.client(
-            service, region_name=self.target.region, endpoint_url=self.target.aws_endpoint
-        )
+        if self.target.local:  # the emulator takes any credentials; never send real ones there
+            return boto3.client(
+                service,
+                region_name=self.target.region,
+                endpoint_url=self.target.aws_endpoint,
+                aws_access_key_id="local",
+                aws_secret_access_key="local",
+            )
+        return boto3.client(service, region_name=self.target.region)
 
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None

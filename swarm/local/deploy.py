@@ -140,7 +140,6 @@ class Deployed:
     physical: dict[str, str]  # logical id -> physical id
     types: dict[str, str]  # logical id -> resource type
     template: dict[str, Any]
-    local_changes: list[str]
 
     def of_type(self, resource_type: str) -> dict[str, str]:
         return {k: v for k, v in self.physical.items() if self.types.get(k) == resource_type}
@@ -197,41 +196,6 @@ def upload_assets(clients: Any, assembly: Path, account: str, region: str) -> in
     return count
 
 
-def governor_table_ids(template: dict[str, Any]) -> list[str]:
-    """Tables whose name reaches the functions as GOVERNOR_TABLE_NAME."""
-    ids: set[str] = set()
-    for resource in template["Resources"].values():
-        if resource["Type"] != "AWS::Lambda::Function":
-            continue
-        variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-        ref = variables.get("GOVERNOR_TABLE_NAME")
-        if isinstance(ref, dict) and "Ref" in ref:
-            ids.add(ref["Ref"])
-    return sorted(ids)
-
-
-def fix_governor_key_schema(template: dict[str, Any]) -> list[str]:
-    """A defect of the template, not a moto limitation: the governor adapter
-    (swarm/adapters/dynamodb_governor.py) keys its items by ``pk`` + ``sk`` (one item per
-    shard), but the stack creates the governor table with ``pk`` only, so every draw fails
-    with "The provided key element does not match the schema". Until infra/tables.py is fixed
-    (``sort_key=True`` for the governor), the local copy adds the sort key; a strict xfail in
-    tests/e2e shows when the fix lands so this can be deleted."""
-    fixed = []
-    for logical in governor_table_ids(template):
-        props = template["Resources"][logical]["Properties"]
-        if any(k["KeyType"] == "RANGE" for k in props["KeySchema"]):
-            continue
-        props["KeySchema"].append({"AttributeName": "sk", "KeyType": "RANGE"})
-        props["AttributeDefinitions"].append({"AttributeName": "sk", "AttributeType": "S"})
-        fixed.append(f"{logical}: added the sort key 'sk' the governor adapter uses")
-    return fixed
-
-
-#: Changes to the local copy of the template (docs/local.md lists them). Each returns what it did.
-TEMPLATE_FIXES = (fix_governor_key_schema,)
-
-
 def deploy(clients: Any, template_path: Path, stack_name: str, region: str) -> Deployed:
     from infra.local_definition import local_definitions
 
@@ -241,7 +205,6 @@ def deploy(clients: Any, template_path: Path, stack_name: str, region: str) -> D
     upload_assets(clients, assembly, account, region)
     cfn = clients("cloudformation")
     template = json.loads(template_path.read_text())
-    applied = [change for fix in TEMPLATE_FIXES for change in fix(template)]
     body = json.dumps(template)
     cfn.create_stack(
         StackName=stack_name,
@@ -268,7 +231,7 @@ def deploy(clients: Any, template_path: Path, stack_name: str, region: str) -> D
         physical[logical] = res.get("PhysicalResourceId", "")
         types[logical] = template["Resources"].get(logical, {}).get("Type", "")
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    deployed = Deployed(stack_name, outputs, physical, types, template, applied)
+    deployed = Deployed(stack_name, outputs, physical, types, template)
 
     lam = clients("lambda")
 

@@ -243,7 +243,6 @@ class LocalStack:
                 "drain_rule": [{"fired": r.fired, "errors": r.errors} for r in self.rules],
                 "invocations": dict(self.host.invocations) if self.host else {},
                 "timings": self.timings,
-                "template_changes": self.deployed.local_changes if self.deployed else [],
                 "time_scale": self.options.time_scale,
             }
         return 404, {"error": "not_found", "message": f"no local route {method} {path}"}
