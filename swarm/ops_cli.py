@@ -46,7 +46,11 @@ def _target_options(p: argparse.ArgumentParser) -> None:
 
 
 def progress_line(doc: dict[str, Any], width: int = 30) -> str:
-    """``[#####.....]  120/400 done | 35 in flight | 245 queued | 1.2M of 6.0M tokens (20%)``"""
+    """``[#####.....] 120/400 done | 35 in flight | 245 waiting | 1.2M of 6.0M tokens (20%)``
+
+    *in flight*: admitted by the ledger (tokens reserved), on its lane or running on a worker;
+    *waiting*: not admitted yet (the fan-out has not reached it, or a retry between attempts).
+    """
     total = max(1, int(doc["units"]))
     counts, tokens = doc["counts"], doc["tokens"]
     done = counts["completed"] + counts["dead_lettered"]
@@ -56,7 +60,7 @@ def progress_line(doc: dict[str, Any], width: int = 30) -> str:
     share = f" ({spent / budget:.0%})" if budget else ""
     line = (
         f"[{bar}] {done:>{len(str(total))}}/{total} done | {counts['in_flight']} in flight | "
-        f"{counts['pending']} queued | {_tokens(spent)} of {_tokens(budget)} tokens{share}"
+        f"{counts['pending']} waiting | {_tokens(spent)} of {_tokens(budget)} tokens{share}"
     )
     if counts["remainder"]:
         line += f" | remainder {counts['remainder']}"

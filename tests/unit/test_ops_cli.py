@@ -28,7 +28,7 @@ def status(done: int, dead: int, in_flight: int, pending: int, spent: int) -> di
 def test_progress_line_shows_completion_flight_queue_and_spend() -> None:
     line = progress_line(status(100, 0, 50, 250, 1_200_000), width=20)
     assert line.startswith("[#####...............] 100/400 done")
-    assert "50 in flight | 250 queued | 1.20M of 6.00M tokens (20%)" in line
+    assert "50 in flight | 250 waiting | 1.20M of 6.00M tokens (20%)" in line
 
 
 def test_generated_units_look_like_lab_61() -> None:
