@@ -106,7 +106,7 @@ class ApiConfig(_Strict):
     throttle_rate_limit: float = Field(gt=0)
     throttle_burst_limit: int = Field(ge=1, le=5000)
     tenant_principal_prefix: str = Field(pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$")
-    create_cloudwatch_role: bool  # account-wide API Gateway logging role; see README-deploy
+    create_cloudwatch_role: bool  # account-wide API Gateway logging role; see the README
 
 
 class SimulatedModelConfig(_Strict):
