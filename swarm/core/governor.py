@@ -192,8 +192,10 @@ class Governor(Protocol):
     def snapshot(self, now: float) -> GovernorSnapshot: ...
 
     def cancel(self, now: float) -> bool:
-        """Give back tokens a refused draw booked ahead for this caller (implementations that
-        book tickets, see ``swarm.adapters.dynamodb_governor``), when it stops waiting."""
+        """The caller stops waiting: forget any tokens a refused draw booked ahead for it
+        (implementations that book tickets, see ``swarm.adapters.dynamodb_governor``). True only
+        if tokens went back to the bucket; they may not, which under-grants but never over-grants.
+        """
         ...
 
 
@@ -248,7 +250,7 @@ def acquire(
             return Acquired(True, waited, draws)
         remaining = max_wait_s - waited
         if remaining <= 0 or result.wait_s > remaining:
-            governor.cancel(now())  # a ticket booked for us goes back to the bucket
+            governor.cancel(now())  # a ticket booked for us is abandoned
             return Acquired(False, waited, draws)
         # never sleep zero (a float rounding could leave a tiny deficit): at least 1 ms
         sleep(max(result.wait_s, 0.001))
