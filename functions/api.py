@@ -151,7 +151,7 @@ def submit() -> Response[str]:
         raise InvalidInput("Idempotency-Key", "must be 1-255 characters")
     submitted = batches().submit(tenant, request, key, time.time())
     logger.append_keys(batch_id=submitted.run.run_id)
-    doc = batches().status(tenant, submitted.run.run_id, time.time())
+    doc = batches().describe(submitted.run, time.time())
     location = {"Location": f"/batches/{submitted.run.run_id}"}
     return _json(201 if submitted.created else 200, doc, location)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm import ops_cli
+from swarm.argtypes import non_negative_int, positive_int, rate, share, worker_list
 from swarm.bench import cli as bench_cli
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.lanes import Policy
@@ -24,53 +25,6 @@ from swarm.sim.engine import FleetConfig, SimResult, Simulation, crossover_worke
 from swarm.sim.workload import Workload
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-# ------------------------------------------------------------------ argument types
-
-
-def _number(kind: Callable[[str], Any], low: float | None, high: float | None, what: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text.replace("_", "").replace(",", "") if kind is int else text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {what}")
-        return value
-
-    return parse
-
-
-positive_int = _number(int, 1, None, "a whole number >= 1")
-non_negative_int = _number(int, 0, None, "a whole number >= 0")
-
-
-def share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: the share must be in (0, 1]")
-    return value
-
-
-def rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: a rate must be in [0, 1)")
-    return value
-
-
-def worker_list(text: str) -> list[int]:
-    parts = [p for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("give worker counts like 25,50,100")
-    return [positive_int(p.strip()) for p in parts]
 
 
 # ------------------------------------------------------------------ sim

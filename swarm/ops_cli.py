@@ -14,20 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swarm.argtypes import positive_int
 from swarm.client import Client, target_from_args
 from swarm.core.errors import InvalidInput
 
 TERMINAL = ("completed", "exhausted")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: must be >= 1")
-    return value
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -246,10 +237,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="JSON: an array of units, or {units|manifest, lane, budget, ...}",
     )
-    p.add_argument("--generate", type=_positive, metavar="N", help="N Lab-6.1-like units")
+    p.add_argument("--generate", type=positive_int, metavar="N", help="N Lab-6.1-like units")
     p.add_argument("--seed", type=int, default=0, help="seed for --generate (0)")
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
-    p.add_argument("--budget", type=_positive, help="token budget")
+    p.add_argument("--budget", type=positive_int, help="token budget")
     p.add_argument("--idempotency-key", help="a retried submit with this key is the same batch")
     p.add_argument("--watch", action="store_true", help="show progress until the batch closes")
     p.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -265,7 +256,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
     p.add_argument("batch", metavar="BATCH")
-    p.add_argument("--top-up", type=_positive, required=True, metavar="TOKENS")
+    p.add_argument("--top-up", type=positive_int, required=True, metavar="TOKENS")
     p.add_argument("--watch", action="store_true")
     _target_options(p)
     p.set_defaults(handler=cmd_resume)
@@ -278,7 +269,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("drain", help="the drain switch: on [--wait], off, status")
     p.add_argument("action", choices=["on", "off", "status"])
     p.add_argument("--wait", action="store_true", help="with on: block until in flight is 0")
-    p.add_argument("--timeout", type=_positive, default=1800, help="seconds to wait (1800)")
+    p.add_argument("--timeout", type=positive_int, default=1800, help="seconds to wait (1800)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between checks (2)")
     p.add_argument("--json", action="store_true")
     _target_options(p)

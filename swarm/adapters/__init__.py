@@ -61,6 +61,13 @@ def client_error_type() -> type[Exception]:
     return ClientError  # type: ignore[no-any-return]
 
 
+def default_client() -> Any:
+    """A DynamoDB client from the environment's configuration (Lambda's role), made on first use."""
+    import boto3
+
+    return boto3.client("dynamodb")
+
+
 def create_table(client: Any, table_name: str) -> None:
     """Create the single table (tests and the local runtime; CDK owns it in AWS).
 

@@ -19,10 +19,8 @@ from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.lanes import QueuedUnit
 from swarm.core.model import LANES, Lane
-from swarm.service.ports import LaneDepth, MappingState
+from swarm.service.ports import MAX_SQS_DELAY_S, LaneDepth, MappingState
 from swarm.service.runs import parse_bool_flag
-
-MAX_SQS_DELAY_S = 900
 
 
 def message_body(item: QueuedUnit) -> str:

@@ -83,6 +83,7 @@ from swarm.adapters import (
     SORT_KEY,
     call,
     client_error_type,
+    default_client,
     error_code,
 )
 from swarm.core.errors import Conflict, InvalidInput
@@ -307,12 +308,7 @@ class DynamoDBGovernor:
     @property
     def client(self) -> Any:
         if self._client is None:
-            if self._client_factory is not None:
-                self._client = self._client_factory()
-            else:
-                import boto3
-
-                self._client = boto3.client("dynamodb")
+            self._client = (self._client_factory or default_client)()
         return self._client
 
     @property

@@ -58,6 +58,7 @@ from swarm.adapters import (
     TTL_ATTRIBUTE,
     call,
     client_error_type,
+    default_client,
     error_code,
 )
 from swarm.core.codec import spec_from_doc, spec_to_doc
@@ -160,12 +161,7 @@ class DynamoDBLedger:
     @property
     def client(self) -> Any:
         if self._client is None:
-            if self._client_factory is not None:
-                self._client = self._client_factory()
-            else:
-                import boto3
-
-                self._client = boto3.client("dynamodb")
+            self._client = (self._client_factory or default_client)()
         return self._client
 
     def _call(self, op: str, **kwargs: Any) -> dict[str, Any]:

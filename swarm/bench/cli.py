@@ -4,35 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
+from swarm.argtypes import float_in, int_in
 from swarm.core.errors import InvalidInput
-
-
-def _int_in(low: int, high: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.replace("_", ""))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {low}..{high}")
-        return value
-
-    return parse
-
-
-def _float_in(low: float, high: float) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {low:g}..{high:g}")
-        return value
-
-    return parse
 
 
 def cmd_governor(args: argparse.Namespace) -> int:
@@ -67,18 +41,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "measure the algorithm's efficiency, not DynamoDB's speed."
         ),
     )
-    p.add_argument("--workers", type=_int_in(1, 2_000), default=200, help="workers (200)")
-    p.add_argument("--seconds", type=_float_in(1, 600), default=20.0, help="duration (20)")
-    p.add_argument("--shards", type=_int_in(1, 64), default=1, help="governor shard items (1)")
-    p.add_argument("--processes", type=_int_in(2, 16), default=2, help="worker processes (2)")
+    p.add_argument("--workers", type=int_in(1, 2_000), default=200, help="workers (200)")
+    p.add_argument("--seconds", type=float_in(1, 600), default=20.0, help="duration (20)")
+    p.add_argument("--shards", type=int_in(1, 64), default=1, help="governor shard items (1)")
+    p.add_argument("--processes", type=int_in(2, 16), default=2, help="worker processes (2)")
     p.add_argument(
         "--grants-per-s",
-        type=_float_in(1, 500),
+        type=float_in(1, 500),
         default=60.0,
         help="governed rate in unit-sized grants per second (60; moto serves ~150-300 writes/s)",
     )
     p.add_argument(
-        "--work-s", type=_float_in(0, 60), default=0.2, help="model call per grant (0.2 s)"
+        "--work-s", type=float_in(0, 60), default=0.2, help="model call per grant (0.2 s)"
     )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(handler=cmd_governor)

@@ -184,7 +184,10 @@ class Batches:
         return run
 
     def status(self, tenant: str, run_id: str, now: float) -> dict[str, Any]:
-        run = self._run_for(tenant, run_id)
+        return self.describe(self._run_for(tenant, run_id), now)
+
+    def describe(self, run: RunRecord, now: float) -> dict[str, Any]:
+        """The status document of a run the caller already holds (and may see)."""
         elapsed = (run.closed_at if run.closed_at is not None else now) - run.opened_at
         doc: dict[str, Any] = {
             "batch_id": run.run_id,
@@ -212,7 +215,7 @@ class Batches:
         }
         if run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED):
             doc["remainder"] = [
-                u.unit_id for u in self.ledger.units(run_id) if u.state is UnitState.REMAINDER
+                u.unit_id for u in self.ledger.units(run.run_id) if u.state is UnitState.REMAINDER
             ]
         return doc
 

@@ -21,6 +21,10 @@ class LaneDepth:
         return self.visible + self.delayed
 
 
+#: SQS's longest DelaySeconds: a requeued unit comes back after at most this long
+MAX_SQS_DELAY_S = 900
+
+
 class LaneQueue(Protocol):
     """The SQS lanes (one queue per lane, each with its DLQ)."""
 

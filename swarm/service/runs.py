@@ -25,8 +25,6 @@ from swarm.core.report import healthy_line
 from swarm.service.batches import manifest_key, results_key
 from swarm.service.ports import BlobStore, DrainSwitch, Events, LaneQueue, Mappings, MappingState
 
-EVENT_SOURCE = "swarm.control-plane"
-
 
 @dataclass
 class FanOut:

@@ -27,9 +27,7 @@ from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate, Ledger
 from swarm.core.model import UnitState
 from swarm.modelplane import ModelPlane, ModelRequest, ModelThrottled
-from swarm.service.ports import DrainSwitch
-
-MAX_SQS_DELAY_S = 900
+from swarm.service.ports import MAX_SQS_DELAY_S, DrainSwitch
 
 
 @dataclass(frozen=True)
