@@ -15,12 +15,18 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   serve tenants with few messages in flight ahead of a tenant that floods the queue. moto returns
   messages in send order. The patch orders the visible messages of a standard queue the way fair
   queues behave: round-robin across message groups, groups with fewer in-flight messages first.
+* :func:`patch_sqs_message_clock`: moto decides whether a message is visible or delayed by
+  building two ``datetime`` objects per message, and every send, receive and attribute read scans
+  every message of the queue (a send computes all the queue's attributes, three scans). With a
+  2,000-unit batch queued that clock was ~25% of the stack's CPU. The patch reads the same clock
+  (epoch milliseconds) with ``time.time()``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -132,8 +138,19 @@ def patch_sqs_fair_queues() -> None:
     _once("sqs-fair-queues", apply)
 
 
+def patch_sqs_message_clock() -> None:
+    def apply() -> None:
+        from moto.sqs.models import Message
+
+        Message.visible = property(lambda self: time.time() * 1000.0 > self.visible_at)  # type: ignore[method-assign,assignment]
+        Message.delayed = property(lambda self: time.time() * 1000.0 < self.delayed_until)  # type: ignore[method-assign,assignment]
+
+    _once("sqs-message-clock", apply)
+
+
 def apply_all() -> None:
     patch_event_bus_ref()
     patch_state_machine_cfn()
     patch_sqs_no_builtin_esm()
     patch_sqs_fair_queues()
+    patch_sqs_message_clock()

@@ -11,6 +11,14 @@ The patch also makes ``update_item`` return a *copy* of the item taken under the
 serialises ``ReturnValues=ALL_NEW`` from the live item after the backend call returns, so without
 the copy a response could show a later writer's values.
 
+And it makes ``TransactWriteItems`` cost what it writes. moto snapshots *every table* a
+transaction names (a deep copy, for the rollback), so each transaction costs O(table size) and a
+batch's admissions cost O(batch size squared): with a 2,000-unit batch on the local stack that copy
+took ~27% of the process's CPU, growing with every unit, and the fleet crawled. Under the lock no
+other writer can interleave, so the patch snapshots just the items the transaction names and
+puts them back if it is cancelled (moto's own whole-table copy is made a no-op for the duration).
+Not undone on a rollback: DynamoDB Streams records (the control plane uses no streams).
+
 Patches are idempotent, process-wide (they patch the class, so every backend and every account
 is covered) and reversible (:func:`unpatch_dynamodb_atomicity`, used by the test that proves the
 patch matters). Later patches (Lambda without Docker, Step Functions listing) belong here too:
@@ -50,7 +58,7 @@ DYNAMODB_LOCKED_METHODS: tuple[str, ...] = (
 )
 
 _DYNAMODB_LOCK = threading.RLock()
-_ORIGINALS: dict[str, Callable[..., Any]] = {}
+_ORIGINALS: dict[str, Any] = {}
 _PATCH_GUARD = threading.Lock()
 
 
@@ -73,6 +81,82 @@ def _locked(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class _NoTableCopy:
+    """What ``moto.dynamodb.models`` sees as the ``copy`` module while patched: a deep copy of a
+    ``Table`` is the table itself. moto's only such copy is ``transact_write_items``'s whole-table
+    rollback snapshot, which :func:`_transaction` replaces with item snapshots."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(copy, name)
+
+    @staticmethod
+    def deepcopy(x: Any, memo: dict[int, Any] | None = None) -> Any:
+        from moto.dynamodb.models.table import Table
+
+        return x if isinstance(x, Table) else copy.deepcopy(x, memo)
+
+
+_Snapshot = tuple[Any, Any, Any, Any]  # (table, hash value, range value or None, item or None)
+
+
+def _snapshot_items(backend: Any, transact_items: list[dict[str, Any]]) -> list[_Snapshot]:
+    """Copies of the items a transaction names, as they are before it runs (None: absent).
+    Entries moto will reject (unknown table, incomplete key) are skipped: they write nothing."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    saved: list[_Snapshot] = []
+    for entry in transact_items:
+        try:
+            op_type, op = next(iter(entry.items()))
+            table = backend.tables.get(op.get("TableName"))
+            key = op["Item"] if op_type == "Put" else op["Key"]
+            hash_value = DynamoType(key[table.hash_key_attr])
+            range_value = DynamoType(key[table.range_key_attr]) if table.has_range_key else None
+        except (AttributeError, KeyError, StopIteration, TypeError):
+            continue
+        bucket = table.items.get(hash_value)
+        if range_value is None:
+            current = bucket
+        else:
+            current = bucket.get(range_value) if bucket is not None else None
+        saved.append((table, hash_value, range_value, copy.deepcopy(current)))
+    return saved
+
+
+def _restore_items(saved: list[_Snapshot]) -> None:
+    for table, hash_value, range_value, item in reversed(saved):  # the first snapshot wins
+        if range_value is None:
+            if item is None:
+                table.items.pop(hash_value, None)
+            else:
+                table.items[hash_value] = item
+            continue
+        bucket = table.items[hash_value]
+        if item is None:
+            bucket.pop(range_value, None)
+            if not bucket:
+                del table.items[hash_value]
+        else:
+            bucket[range_value] = item
+
+
+def _transaction(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``transact_write_items`` under the lock, rolled back item by item when cancelled."""
+
+    @functools.wraps(original)
+    def wrapper(self: Any, transact_items: list[dict[str, Any]]) -> Any:
+        with _DYNAMODB_LOCK:
+            saved = _snapshot_items(self, transact_items)
+            try:
+                return original(self, transact_items)
+            except BaseException:
+                _restore_items(saved)
+                raise
+
+    wrapper.__swarm_patched__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _responses_locked(original: Callable[..., Any]) -> Callable[..., Any]:
     """TransactGetItems and BatchGetItem read the tables directly in moto's responses module."""
 
@@ -90,6 +174,7 @@ _RESPONSE_METHODS: tuple[str, ...] = ("transact_get_items", "batch_get_item", "b
 
 def patch_dynamodb_atomicity() -> None:
     """Serialise moto's DynamoDB item operations with one RLock (idempotent)."""
+    import moto.dynamodb.models as models
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.responses import DynamoHandler
 
@@ -99,7 +184,12 @@ def patch_dynamodb_atomicity() -> None:
         for name in DYNAMODB_LOCKED_METHODS:
             original = getattr(DynamoDBBackend, name)
             _ORIGINALS[f"backend.{name}"] = original
-            setattr(DynamoDBBackend, name, _locked(name, original))
+            if name == "transact_write_items":
+                setattr(DynamoDBBackend, name, _transaction(original))
+            else:
+                setattr(DynamoDBBackend, name, _locked(name, original))
+        _ORIGINALS["module.copy"] = models.copy  # type: ignore[attr-defined]
+        models.copy = _NoTableCopy()  # type: ignore[attr-defined,assignment]
         for name in _RESPONSE_METHODS:
             original = getattr(DynamoHandler, name)
             _ORIGINALS[f"responses.{name}"] = original
@@ -108,13 +198,15 @@ def patch_dynamodb_atomicity() -> None:
 
 def unpatch_dynamodb_atomicity() -> None:
     """Restore moto's original (racy) methods; for the test that shows the patch matters."""
+    import moto.dynamodb.models as models
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.responses import DynamoHandler
 
     with _PATCH_GUARD:
         for key, original in _ORIGINALS.items():
             kind, name = key.split(".", 1)
-            setattr(DynamoDBBackend if kind == "backend" else DynamoHandler, name, original)
+            owner = {"backend": DynamoDBBackend, "responses": DynamoHandler, "module": models}[kind]
+            setattr(owner, name, original)
         _ORIGINALS.clear()
 
 
@@ -134,8 +226,28 @@ def dynamodb_unpatched() -> Iterator[None]:
             patch_dynamodb_atomicity()
 
 
+def patch_server_module_list() -> None:
+    """moto's server routes each request by asking whether the host names one of its modules,
+    and ``list_of_moto_modules`` answers by listing moto's package directory and stat-ing every
+    entry, on every request (~9% of the local stack's CPU under load). The list cannot change
+    while the process runs: compute it once."""
+    from moto import backends
+
+    with _PATCH_GUARD:
+        if getattr(backends.list_of_moto_modules, "__swarm_patched__", False):
+            return
+        modules = tuple(backends.list_of_moto_modules())
+
+        def list_of_moto_modules() -> Iterator[str]:
+            return iter(modules)
+
+        list_of_moto_modules.__swarm_patched__ = True  # type: ignore[attr-defined]
+        backends.list_of_moto_modules = list_of_moto_modules
+
+
 PATCHES: dict[str, Callable[[], None]] = {
     "dynamodb-atomicity": patch_dynamodb_atomicity,
+    "server-module-list": patch_server_module_list,
 }
 
 
