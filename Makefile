@@ -51,7 +51,7 @@ integration: setup  ## tests/integration only (moto)
 infra: setup  ## tests/infra only (CDK assertions, cdk-nag, cfn-lint, ASL)
 	$(BIN)/pytest tests/infra
 
-e2e: setup  ## tests/e2e only (the whole stack on the local emulator, ~7 min)
+e2e: setup  ## tests/e2e only (the whole stack on the local emulator, ~16 min)
 	$(BIN)/pytest tests/e2e
 
 synth: setup  ## synthesize the CloudFormation templates offline into cdk.out/

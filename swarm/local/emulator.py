@@ -20,6 +20,12 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   every message of the queue (a send computes all the queue's attributes, three scans). With a
   2,000-unit batch queued that clock was ~25% of the stack's CPU. The patch reads the same clock
   (epoch milliseconds) with ``time.time()``.
+* :func:`patch_sfn_client_cache`: moto's Step Functions interpreter builds a new boto3 client for
+  every task it runs (every ``lambda:invoke`` of every map child), so each child costs a client
+  build (~5% of the stack's CPU) and a new connection, and the server accepts connections on one
+  thread that must start a thread for each: under a 2,000-unit fan-out that accept loop was the
+  stack's bottleneck (the workers' requests queued behind it). The patch reuses one client per
+  region and service, with a connection pool sized for the map's concurrency.
 """
 
 from __future__ import annotations
@@ -148,9 +154,67 @@ def patch_sqs_message_clock() -> None:
     _once("sqs-message-clock", apply)
 
 
+#: connections each cached interpreter client keeps (a Distributed Map runs up to
+#: ``fanout.max_concurrency`` children at once, 100 by default)
+SFN_CLIENT_POOL = 128
+
+
+def patch_sfn_client_cache() -> None:
+    def apply() -> None:
+        import sys
+
+        import boto3
+        from botocore.config import Config
+        from moto.core.models import botocore_stubber
+        from moto.settings import moto_server_port
+        from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import (
+            TimeoutSeconds,
+        )
+        from moto.stepfunctions.parser.asl.utils import boto_client
+
+        original = boto_client.boto_client_for
+        cache: dict[tuple[str, str, str | None], Any] = {}
+        lock = threading.Lock()
+
+        def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+            # as moto's, but built once: the server's endpoint, or none when moto intercepts
+            endpoint = (
+                None if botocore_stubber.enabled else f"http://localhost:{moto_server_port()}"
+            )
+            with lock:
+                key = (region, service, endpoint)
+                if key not in cache:
+                    cache[key] = boto3.client(
+                        service_name=service,
+                        region_name=region,
+                        endpoint_url=endpoint,
+                        aws_access_key_id="ak",
+                        aws_secret_access_key="sk",
+                        config=Config(
+                            parameter_validation=False,
+                            retries={"max_attempts": 0, "total_max_attempts": 1},
+                            connect_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+                            read_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+                            max_pool_connections=SFN_CLIENT_POOL,
+                        ),
+                    )
+                return cache[key]
+
+        # the interpreter's modules imported the function by name: rebind it in each of them
+        boto_client.boto_client_for = boto_client_for
+        for name, module in list(sys.modules.items()):
+            if name.startswith("moto.stepfunctions") and (
+                getattr(module, "boto_client_for", None) is original
+            ):
+                module.boto_client_for = boto_client_for  # type: ignore[attr-defined]
+
+    _once("sfn-client-cache", apply)
+
+
 def apply_all() -> None:
     patch_event_bus_ref()
     patch_state_machine_cfn()
     patch_sqs_no_builtin_esm()
     patch_sqs_fair_queues()
     patch_sqs_message_clock()
+    patch_sfn_client_cache()

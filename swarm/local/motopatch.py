@@ -16,13 +16,15 @@ transaction names (a deep copy, for the rollback), so each transaction costs O(t
 batch's admissions cost O(batch size squared): with a 2,000-unit batch on the local stack that copy
 took ~27% of the process's CPU, growing with every unit, and the fleet crawled. Under the lock no
 other writer can interleave, so the patch snapshots just the items the transaction names and
-puts them back if it is cancelled (moto's own whole-table copy is made a no-op for the duration).
+puts them back if it is cancelled (moto's own whole-table copy is a no-op while patched).
 Not undone on a rollback: DynamoDB Streams records (the control plane uses no streams).
 
 Patches are idempotent, process-wide (they patch the class, so every backend and every account
 is covered) and reversible (:func:`unpatch_dynamodb_atomicity`, used by the test that proves the
-patch matters). Later patches (Lambda without Docker, Step Functions listing) belong here too:
-one function per patch, listed in :data:`PATCHES`, applied together by :func:`apply_all`.
+patch matters). Every moto server needs these (tests and the local stack): one function per
+patch, listed in :data:`PATCHES` (:func:`patch_server_module_list` is the other one), applied
+together by :func:`apply_all`. Patches only the local stack needs are in
+:mod:`swarm.local.emulator` and :mod:`swarm.local.lambda_patch`.
 
 :func:`start_server` starts an embedded moto server (``ThreadedMotoServer``) in a background
 thread of the *current* process with the patches applied, on a free localhost port, and returns

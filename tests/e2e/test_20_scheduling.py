@@ -75,46 +75,70 @@ def test_a_quota_storm_slows_the_governor_grows_the_lanes_and_sheds_then_recover
 
 
 def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) -> None:
-    low = stack.client("e2e-low")
-    high = stack.client("e2e-high")
-    flood = low.submit({"units": units(150, "l"), "lane": "low", "budget": 6_000_000})
-    urgent = high.submit({"units": units(20, "h"), "lane": "high", "budget": 1_000_000})
-    done = wait_for(high, urgent["batch_id"], timeout_s=180)
-    flood_then = low.status(flood["batch_id"])
+    """Priorities: one tenant, the same number of units, the low-lane flood submitted first,
+    fanned out and running before the high-lane batch arrives. One tenant, so per-tenant
+    fairness plays no part: if the lanes did not separate them, the high batch would queue
+    behind the whole flood and finish last.
+
+    Two mechanisms, and which one decides depends on the bucket. With tokens to spare, the high
+    lane's larger MaximumConcurrency (10 against 4): measured after the tier's earlier tests
+    (bucket full), the high batch done in ~46 s with the flood ~20 units from done. Under a
+    saturated quota, the low lane's governor reserve (it may not draw the bucket below 20%, the
+    high lane may): measured on a fresh stack (a bucket starts empty), the high batch done in
+    ~43 s while the flood went from 2 to 21/150.
+    """
+    client = stack.client("e2e-prio")
+    flood = client.submit({"units": units(150, "l"), "lane": "low", "budget": 6_000_000})
+    wait_for(
+        client,
+        flood["batch_id"],
+        lambda d: d["counts"]["pending"] == 0 and d["counts"]["completed"] >= 1,
+        timeout_s=120,
+    )
+    urgent = client.submit({"units": units(150, "h"), "lane": "high", "budget": 6_000_000})
+    low_at_submit = client.status(flood["batch_id"])["counts"]["completed"]
+    done = wait_for(client, urgent["batch_id"], timeout_s=300)
+    flood_then = client.status(flood["batch_id"])
+    print(
+        f"priorities: high batch (150) done in {done['elapsed_s']:.1f}s; the low flood went "
+        f"{low_at_submit} -> {flood_then['counts']['completed']}/150 meanwhile"
+    )
     assert done["state"] == "completed"
-    assert flood_then["state"] == "open", flood_then  # the flood is still running
-    final = wait_for(low, flood["batch_id"], timeout_s=300)
+    assert flood_then["state"] == "open", flood_then  # the flood, ahead of it, is not done
+    final = wait_for(client, flood["batch_id"], timeout_s=300)
     assert final["state"] == "completed"
-    assert done["elapsed_s"] < final["elapsed_s"]
+    assert final["counts"]["completed"] + final["counts"]["dead_lettered"] == 150
 
 
 def test_a_small_tenant_is_not_starved_by_a_big_tenant(stack: Stack) -> None:
-    """Fairness inside a lane. On AWS, SQS fair queues (MessageGroupId = tenant) do this; the
-    local poller emulates per-tenant fair receive (swarm/local/emulator.py).
+    """Fairness inside a lane, at the issue's scale: 2,000 units of one tenant ahead of 10 units
+    of another. On AWS, SQS fair queues (MessageGroupId = tenant) do this; locally the fair
+    receive patch emulates them (swarm/local/emulator.py).
 
-    Scale: 400 units for the big tenant, not the issue's 2,000. On this emulator (2 cores, one
-    moto server) the Distributed Map fans out ~5 units/s and a 2,000-unit flood slows the whole
-    fleet to a crawl (measured: 9 units completed in 114 s), so the 2,000-unit run cannot finish
-    in a test's time here; the mechanism does not depend on the count.
+    Measured here (2 cores): the big batch fans out in ~130 s and, quota-bound, completes in
+    ~600 s; the small batch, submitted with ~300 big units queued ahead, completes in ~90 s while
+    the big tenant is at ~50/2,000. In a FIFO lane it would wait behind ~1,700 units (~400 s at
+    the governed rate). The bounds below leave room for a slower machine.
     """
     big = stack.client("e2e-big")
     small = stack.client("e2e-small")
-    flood = big.submit({"units": units(400, "g"), "budget": 40_000_000})
+    flood = big.submit({"units": units(2_000, "g"), "budget": 100_000_000})
     # the big tenant's units are admitted and queued ahead of the small one's
     wait_for(big, flood["batch_id"], lambda d: d["counts"]["in_flight"] >= 300, timeout_s=180)
     started = time.monotonic()
     few = small.submit({"units": units(10, "f"), "budget": 1_000_000})
-    done = wait_for(small, few["batch_id"], timeout_s=240)
+    done = wait_for(small, few["batch_id"], timeout_s=400, interval_s=2)
     took = time.monotonic() - started
     big_then = big.status(flood["batch_id"])
     assert done["state"] == "completed"
-    # The bound (measured here: ~22 s, the big tenant at ~50/400): the 10 units finish within
-    # 90 s while the big tenant has not finished half its work. In a FIFO lane they would wait
-    # behind the ~300 units queued ahead of them.
+    assert done["counts"]["completed"] + done["counts"]["dead_lettered"] == 10
+    assert took < 240, took
+    assert big_then["counts"]["completed"] < 200, big_then["counts"]  # under a tenth done
+    final = wait_for(big, flood["batch_id"], timeout_s=1_500, interval_s=5)
     print(
-        f"fairness: 10-unit tenant done in {took:.1f}s; big tenant then at "
-        f"{big_then['counts']['completed']}/400"
+        f"fairness: 10-unit tenant done in {took:.1f}s with the big tenant at "
+        f"{big_then['counts']['completed']}/2000; the big batch took {final['elapsed_s']:.0f}s"
     )
-    assert took < 90, took
-    assert big_then["counts"]["completed"] < 200, big_then["counts"]
-    assert wait_for(big, flood["batch_id"], timeout_s=600)["state"] == "completed"
+    assert final["state"] == "completed", final
+    assert final["counts"]["completed"] + final["counts"]["dead_lettered"] == 2_000
+    assert final["elapsed_s"] > 3 * took  # the small tenant finished long before the big one
