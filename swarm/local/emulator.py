@@ -22,10 +22,10 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   (epoch milliseconds) with ``time.time()``.
 * :func:`patch_sfn_client_cache`: moto's Step Functions interpreter builds a new boto3 client for
   every task it runs (every ``lambda:invoke`` of every map child), so each child costs a client
-  build (~5% of the stack's CPU) and a new connection, and the server accepts connections on one
-  thread that must start a thread for each: under a 2,000-unit fan-out that accept loop was the
-  stack's bottleneck (the workers' requests queued behind it). The patch reuses one client per
-  region and service, with a connection pool sized for the map's concurrency.
+  build (~5% of the stack's CPU) and a new connection, for which the server's single accept
+  thread starts a new thread. The patch reuses one client per region and service, with a
+  connection pool sized for the map's concurrency (measured: a 2,000-unit fan-out in ~130 s
+  instead of ~150 s, one run each).
 """
 
 from __future__ import annotations

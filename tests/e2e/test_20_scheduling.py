@@ -82,7 +82,7 @@ def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) 
 
     Two mechanisms, and which one decides depends on the bucket. With tokens to spare, the high
     lane's larger MaximumConcurrency (10 against 4): measured after the tier's earlier tests
-    (bucket full), the high batch done in ~46 s with the flood ~20 units from done. Under a
+    (bucket full), the high batch done in ~38 s while the flood went from 1 to 90/150. Under a
     saturated quota, the low lane's governor reserve (it may not draw the bucket below 20%, the
     high lane may): measured on a fresh stack (a bucket starts empty), the high batch done in
     ~43 s while the flood went from 2 to 21/150.
