@@ -88,14 +88,14 @@ class _NoTableCopy:
     ``Table`` is the table itself. moto's only such copy is ``transact_write_items``'s whole-table
     rollback snapshot, which :func:`_transaction` replaces with item snapshots."""
 
+    def __init__(self, table_type: type) -> None:
+        self._table_type = table_type  # moto's Table, resolved once (deepcopy is a hot path)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(copy, name)
 
-    @staticmethod
-    def deepcopy(x: Any, memo: dict[int, Any] | None = None) -> Any:
-        from moto.dynamodb.models.table import Table
-
-        return x if isinstance(x, Table) else copy.deepcopy(x, memo)
+    def deepcopy(self, x: Any, memo: dict[int, Any] | None = None) -> Any:
+        return x if isinstance(x, self._table_type) else copy.deepcopy(x, memo)
 
 
 _Snapshot = tuple[Any, Any, Any, Any]  # (table, hash value, range value or None, item or None)
@@ -191,7 +191,7 @@ def patch_dynamodb_atomicity() -> None:
             else:
                 setattr(DynamoDBBackend, name, _locked(name, original))
         _ORIGINALS["module.copy"] = models.copy  # type: ignore[attr-defined]
-        models.copy = _NoTableCopy()  # type: ignore[attr-defined,assignment]
+        models.copy = _NoTableCopy(models.Table)  # type: ignore[attr-defined,assignment]
         for name in _RESPONSE_METHODS:
             original = getattr(DynamoHandler, name)
             _ORIGINALS[f"responses.{name}"] = original
