@@ -7,7 +7,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 
-.PHONY: setup run test lint format typecheck unit integration infra e2e synth bench clean help
+.PHONY: setup run test test-scale lint format typecheck unit integration infra e2e synth bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,9 +27,11 @@ run: setup  ## the main job: Lab 6.1 from the simulator, then a batch through th
 	$(BIN)/swarm sim lab61
 	$(BIN)/swarm local demo
 
-test: setup lint typecheck  ## lint, type-check and the whole pytest suite
-	$(BIN)/pytest -n 2 tests --ignore=tests/e2e
-	$(BIN)/pytest tests/e2e  # one local stack for the whole tier: not split across workers
+test: setup  ## lint, types, every tier with coverage, e2e on a local stack started first (~6 min)
+	scripts/test-suite fast
+
+test-scale: setup  ## the long scenarios (a 2,000-unit fairness flood) on a local stack (~12 min)
+	scripts/test-suite scale
 
 lint: setup  ## ruff lint and format check
 	$(BIN)/ruff check .
@@ -51,8 +53,8 @@ integration: setup  ## tests/integration only (moto)
 infra: setup  ## tests/infra only (CDK assertions, cdk-nag, cfn-lint, ASL)
 	$(BIN)/pytest tests/infra
 
-e2e: setup  ## tests/e2e only (the whole stack on the local emulator, ~16 min)
-	$(BIN)/pytest tests/e2e
+e2e: setup  ## tests/e2e only (the whole stack on the local emulator)
+	scripts/test-suite e2e
 
 synth: setup  ## synthesize the CloudFormation templates offline into cdk.out/
 	npx cdk synth --quiet

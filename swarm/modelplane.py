@@ -1,9 +1,14 @@
 """The model plane: what a worker calls to run a unit, behind one small port.
 
-* :class:`SimulatedModelPlane`: a stand-in with its own TPM quota (a sliding 60-second window)
-  that throttles when exceeded, latency proportional to tokens, and a seeded per-attempt failure
-  rate. It is what makes "zero throttles caused by our own fleet" and backpressure measurable
-  without an account. A *storm* lowers its quota for a while (a bystander on the same account).
+* :class:`SimulatedModelPlane`: a stand-in with its own TPM quota that throttles when exceeded,
+  latency proportional to tokens, a usage that differs from the caller's projection (under and
+  over, capped by the request's ``max_tokens`` as a real provider caps its output), and a
+  per-attempt failure rate. Usage and failures are functions of ``(seed, unit id, attempt)``
+  alone (:func:`simulated_usage`, :func:`attempt_fails`), so a test that chooses the seed knows
+  every outcome in advance. It is what makes "zero throttles caused by our own fleet",
+  backpressure and honest settlement measurable without an account. A *storm* lowers its quota
+  for a while (a bystander on the same account). It counts calls, throttles and tokens per run
+  and keeps a log of every call it received, with the time it received it.
 * ``swarm.adapters.bedrock.BedrockModelPlane``: Amazon Bedrock's Converse API; tokens from the
   response's usage; ``ThrottlingException`` becomes :class:`ModelThrottled`.
 """
@@ -14,8 +19,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Protocol
 
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import BucketState, GovernorConfig
@@ -29,6 +34,8 @@ class ModelRequest:
     attempt: int
     projected_tokens: int
     input: str = ""
+    #: the most the call may bill (a provider's maxTokens): the unit's reservation. None: no cap
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,59 @@ class ModelThrottled(SwarmError):
 
 class ModelPlane(Protocol):
     def invoke(self, request: ModelRequest) -> ModelResult: ...
+
+
+#: the simulated usage is the projection times a factor drawn uniformly from this range
+USAGE_SPREAD: Final = (0.6, 1.25)
+
+
+def attempt_fails(seed: int, unit_id: str, attempt: int, failure_rate: float) -> bool:
+    """Whether the simulated model fails this attempt: a function of its arguments alone."""
+    return random.Random(f"{seed}:{unit_id}:{attempt}").random() < failure_rate
+
+
+def simulated_usage(seed: int, unit_id: str, attempt: int, projected: int) -> int:
+    """The tokens the simulated model would use for this attempt with no cap: the projection
+    times a factor in :data:`USAGE_SPREAD`, so estimates are wrong both ways, as in real life."""
+    low, high = USAGE_SPREAD
+    factor = random.Random(f"{seed}:{unit_id}:{attempt}:usage").uniform(low, high)
+    return max(1, round(projected * factor))
+
+
+def billed_tokens(seed: int, unit_id: str, attempt: int, projected: int, cap: int | None) -> int:
+    """What the simulated model bills: its usage, cut at the request's cap."""
+    used = simulated_usage(seed, unit_id, attempt, projected)
+    return used if cap is None else min(used, cap)
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One call the simulated model received, as the model saw it (its own clock)."""
+
+    run_id: str
+    unit_id: str
+    attempt: int
+    projected: int
+    received_at: float
+    tokens: int  # billed; 0 when throttled
+    throttled: bool
+    succeeded: bool
+    truncated: bool  # the usage reached the cap
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ModelCounters:
+    calls: int = 0
+    throttles: int = 0
+    tokens_billed: int = 0
+
+    def add(self, call: ModelCall) -> None:
+        self.calls += 1
+        self.throttles += call.throttled
+        self.tokens_billed += call.tokens
 
 
 class SimulatedModelPlane:
@@ -64,6 +124,7 @@ class SimulatedModelPlane:
         seconds_per_1k_tokens: float = 0.0,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
+        keep_log: bool = True,
     ) -> None:
         if not 0 <= failure_rate < 1:
             raise InvalidInput("SIM_MODEL_FAILURE_RATE", f"must be in [0, 1), got {failure_rate}")
@@ -77,9 +138,37 @@ class SimulatedModelPlane:
         self._bucket = BucketState.fresh(self._config, self._clock())
         self._lock = threading.Lock()
         self._storm_until: float | None = None
-        self.calls = 0
-        self.throttles = 0
-        self.tokens_billed = 0
+        self._keep_log = keep_log
+        self.total = ModelCounters()
+        self._runs: dict[str, ModelCounters] = {}
+        self._log: dict[str, list[ModelCall]] = {}
+
+    @property
+    def calls(self) -> int:
+        return self.total.calls
+
+    @property
+    def throttles(self) -> int:
+        return self.total.throttles
+
+    @property
+    def tokens_billed(self) -> int:
+        return self.total.tokens_billed
+
+    @property
+    def storming(self) -> bool:
+        return self._storm_until is not None and self._storm_until > self._clock()
+
+    def of_run(self, run_id: str) -> ModelCounters:
+        """The counters of one run (batch): what other runs do cannot change them."""
+        with self._lock:
+            c = self._runs.get(run_id, ModelCounters())
+            return ModelCounters(c.calls, c.throttles, c.tokens_billed)
+
+    def log(self, run_id: str) -> list[ModelCall]:
+        """Every call received for the run, in the order received (empty without ``keep_log``)."""
+        with self._lock:
+            return list(self._log.get(run_id, []))
 
     @staticmethod
     def _quota(quota_tpm: int) -> GovernorConfig:
@@ -106,28 +195,45 @@ class SimulatedModelPlane:
             self._bucket = BucketState(tokens=tokens, updated_at=until)
             self._storm_until = None
 
+    def _record(self, call: ModelCall) -> None:
+        self.total.add(call)
+        self._runs.setdefault(call.run_id, ModelCounters()).add(call)
+        if self._keep_log:
+            self._log.setdefault(call.run_id, []).append(call)
+
     def invoke(self, request: ModelRequest) -> ModelResult:
+        r = request
+        tokens = billed_tokens(self.seed, r.unit_id, r.attempt, r.projected_tokens, r.max_tokens)
+        failed = attempt_fails(self.seed, r.unit_id, r.attempt, self.failure_rate)
+        truncated = r.max_tokens is not None and tokens >= r.max_tokens
         now = self._clock()
         with self._lock:
-            self.calls += 1
             self._end_storm(now)
-            try:
-                self._bucket, draw = self._bucket.draw(
-                    self._config, request.projected_tokens, Lane.HIGH, now
-                )
+            try:  # the provider's quota counts what the call uses, as it is billed
+                self._bucket, draw = self._bucket.draw(self._config, tokens, Lane.HIGH, now)
             except InvalidInput:  # larger than the whole (storm) quota
                 draw = None
-            if draw is None or not draw.granted:
-                self.throttles += 1
+            throttled = draw is None or not draw.granted
+            self._record(
+                ModelCall(
+                    r.run_id,
+                    r.unit_id,
+                    r.attempt,
+                    r.projected_tokens,
+                    now,
+                    0 if throttled else tokens,
+                    throttled,
+                    not throttled and not failed,
+                    truncated and not throttled,
+                )
+            )
+            if throttled:
                 raise ModelThrottled(f"simulated quota of {self._config.quota_tpm:,} TPM exceeded")
-            self.tokens_billed += request.projected_tokens
         if self.seconds_per_1k_tokens:
-            self._sleep(request.projected_tokens / 1000 * self.seconds_per_1k_tokens)
-        key = f"{self.seed}:{request.run_id}:{request.unit_id}:{request.attempt}"
-        failed = random.Random(key).random() < self.failure_rate
+            self._sleep(tokens / 1000 * self.seconds_per_1k_tokens)
         return ModelResult(
             succeeded=not failed,
-            tokens=request.projected_tokens,
-            output="" if failed else f"simulated output for {request.unit_id}",
+            tokens=tokens,
+            output="" if failed else f"simulated output for {r.unit_id}",
             error="simulated failure" if failed else "",
         )

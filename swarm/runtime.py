@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from swarm.adapters.aws import (
@@ -68,6 +68,21 @@ def governor_name(config: GovernorConfig) -> str:
 class Runtime:
     settings: Settings
     clients: ClientFactory
+    #: every timer runs this many times faster: 1 on AWS; the local emulator's ``--time-scale``,
+    #: which also multiplies the quota, so a local run is the deployed one on a faster clock
+    time_scale: float = 1.0
+
+    def seconds(self, value: float) -> float:
+        """A duration of the deployed system on this runtime's clock."""
+        return value / self.time_scale
+
+    def governor_config(self) -> GovernorConfig:
+        config = self.settings.governor_config()
+        return replace(
+            config,
+            throttle_cooldown_s=self.seconds(config.throttle_cooldown_s),
+            recovery_per_s=config.recovery_per_s * self.time_scale,
+        )
 
     @classmethod
     def from_env(
@@ -88,11 +103,11 @@ class Runtime:
     def governor(self) -> Governor:
         from swarm.adapters.dynamodb_governor import DynamoDBGovernor
 
-        config = self.settings.governor_config()
+        config = self.governor_config()
         table = need(self.settings.governor_table, "GOVERNOR_TABLE_NAME")
         # Workers book their tokens ahead (tickets) for up to their bounded wait: one request
         # per grant under contention instead of every waiter waking up to collide.
-        horizon = float(self.settings.governor_max_wait_seconds or 0.0)
+        horizon = self.seconds(float(self.settings.governor_max_wait_seconds or 0.0))
         return DynamoDBGovernor(
             config,
             table,
@@ -112,7 +127,7 @@ class Runtime:
 
     def drain_switch(self) -> SsmDrainSwitch:
         name = need(self.settings.drain_parameter, "DRAIN_PARAMETER_NAME")
-        return SsmDrainSwitch(self.clients("ssm"), name)
+        return SsmDrainSwitch(self.clients("ssm"), name, ttl_s=self.seconds(SsmDrainSwitch.ttl_s))
 
     def events(self) -> EventBridgeEvents:
         bus = need(self.settings.event_bus_name, "EVENT_BUS_NAME")
@@ -133,7 +148,10 @@ class Runtime:
     # -- services
     def batches(self) -> Batches:
         s = self.settings
-        policy = ShedPolicy({lane: s.shed_depth(lane) for lane in LANES})
+        policy = ShedPolicy(
+            {lane: s.shed_depth(lane) for lane in LANES},
+            throttle_window_s=self.seconds(ShedPolicy.throttle_window_s),
+        )
         max_budget = need(s.max_budget_tokens, "MAX_BUDGET_TOKENS")
         return Batches(
             self.ledger(),
@@ -149,13 +167,15 @@ class Runtime:
         )
 
     def fanout(self) -> FanOut:
-        return FanOut(self.ledger(), self.lanes(), queue_lease_s=QUEUE_LEASE_S)
+        return FanOut(self.ledger(), self.lanes(), queue_lease_s=self.seconds(QUEUE_LEASE_S))
 
     def worker(self) -> Worker:
         s = self.settings
         config = WorkerConfig(
-            lease_s=float(need(s.lease_seconds, "LEASE_SECONDS")),
-            max_wait_s=float(need(s.governor_max_wait_seconds, "GOVERNOR_MAX_WAIT_SECONDS")),
+            lease_s=self.seconds(need(s.lease_seconds, "LEASE_SECONDS")),
+            max_wait_s=self.seconds(need(s.governor_max_wait_seconds, "GOVERNOR_MAX_WAIT_SECONDS")),
+            retry_backoff_s=self.seconds(WorkerConfig.retry_backoff_s),
+            requeue_delay_s=self.seconds(WorkerConfig.requeue_delay_s),
         )
         return Worker(
             self.ledger(),

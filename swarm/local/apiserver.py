@@ -35,7 +35,7 @@ DEFAULT_TENANT = "demo"
 MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-AdminHandler = Callable[[str, str, Any], tuple[int, Any]]
+AdminHandler = Callable[[str, str, Any, dict[str, str]], tuple[int, Any]]
 
 
 class LocalApi:
@@ -140,12 +140,12 @@ class LocalApi:
                     return
                 body = self.rfile.read(length).decode() if length else ""
                 try:
+                    query = dict(urllib.parse.parse_qsl(parsed.query))
                     if parsed.path.startswith("/_local/"):
                         doc = json.loads(body) if body else None
-                        status, out = api.admin(self.command, parsed.path, doc)
+                        status, out = api.admin(self.command, parsed.path, doc, query)
                         self._json(status, out)
                         return
-                    query = dict(urllib.parse.parse_qsl(parsed.query))
                     headers = {k: v for k, v in self.headers.items()}
                     status, hdrs, data = api.invoke(self.command, parsed.path, query, headers, body)
                     self._respond(status, hdrs, data)

@@ -91,6 +91,8 @@ def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = Fals
     ]
     if options.failure_rate is not None:
         command += ["--failure-rate", str(options.failure_rate)]
+    if options.model_seed is not None:
+        command += ["--model-seed", str(options.model_seed)]
     if not quiet:
         print(f"starting the local stack (log: {log_path}) ...", flush=True)
     with log_path.open("w") as log:
@@ -197,7 +199,9 @@ def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_
 def _options(args: argparse.Namespace) -> LocalOptions:
     if args.time_scale <= 0:
         raise InvalidInput("--time-scale", "must be > 0")
-    return LocalOptions(time_scale=args.time_scale, failure_rate=args.failure_rate)
+    return LocalOptions(
+        time_scale=args.time_scale, failure_rate=args.failure_rate, model_seed=args.model_seed
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -245,6 +249,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 help="quota x N, model latency / N (default 10: a 300-unit batch in ~1.5 min)",
             )
             p.add_argument("--failure-rate", type=float, help="simulated failure rate (0.04)")
+            p.add_argument(
+                "--model-seed",
+                type=int,
+                help="simulated model's seed: failures and usage follow (seed, unit, attempt)",
+            )
 
     p = verbs.add_parser("up", help="start the local stack (background; --foreground to block)")
     common(p)

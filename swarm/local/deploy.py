@@ -50,6 +50,7 @@ class LocalOptions:
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
     failure_rate: float | None = None  # None: cdk.json's
+    model_seed: int | None = None  # the simulated model's seed; None: cdk.json's
 
     def context(self) -> dict[str, Any]:
         from infra.context import cdk_json_context
@@ -59,6 +60,8 @@ class LocalOptions:
         model["simulated"]["quota_tpm"] = int(model["simulated"]["quota_tpm"] * self.time_scale)
         if self.failure_rate is not None:
             model["simulated"]["failure_rate"] = self.failure_rate
+        if self.model_seed is not None:
+            model["simulated"]["seed"] = self.model_seed
         worker = {
             **base["worker"],
             "timeout_seconds": self.worker_timeout_s,

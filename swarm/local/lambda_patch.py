@@ -65,28 +65,47 @@ class WorkerCrash(BaseException):
 
 
 @dataclass
+class Fault:
+    run_id: str
+    unit_id: str | None  # None: any unit of the run
+    remaining: int
+
+    def hits(self, request: ModelRequest) -> bool:
+        return (
+            self.remaining > 0
+            and self.run_id == request.run_id
+            and self.unit_id in (None, request.unit_id)
+        )
+
+
+@dataclass
 class FaultyModelPlane:
-    """The shared simulated plane, plus an injected fault: the next ``crashes`` calls bill their
-    tokens and then kill the worker before it can settle (the model call happened, the sandbox
-    died)."""
+    """The shared simulated plane, plus injected faults: a worker that calls the model for a
+    matching unit bills its tokens and then dies before it can settle (the model call happened,
+    the sandbox died). Faults target a batch (and optionally one unit), so a scenario's faults
+    cannot hit another scenario's units."""
 
     plane: SimulatedModelPlane
-    crashes: int = 0
-    crashed: int = 0
+    _armed: list[Fault] = field(default_factory=list)
+    _crashed: Counter[str] = field(default_factory=Counter)  # per run id
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def arm_crashes(self, n: int) -> None:
+    def arm_crashes(self, n: int, run_id: str, unit_id: str | None = None) -> None:
         with self._lock:
-            self.crashes += n
+            self._armed.append(Fault(run_id, unit_id, n))
+
+    def crashed(self, run_id: str | None = None) -> int:
+        with self._lock:
+            return self._crashed[run_id] if run_id else sum(self._crashed.values())
 
     def invoke(self, request: ModelRequest) -> ModelResult:
         result = self.plane.invoke(request)
         with self._lock:
-            crash = self.crashes > 0
-            if crash:
-                self.crashes -= 1
-                self.crashed += 1
-        if crash:
+            fault = next((f for f in self._armed if f.hits(request)), None)
+            if fault is not None:
+                fault.remaining -= 1
+                self._crashed[request.run_id] += 1
+        if fault is not None:
             raise WorkerCrash(f"simulated worker death during {request.unit_id}")
         return result
 
@@ -104,9 +123,11 @@ class FunctionHost:
         self,
         clients: Callable[[str], Any],
         model: FaultyModelPlane | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self.clients = clients
         self.model = model
+        self.time_scale = time_scale  # the handlers' timers run this many times faster
         self._local = threading.local()
         self._lock = threading.Lock()
         self.invocations: Counter[str] = Counter()
@@ -250,6 +271,8 @@ def patch_runtime() -> None:
         if fn_host is not None and inv is not None and environ is None:
             environ, clients = inv.env, clients or fn_host.clients
         runtime: Runtime = original_from_env(cls, environ, clients)
+        if fn_host is not None:
+            runtime.time_scale = fn_host.time_scale
         return runtime
 
     def model(self: Runtime) -> ModelPlane:

@@ -2,11 +2,11 @@
 
 :class:`MappingPoller` is the Lambda SQS poller for one event source mapping: it reads the mapping
 from moto (so ``Enabled`` flips by the drain controller take effect within a second), receives up
-to ``BatchSize`` messages (the queue's visibility timeout applies), invokes the function through
-moto's Lambda API with the SQS event, keeps at most ``MaximumConcurrency`` invocations in flight,
-and with ``ReportBatchItemFailures`` deletes every message except the reported failures. A
-function error (an unhandled exception, a crashed worker) deletes nothing: the batch comes back
-after its visibility timeout, as on AWS.
+to ``BatchSize`` messages (the queue's visibility timeout applies, on the stack's time scale),
+invokes the function through moto's Lambda API with the SQS event, keeps at most
+``MaximumConcurrency`` invocations in flight, and with ``ReportBatchItemFailures`` deletes every
+message except the reported failures. A function error (an unhandled exception, a crashed
+worker) deletes nothing: the batch comes back after its visibility timeout, as on AWS.
 
 :class:`ParameterRule` is an EventBridge rule on an SSM parameter: moto emits no "Parameter Store
 Change" events, so it polls the parameter and invokes the rule's target with that event when the
@@ -54,17 +54,25 @@ class MappingPoller:
     uuid: str
     region: str
     stop: threading.Event
+    time_scale: float = 1.0  # the queue's visibility timeout runs this many times faster
     stats: PollerStats = field(default_factory=PollerStats)
     _active: int = 0
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _mapping: dict[str, Any] = field(default_factory=dict)
     _queue_url: str = ""
+    _visibility_s: int = 30
 
     def refresh(self) -> dict[str, Any]:
         self._mapping = self.clients("lambda").get_event_source_mapping(UUID=self.uuid)
         if not self._queue_url:
+            sqs = self.clients("sqs")
             name = self._mapping["EventSourceArn"].rsplit(":", 1)[-1]
-            self._queue_url = self.clients("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+            self._queue_url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            attrs = sqs.get_queue_attributes(
+                QueueUrl=self._queue_url, AttributeNames=["VisibilityTimeout"]
+            )["Attributes"]
+            deployed = int(attrs["VisibilityTimeout"])
+            self._visibility_s = max(1, round(deployed / self.time_scale))
         return self._mapping
 
     @property
@@ -122,6 +130,7 @@ class MappingPoller:
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=int(self._mapping.get("BatchSize", 10)),
             WaitTimeSeconds=LONG_POLL_S,
+            VisibilityTimeout=self._visibility_s,
             AttributeNames=["All"],
             MessageAttributeNames=["All"],
         )

@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +167,7 @@ class LocalStack:
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
         )
         self.model = lambda_patch.FaultyModelPlane(plane)
-        self.host = lambda_patch.FunctionHost(clients, self.model)
+        self.host = lambda_patch.FunctionHost(clients, self.model, self.options.time_scale)
         lambda_patch.install(self.host, process_env)
 
     def _start_pollers(self, clients: Any) -> None:
@@ -175,7 +175,7 @@ class LocalStack:
 
         assert self.deployed is not None
         for uuid in self.deployed.of_type("AWS::Lambda::EventSourceMapping").values():
-            poller = MappingPoller(clients, uuid, REGION, self.stop_event)
+            poller = MappingPoller(clients, uuid, REGION, self.stop_event, self.options.time_scale)
             self.pollers.append(poller)
             self._thread(poller.run, f"poller-{uuid[:8]}")
         account = clients("sts").get_caller_identity()["Account"]
@@ -208,24 +208,39 @@ class LocalStack:
         self.threads.append(thread)
 
     # ------------------------------------------------------------------ admin (/_local/...)
-    def admin(self, method: str, path: str, doc: Any) -> tuple[int, Any]:
+    def admin(
+        self, method: str, path: str, doc: Any, query: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
         plane = self.model.plane if self.model else None
+        batch = (query or {}).get("batch")
+        if path == "/_local/model" and method == "GET" and plane is not None and batch:
+            counters = plane.of_run(batch)
+            return 200, {
+                "batch_id": batch,
+                **asdict(counters),
+                "crashed_workers": self.model.crashed(batch) if self.model else 0,
+                "log": [call.as_dict() for call in plane.log(batch)],
+            }
         if path == "/_local/model" and method == "GET" and plane is not None:
             return 200, {
-                "calls": plane.calls,
-                "throttles": plane.throttles,
-                "tokens_billed": plane.tokens_billed,
+                **asdict(plane.total),
                 "quota_tpm": plane.quota_tpm,
-                "storming": plane._storm_until is not None and plane._storm_until > time.time(),
-                "crashed_workers": self.model.crashed,
+                "seed": plane.seed,
+                "failure_rate": plane.failure_rate,
+                "storming": plane.storming,
+                "crashed_workers": self.model.crashed() if self.model else 0,
             }
         if path == "/_local/model/storm" and method == "POST" and plane is not None:
             quota, seconds = int(doc["quota_tpm"]), float(doc["seconds"])
             plane.storm(quota, time.time() + seconds)
             return 200, {"quota_tpm": quota, "until_s": seconds}
         if path == "/_local/faults" and method == "POST" and self.model is not None:
-            self.model.arm_crashes(int(doc.get("worker_crashes", 0)))
-            return 200, {"armed": self.model.crashes}
+            crashes, batch_id = int(doc.get("worker_crashes", 0)), doc.get("batch_id")
+            if crashes < 1 or not isinstance(batch_id, str):
+                message = "give worker_crashes >= 1 and the batch_id (and optionally unit_id)"
+                return 400, {"error": "invalid_request", "message": message}
+            self.model.arm_crashes(crashes, batch_id, doc.get("unit_id"))
+            return 200, {"armed": crashes, "batch_id": batch_id}
         if path == "/_local/status" and method == "GET":
             return 200, {
                 "pollers": [
@@ -339,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path, default=STATE_DIR)
     p.add_argument("--time-scale", type=float, default=LocalOptions.time_scale)
     p.add_argument("--failure-rate", type=float, default=None)
+    p.add_argument("--model-seed", type=int, default=None)
     p.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    options = LocalOptions(time_scale=args.time_scale, failure_rate=args.failure_rate)
+    options = LocalOptions(
+        time_scale=args.time_scale, failure_rate=args.failure_rate, model_seed=args.model_seed
+    )
     return serve(options, args.state_dir, args.port)
 
 

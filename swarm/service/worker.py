@@ -34,8 +34,8 @@ from swarm.service.ports import MAX_SQS_DELAY_S, DrainSwitch
 class WorkerConfig:
     lease_s: float  # a claim's lease: the lanes' visibility timeout
     max_wait_s: float  # the governor's bounded wait before the unit goes back to its lane
-    retry_backoff_s: int = 10  # a failed attempt is redelivered after this long
-    requeue_delay_s: int = 30  # draining / throttled / busy: try again after this long
+    retry_backoff_s: float = 10.0  # a failed attempt is redelivered after this long
+    requeue_delay_s: float = 30.0  # draining / throttled / busy: try again after this long
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Worker:
         # cached for a few seconds: the handler refreshes it once per batch, so a fleet of
         # hundreds of workers does not read the parameter once per message
         if self.drain.draining():
-            return WorkReport(Requeue(self.config.requeue_delay_s, "draining"))
+            return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "draining"))
         lost_tokens = 0
         # Bring the unit to "in flight, unclaimed" (or find out there is nothing to do).
         for _ in range(4):
@@ -116,7 +116,7 @@ class Worker:
             lost = self.ledger.reclaim_unit(item.run_id, item.unit_id, self.now())
             lost_tokens += lost.attempt.tokens if lost is not None else 0
         else:  # pragma: no cover - four transitions always reach a decision
-            return WorkReport(Requeue(self.config.requeue_delay_s, "unsettled unit state"))
+            return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "unsettled unit state"))
 
         attempt = res.attempt
         got = acquire(
@@ -136,18 +136,21 @@ class Worker:
         )
         if not claim.claimed:
             return WorkReport(
-                Requeue(self.config.requeue_delay_s, f"claim refused: {claim.reason}"),
+                Requeue(_delay(self.config.requeue_delay_s), f"claim refused: {claim.reason}"),
                 attempt=attempt,
                 waited_s=got.waited_s,
             )
-        request = ModelRequest(item.run_id, item.unit_id, attempt, res.projected, item.input)
+        # the reservation caps what the attempt may bill: settlement can never exceed it
+        request = ModelRequest(
+            item.run_id, item.unit_id, attempt, res.projected, item.input, max_tokens=res.projected
+        )
         try:
             result = self.model.invoke(request)
         except ModelThrottled:
             self.governor.report_throttle(self.now())
             self.ledger.unclaim(item.run_id, item.unit_id, attempt, self.now(), self.config.lease_s)
             return WorkReport(
-                Requeue(self.config.requeue_delay_s, "model plane throttled"),
+                Requeue(_delay(self.config.requeue_delay_s), "model plane throttled"),
                 attempt=attempt,
                 waited_s=got.waited_s,
                 throttled=True,
@@ -157,7 +160,7 @@ class Worker:
         )
         outcome: Outcome
         if settlement.fate is Fate.RETRY:
-            outcome = RetryLater(self.config.retry_backoff_s, "attempt failed: retry")
+            outcome = RetryLater(_delay(self.config.retry_backoff_s), "attempt failed: retry")
         else:
             outcome = Ack(settlement.fate.value)
         return WorkReport(

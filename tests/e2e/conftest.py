@@ -1,8 +1,16 @@
-"""One local stack (``swarm local up``) per test session; every test talks to it over HTTP.
+"""One local stack for the whole tier; every test talks to it over HTTP.
 
-The stack runs as a background process on an embedded, patched moto server, with the time scale
-of ``make run`` (quota x10, model latency / 10). Tests use distinct tenants so their batches and
-their fair-queue groups do not mix.
+`make test` starts the stack in the background (``swarm local up --state-dir .swarm/test-stack``)
+while lint, types and the other tiers run, then runs this tier against it with
+``SWARM_E2E_STATE_DIR`` set: the tests attach to that stack (and xdist workers share it). Without
+the variable (``pytest tests/e2e/test_x.py``) the session starts a stack of its own and stops it.
+
+The stack runs on the time scale of ``make run`` (quota x10; the model's latency and every timer,
+visibility timeouts and leases included, / 10). Scenarios are scoped to their own tenant and
+batch: the simulated model counts calls, tokens and throttles per batch, faults are armed for one
+batch, and every unit's outcome is a function of ``(model seed, unit id, attempt)`` that the
+tests compute in advance (:func:`expected_books`). Scenarios that change the whole stack (the
+drain switch, a quota storm) are marked ``exclusive`` and run after the others, one at a time.
 """
 
 from __future__ import annotations
@@ -18,16 +26,22 @@ from typing import Any
 import boto3
 import pytest
 
-from swarm.client import ApiError, Client, Target
-from swarm.local.cli import down, up
+from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, Target
+from swarm.local.cli import down, running_pid, up
 from swarm.local.deploy import LocalOptions
+from swarm.modelplane import attempt_fails, billed_tokens
+from swarm.service.batches import batch_id_for
 
 TERMINAL = ("completed", "exhausted")
+STATE_DIR_VAR = "SWARM_E2E_STATE_DIR"
+#: the stack's options when a session starts its own (make test passes the same on the CLI)
+OPTIONS = LocalOptions(time_scale=10.0, model_seed=7)
 
 
 @dataclass
 class Stack:
     target: Target
+    state_dir: Path
 
     def client(self, tenant: str) -> Client:
         return Client(Target(**{**asdict(self.target), "tenant": tenant}), timeout_s=60)
@@ -44,8 +58,10 @@ class Stack:
     def local(self, method: str, path: str, body: Any = None) -> Any:
         return self.client("admin").request(method, path, body)[1]
 
-    def model(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.local("GET", "/_local/model")
+    def model(self, batch_id: str | None = None) -> dict[str, Any]:
+        """The simulated model's counters: the whole plane's, or one batch's with its call log."""
+        path = "/_local/model" + (f"?batch={batch_id}" if batch_id else "")
+        doc: dict[str, Any] = self.local("GET", path)
         return doc
 
     def results(self, batch_id: str, state: str) -> dict[str, Any]:
@@ -53,7 +69,7 @@ class Stack:
         s3 = self.aws("s3")
         bucket = next(b["Name"] for b in s3.list_buckets()["Buckets"] if "batches" in b["Name"])
         prefix = f"results/{batch_id}/{state}-"
-        # the finalizer (the state machine's poll loop) writes it shortly after the run closes
+        # the finalizer (the state machine's poll loop, 1 s locally) writes it once the run closes
         deadline = time.monotonic() + 30
         while True:
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
@@ -69,11 +85,84 @@ class Stack:
 
 
 def units(n: int, prefix: str = "u", tokens: Callable[[int], int] | None = None) -> list[Any]:
-    size = tokens or (lambda i: 8_000 + (i * 7_919) % 8_001)  # 8k-16k, deterministic
+    """``n`` units; small by default (1,000-2,999 projected tokens, deterministic)."""
+    size = tokens or (lambda i: 1_000 + (i * 787) % 2_000)
     return [
         {"unit_id": f"{prefix}-{i:05d}", "projected_tokens": size(i), "input": f"unit {i}"}
         for i in range(n)
     ]
+
+
+def unit_failing(
+    seed: int, rate: float, prefix: str, first_success: int | None, max_attempts: int = 3
+) -> str:
+    """The first unit id ``<prefix>-<n>`` whose attempts fail until ``first_success`` (None:
+    every attempt fails, so the unit is dead-lettered) under the model's seed and rate."""
+    last = max_attempts if first_success is None else first_success + 1
+    for n in range(1_000_000):
+        unit_id = f"{prefix}-{n}"
+        fails = [attempt_fails(seed, unit_id, a, rate) for a in range(last)]
+        wanted = [True] * max_attempts if first_success is None else [True] * first_success
+        if fails[: len(wanted)] == wanted and (first_success is None or not fails[-1]):
+            return unit_id
+    raise AssertionError("no such unit id in a million")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Books:
+    """What a batch's books must hold, computed from the model's seed before it runs."""
+
+    attempts: dict[str, int]  # unit -> attempts it takes
+    completed: frozenset[str]
+    dead: frozenset[str]
+    tokens: dict[str, int]  # unit -> tokens billed over all its attempts
+
+    @property
+    def spent(self) -> int:
+        return sum(self.tokens.values())
+
+    @property
+    def retries(self) -> int:
+        return sum(self.attempts.values()) - len(self.attempts)
+
+
+def expected_books(model: dict[str, Any], batch: list[Any], max_attempts: int = 3) -> Books:
+    """Every unit's attempts, fate and billed tokens, from the simulated model's seed and rate
+    (each attempt's tokens are capped by the unit's reservation, its projected tokens)."""
+    seed, rate = int(model["seed"]), float(model["failure_rate"])
+    attempts: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    completed, dead = set(), set()
+    for u in batch:
+        uid, projected = u["unit_id"], u["projected_tokens"]
+        n = 0
+        while True:
+            tokens[uid] = tokens.get(uid, 0) + billed_tokens(seed, uid, n, projected, projected)
+            n += 1
+            if not attempt_fails(seed, uid, n - 1, rate):
+                completed.add(uid)
+                break
+            if n == max_attempts:
+                dead.add(uid)
+                break
+        attempts[uid] = n
+    return Books(attempts, frozenset(completed), frozenset(dead), tokens)
+
+
+def assert_books(books: Books, results: dict[str, Any]) -> None:
+    """The finalizer's per-unit results are exactly the expected books."""
+    got = results["units"]
+    assert {k: u["attempts"] for k, u in got.items()} == books.attempts
+    assert {k: u["tokens"] for k, u in got.items()} == books.tokens
+    assert {k for k, u in got.items() if u["state"] == "completed"} == books.completed
+    assert {k for k, u in got.items() if u["state"] == "dead_lettered"} == books.dead
+    assert results["spent"] == books.spent
+
+
+def batch_id(tenant: str, key: str) -> str:
+    """The id a submission with this Idempotency-Key gets: known before submitting, so a
+    fault can be armed for the batch first."""
+    return batch_id_for(tenant, key)
 
 
 def wait_for(
@@ -105,14 +194,28 @@ def submit_retrying(client: Client, body: dict[str, Any], attempts: int = 30) ->
     raise AssertionError("submission kept being refused")
 
 
+def _attach(state_dir: Path) -> Target:
+    """The stack `make test` started in the background (its ``swarm local up`` has returned)."""
+    target_file = state_dir / LOCAL_TARGET_FILE.name
+    if running_pid(state_dir) is None or not target_file.exists():
+        log = state_dir / "local.log"
+        tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+        raise AssertionError(f"{STATE_DIR_VAR}={state_dir}: no local stack is up there:\n{tail}")
+    return Target.load(target_file)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # the drain switch is an SSM call: the local emulator takes any credentials
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    shared = os.environ.get(STATE_DIR_VAR)
+    if shared:
+        yield Stack(_attach(Path(shared)), Path(shared))
+        return
     state_dir: Path = tmp_path_factory.mktemp("swarm-local")
-    target = up(LocalOptions(time_scale=10.0), state_dir, quiet=True)
+    target = up(OPTIONS, state_dir, quiet=True)
     try:
-        yield Stack(target)
+        yield Stack(target, state_dir)
     finally:
         down(state_dir, quiet=True)

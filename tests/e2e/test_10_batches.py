@@ -1,33 +1,60 @@
-"""A full batch, budget exhaustion + resume, and a worker dying mid-unit: all through the API."""
+"""A full batch, budget exhaustion + resume, and a worker dying mid-unit: all through the API.
+
+Every unit's attempts, fate and billed tokens are computed in advance from the simulated model's
+seed (``expected_books``), so the books are checked exactly, retries and dead letters included,
+and billed tokens differ from the projections (under, or capped at the reservation).
+"""
 
 from __future__ import annotations
 
-from tests.e2e.conftest import Stack, units, wait_for
+from tests.e2e.conftest import (
+    Stack,
+    assert_books,
+    batch_id,
+    expected_books,
+    unit_failing,
+    units,
+    wait_for,
+)
 
 
-def test_a_200_unit_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack) -> None:
-    # Given the model plane's counters before the batch
+def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack) -> None:
+    # Given 40 small units, one that fails once and one that fails every attempt (found from the
+    # model's seed), submitted under a known batch id
+    model = stack.model()
+    seed, rate = int(model["seed"]), float(model["failure_rate"])
+    batch = [
+        *units(38),
+        {"unit_id": unit_failing(seed, rate, "retry", 1), "projected_tokens": 2_000},
+        {"unit_id": unit_failing(seed, rate, "dead", None), "projected_tokens": 2_000},
+    ]
+    books = expected_books(model, batch)
+    assert books.retries >= 3 and len(books.dead) >= 1
     client = stack.client("e2e-batch")
-    before = stack.model()
 
-    # When 200 seed-like units are submitted through the HTTP API
-    doc = client.submit({"units": units(200), "budget": 6_000_000})
-    final = wait_for(client, doc["batch_id"], timeout_s=300)
+    # When it is submitted through the HTTP API
+    doc = client.submit({"units": batch, "budget": 6_000_000}, idempotency_key="books")
+    assert doc["batch_id"] == batch_id("e2e-batch", "books")
+    final = wait_for(client, doc["batch_id"], timeout_s=180)
 
-    # Then every unit completed, and the ledger's spend is every attempt's tokens
+    # Then the run completed with exactly the outcomes the seed dictates
     assert final["state"] == "completed", final
-    assert final["counts"]["completed"] == 200
+    assert final["counts"]["completed"] == len(books.completed)
+    assert final["counts"]["dead_lettered"] == len(books.dead)
+    assert final["retries"] == books.retries
     results = stack.results(doc["batch_id"], "completed")
-    assert len(results["units"]) == 200
-    assert results["spent"] == sum(u["tokens"] for u in results["units"].values())
-    assert final["tokens"]["spent"] == results["spent"]
-    assert final["attempts"] == sum(u["attempts"] for u in results["units"].values())
-    # the model billed exactly what the ledger settled: every attempt once
-    after = stack.model()
-    assert after["tokens_billed"] - before["tokens_billed"] == results["spent"]
-    assert after["calls"] - before["calls"] == final["attempts"]
-    # and the governor kept the fleet under the model's quota: no throttles caused by us
-    assert after["throttles"] == before["throttles"]
+    assert_books(books, results)
+    assert final["tokens"]["spent"] == books.spent
+    # billed tokens are not the projections: some units used less than projected, some hit
+    # their reservation's cap, and the books hold what was billed
+    projected = sum(u["projected_tokens"] * books.attempts[u["unit_id"]] for u in batch)
+    assert books.spent < projected
+    seen = stack.model(doc["batch_id"])
+    assert any(c["truncated"] for c in seen["log"]) and not all(c["truncated"] for c in seen["log"])
+    # the model billed exactly what the ledger settled, every attempt once, and never throttled
+    assert seen["tokens_billed"] == results["spent"]
+    assert seen["calls"] == final["attempts"] == sum(books.attempts.values())
+    assert seen["throttles"] == 0
 
 
 def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
@@ -37,7 +64,7 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
     doc = client.submit(body)
 
     # When it runs out of budget
-    first = wait_for(client, doc["batch_id"], timeout_s=180)
+    first = wait_for(client, doc["batch_id"], timeout_s=120)
 
     # Then it closes as exhausted, partial results intact and the remainder enumerated exactly
     assert first["state"] == "exhausted", first
@@ -45,7 +72,9 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
     assert counts["remainder"] > 0 and counts["completed"] > 0
     assert counts["completed"] + counts["dead_lettered"] + counts["remainder"] == 20
     assert len(first["remainder"]) == counts["remainder"]
+    # real (billed) tokens, not projections, stayed within the budget
     assert first["tokens"]["spent"] <= 105_000
+    assert stack.model(doc["batch_id"])["tokens_billed"] == first["tokens"]["spent"]
     closed = stack.results(doc["batch_id"], "exhausted")
     done_then = {k: u for k, u in closed["units"].items() if u["state"] == "completed"}
     assert sorted(k for k, u in closed["units"].items() if u["state"] == "remainder") == sorted(
@@ -55,7 +84,7 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
     # When topped up and resumed
     resumed = client.resume(doc["batch_id"], 400_000)
     assert resumed["requeued"] == counts["remainder"]
-    final = wait_for(client, doc["batch_id"], timeout_s=180)
+    final = wait_for(client, doc["batch_id"], timeout_s=120)
 
     # Then it completes, and no unit completed before the resume ran again
     assert final["state"] == "completed", final
@@ -64,28 +93,40 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
     for unit_id, before in done_then.items():
         assert results["units"][unit_id]["attempts"] == before["attempts"], unit_id
         assert results["units"][unit_id]["tokens"] == before["tokens"], unit_id
-    assert results["spent"] == sum(u["tokens"] for u in results["units"].values())
+    assert_books(expected_books(stack.model(), body["units"]), results)
+    assert stack.model(doc["batch_id"])["tokens_billed"] == results["spent"]
 
 
 def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     stack: Stack,
 ) -> None:
     client = stack.client("e2e-crash")
-    before = stack.model()
-    # Given the next worker to call the model dies before it can settle (tokens billed)
-    stack.local("POST", "/_local/faults", {"worker_crashes": 1})
+    batch = units(4, "c")
+    victim = batch[1]
+    key = "crash"
+    # Given the worker that calls the model for one unit of this batch dies before it can
+    # settle (the model billed the call)
+    armed = {
+        "worker_crashes": 1,
+        "batch_id": batch_id("e2e-crash", key),
+        "unit_id": victim["unit_id"],
+    }
+    stack.local("POST", "/_local/faults", armed)
 
-    # When a small batch runs
-    doc = client.submit({"units": units(4, "c"), "budget": 1_000_000})
-    final = wait_for(client, doc["batch_id"], timeout_s=240)
+    # When the batch runs
+    doc = client.submit({"units": batch, "budget": 1_000_000}, idempotency_key=key)
+    final = wait_for(client, doc["batch_id"], timeout_s=120)
 
-    # Then the crash happened, the message came back after its visibility timeout (60 s here),
-    # and the books hold every attempt exactly once, the dead worker's included
-    after = stack.model()
-    assert after["crashed_workers"] - before["crashed_workers"] == 1
+    # Then the crash happened, the message came back after its visibility timeout, and the
+    # books hold every attempt exactly once, the dead worker's included (settled at its
+    # reservation: what it billed is unknown to the books, so the whole reservation counts)
+    seen = stack.model(doc["batch_id"])
+    assert seen["crashed_workers"] == 1
     assert final["state"] == "completed", final
     results = stack.results(doc["batch_id"], "completed")
-    assert max(u["attempts"] for u in results["units"].values()) >= 2
+    assert results["units"][victim["unit_id"]]["attempts"] >= 2
     assert results["spent"] == sum(u["tokens"] for u in results["units"].values())
-    assert after["tokens_billed"] - before["tokens_billed"] == results["spent"]
-    assert after["calls"] - before["calls"] == final["attempts"]
+    assert seen["calls"] == final["attempts"]
+    lost = next(c for c in seen["log"] if c["unit_id"] == victim["unit_id"] and c["attempt"] == 0)
+    # the lost attempt is settled at its reservation; the model billed what it used
+    assert results["spent"] - seen["tokens_billed"] == victim["projected_tokens"] - lost["tokens"]

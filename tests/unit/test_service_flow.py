@@ -211,7 +211,10 @@ def test_a_worker_dying_mid_unit_is_retried_and_its_tokens_counted() -> None:
         (0, False, True),
         (1, True, False),
     ]
-    assert plane.ledger.unit(run_id, item.unit_id).spent == 2 * unit.projected_tokens
+    # the lost attempt counts its whole reservation; the retry what the model billed for it
+    billed = plane.model.log(run_id)[-1].tokens
+    assert 0 < billed <= unit.projected_tokens
+    assert plane.ledger.unit(run_id, item.unit_id).spent == unit.projected_tokens + billed
 
 
 def test_draining_refuses_submissions_and_workers_take_nothing_new() -> None:
@@ -322,4 +325,6 @@ def test_the_finalizer_sweeps_a_lost_claim_and_requeues_the_unit_with_its_input(
     assert retry is not None and (retry.attempt, retry.input) == (1, "the prompt")
     assert plane.worker.process(retry).outcome == Ack("completed")
     result = plane.finalizer.finalize(run_id, plane.clock.now())
-    assert result["closed"] and plane.ledger.run(run_id).spent == 2 * 9_000
+    # the lost attempt counts its reservation, the retry what the model billed
+    billed = plane.model.log(run_id)[-1].tokens
+    assert result["closed"] and plane.ledger.run(run_id).spent == 9_000 + billed
