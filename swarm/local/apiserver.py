@@ -78,7 +78,9 @@ class LocalApi:
     def invoke(
         self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: str
     ) -> tuple[int, dict[str, str], bytes]:
-        tenant = headers.get(TENANT_HEADER) or headers.get(TENANT_HEADER.lower()) or DEFAULT_TENANT
+        # header names are case-insensitive (urllib sends "X-swarm-tenant", HTTP/2 lowercase)
+        named = {k.lower(): v for k, v in headers.items()}
+        tenant = named.get(TENANT_HEADER.lower()) or DEFAULT_TENANT
         if not _TENANT.match(tenant):
             doc = {"error": "unauthenticated", "message": f"bad {TENANT_HEADER} header"}
             return 401, {"Content-Type": "application/json"}, json.dumps(doc).encode()
