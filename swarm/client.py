@@ -9,9 +9,11 @@ IAM there).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,6 +134,10 @@ class Client:
             ) from None
         except urllib.error.URLError as e:
             raise SwarmError(f"cannot reach {url}: {e.reason}") from None
+        except json.JSONDecodeError:
+            raise SwarmError(f"{url} did not answer with JSON: is it the swarm API?") from None
+        except (OSError, http.client.HTTPException) as e:  # closed or timed out mid-response
+            raise SwarmError(f"no answer from {url}: {e or type(e).__name__}") from None
 
     def _signed(
         self, method: str, url: str, data: bytes | None, headers: dict[str, str]
@@ -153,10 +159,11 @@ class Client:
         return self.request("POST", "/batches", body, headers)[1]
 
     def status(self, batch_id: str) -> Any:
-        return self.request("GET", f"/batches/{batch_id}")[1]
+        return self.request("GET", f"/batches/{_segment(batch_id)}")[1]
 
     def resume(self, batch_id: str, top_up: int) -> Any:
-        return self.request("POST", f"/batches/{batch_id}/resume", {"top_up": top_up})[1]
+        path = f"/batches/{_segment(batch_id)}/resume"
+        return self.request("POST", path, {"top_up": top_up})[1]
 
     def fleet(self) -> Any:
         return self.request("GET", "/fleet")[1]
@@ -166,12 +173,24 @@ class Client:
 
     # -- the drain switch (an operator action: it needs SSM rights, not a tenant role)
     def set_drain(self, on: bool) -> None:
-        self._aws("ssm").put_parameter(
-            Name=self.target.drain_parameter,
-            Value="on" if on else "off",
-            Type="String",
-            Overwrite=True,
-        )
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._aws("ssm").put_parameter(
+                Name=self.target.drain_parameter,
+                Value="on" if on else "off",
+                Type="String",
+                Overwrite=True,
+            )
+        except (BotoCoreError, ClientError) as e:  # unreachable, no credentials, access denied
+            raise SwarmError(
+                f"cannot set the drain switch {self.target.drain_parameter}: {e}"
+            ) from None
+
+
+def _segment(batch_id: str) -> str:
+    """A batch id as one URL path segment: a space, '/' or '?' in it must not break the URL."""
+    return urllib.parse.quote(batch_id, safe="")
 
 
 def target_from_args(

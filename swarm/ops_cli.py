@@ -12,7 +12,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from swarm.argtypes import positive_int
 from swarm.client import Client, target_from_args
@@ -66,30 +66,49 @@ def _tokens(n: int) -> str:
     return f"{n:,}"
 
 
-def watch(client: Client, batch_id: str, interval_s: float = 1.0, timeout_s: float = 3600) -> Any:
-    """Print progress until the batch closes; returns its final status."""
-    tty = sys.stdout.isatty()
+def watch(
+    client: Client,
+    batch_id: str,
+    interval_s: float = 1.0,
+    timeout_s: float = 3600,
+    out: TextIO | None = None,
+) -> Any:
+    """Print progress (on ``out``, default stdout) until the batch closes; returns its final
+    status."""
+    out = out or sys.stdout
+    tty = out.isatty()
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
         doc = client.status(batch_id)
         line = progress_line(doc)
         if tty:
-            print("\r" + line.ljust(len(last)), end="", flush=True)
+            print("\r" + line.ljust(len(last)), end="", flush=True, file=out)
         elif line != last:
-            print(line, flush=True)
+            print(line, flush=True, file=out)
         last = line
         if doc["state"] in TERMINAL:
             if tty:
-                print()
+                print(file=out)
             return doc
         if time.monotonic() > deadline:
             if tty:
-                print()
+                print(file=out)
             raise InvalidInput(
                 "--watch", f"batch {batch_id} still {doc['state']} after {timeout_s}s"
             )
         time.sleep(interval_s)
+
+
+def _interval(text: str) -> float:
+    """Seconds between checks: a finite number in [0.1, 3600] (time.sleep rejects < 0, nan)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.1 <= value <= 3600:  # also false for nan
+        raise argparse.ArgumentTypeError(f"{text} is out of range: must be in 0.1..3600 seconds")
+    return value
 
 
 # ------------------------------------------------------------------ commands
@@ -113,6 +132,8 @@ def _read_units(path: Path) -> Any:
         doc = json.loads(path.read_text())
     except OSError as e:
         raise InvalidInput("FILE", f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise InvalidInput("FILE", f"{path} is not JSON (not UTF-8 text)") from None
     except json.JSONDecodeError as e:
         raise InvalidInput("FILE", f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
     if isinstance(doc, list):
@@ -138,19 +159,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json and not args.watch:
         print(json.dumps(doc, indent=2))
         return 0
+    log = sys.stderr if args.json else sys.stdout  # --json --watch: stdout is the final JSON
     print(
         f"batch {doc['batch_id']}: {doc['units']} units on the {doc['lane']} lane, "
-        f"budget {doc['tokens']['budget']:,} tokens"
+        f"budget {doc['tokens']['budget']:,} tokens",
+        file=log,
     )
     if args.watch:
-        final = watch(client, doc["batch_id"])
-        print(final["healthy_line"])
+        final = watch(client, doc["batch_id"], out=log)
+        print(json.dumps(final, indent=2) if args.json else final["healthy_line"])
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     client = _client(args)
-    doc = watch(client, args.batch) if args.watch else client.status(args.batch)
+    if args.watch:  # with --json, progress goes to stderr: stdout is the final JSON
+        doc = watch(client, args.batch, out=sys.stderr if args.json else sys.stdout)
+    else:
+        doc = client.status(args.batch)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -243,14 +269,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--budget", type=positive_int, help="token budget")
     p.add_argument("--idempotency-key", help="a retried submit with this key is the same batch")
     p.add_argument("--watch", action="store_true", help="show progress until the batch closes")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the API's JSON (with --watch: the final status; progress goes to stderr)",
+    )
     _target_options(p)
     p.set_defaults(handler=cmd_submit)
 
     p = sub.add_parser("status", help="a batch's state, counts and spend")
     p.add_argument("batch", metavar="BATCH")
     p.add_argument("--watch", action="store_true", help="live progress bar until it closes")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the API's JSON (with --watch: progress on stderr)",
+    )
     _target_options(p)
     p.set_defaults(handler=cmd_status)
 
@@ -270,7 +304,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("action", choices=["on", "off", "status"])
     p.add_argument("--wait", action="store_true", help="with on: block until in flight is 0")
     p.add_argument("--timeout", type=positive_int, default=1800, help="seconds to wait (1800)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between checks (2)")
+    p.add_argument("--interval", type=_interval, default=2.0, help="seconds between checks (2)")
     p.add_argument("--json", action="store_true")
     _target_options(p)
     p.set_defaults(handler=cmd_drain)
