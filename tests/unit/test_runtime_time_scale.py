@@ -1,0 +1,82 @@
+"""The local stack runs the deployed system on a faster clock: every timer follows the scale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from swarm.adapters.aws import SsmDrainSwitch
+from swarm.core.backpressure import ShedPolicy
+from swarm.core.governor import GovernorConfig
+from swarm.runtime import QUEUE_LEASE_S, Runtime
+from swarm.service.worker import WorkerConfig
+from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, Settings
+
+VALUES = {
+    "SWARM_FUNCTION": "worker",
+    "STAGE": "dev",
+    "STATE_MACHINE_ARN": "arn:aws:states:us-east-1:123456789012:stateMachine:fanout",
+    "QUOTA_TPM": "300000",
+    "GOVERNOR_SHARE": "0.95",
+    "GOVERNOR_MAX_WAIT_SECONDS": "20",
+    "LEASE_SECONDS": "720",
+    "MAX_ATTEMPTS": "3",
+    "MAX_BUDGET_TOKENS": "1000000000",
+    "DEFAULT_BUDGET_TOKENS": "6000000",
+    "MODEL_ADAPTER": "simulated",
+    "SIM_MODEL_QUOTA_TPM": "300000",
+    "SIM_MODEL_FAILURE_RATE": "0.04",
+    "SIM_MODEL_SEED": "7",
+    "POWERTOOLS_LOG_LEVEL": "INFO",
+}
+
+
+def settings(function: str) -> Settings:
+    env = {}
+    for name in FUNCTION_ENV[function]:  # type: ignore[index]
+        if name in OPTIONAL_VARS:
+            continue
+        if name.startswith(("LANE_RESERVE_",)):
+            env[name] = "0.1"
+        elif name.startswith("SHED_DEPTH_"):
+            env[name] = "1000"
+        else:
+            env[name] = VALUES.get(name, f"value-{name.lower()}")
+    env["SWARM_FUNCTION"] = function
+    return Settings.from_env(env)
+
+
+class NoClients:
+    def __call__(self, service: str) -> Any:
+        return object()
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_every_timer_of_the_worker_follows_the_time_scale(scale: float) -> None:
+    # Given the worker's wiring on a clock `scale` times faster
+    runtime = Runtime(settings("worker"), NoClients(), time_scale=scale)
+
+    # When its services are built
+    worker = runtime.worker()
+    governor = runtime.governor_config()
+    default = GovernorConfig(quota_tpm=300_000)
+
+    # Then every duration is the deployed one divided by the scale (rates multiplied)
+    assert worker.config.lease_s == 720 / scale
+    assert worker.config.max_wait_s == 20 / scale
+    assert worker.config.retry_backoff_s == WorkerConfig.retry_backoff_s / scale
+    assert worker.config.requeue_delay_s == WorkerConfig.requeue_delay_s / scale
+    assert governor.throttle_cooldown_s == default.throttle_cooldown_s / scale
+    assert governor.recovery_per_s == default.recovery_per_s * scale
+    drain = runtime.drain_switch()
+    assert isinstance(drain, SsmDrainSwitch) and drain.ttl_s == SsmDrainSwitch.ttl_s / scale
+    # and the quota itself is untouched here (the local context scales it in the template)
+    assert governor.quota_tpm == 300_000
+
+
+def test_the_api_sheds_on_the_scaled_throttle_window_and_fan_out_leases_follow() -> None:
+    api = Runtime(settings("api"), NoClients(), time_scale=10.0)
+    assert api.batches().config.shed_policy.throttle_window_s == ShedPolicy.throttle_window_s / 10
+    fanout = Runtime(settings("fanout"), NoClients(), time_scale=10.0)
+    assert fanout.fanout().queue_lease_s == QUEUE_LEASE_S / 10
