@@ -178,8 +178,12 @@ class Batches:
     # ------------------------------------------------------------------ status
 
     def _run_for(self, tenant: str, run_id: str) -> RunRecord:
-        run = self.ledger.run(run_id)
-        if run.spec.tenant != tenant:  # never reveal another tenant's batch
+        try:
+            run: RunRecord | None = self.ledger.run(run_id)
+        except NotFound:
+            run = None
+        # never reveal another tenant's batch: the same error as for an id that does not exist
+        if run is None or run.spec.tenant != tenant:
             raise NotFound(f"no batch {run_id!r}")
         return run
 
@@ -227,9 +231,12 @@ class Batches:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
         if self.drain.draining(fresh=True):
             raise Draining("the control plane is draining for a deploy; resume after it")
-        epoch = run.exhaustions
         top = self.ledger.top_up(run_id, top_up, now)
         if top.requeue:
+            # the exhaustion this top-up ended (read atomically with it, not before: the run may
+            # have exhausted again meanwhile); each exhaustion is resumed at most once, so the
+            # execution's name and its manifest never collide with an earlier resume's
+            epoch = top.run.exhaustions
             original = self.blobs.get_json(manifest_key(run_id))
             wanted = set(top.requeue)
             items = [item for item in original if item["unit_id"] in wanted]

@@ -99,7 +99,15 @@ class Finalizer:
         key = results_key(run_id, run.state, epoch)
         announced = False
         if not self.blobs.exists(key):
-            units = self.ledger.units(run_id)
+            # As of the closure read above: a closed run has nothing in flight or pending, so a
+            # unit that is neither completed nor dead-lettered is in its remainder, even if a
+            # top-up has reopened the run (and requeued that unit) since.
+            units = [
+                u
+                if u.state in (UnitState.COMPLETED, UnitState.DEAD_LETTERED)
+                else u.with_(state=UnitState.REMAINDER)
+                for u in self.ledger.units(run_id)
+            ]
             remainder = [u.unit_id for u in units if u.state is UnitState.REMAINDER]
             if remainder:
                 original = self.blobs.get_json(manifest_key(run_id))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ import boto3
 import pytest
 
 from swarm.adapters import create_table
+from swarm.adapters.aws import EventBridgeEvents
 from swarm.core.model import LANES, Lane
 from swarm.local.events import LambdaContext, proxy_event, sqs_event
 from swarm.settings import (
@@ -69,6 +71,8 @@ class ControlPlane:
     dlq_urls: dict[Lane, str]
     state_machine_arn: str
     processed_executions: set[str] = field(default_factory=set)
+    events_url: str | None = None
+    announced: list[dict[str, Any]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ plumbing
     @staticmethod
@@ -181,6 +185,37 @@ class ControlPlane:
                 return n
         raise AssertionError("the lanes never drained")
 
+    # ------------------------------------------------------------------ EventBridge
+    def observe_events(self) -> None:
+        """A rule on the bus with an SQS target: every event the functions publish lands there."""
+        sqs, events = self.client("sqs"), self.client("events")
+        url = sqs.create_queue(QueueName="swarm-test-events")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        bus = self.env[EVENT_BUS_NAME]
+        events.put_rule(
+            Name="observe-all",
+            EventBusName=bus,
+            EventPattern=json.dumps({"source": [EventBridgeEvents.source]}),
+        )
+        events.put_targets(Rule="observe-all", EventBusName=bus, Targets=[{"Id": "q", "Arn": arn}])
+        self.events_url = url
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event published on the bus since :meth:`observe_events`, oldest first."""
+        assert self.events_url is not None, "call observe_events() first"
+        sqs = self.client("sqs")
+        while True:
+            messages = sqs.receive_message(
+                QueueUrl=self.events_url, MaxNumberOfMessages=10, VisibilityTimeout=0
+            ).get("Messages", [])
+            if not messages:
+                return list(self.announced)
+            for m in messages:
+                self.announced.append(json.loads(m["Body"]))
+                sqs.delete_message(QueueUrl=self.events_url, ReceiptHandle=m["ReceiptHandle"])
+
     def set_drain(self, on: bool) -> None:
         self.client("ssm").put_parameter(
             Name=self.env[DRAIN_PARAMETER_NAME],
@@ -188,6 +223,38 @@ class ControlPlane:
             Type="String",
             Overwrite=True,
         )
+
+
+@dataclass
+class SqsClock:
+    """moto's SQS clock, frozen: a message leaves its delay or its visibility timeout only when
+    the test advances the clock, never because wall time passed."""
+
+    now_ms: float
+
+    def millis(self) -> float:
+        return self.now_ms
+
+    def seconds(self) -> float:
+        return self.now_ms / 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.now_ms += seconds * 1000.0
+
+
+def freeze_sqs_clock(monkeypatch: pytest.MonkeyPatch) -> SqsClock:
+    """Replace the clock of moto's SQS backend (and the visibility and delay checks, which the
+    local emulator's patch may have rebound to ``time.time``) with a :class:`SqsClock`."""
+    from moto.sqs import models
+
+    clock = SqsClock(time.time() * 1000.0)
+    monkeypatch.setattr(models, "unix_time_millis", clock.millis)
+    monkeypatch.setattr(models, "unix_time", clock.seconds)
+    monkeypatch.setattr(models.Message, "visible", property(lambda m: clock.now_ms > m.visible_at))
+    monkeypatch.setattr(
+        models.Message, "delayed", property(lambda m: clock.now_ms < m.delayed_until)
+    )
+    return clock
 
 
 def reset_handler_caches() -> None:

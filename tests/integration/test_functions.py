@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,10 +12,14 @@ import boto3
 import pytest
 from moto import mock_aws
 
+import functions.worker as worker_handler
+from swarm.adapters.aws import parse_message_body
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+from swarm.core.lanes import QueuedUnit
 from swarm.core.model import Lane, RunState, UnitState
 from swarm.local import motopatch
-from tests.integration.plane import REGION, TABLE, ControlPlane, build
+from swarm.settings import LEASE_SECONDS
+from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
 
 
 @pytest.fixture
@@ -141,28 +146,73 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_the_lost_attempt_counted(
                 (0, False, True),
                 (1, True, False),
             ]
-            assert ledger().run(batch_id).spent == 2 * 10_000
+            # the lost attempt counts its whole reservation; the retry what the model billed
+            retry = next(a for a in attempts if a.attempt == 1)
+            assert 0 < retry.tokens <= 10_000
+            assert ledger().run(batch_id).spent == 10_000 + retry.tokens
 
 
-def test_draining_gives_503_and_workers_take_nothing_new(plane: ControlPlane) -> None:
+def test_draining_gives_503_and_workers_take_nothing_new(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 4 units queued on their lane, and SQS on a clock that moves only when told to
     _, doc, _ = plane.api("POST", "/batches", {"units": units(4)})
     batch_id = doc["batch_id"]
     plane.run_state_machine()
+    clock = freeze_sqs_clock(monkeypatch)
+    # When the operator drains: new submissions get 503 with Retry-After
     plane.set_drain(True)
     status, body, headers = plane.api("POST", "/batches", {"units": units(1)})
     assert status == 503 and body["error"] == "draining" and int(headers["Retry-After"]) > 0
-    messages = plane.receive(Lane.NORMAL)
-    plane.deliver(Lane.NORMAL, messages)
+    # and a worker handed the 4 messages runs nothing and reports no failure (the ESM deletes them)
+    originals = plane.receive(Lane.NORMAL)
+    assert len(originals) == 4
+    response = plane.deliver(Lane.NORMAL, originals)
+    assert response["batchItemFailures"] == []
     assert ledger().run(batch_id).spent == 0 and ledger().attempts(batch_id) == []
     status, body, _ = plane.api("GET", "/drain")
     assert body["draining"] is True
+    # Then the lane holds exactly the worker's own copies, delayed: the originals are gone
+    assert lane_counts(plane, Lane.NORMAL) == {"visible": 0, "in_flight": 0, "delayed": 4}
+    worker, _ = worker_handler._services()
+    delay = math.ceil(worker.config.requeue_delay_s)
+    clock.advance(delay - 0.001)  # a millisecond before the delay ends, nothing is deliverable
+    assert plane.receive(Lane.NORMAL) == []
+    clock.advance(0.001)  # and at the delay, all 4 are
+    assert lane_counts(plane, Lane.NORMAL) == {"visible": 4, "in_flight": 0, "delayed": 0}
     plane.set_drain(False)
-    # the requeued copies come back after their delay; skip it by re-sending them now
-    sqs = boto3.client("sqs", region_name=REGION)
-    for m in messages:
-        sqs.send_message(QueueUrl=plane.queue_urls[Lane.NORMAL], MessageBody=m["Body"])
-    plane.work()
+    # past the originals' visibility timeout too (they would be back had they not been deleted)
+    clock.advance(int(plane.env[LEASE_SECONDS]))
+    copies = plane.receive(Lane.NORMAL)
+    assert len(copies) == 4
+    assert not {m["MessageId"] for m in copies} & {m["MessageId"] for m in originals}
+    assert all(m["Attributes"]["ApproximateReceiveCount"] == "1" for m in copies)
+
+    # each copy carries its original's unit and lane, unchanged
+    def by_unit(messages: list[Any]) -> dict[str, QueuedUnit]:
+        return {q.unit_id: q for q in (parse_message_body(m["Body"]) for m in messages)}
+
+    assert by_unit(copies) == by_unit(originals)
+    assert {parse_message_body(m["Body"]).lane for m in copies} == {Lane.NORMAL}
+    # and delivering those copies (not re-sent bodies) completes every unit, once
+    plane.deliver(Lane.NORMAL, copies)
+    assert plane.receive(Lane.NORMAL) == []
     assert ledger().run(batch_id).completed == 4
+    assert sorted((a.unit_id, a.attempt) for a in ledger().attempts(batch_id)) == [
+        (f"u{i:04d}", 0) for i in range(4)
+    ]
+
+
+def lane_counts(plane: ControlPlane, lane: Lane) -> dict[str, int]:
+    names = {
+        "visible": "ApproximateNumberOfMessages",
+        "in_flight": "ApproximateNumberOfMessagesNotVisible",
+        "delayed": "ApproximateNumberOfMessagesDelayed",
+    }
+    attrs = boto3.client("sqs", region_name=REGION).get_queue_attributes(
+        QueueUrl=plane.queue_urls[lane], AttributeNames=list(names.values())
+    )["Attributes"]
+    return {key: int(attrs[name]) for key, name in names.items()}
 
 
 def test_deep_lanes_shed_new_submissions_with_retry_after(
