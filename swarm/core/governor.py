@@ -244,16 +244,24 @@ def acquire(
     draws = 0
     while True:
         draws += 1
-        result = governor.draw(amount, lane, now())
-        waited = now() - start
+        asked_at = now()
+        result = governor.draw(amount, lane, asked_at)
+        current = now()
+        waited = current - start
         if result.granted:
             return Acquired(True, waited, draws)
-        remaining = max_wait_s - waited
-        if remaining <= 0 or result.wait_s > remaining:
-            governor.cancel(now())  # a ticket booked for us is abandoned
+        # the wait runs from the instant the draw was decided at, not from its return: a draw
+        # that made a DynamoDB round trip has already spent part of it (sleeping the whole wait
+        # after the round trip picked a ticket up late by the request's latency, and, under
+        # load, a whole queue of them at once: a burst above the rate at the model). And the
+        # bound is on when the tokens are ours, not on how long the answer took: a ticket that
+        # matured while a slow answer was on its way is picked up, not abandoned unused.
+        ready_at = asked_at + result.wait_s
+        if ready_at - start > max_wait_s:
+            governor.cancel(current)  # a ticket booked for us is abandoned
             return Acquired(False, waited, draws)
         # never sleep zero (a float rounding could leave a tiny deficit): at least 1 ms
-        sleep(max(result.wait_s, 0.001))
+        sleep(max(ready_at - current, 0.001))
 
 
 def ticks_until(wait_s: float) -> int:

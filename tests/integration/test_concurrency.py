@@ -1,30 +1,38 @@
 """Concurrency proofs on an embedded, patched moto server: many workers in several processes.
 
-Each test runs real workers (threads in >= 2 spawned processes, each with its own boto3
+Each proof runs real workers (threads in >= 2 spawned processes, each with its own boto3
 client) against one moto server over HTTP, as a Lambda fleet uses DynamoDB, then checks the
-invariants from the books alone.
+invariants from the books and the workers' own clocks alone, never from what the component
+under test says about itself. Next to the governor's proofs, deliberately broken governors (or
+a virtual clock, in one process) show that each check fails when it should, deterministically.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 import multiprocessing as mp
 import os
 import random
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 import pytest
 
-from swarm.adapters.dynamodb_governor import DynamoDBGovernor
+from swarm.adapters import SORT_KEY
+from swarm.adapters.dynamodb_governor import DynamoDBGovernor, ShardState
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.bench import governor as bench
 from swarm.core.errors import Conflict
-from swarm.core.governor import GovernorConfig
+from swarm.core.governor import Draw, GovernorConfig, acquire
 from swarm.core.ledger import Fate
 from swarm.core.model import Lane, RunSpec, RunState, UnitSpec, UnitState
 from swarm.local import motopatch
-from tests.integration.conftest import server_client
+from tests.integration.conftest import TABLE, server_client
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +45,30 @@ BUDGET = 150 * TOKENS  # room for 150 attempts: the run must exhaust
 # ------------------------------------------------------------------ governor
 
 
+# Utilization floors, of what the bucket could have given to the demand the workers showed
+# (``demand_utilization``: a process that starts late does not count against the governor).
+# Measured on this 2-core machine, shared (load average 2-14), 20 runs of each configuration
+# (5 sequential, 10 with two benchmarks at once, 5 of this test):
+# - tickets: 0.994 in 16 runs (159 of the 160 draws 4 s allow: the 160th matures at the very
+#   end), but 0.085, 0.23, 0.31 and 0.53 in 4 of the runs with two benchmarks at once at load
+#   10-14, where moto, sharing the cores, answered bookings 1-3 s late (no draw was refused:
+#   the loss is the emulator's, not the governor's);
+# - deny-and-retry: 0.16-0.64 (moto-bound: 5-8 requests per grant).
+# 3x margin against the worst (0.085, 0.16) leaves 0.028 and 0.054: no meaningful floor
+# survives this machine's load, so these only say "it granted". The meaningful figure (every
+# token used, exactly) is asserted in virtual time by the next test, where load cannot reach.
 @pytest.mark.parametrize(
-    ("shards", "horizon_s", "min_utilization"),
+    ("shards", "horizon_s", "min_demand_utilization"),
     # without tickets every waiter wakes at once and collides (many failed conditional writes,
     # moto saturates): safe, but slow. That is the contention the ticket design removes.
-    [(1, 10.0, 0.5), (2, 0.0, 0.2)],
+    [(1, 10.0, 0.025), (2, 0.0, 0.05)],
     ids=["one-item-tickets", "two-shards-deny-and-retry"],
 )
 def test_64_workers_in_2_processes_never_exceed_capacity_plus_refill(
-    moto_server: motopatch.EmbeddedServer, shards: int, horizon_s: float, min_utilization: float
+    moto_server: motopatch.EmbeddedServer,
+    shards: int,
+    horizon_s: float,
+    min_demand_utilization: float,
 ) -> None:
     # Given 64 workers in 2 processes wanting far more than the governed rate
     cfg = bench.BenchConfig(
@@ -60,10 +83,459 @@ def test_64_workers_in_2_processes_never_exceed_capacity_plus_refill(
     )
     # When they draw for 4 seconds
     result = bench.run(cfg, endpoint=moto_server.endpoint)
-    # Then no window ever got more than capacity + refill, and the rate was used
-    assert result["over_granted"] <= 1e-6, result
+    # Then no window ever got more than capacity + refill, judged by when the workers asked for
+    # and saw their grants (their own clocks), within the clock's resolution
+    assert result["over_granted"] <= bench.over_grant_tolerance(cfg.rate), result
     assert result["tokens_granted"] <= result["tokens_allowed"] + cfg.capacity
-    assert result["utilization"] >= min_utilization, result
+    # and the rate was used (see the floors' measurements above)
+    assert result["demand_utilization"] >= min_demand_utilization, result
+
+
+def test_with_tickets_64_workers_draw_every_token_at_one_request_each_in_virtual_time(
+    dynamodb: Any,
+) -> None:
+    """The ticket design's efficiency, free of the machine's load: the 64 workers above, on one
+    virtual clock (advanced by hand, each worker drawing exactly when told to), so the figures
+    are exact and a meaningful floor cannot flake."""
+    cfg = bench.BenchConfig(workers=64, seconds=4.0, grants_per_s=40.0, work_s=0.05, horizon_s=10.0)
+    config = bench.governor_config(cfg)
+    DynamoDBGovernor(config, TABLE, client=dynamodb).create(0.0)
+    workers = [
+        DynamoDBGovernor(config, TABLE, client=dynamodb, horizon_s=10.0, rng=random.Random(i))
+        for i in range(cfg.workers)
+    ]
+    due = [(0.0, i, 0.0) for i in range(cfg.workers)]  # (next draw, worker, asked at)
+    grants: list[tuple[float, float, int]] = []
+    while due:
+        t, i, asked = heapq.heappop(due)
+        if t > cfg.seconds:
+            continue
+        got = workers[i].draw(cfg.amount, Lane.NORMAL, t)
+        if got.granted:
+            grants.append((asked, t, cfg.amount))
+            heapq.heappush(due, (t + cfg.work_s, i, t + cfg.work_s))
+        else:
+            heapq.heappush(due, (t + got.wait_s, i, asked))
+    requests = sum(w.stats.requests for w in workers)
+    booked_late = sum(1 for w in workers if w.ticket is not None)  # matures after the end
+    tolerance = bench.over_grant_tolerance(cfg.rate)
+    # every token of the 4 s was drawn (utilization 1.0), never more than the bucket allows
+    assert sum(tokens for _, _, tokens in grants) == cfg.rate * cfg.seconds
+    assert bench.over_granted(grants, 0.0, 0.0, cfg.capacity, cfg.rate) <= tolerance
+    # at one request per grant, beyond each worker's first read of the item; none failed
+    assert requests == cfg.workers + len(grants) + booked_late
+    assert sum(w.stats.condition_failures for w in workers) == 0
+
+
+class EarlyGrantGovernor(DynamoDBGovernor):
+    """Deliberately broken: books its ticket like the real governor, then answers "granted" at
+    once instead of when the ticket matures, and gives the ticket's ready time as the grant
+    time (``last_grant_at``), exactly as the real one does. A check that trusts that time sees
+    a perfectly paced governor."""
+
+    def draw(self, amount: int, lane: Lane, now: float) -> Draw:
+        result = super().draw(amount, lane, now)
+        ticket = self.ticket
+        if result.granted or ticket is None:
+            return result
+        return super().draw(amount, lane, max(now, ticket.ready_at))  # lies about the clock
+
+
+def test_the_over_grant_check_catches_a_governor_that_grants_before_the_tokens_exist(
+    moto_server: motopatch.EmbeddedServer,
+) -> None:
+    # Given the same harness, with a governor that says "granted" as soon as it has booked, on
+    # a bucket that starts empty and refills 1,000 tokens/s: 10,000-token draws, so no draw's
+    # tokens exist before 10 s, while the workers ask only for 1 s (and give up after 1 s)
+    cfg = bench.BenchConfig(
+        workers=16,
+        processes=2,
+        seconds=1.0,
+        grants_per_s=0.1,
+        work_s=0.05,
+        horizon_s=60.0,  # books up to 6 draws ahead
+        max_wait_s=1.0,
+    )
+    run = bench.run_workers(cfg, endpoint=moto_server.endpoint, factory=EarlyGrantGovernor)
+    result = bench.summarize(cfg, run.reports, run.start_at, run.end_at)
+    seen = [g for r in run.reports for g in r.grants]
+    assert seen, "the broken governor granted nothing: the harness did not run"
+    # Then, by the governor's own account of when the tokens were the workers', all is well
+    claimed = [
+        (at, at, tokens)
+        for r in run.reports
+        for (_, _, tokens), at in zip(r.grants, r.claimed, strict=True)
+    ]
+    tolerance = bench.over_grant_tolerance(cfg.rate)
+    assert bench.over_granted(claimed, run.start_at, 0.0, cfg.capacity, cfg.rate) <= tolerance
+    # but as the workers saw it, every grant came before its tokens existed: the first one
+    # alone is over by amount - refill up to its sighting (> 0 whenever it is seen before 10 s;
+    # the run is over ~2 s after its start), so the check fails for certain, not by chance
+    first = min(s for _, s, _ in seen) - run.start_at
+    assert first < cfg.amount / cfg.rate
+    assert result["over_granted"] >= cfg.amount - cfg.rate * first > tolerance
+
+
+# ------------------------------------------------------------------ AIMD under concurrency
+
+AIMD_NAME = "aimd"
+AIMD_SHARDS = 2
+AIMD = GovernorConfig(
+    quota_tpm=2_400_000,  # 40,000 tokens/s: 20,000 per shard
+    share=1.0,
+    capacity=8_000.0,  # 4,000 per shard: two draws
+    decrease_factor=0.5,
+    min_rate_fraction=0.4,  # 16,000/s: 8,000 per shard
+    recovery_per_s=0.005,  # +200 tokens/s every second: 120 s from the floor back to full
+    throttle_cooldown_s=2.0,
+)
+AIMD_DRAW = 2_000
+AIMD_REPORTERS = 32  # per process: 64 reports per storm
+AIMD_DRAWERS = 4  # per process
+
+
+class CountingGovernor(DynamoDBGovernor):
+    """The real governor, noting the shard of every rate cut it wrote (a spy on its requests:
+    a conditional write that failed raised, so it is not counted)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cuts: list[int] = []
+
+    def _call(self, op: str, **kwargs: Any) -> dict[str, Any]:
+        result = super()._call(op, **kwargs)
+        if op == "update_item" and "cut_rate" in kwargs.get("UpdateExpression", ""):
+            self.cuts.append(int(kwargs["Key"][SORT_KEY]["S"].split("#", 1)[1]))
+        return result
+
+
+def _shards(client: Any, table: str, name: str = AIMD_NAME) -> list[ShardState]:
+    """The governor's shard items as stored (one strongly consistent query)."""
+    page = client.query(
+        TableName=table,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": f"gov#{name}"}},
+        ConsistentRead=True,
+    )
+    return sorted((ShardState.from_item(it) for it in page["Items"]), key=lambda s: s.index)
+
+
+@dataclass(frozen=True)
+class Storm:
+    """One reporter's part in one storm: the ``now`` it reported, and the cuts it wrote."""
+
+    now: float
+    returned: float
+    cuts: tuple[int, ...]  # shard of each cut this report wrote
+
+
+def _aimd_process(
+    endpoint: str, table: str, barrier: Any, drawing: Any, done: Any, seed: int, out: Any
+) -> None:
+    """Reporters that report a throttle at one instant once the fleet draws (storm 1), then
+    again one cool-down after every storm-1 report returned (storm 2), while drawers draw until
+    both storms are over and they have drawn once more."""
+    client = server_client(endpoint, AIMD_REPORTERS + AIMD_DRAWERS + 2)
+    lock = threading.Lock()
+    storms: list[list[Storm]] = []
+    grants: list[tuple[float, float, int]] = []
+    between: list[list[ShardState]] = []
+
+    def report(i: int) -> None:
+        rng = random.Random(seed * 1_000 + i)
+        gov = CountingGovernor(AIMD, table, client=client, name=AIMD_NAME, shards=2, rng=rng)
+        gov.snapshot(time.time())  # a warm client with the shards loaded, as a busy worker's
+        mine: list[Storm] = []
+        barrier.wait(timeout=30)  # all 64 are ready (a reporter still warming up is late)
+        assert drawing.wait(timeout=60)  # then one event releases them all at once
+        for storm in (1, 2):
+            if storm == 2:
+                barrier.wait(timeout=30)  # every storm-1 report, in both processes, returned
+                if seed == 0 and i == 0:
+                    between.append(_shards(client, table))
+                barrier.wait(timeout=30)  # ... and the state after storm 1 is read
+                # so every storm-2 ``now`` is a whole cool-down after every storm-1 ``now``
+                time.sleep(AIMD.throttle_cooldown_s + 0.05)
+            before = len(gov.cuts)
+            now = time.time()
+            gov.report_throttle(now)
+            mine.append(Storm(now, time.time(), tuple(gov.cuts[before:])))
+        with lock:
+            storms.append(mine)
+        barrier.wait(timeout=30)  # every storm-2 report returned
+        if seed == 0 and i == 0:
+            done.set()
+
+    def draw(i: int) -> None:
+        rng = random.Random(seed * 1_000 + 500 + i)
+        gov = DynamoDBGovernor(AIMD, table, client=client, name=AIMD_NAME, shards=2, rng=rng)
+        gov.snapshot(time.time())
+        mine: list[tuple[float, float, int]] = []
+        noticed: float | None = None  # when this drawer saw that both storms were over
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if noticed is None and done.is_set():
+                noticed = time.time()
+            asked = time.time()
+            got = acquire(gov, AIMD_DRAW, Lane.NORMAL, time.time, time.sleep, 1.0)
+            seen = time.time()  # the worker's own clock: when it would call the model
+            if got.granted:
+                mine.append((asked, seen, AIMD_DRAW))
+                drawing.set()  # (a grant seen before any storm)
+                if noticed is not None and asked > noticed:
+                    break  # (and one asked after both)
+                time.sleep(0.02)
+        with lock:
+            grants.extend(mine)
+
+    pool = [threading.Thread(target=report, args=(i,)) for i in range(AIMD_REPORTERS)]
+    pool += [threading.Thread(target=draw, args=(i,)) for i in range(AIMD_DRAWERS)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    out.put((storms, grants, between))
+
+
+def _micro(now: float) -> Decimal:
+    """A ``now`` as the governor stores it: whole microseconds, rounded down."""
+    return Decimal(repr(now)).quantize(Decimal("0.000001"), rounding=ROUND_FLOOR)
+
+
+def _ramp(base: float, t0: float, a: float, b: float) -> float:
+    """Tokens credited over [a, b] (a >= t0) at min(full rate, base + recovery x (t - t0))."""
+    full, k = AIMD.rate, AIMD.recovery_per_s * AIMD.rate
+    if b <= a:
+        return 0.0
+    end = min(b, max(a, t0 + (full - base) / k))  # the ramp is back at the full rate then
+    ramp = base * (end - a) + k / 2 * ((end - t0) ** 2 - (a - t0) ** 2)
+    return ramp + full * (b - end)
+
+
+def _aimd_credit(storms: list[tuple[float, float]]) -> Callable[[float], float]:
+    """The most the fleet can have been credited by x seconds after the start, when each
+    storm's cut took effect somewhere in [lo, hi] (seconds after the start): the full rate until
+    ``hi``, then the cut rate (the largest it can be) recovering from ``lo`` (the earliest)."""
+    full, factor = AIMD.rate, AIMD.decrease_factor
+    floor, k = AIMD.rate * AIMD.min_rate_fraction, AIMD.recovery_per_s * AIMD.rate
+    segments = [(0.0, full, 0.0)]  # (from, base, t0): min(full, base + k (t - t0)) from then on
+    for lo, hi in storms:
+        _, base, t0 = segments[-1]
+        segments.append((hi, max(floor, factor * min(full, base + k * (hi - t0))), lo))
+
+    def credit(x: float) -> float:
+        total = 0.0
+        for j, (since, base, t0) in enumerate(segments):
+            until = segments[j + 1][0] if j + 1 < len(segments) else math.inf
+            total += _ramp(base, t0, since, min(x, until))
+        return total
+
+    return credit
+
+
+def _one_cut_per_shard(reports: list[Storm], after: list[ShardState], rate: float) -> None:
+    """The storm's reports cut every shard exactly once (one successful cut write each), to
+    ``rate`` (the fleet's), at the ``now`` one of them reported."""
+    cut = sorted(shard for r in reports for shard in r.cuts)
+    assert cut == list(range(len(after))), f"cut writes, by shard: {cut}"
+    nows = {_micro(r.now) for r in reports}
+    for s in after:
+        assert s.cut_rate == _micro(rate / len(after)), s
+        assert s.cut_at in nows and s.base_time == s.cut_at, s  # banked, then cut, at a report
+
+
+def test_64_throttle_reports_at_once_cut_the_rate_once_per_cooldown_while_workers_draw(
+    moto_server: motopatch.EmbeddedServer, server_table: str
+) -> None:
+    # Given a 2-shard governor, and 2 processes with 32 reporters and 4 drawers each
+    client = server_client(moto_server.endpoint)
+    start_at = float(math.floor(time.time()))  # a whole second: exactly the stored base time
+    DynamoDBGovernor(AIMD, server_table, client=client, name=AIMD_NAME, shards=2).create(start_at)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    barrier, drawing, done = ctx.Barrier(2 * AIMD_REPORTERS), ctx.Event(), ctx.Event()
+    procs = [
+        ctx.Process(
+            target=_aimd_process,
+            args=(moto_server.endpoint, server_table, barrier, drawing, done, i, out),
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        p.start()
+    # When the 64 reporters report a throttle at one instant (storm 1), then again a cool-down
+    # after (storm 2), while 8 workers draw (without tickets: tickets booked before a cut keep
+    # the old rate's times, by design; see swarm.adapters.dynamodb_governor)
+    results = [out.get(timeout=90) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    storms = [mine for r in results for mine in r[0]]
+    grants = [g for r in results for g in r[1]]
+    between = next(r[2][0] for r in results if r[2])
+    after = _shards(client, server_table)
+    first, second = [[mine[k] for mine in storms] for k in (0, 1)]
+    assert len(first) == len(second) == 2 * AIMD_REPORTERS
+    cooldown = AIMD.throttle_cooldown_s
+    for storm in (first, second):
+        # all 64 reports of a storm fall within one cool-down, 2 s (released at once, their
+        # ``now``s spread over 0.11-0.20 s in storm 1 and 0.07-0.12 s in storm 2, in 5 runs
+        # at load 1.6-2; 0.13-1.18 s in 5 runs at load 3-10 before the reporters waited for
+        # each other to be ready), and storm 2 is a cool-down after storm 1 by construction
+        nows = [r.now for r in storm]
+        assert max(nows) - min(nows) < cooldown, "a storm outlasted the cool-down"
+    assert min(r.now for r in second) >= max(r.now for r in first) + cooldown
+
+    # Then storm 1 cut every shard exactly once, by the decrease factor (two cuts would be
+    # 0.25 and floored at 0.4), whatever order the 64 reports arrived in
+    full = AIMD.rate
+    _one_cut_per_shard(first, between, full * AIMD.decrease_factor)
+    assert between[0].throttles == 2 * AIMD_REPORTERS  # each report counted once
+    # storm 2 cut once more, from the rate recovered since storm 1 (a little over 0.5),
+    # halved: about 0.25, so held at the 0.4 floor (the halved rate would pass the floor only
+    # 60 s after storm 1)
+    floor = full * AIMD.min_rate_fraction
+    _one_cut_per_shard(second, after, floor)
+    for s in after:
+        recovered = float(between[0].rate_at(s.cut_at))
+        assert recovered < 2 * floor / AIMD_SHARDS
+        halved = _micro(AIMD.decrease_factor * recovered)
+        assert s.cut_rate == max(_micro(floor / AIMD_SHARDS), halved)
+    assert after[0].throttles == 4 * AIMD_REPORTERS
+    # and it recovers additively from there, as a function of time (no writes): +200/s per s
+    reader = DynamoDBGovernor(AIMD, server_table, client=client, name=AIMD_NAME, shards=2)
+    last = max(float(s.cut_at) for s in after)
+    k = AIMD.recovery_per_s * full
+    for dt in (0.0, 1.0, 10.0, 60.0, 119.0, 121.0, 1_000.0):
+        t = last + dt
+        # (each shard recovers from its own cut, by a report of the same storm)
+        expected = sum(min(full, floor + k * (t - float(s.cut_at))) for s in after) / 2
+        assert reader.snapshot(t).effective_rate == pytest.approx(expected, abs=1e-3), dt
+    assert reader.snapshot(last + 121.0).effective_rate == pytest.approx(full)
+    assert _shards(client, server_table) == after  # reading the recovery wrote nothing
+
+    # and no draw was granted above what the cut rates allowed, judged by when the workers
+    # asked and saw their grants: the full rate until the cut was certainly written (the
+    # cutting report returned), then the cut rate recovering from the storm's first report
+    def window(storm: list[Storm]) -> tuple[float, float]:
+        cutters = [r.returned for r in storm if r.cuts]
+        return min(r.now for r in storm) - start_at, max(cutters) - start_at
+
+    credit = _aimd_credit([window(first), window(second)])
+    excess = bench.over_granted(grants, start_at, 0.0, AIMD.bucket_capacity, full, credit)
+    assert excess <= bench.over_grant_tolerance(full), excess
+    # (the check had draws to judge on every side of both storms)
+    assert any(s < min(r.now for r in first) for _, s, _ in grants)
+    assert any(a > max(r.returned for r in second) for a, _, _ in grants)
+
+
+def _storm_in_one_process(
+    dynamodb: Any, config: GovernorConfig, name: str, now: float = 100.0, reporters: int = 16
+) -> tuple[list[Storm], list[ShardState]]:
+    """``reporters`` threads report a throttle at the same ``now`` (a virtual clock: identical
+    instants, the tightest storm there is), each through its own governor instance."""
+    DynamoDBGovernor(config, TABLE, client=dynamodb, name=name, shards=2).create(0.0)
+    barrier = threading.Barrier(reporters)
+    storms: list[Storm] = []
+
+    def report(i: int) -> None:
+        gov = CountingGovernor(
+            config, TABLE, client=dynamodb, name=name, shards=2, rng=random.Random(i)
+        )
+        gov.snapshot(now)
+        barrier.wait()
+        gov.report_throttle(now)
+        storms.append(Storm(now, now, tuple(gov.cuts)))
+
+    pool = [threading.Thread(target=report, args=(i,)) for i in range(reporters)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return storms, _shards(dynamodb, TABLE, name)
+
+
+def test_the_storm_checks_catch_a_governor_that_cuts_per_report_or_has_no_floor(
+    dynamodb: Any,
+) -> None:
+    half, floor = AIMD.rate * AIMD.decrease_factor, AIMD.rate * AIMD.min_rate_fraction
+    # Given 16 concurrent reports at one instant, When the governor is correct, Then one cut,
+    # and a storm a cool-down later one more, held at the floor (0.5 x ~0.5 < 0.4)
+    storms, after = _storm_in_one_process(dynamodb, AIMD, "correct")
+    _one_cut_per_shard(storms, after, half)
+    assert after[0].throttles == 16
+    storms, after = _storm_in_one_process(dynamodb, AIMD, "correct", now=103.0)
+    _one_cut_per_shard(storms, after, floor)
+    # When the governor has no cool-down (it cuts on every report), Then the same check fails:
+    # every report writes a cut (at one instant no report finds the shards cooling), whatever
+    # the order they arrive in
+    jumpy = replace(AIMD, throttle_cooldown_s=0.0)
+    storms, after = _storm_in_one_process(dynamodb, jumpy, "jumpy")
+    assert len([shard for r in storms for shard in r.cuts]) == 16 * AIMD_SHARDS
+    with pytest.raises(AssertionError, match="cut writes, by shard"):
+        _one_cut_per_shard(storms, after, half)
+    # When its floor is lower (0.1), Then the second storm's check fails: it cut to ~0.26
+    floorless = replace(AIMD, min_rate_fraction=0.1)
+    storms, after = _storm_in_one_process(dynamodb, floorless, "floorless")
+    _one_cut_per_shard(storms, after, half)
+    storms, after = _storm_in_one_process(dynamodb, floorless, "floorless", now=103.0)
+    assert after[0].cut_rate is not None and after[0].cut_rate < _micro(floor / AIMD_SHARDS)
+    with pytest.raises(AssertionError):
+        _one_cut_per_shard(storms, after, floor)
+
+
+class DeafGovernor(DynamoDBGovernor):
+    """Deliberately broken: ignores throttle reports (no cut, no count)."""
+
+    def report_throttle(self, now: float) -> None:
+        return None
+
+
+def _draws_in_virtual_time(
+    dynamodb: Any, factory: type[DynamoDBGovernor], name: str
+) -> list[tuple[float, float, int]]:
+    """2 workers drawing back to back for 6 virtual seconds; a throttle reported at 2 s."""
+    DynamoDBGovernor(AIMD, TABLE, client=dynamodb, name=name, shards=2).create(0.0)
+
+    def gov(i: int) -> DynamoDBGovernor:
+        return factory(AIMD, TABLE, client=dynamodb, name=name, shards=2, rng=random.Random(i))
+
+    workers = [gov(i) for i in range(2)]
+    reporter = gov(99)
+    due = [(0.0, i, 0.0) for i in range(len(workers))]  # (next draw, worker, asked at)
+    grants: list[tuple[float, float, int]] = []
+    reported = False
+    while due:
+        t, i, asked = heapq.heappop(due)
+        if t >= 6.0:
+            continue
+        if not reported and t >= 2.0:
+            reporter.report_throttle(2.0)
+            reported = True
+        got = workers[i].draw(AIMD_DRAW, Lane.NORMAL, t)
+        if got.granted:
+            grants.append((asked, t, AIMD_DRAW))
+            heapq.heappush(due, (t + 0.02, i, t + 0.02))
+        else:
+            heapq.heappush(due, (t + max(got.wait_s, 0.001), i, asked))
+    return grants
+
+
+def test_the_cut_rate_check_catches_a_governor_that_ignores_throttles(dynamodb: Any) -> None:
+    # Given the bound the 64-reporter test judges by, for a cut at exactly 2 s
+    credit = _aimd_credit([(2.0, 2.0)])
+    tolerance = bench.over_grant_tolerance(AIMD.rate)
+
+    def excess(grants: list[tuple[float, float, int]]) -> float:
+        return bench.over_granted(grants, 0.0, 0.0, AIMD.bucket_capacity, AIMD.rate, credit)
+
+    # When the governor is correct, Then its draws stay within the cut rate
+    correct = _draws_in_virtual_time(dynamodb, DynamoDBGovernor, "heard")
+    assert excess(correct) <= tolerance
+    # When it ignores the throttle, Then it keeps the full rate, and the check fails by about
+    # the 4 s of full rate over the cut one (20,000/s + the recovery), less a bucket's worth
+    deaf = _draws_in_virtual_time(dynamodb, DeafGovernor, "deaf")
+    assert len(deaf) > len(correct)
+    assert excess(deaf) >= 4 * 20_000 - AIMD.bucket_capacity - 2 * AIMD_DRAW > tolerance
 
 
 # ------------------------------------------------------------------ ledger
