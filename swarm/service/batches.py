@@ -231,13 +231,22 @@ class Batches:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
         if self.drain.draining(fresh=True):
             raise Draining("the control plane is draining for a deploy; resume after it")
+        # read what the requeue needs before the top-up commits: a manifest gone (the bucket's
+        # lifecycle expired it) must refuse the resume, not leave the run reopened with nothing
+        # fanned out
+        try:
+            original = self.blobs.get_json(manifest_key(run_id))
+        except NotFound:
+            raise Conflict(
+                f"batch {run_id}'s manifest has expired (the bucket's lifecycle rule): it cannot "
+                "be resumed; submit the remainder as a new batch"
+            ) from None
         top = self.ledger.top_up(run_id, top_up, now)
         if top.requeue:
             # the exhaustion this top-up ended (read atomically with it, not before: the run may
             # have exhausted again meanwhile); each exhaustion is resumed at most once, so the
             # execution's name and its manifest never collide with an earlier resume's
             epoch = top.run.exhaustions
-            original = self.blobs.get_json(manifest_key(run_id))
             wanted = set(top.requeue)
             items = [item for item in original if item["unit_id"] in wanted]
             key = manifest_key(run_id, f"resume-{epoch}")

@@ -178,6 +178,28 @@ def test_exhaustion_then_resume_completes_the_exact_remainder() -> None:
     assert plane.events.published[-1][0] == "run.completed"
 
 
+def test_a_resume_whose_manifest_is_gone_is_refused_before_the_top_up_commits() -> None:
+    # Given an exhausted run whose manifest has expired (the bucket's lifecycle rule)
+    plane = Plane()
+    run_id = plane.submit(20, budget=100_000)
+    plane.run(run_id)
+    before = plane.ledger.run(run_id)
+    assert before.state is RunState.EXHAUSTED
+    del plane.blobs.objects[f"manifests/{run_id}/units.json"]
+
+    # When the tenant tries to resume it
+    with pytest.raises(Conflict, match="manifest has expired"):
+        plane.batches.resume("acme", run_id, 1_000_000, plane.clock.now())
+
+    # Then nothing was committed: the budget, the remainder and the state are as they were
+    after = plane.ledger.run(run_id)
+    assert (after.budget, after.remainder, after.state) == (
+        before.budget,
+        before.remainder,
+        RunState.EXHAUSTED,
+    )
+
+
 def test_a_duplicate_delivery_settles_once() -> None:
     plane = Plane()
     run_id = plane.submit(3)
