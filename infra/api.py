@@ -17,14 +17,14 @@ import json
 import aws_cdk as cdk
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import API, MANIFEST_PREFIX, RESULTS_PREFIX
+from infra.constants import API, MANIFEST_PREFIX
+from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
@@ -100,7 +100,6 @@ class FrontDoor(Construct):
         ledger: dynamodb.ITable,
         storage: BatchStorage,
         state_machine: sfn.IStateMachine,
-        executions_arn: str,
         drain_parameter: ssm.IStringParameter,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -114,24 +113,28 @@ class FrontDoor(Construct):
                 memory_mb=512,
             ),
         )
+        # Exactly the calls its code makes (tests/infra/test_permissions.py lists who calls what).
         role = self.handler.role
-        ledger.grant_read_write_data(role)
-        governor.grant_read_data(role)  # fleet view and shedding on sustained throttles
-        storage.grant_objects(role, MANIFEST_PREFIX, "s3:PutObject", "s3:GetObject")
-        storage.grant_objects(role, RESULTS_PREFIX, "s3:GetObject")
-        state_machine.grant_start_execution(role)  # execution name = batch id (idempotent)
-        role.add_to_principal_policy(  # status, resume (redrive) and cancel of its executions
-            iam.PolicyStatement(
-                actions=[
-                    "states:DescribeExecution",
-                    "states:RedriveExecution",
-                    "states:StopExecution",
-                ],
-                resources=[executions_arn],
-            )
+        ledger.grant(
+            role,
+            "dynamodb:BatchGetItem",  # every read (run, spec, unit)
+            "dynamodb:Query",  # a run's units (status remainder, resume)
+            "dynamodb:PutItem",  # open_run: spec and books (TransactWriteItems Puts)
+            "dynamodb:BatchWriteItem",  # open_run: the unit items
+            "dynamodb:UpdateItem",  # open_run marks the books ready; resume tops up
         )
-        drain_parameter.grant_read(role)
-        for queue in (*lanes.queues.values(), *lanes.dead_letters.values()):
+        # Read only: shedding and the fleet view take a snapshot. Rather than granting the API
+        # PutItem to create a missing bucket (a fresh stack, or a new quota/share/capacity), its
+        # governor client is read-only and reads a missing bucket as its configured initial
+        # state (swarm/runtime.py, swarm/adapters/dynamodb_governor.py): the workers create it.
+        governor.grant(role, "dynamodb:Query")
+        # manifests/<batch>/units.json and resume-<n>.json; reads manifests/uploads/<tenant>/...
+        storage.grant_objects(role, MANIFEST_PREFIX, "s3:PutObject", "s3:GetObject")
+        # submit and resume start executions named after the batch (idempotent); the API never
+        # describes, redrives or stops one (resume starts <batch>-resume-<n>)
+        state_machine.grant_start_execution(role)
+        grant_get_parameter(drain_parameter, role)
+        for queue in lanes.queues.values():
             queue.grant(role, "sqs:GetQueueAttributes")  # lane depth: shedding, fleet view
 
         self.access_logs = logs.LogGroup(
@@ -145,8 +148,13 @@ class FrontDoor(Construct):
             "Api",
             description=f"swarm {config.stage} batch API (IAM auth)",
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            # Account-wide logging role: off by default (the account usually has one already).
+            # Access and execution logging (below) need the region's account-level CloudWatch
+            # role for API Gateway: a fresh account has none, and then the stage fails to create.
+            # On by default, so the defaults deploy anywhere; the role and the account setting
+            # are retained with the stack deleted (other APIs of the region may log through it).
+            # Off: the account already has one (README, "Deploying to an AWS account").
             cloud_watch_role=config.api.create_cloudwatch_role,
+            cloud_watch_role_removal_policy=cdk.RemovalPolicy.RETAIN,
             default_method_options=apigw.MethodOptions(
                 authorization_type=apigw.AuthorizationType.IAM
             ),

@@ -86,7 +86,8 @@ class LaneReserves(_Strict):
 class WorkerConfig(_Strict):
     timeout_seconds: int = Field(ge=10, le=900)
     memory_mb: int = Field(ge=128, le=10240)
-    reserved_concurrency: int | None = Field(default=None, ge=2)  # null: none (small accounts)
+    # null (default): unreserved. A reservation must fit account_concurrency_limit (see below).
+    reserved_concurrency: int | None = Field(default=None, ge=2)
     batch_size: int = Field(ge=1, le=10)
     governor_max_wait_seconds: float = Field(ge=0)
 
@@ -137,8 +138,15 @@ class ObservabilityConfig(_Strict):
         return self
 
 
+#: Lambda keeps this much of an account's concurrency unreserved, whatever functions reserve.
+UNRESERVED_MINIMUM = 100
+
+
 class SwarmConfig(_Strict):
     stage: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
+    # The account's Lambda "Concurrent executions" quota in this region (Service Quotas): 1,000
+    # is the usual one; new accounts often have 10. Synth checks the worker's concurrency fits.
+    account_concurrency_limit: int = Field(default=1000, ge=1)
     production_stages: tuple[str, ...]
     quota_tpm: int = Field(ge=1, le=1_000_000_000)
     governor_share: float = Field(gt=0, le=1)
@@ -171,13 +179,7 @@ class SwarmConfig(_Strict):
                 f"max_receive_count={self.max_receive_count} must be >= max_attempts="
                 f"{self.max_attempts}: a governor wait returns a message without an attempt"
             )
-        lanes_total = sum(self.lanes.of(lane).max_concurrency for lane in LANES)
-        reserved = self.worker.reserved_concurrency
-        if reserved is not None and reserved < lanes_total:
-            raise ValueError(
-                f"worker.reserved_concurrency={reserved} must be >= the sum of "
-                f"lanes.*.max_concurrency ({lanes_total}), or null"
-            )
+        self._concurrency_fits_the_account()
         if self.worker.governor_max_wait_seconds >= self.worker.timeout_seconds:
             raise ValueError(
                 "worker.governor_max_wait_seconds must be below worker.timeout_seconds "
@@ -186,6 +188,46 @@ class SwarmConfig(_Strict):
         if self.budget.default_tokens > self.budget.max_tokens:
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
         return self
+
+    def _concurrency_fits_the_account(self) -> None:
+        """Refuse a worker concurrency the account cannot give it.
+
+        Reserving concurrency fails to deploy when it would leave less than 100 unreserved.
+        Each lane's event source mapping runs up to its ``max_concurrency`` workers at once
+        (``MaximumConcurrency``), out of the reservation (or, unreserved, the account's pool):
+        beyond it Lambda throttles, and a throttled SQS delivery counts as a receive, so units
+        that never ran would reach their dead-letter queue.
+        """
+        limit = self.account_concurrency_limit
+        lanes_total = sum(self.lanes.of(lane).max_concurrency for lane in LANES)
+        lanes_sum = " + ".join(str(self.lanes.of(lane).max_concurrency) for lane in LANES)
+        reserved = self.worker.reserved_concurrency
+        if reserved is not None:
+            reservable = max(0, limit - UNRESERVED_MINIMUM)
+            if reserved > reservable:
+                raise ValueError(
+                    f"worker.reserved_concurrency={reserved} does not fit "
+                    f"account_concurrency_limit={limit}: Lambda keeps {UNRESERVED_MINIMUM} "
+                    f"concurrent executions unreserved, so at most {reservable} can be reserved; "
+                    "set worker.reserved_concurrency to null (unreserved), or "
+                    "account_concurrency_limit to this account's Lambda 'Concurrent executions' "
+                    "quota (Service Quotas)"
+                )
+            if lanes_total > reserved:
+                raise ValueError(
+                    f"the lanes' max_concurrency add up to {lanes_total} ({lanes_sum}), more than "
+                    f"worker.reserved_concurrency={reserved}: the workers would be throttled and "
+                    "units dead-lettered without running; lower lanes.*.max_concurrency or raise "
+                    "worker.reserved_concurrency (or set it to null)"
+                )
+        elif lanes_total > limit:
+            raise ValueError(
+                f"the lanes' max_concurrency add up to {lanes_total} ({lanes_sum}), more than "
+                f"account_concurrency_limit={limit}: the workers would be throttled and units "
+                "dead-lettered without running; lower lanes.*.max_concurrency, or set "
+                "account_concurrency_limit to this account's Lambda 'Concurrent executions' "
+                "quota (Service Quotas) if it is higher"
+            )
 
 
 CONFIG_KEYS = tuple(SwarmConfig.model_fields)

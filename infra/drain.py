@@ -17,6 +17,14 @@ from infra.queues import LaneQueues
 from swarm.settings import DRAIN_OFF, DRAIN_ON
 
 
+def grant_get_parameter(parameter: ssm.IStringParameter, grantee: iam.IGrantable) -> None:
+    """``ssm:GetParameter`` on the switch: all ``SsmDrainSwitch.draining`` calls (``grant_read``
+    would add GetParameters, GetParameterHistory and DescribeParameters, which nothing calls)."""
+    iam.Grant.add_to_principal(
+        grantee=grantee, actions=["ssm:GetParameter"], resource_arns=[parameter.parameter_arn]
+    )
+
+
 class DrainSwitch(Construct):
     """The parameter exists before the workers (they read it); the controller comes after."""
 
@@ -49,10 +57,12 @@ class DrainSwitch(Construct):
                 timeout=cdk.Duration.seconds(60),
             ),
         )
-        self.parameter.grant_read(controller.role)
+        grant_get_parameter(self.parameter, controller.role)  # apply(): a fresh read
         controller.role.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["lambda:GetEventSourceMapping", "lambda:UpdateEventSourceMapping"],
+                # LambdaMappings.set_enabled; its response carries the state, so the controller
+                # never calls GetEventSourceMapping
+                actions=["lambda:UpdateEventSourceMapping"],
                 resources=[mapping.event_source_mapping_arn for mapping in mappings],
             )
         )

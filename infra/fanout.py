@@ -66,9 +66,13 @@ class FanOut(Construct):
                 timeout=cdk.Duration.seconds(30),
             ),
         )
-        ledger.grant_read_write_data(self.admit.role)
-        for queue in lanes.queues.values():
-            queue.grant_send_messages(self.admit.role)
+        ledger.grant(
+            self.admit.role,
+            "dynamodb:BatchGetItem",  # ledger.unit and admit's reads
+            "dynamodb:UpdateItem",  # admit: books (and unit) updates
+        )
+        for queue in lanes.queues.values():  # SSE-SQS: no KMS key to grant
+            queue.grant(self.admit.role, "sqs:SendMessage")  # the admitted unit, on its lane
 
         self.finalizer: SwarmFunction = factory.build(
             "Finalizer",
@@ -79,14 +83,21 @@ class FanOut(Construct):
                 memory_mb=512,
             ),
         )
-        ledger.grant_read_write_data(self.finalizer.role)
-        # Writes results and the remainder manifest (read from the batch's manifest).
+        ledger.grant(
+            self.finalizer.role,
+            "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
+            "dynamodb:Query",  # the run's units (lease sweep, results)
+            "dynamodb:UpdateItem",  # reclaim: books + unit updates
+            "dynamodb:PutItem",  # reclaim settles a lost attempt: its attempt item
+        )
+        # Writes results and the remainder manifest (read from the batch's manifest); checks
+        # whether its results object exists (HeadObject, authorized as s3:GetObject).
         storage.grant_objects(self.finalizer.role, RESULTS_PREFIX, "s3:GetObject", "s3:PutObject")
         storage.grant_objects(self.finalizer.role, MANIFEST_PREFIX, "s3:GetObject")
         bus.grant_put_events_to(self.finalizer.role)
         # Its lease sweeper requeues the retry of a unit whose worker died with its message.
         for queue in lanes.queues.values():
-            queue.grant_send_messages(self.finalizer.role)
+            queue.grant(self.finalizer.role, "sqs:SendMessage")
 
         # The name is derived from the stack's (unique per account and region): the role's
         # policy must name the state machine's own ARN (child executions), and a generated
@@ -104,13 +115,6 @@ class FanOut(Construct):
             service="states",
             resource="execution",
             resource_name=f"{name}/*",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-        #: This state machine's own executions (execution:<name>:<execution name>).
-        self.executions_arn = stack.format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{name}:*",
             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
         )
         self.role = role = iam.Role(
@@ -139,6 +143,9 @@ class FanOut(Construct):
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
+                # What Step Functions documents for a Distributed Map's role: it describes and
+                # stops its child executions; RedriveExecution lets a redrive of a failed parent
+                # (by an operator, e.g. from the console) redrive its Map Run.
                 actions=[
                     "states:DescribeExecution",
                     "states:StopExecution",

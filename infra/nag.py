@@ -32,8 +32,8 @@ STAR_ONLY_ACTIONS = frozenset(
 )
 
 _XRAY = (
-    "Resource::* only for X-Ray (xray:PutTraceSegments/PutTelemetryRecords), which has no "
-    "resource-level permissions; every other statement names its table, queue or parameter"
+    "Resource::* only for X-Ray (xray:PutTraceSegments/PutTelemetryRecords, Lambda active "
+    "tracing), which has no resource-level permissions; every other statement names its resource"
 )
 
 
@@ -70,12 +70,13 @@ def acknowledge_findings(stack: SwarmStack) -> None:
     _ack(
         fanout_role,
         manifests,
-        "ItemReader reads the batch's manifest: one object per batch, keyed by batch id",
+        "ItemReader reads the manifest the API wrote for this execution "
+        "(manifests/<batch id>/units.json or resume-<n>.json): keys are chosen per batch",
     )
     _ack(
         fanout_role,
         results,
-        "ResultWriter writes results/<execution>/...: keys are chosen by Step Functions",
+        "ResultWriter writes results/<map run id>/...: the keys are chosen by Step Functions",
     )
     _ack(
         fanout_role,
@@ -93,29 +94,34 @@ def acknowledge_findings(stack: SwarmStack) -> None:
             "any region of its geography; the grant names that one model",
         )
 
-    api_role = stack.front_door.handler.role
-    _ack(api_role, manifests, "The API writes and reads one manifest per batch, keyed by batch id")
     _ack(
-        api_role,
-        results,
-        "Batch status reads results/<execution>/...: the ResultWriter output of its own execution",
-    )
-    _ack(
-        api_role,
-        f"IAM5[Resource::{executions}{name}:*]",
-        "Executions are named by batch id at submit time: status, resume (redrive) and stop "
-        "need every execution of this one state machine",
+        stack.front_door.handler.role,
+        manifests,
+        "The API writes manifests/<batch id>/units.json and resume-<n>.json, reads them back to "
+        "resume, and reads the tenant's upload under manifests/uploads/<tenant>/",
     )
     _ack(
         stack.fanout.finalizer.role,
         results,
-        "The finalizer reads the ResultWriter output and writes results/remainder per batch",
+        "The finalizer writes results/<batch id>/<state>-<epoch>.json and remainder-<epoch>.json "
+        "and checks (HeadObject) whether the first exists: keys per batch and closure",
     )
     _ack(
         stack.fanout.finalizer.role,
         manifests,
-        "The finalizer reads a batch's manifest (keyed by batch id) to write its remainder",
+        "The finalizer reads a batch's manifest (manifests/<batch id>/units.json) for the input "
+        "of a lost unit it requeues and for the remainder manifest it writes",
     )
+    if stack.config.api.create_cloudwatch_role:
+        cloudwatch_role = stack.front_door.api.node.find_child("CloudWatchRole")
+        _ack(
+            cloudwatch_role,
+            "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+            "AmazonAPIGatewayPushToCloudWatchLogs]",
+            "The account-level role API Gateway logs through (api.create_cloudwatch_role): "
+            "AWS's managed policy for it, since API Gateway creates the execution log groups "
+            "(API-Gateway-Execution-Logs_<api id>/<stage>) itself",
+        )
 
     _ack(
         stack.front_door.api,

@@ -15,7 +15,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import METRICS_NAMESPACE
+from infra.constants import DLQ, METRICS_NAMESPACE
 from infra.queues import LaneQueues
 from swarm.core.model import LANES
 from swarm.settings import (
@@ -78,16 +78,27 @@ class Observability(Construct):
         action = actions.SnsAction(self.topic)
 
         self.alarms: list[cloudwatch.Alarm] = []
-        for lane in LANES:
-            self._alarm(
-                f"{lane.value.capitalize()}DeadLetters",
-                lanes.dead_letters[lane].metric_approximate_number_of_messages_visible(
-                    period=cdk.Duration.minutes(1), statistic="Maximum"
-                ),
-                threshold=1,
-                description=f"Units dead-lettered on the {lane.value} lane",
-                action=action,
-            )
+        # Not the DLQs' depth: the dead-letter handler empties them within seconds, so a depth
+        # alarm never sees a dead letter. Page on what the handlers record instead: the DLQ
+        # handler (a message SQS gave up on) and the worker (attempts exhausted) both emit
+        # UnitsDeadLettered with Powertools (namespace POWERTOOLS_METRICS_NAMESPACE, dimension
+        # service = POWERTOOLS_SERVICE_NAME, as _metric builds it).
+        self._alarm(
+            "UnitsDeadLettered",
+            self._metric(METRIC_UNITS_DEAD_LETTERED),
+            threshold=1,
+            description="Units were dead-lettered (queue receives or attempts exhausted): "
+            "see the dead-letter handler's logs for the batch and unit",
+            action=action,
+        )
+        # A failing dead-letter handler neither settles nor counts its dead letters.
+        self._alarm(
+            "DeadLetterHandlerErrors",
+            functions[DLQ].metric_errors(period=FIVE_MINUTES, statistic="Sum"),
+            threshold=1,
+            description="The dead-letter handler failed: dead letters are not being settled",
+            action=action,
+        )
         self._alarm(
             "RunsExhausted",
             self._metric(METRIC_RUNS_EXHAUSTED),

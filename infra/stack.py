@@ -60,7 +60,6 @@ class SwarmStack(cdk.Stack):
             governor=self.tables.governor,
             ledger=self.tables.ledger,
             drain_parameter=self.drain.parameter,
-            bus=self.bus,
         )
         environment.update(self.workers.mapping_ids())
         self.drain_controller = self.drain.add_controller(
@@ -87,7 +86,6 @@ class SwarmStack(cdk.Stack):
             ledger=self.tables.ledger,
             storage=self.storage,
             state_machine=self.fanout.state_machine,
-            executions_arn=self.fanout.executions_arn,
             drain_parameter=self.drain.parameter,
         )
         self.functions = {

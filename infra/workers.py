@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
-from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_ssm as ssm
@@ -12,6 +11,7 @@ from constructs import Construct
 
 from infra.config import SwarmConfig
 from infra.constants import DLQ, WORKER
+from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
 from infra.queues import LaneQueues
 from swarm.core.model import LANES, Lane
@@ -36,7 +36,6 @@ class Workers(Construct):
         governor: dynamodb.ITable,
         ledger: dynamodb.ITable,
         drain_parameter: ssm.IStringParameter,
-        bus: events.IEventBus,
     ) -> None:
         super().__init__(scope, construct_id)
         worker_config = config.worker
@@ -50,11 +49,21 @@ class Workers(Construct):
                 reserved_concurrency=worker_config.reserved_concurrency,
             ),
         )
+        # Exactly the calls its code makes (tests/infra/test_permissions.py lists who calls what).
         role = self.worker.role
-        governor.grant_read_write_data(role)
-        ledger.grant_read_write_data(role)
-        drain_parameter.grant_read(role)
-        bus.grant_put_events_to(role)
+        governor.grant(
+            role,
+            "dynamodb:Query",  # the shards (one Query per read)
+            "dynamodb:PutItem",  # create the shard items on first use
+            "dynamodb:UpdateItem",  # draw (one conditional update per grant), throttle cuts
+        )
+        ledger.grant(
+            role,
+            "dynamodb:BatchGetItem",  # every read (run, spec, unit, attempt)
+            "dynamodb:UpdateItem",  # admit, claim, unclaim, reclaim, settlement updates
+            "dynamodb:PutItem",  # settlement's attempt item (inside TransactWriteItems)
+        )
+        grant_get_parameter(drain_parameter, role)
         if config.model.adapter == "bedrock":
             role.add_to_principal_policy(_bedrock_statement(self, config.model.bedrock_model_id))
 
@@ -62,7 +71,14 @@ class Workers(Construct):
         self.mappings: dict[Lane, lambda_.EventSourceMapping] = {}
         for lane in LANES:
             queue = lanes.queues[lane]
-            queue.grant_consume_messages(role)
+            # Lambda's SQS poller uses the function's role (not grant_consume_messages: it adds
+            # GetQueueUrl, which nothing calls)
+            queue.grant(role, "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes")
+            # The handler's own calls (functions/worker.py): RetryLater changes the visibility;
+            # every Requeue (draining, governor wait bound, model throttle, busy) sends a fresh
+            # copy to the unit's lane. The lanes are SSE-SQS (infra/queues.py): no KMS key to
+            # grant; a customer managed key would need kms:GenerateDataKey/Decrypt here.
+            queue.grant(role, "sqs:ChangeMessageVisibility", "sqs:SendMessage")
             self.mappings[lane] = lambda_.EventSourceMapping(
                 self,
                 f"{lane.value.capitalize()}Mapping",
@@ -82,11 +98,20 @@ class Workers(Construct):
                 timeout=DLQ_TIMEOUT,
             ),
         )
-        ledger.grant_read_write_data(self.dead_letters.role)
-        bus.grant_put_events_to(self.dead_letters.role)
+        ledger.grant(
+            self.dead_letters.role,
+            "dynamodb:BatchGetItem",  # dead_letter reads the run and the unit
+            "dynamodb:UpdateItem",  # ends the unit (books + unit updates)
+            "dynamodb:PutItem",  # settles a claimed attempt first: its attempt item
+        )
         for lane in LANES:
             dead_letters = lanes.dead_letters[lane]
-            dead_letters.grant_consume_messages(self.dead_letters.role)
+            dead_letters.grant(  # its event source mapping's poller; the handler calls no SQS
+                self.dead_letters.role,
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:GetQueueAttributes",
+            )
             lambda_.EventSourceMapping(
                 self,
                 f"{lane.value.capitalize()}DeadLetterMapping",
@@ -106,7 +131,8 @@ class Workers(Construct):
 
 
 def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
-    """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls."""
+    """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls; the
+    adapter never streams (no ConverseStream), so no InvokeModelWithResponseStream."""
     stack = cdk.Stack.of(scope)
     prefix, _, base_id = model_id.partition(".")
     if prefix in CROSS_REGION_PREFIXES and base_id:
@@ -130,6 +156,6 @@ def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
             )
         ]
     return iam.PolicyStatement(
-        actions=["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"],
+        actions=["bedrock:InvokeModel"],
         resources=resources,
     )

@@ -100,7 +100,10 @@ class Runtime:
         table = need(self.settings.ledger_table, "LEDGER_TABLE_NAME")
         return DynamoDBLedger(table, client=self.clients("dynamodb"))
 
-    def governor(self) -> Governor:
+    def governor(self, *, read_only: bool = False) -> Governor:
+        """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its
+        role may only Query it): a bucket the workers have not created yet reads as its
+        configured initial state instead of being created by the front door."""
         from swarm.adapters.dynamodb_governor import DynamoDBGovernor
 
         config = self.governor_config()
@@ -114,6 +117,7 @@ class Runtime:
             client=self.clients("dynamodb"),
             name=governor_name(config),
             horizon_s=horizon,
+            read_only=read_only,
         )
 
     def lanes(self) -> SqsLanes:
@@ -155,7 +159,7 @@ class Runtime:
         max_budget = need(s.max_budget_tokens, "MAX_BUDGET_TOKENS")
         return Batches(
             self.ledger(),
-            self.governor(),
+            self.governor(read_only=True),  # shedding and the fleet view only read it
             self.lanes(),
             self.blobs(),
             StepFunctionsExecutions(

@@ -60,6 +60,15 @@ better of two shards by its cached view (power of two choices) and falls back to
 when one is beyond its booking horizon. Keep ``capacity/K`` >= the largest draw plus its lane
 reserve: a draw never spans shards. Rule of thumb: ``K = ceil(peak grants/s / 500)``.
 
+Read-only clients (the API)
+---------------------------
+The batch API only *reads* the bucket (shedding and the fleet view), and on AWS its role may only
+``Query`` the governor table. A client built with ``read_only=True`` never writes: a shard that
+does not exist yet (a fresh stack, or a changed quota/share/capacity, which names a fresh bucket)
+reads as the item :meth:`DynamoDBGovernor.create` would put at that instant, i.e. the bucket's
+configured initial state; the workers create the real items on their first draw. Its ``draw``,
+``report_throttle`` and ``create`` raise :class:`GovernorReadOnly`.
+
 AIMD feedback: :meth:`report_throttle` cuts the rate of every shard (a conditional write per
 shard that rebases ``base_credit/base_time``, at most once per cool-down); recovery is a function
 of time and costs no writes. The throttle counter lives on shard 0.
@@ -223,6 +232,10 @@ class ShardState:
 # ------------------------------------------------------------------ the adapter
 
 
+class GovernorReadOnly(RuntimeError):
+    """A write through a read-only governor client (the API's role may not write the table)."""
+
+
 @dataclass(frozen=True)
 class Ticket:
     """Tokens booked ahead on one shard: the caller's at ``ready_at``."""
@@ -273,6 +286,7 @@ class DynamoDBGovernor:
         max_requests_per_draw: int = 6,
         rng: random.Random | None = None,
         recent_waits: int = 256,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(shards, int) or not 1 <= shards <= 1000:
             raise InvalidInput("shards", f"must be a whole number in 1..1000, got {shards!r}")
@@ -285,6 +299,8 @@ class DynamoDBGovernor:
         self.name = name
         self.shards = shards
         self.horizon_s = horizon_s
+        #: never write: a missing shard reads as its initial state (see "Read-only clients")
+        self.read_only = read_only
         self.stats = GovernorStats()
         self._client = client
         self._client_factory = client_factory
@@ -332,28 +348,39 @@ class DynamoDBGovernor:
             _dec(self.config.recovery_per_s * self.config.rate / n),
         )
 
-    def create(self, now: float) -> None:
-        """Create the shard items if absent (idempotent; called lazily by every operation)."""
+    def _initial_item(self, index: int, t: Decimal) -> dict[str, Any]:
+        """Shard ``index`` as :meth:`create` puts it at ``t``: the configured initial state."""
         rate, capacity, recovery = self._expected()
         initial = _dec(self.config.initial_fill * self.config.bucket_capacity / self.shards)
+        return {
+            **self._key(index),
+            "drawn": _num(_ZERO),
+            "base_credit": _num(initial),
+            "base_time": _num(t),
+            "rate": _num(rate),
+            "capacity": _num(capacity),
+            "recovery": _num(recovery),
+            "shards": _num(Decimal(self.shards)),
+            "throttles": _num(_ZERO),
+        }
+
+    def _writable(self, operation: str) -> None:
+        if self.read_only:
+            raise GovernorReadOnly(
+                f"governor {self.name!r}: {operation} needs a write, and this client is "
+                "read-only (the API reads the bucket; the workers create and draw from it)"
+            )
+
+    def create(self, now: float) -> None:
+        """Create the shard items if absent (idempotent; called lazily by every operation)."""
+        self._writable("create")
         t = _dec(now)
         for i in range(self.shards):
-            item = {
-                **self._key(i),
-                "drawn": _num(_ZERO),
-                "base_credit": _num(initial),
-                "base_time": _num(t),
-                "rate": _num(rate),
-                "capacity": _num(capacity),
-                "recovery": _num(recovery),
-                "shards": _num(Decimal(self.shards)),
-                "throttles": _num(_ZERO),
-            }
             try:
                 self._call(
                     "put_item",
                     TableName=self.table_name,
-                    Item=item,
+                    Item=self._initial_item(i, t),
                     ConditionExpression="attribute_not_exists(pk)",
                 )
             except client_error_type() as e:
@@ -382,8 +409,22 @@ class DynamoDBGovernor:
                 for s in states:
                     self._cache[s.index] = s
                 return sorted(states, key=lambda s: s.index)
+            if self.read_only:
+                return self._as_initial(items, now)
             self.create(now)
         raise Conflict(f"governor {self.name!r}: could not create its {self.shards} shard items")
+
+    def _as_initial(self, items: Sequence[Mapping[str, Any]], now: float) -> list[ShardState]:
+        """Read-only: the stored shards, and each missing one as :meth:`create` would put it
+        now (not cached: the workers' items replace it as soon as they exist)."""
+        stored = {s.index: s for s in (ShardState.from_item(it) for it in items)}
+        if items:
+            self._check_config(items[0], stored[min(stored)])
+        t = _dec(now)
+        return [
+            stored[i] if i in stored else ShardState.from_item(self._initial_item(i, t))
+            for i in range(self.shards)
+        ]
 
     def _check_config(self, item: Mapping[str, Any], state: ShardState) -> None:
         stored_shards = int(_n(item, "shards") or 0)
@@ -403,6 +444,7 @@ class DynamoDBGovernor:
 
     # -- the port
     def draw(self, amount: int, lane: Lane, now: float) -> Draw:
+        self._writable("draw")
         check_amount(self._shard_config, amount, lane)
         with self._lock:
             held = self._ticket
@@ -558,6 +600,7 @@ class DynamoDBGovernor:
     # -- throttle feedback
     def report_throttle(self, now: float) -> None:
         """The model plane throttled: count it; cut every shard's rate once per cool-down."""
+        self._writable("report_throttle")
         cfg = self.config
         t = _dec(now)
         with self._lock:

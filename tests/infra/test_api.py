@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.infra.conftest import Synthesized
+from tests.infra.helpers import as_list
 
 ROUTES = {
     ("POST", "batches"),
@@ -68,8 +69,27 @@ def test_stage_throttles_logs_and_traces(synth: Synthesized) -> None:
     assert settings["DataTraceEnabled"] is False
 
 
-def test_no_account_wide_cloudwatch_role(synth: Synthesized) -> None:
-    assert not synth.of_type("AWS::ApiGateway::Account")
+def test_stage_logging_deploys_on_a_fresh_account(synth: Synthesized) -> None:
+    """Access and execution logging need the region's account-level CloudWatch role for API
+    Gateway; a fresh account has none, and the stage fails to create without it. By default the
+    stack sets it (api.create_cloudwatch_role: true), before the stage is created."""
+    assert synth.config.api.create_cloudwatch_role
+    ((account_id, account),) = synth.of_type("AWS::ApiGateway::Account").items()
+    role_id = account["Properties"]["CloudWatchRoleArn"]["Fn::GetAtt"][0]
+    role = synth.resources[role_id]
+    assert role["Type"] == "AWS::IAM::Role"
+    assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
+        "Service": "apigateway.amazonaws.com"
+    }
+    assert json.dumps(role["Properties"]["ManagedPolicyArns"]).endswith(
+        'service-role/AmazonAPIGatewayPushToCloudWatchLogs"]]}]'
+    )
+    # It outlives the stack: other APIs of the account and region log through the same setting
+    assert account["DeletionPolicy"] == "Retain"
+    assert role["DeletionPolicy"] == "Retain"
+    # And the stage (which turns logging on) waits for the account setting
+    ((_, stage),) = synth.of_type("AWS::ApiGateway::Stage").items()
+    assert account_id in as_list(stage.get("DependsOn", []))
 
 
 def test_gateway_errors_answer_json_with_the_validation_message(synth: Synthesized) -> None:

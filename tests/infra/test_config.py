@@ -31,6 +31,93 @@ def test_cdk_json_defaults_are_valid() -> None:
     assert not config.production
 
 
+def test_cdk_json_defaults_deploy_on_a_fresh_account() -> None:
+    """After `cdk bootstrap` on a new account: no account-level API Gateway logging role yet,
+    and a Lambda concurrency quota that may be as low as 10."""
+    context = cdk_json_context()
+    config = load_config(context)
+    # The stage logs, so the stack sets the region's CloudWatch role for API Gateway itself
+    assert config.api.create_cloudwatch_role is True
+    # Nothing reserved: AWS keeps 100 unreserved, so a reservation needs a quota above 100
+    assert context["worker"]["reserved_concurrency"] is None
+    assert config.worker.reserved_concurrency is None
+    # The usual quota is the default; the user sets what Service Quotas says
+    assert config.account_concurrency_limit == 1000
+
+
+def _worker(**overrides: Any) -> dict[str, Any]:
+    return {**cdk_json_context()["worker"], **overrides}
+
+
+def _lanes(high: int, normal: int, low: int) -> dict[str, Any]:
+    lanes = cdk_json_context()["lanes"]
+    return {
+        "high": {**lanes["high"], "max_concurrency": high},
+        "normal": {**lanes["normal"], "max_concurrency": normal},
+        "low": {**lanes["low"], "max_concurrency": low},
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "keys", "allowed"),
+    [
+        # AWS keeps 100 concurrent executions unreserved: a new account (quota 10) can reserve none
+        (
+            {"account_concurrency_limit": 10, "worker": _worker(reserved_concurrency=20)},
+            ("worker.reserved_concurrency", "account_concurrency_limit"),
+            "at most 0 can be reserved",
+        ),
+        # the usual quota of 1,000 leaves at most 900 to reserve
+        (
+            {
+                "account_concurrency_limit": 1000,
+                "worker": _worker(reserved_concurrency=901),
+                "lanes": _lanes(10, 6, 4),
+            },
+            ("worker.reserved_concurrency", "account_concurrency_limit"),
+            "at most 900 can be reserved",
+        ),
+        # the lanes' pollers would need more concurrency than the reservation allows
+        (
+            {"worker": _worker(reserved_concurrency=12), "lanes": _lanes(6, 4, 4)},
+            ("worker.reserved_concurrency", "lanes.*.max_concurrency"),
+            "lanes' max_concurrency add up to 14",
+        ),
+        # unreserved: the lanes' pollers would need more than the whole account quota
+        (
+            {"account_concurrency_limit": 10, "worker": _worker(reserved_concurrency=None)},
+            ("account_concurrency_limit", "lanes.*.max_concurrency"),
+            "lanes' max_concurrency add up to 20",
+        ),
+    ],
+)
+def test_concurrency_that_cannot_fit_the_account_fails_synth_naming_the_key(
+    overrides: dict[str, Any], keys: tuple[str, ...], allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(**overrides))
+    message = str(error.value)
+    for key in keys:
+        assert key in message
+    assert allowed in message
+    assert "unknown context key" not in message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # a new account's quota of 10: nothing reserved, lanes within the quota
+        {"account_concurrency_limit": 10, "lanes": _lanes(4, 3, 3)},
+        # the usual quota: up to 900 reserved, the lanes within the reservation
+        {"account_concurrency_limit": 1000, "worker": _worker(reserved_concurrency=900)},
+        {"worker": _worker(reserved_concurrency=20)},  # exactly the lanes' 10 + 6 + 4
+        {"account_concurrency_limit": "120", "worker": _worker(reserved_concurrency=20)},
+    ],
+)
+def test_concurrency_that_fits_the_account_is_accepted(overrides: dict[str, Any]) -> None:
+    load_config(_context(**overrides))
+
+
 def test_recommended_feature_flags_and_offline_settings_are_in_cdk_json() -> None:
     document = json.loads((ROOT / "cdk.json").read_text())
     assert document["app"] == ".venv/bin/python app.py"

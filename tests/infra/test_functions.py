@@ -146,7 +146,9 @@ def test_worker_mappings_one_per_lane_with_per_lane_concurrency(synth: Synthesiz
     concurrency = [synth.config.lanes.of(lane).max_concurrency for lane in LANES]
     assert concurrency == sorted(concurrency, reverse=True)  # higher lanes get more
     props = _function(synth, WORKER)
-    assert props["ReservedConcurrentExecutions"] == synth.config.worker.reserved_concurrency
+    # unreserved by default (cdk.json): a reservation needs an account quota above 100
+    assert synth.config.worker.reserved_concurrency is None
+    assert "ReservedConcurrentExecutions" not in props
     assert props["Timeout"] == synth.config.worker.timeout_seconds
 
 
@@ -176,10 +178,17 @@ def test_star_resources_only_for_actions_without_resource_level_permissions(
 def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
     stack = synth.stack
     statements = statements_of_role(synth, stack.workers.worker.role)
-    for table in (stack.tables.governor, stack.tables.ledger):
-        assert {"dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:PutItem"} <= actions_on(
-            statements, arn(synth, table)
-        )
+    # the governor: Query the shards, create them, draw; the ledger: reads are BatchGetItem
+    assert actions_on(statements, arn(synth, stack.tables.governor)) == {
+        "dynamodb:Query",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+    }
+    assert actions_on(statements, arn(synth, stack.tables.ledger)) == {
+        "dynamodb:BatchGetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+    }
     assert "ssm:GetParameter" in actions_on(
         statements,
         {
@@ -204,8 +213,20 @@ def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
         )
     # The simulated model plane needs no Bedrock access
     assert not any(a.startswith("bedrock:") for a in all_actions(statements))
-    # The worker never sends to the lanes nor starts executions
-    assert "sqs:SendMessage" not in all_actions(statements)
+    # Every Requeue (draining, governor wait bound, model throttle, busy) sends a fresh copy of
+    # the unit to its lane (functions/worker.py -> SqsLanes.send): SendMessage on exactly the
+    # three lanes, never on a dead-letter queue
+    send = [s for s in statements if "sqs:SendMessage" in as_list(s["Action"])]
+    assert sorted(str(r) for s in send for r in as_list(s["Resource"])) == sorted(
+        str(arn(synth, stack.lanes.queues[lane])) for lane in LANES
+    )
+    # The lanes are SSE-SQS (no customer managed key), so sending needs no KMS grant
+    for lane in LANES:
+        queue = synth.resources[synth.logical_id(stack.lanes.queues[lane])]["Properties"]
+        assert queue["SqsManagedSseEnabled"] is True
+        assert "KmsMasterKeyId" not in queue
+    assert not any(a.startswith("kms:") for a in all_actions(statements))
+    # It starts no executions
     assert not any(a.startswith("states:") for a in all_actions(statements))
 
 
@@ -244,15 +265,16 @@ def test_drain_controller_updates_only_the_worker_mappings(synth: Synthesized) -
     assert not any(a.startswith("dynamodb:") for a in all_actions(statements))
 
 
-def test_api_can_start_and_redrive_only_its_state_machine(synth: Synthesized) -> None:
+def test_api_can_only_start_executions_of_its_state_machine(synth: Synthesized) -> None:
     stack = synth.stack
     statements = statements_of_role(synth, stack.front_door.handler.role)
     assert actions_on(statements, ref(synth, stack.fanout.state_machine)) == {
         "states:StartExecution"
     }
-    redrive = [s for s in statements if "states:RedriveExecution" in as_list(s["Action"])]
-    assert len(redrive) == 1
-    assert f"execution:{stack.fanout.state_machine_name}:*" in str(redrive[0]["Resource"])
+    # Nothing in the API describes, redrives or stops an execution (resume starts a new one)
+    assert {a for a in all_actions(statements) if a.startswith("states:")} == {
+        "states:StartExecution"
+    }
     # Reads lane depth, never consumes or sends
     assert "sqs:GetQueueAttributes" in all_actions(statements)
     assert not {"sqs:SendMessage", "sqs:ReceiveMessage"} & all_actions(statements)

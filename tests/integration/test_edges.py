@@ -624,6 +624,7 @@ def test_a_worker_taking_an_expired_queued_reservation_as_the_sweep_runs(
     plane.run_state_machine()
     late = queued_lease(batch_id, "u0000") + 1
     worker: Worker = service(monkeypatch, "worker")
+    worker.governor.snapshot(time.time())  # the fleet's bucket exists: a worker created it
     monkeypatch.setattr(worker, "now", Clock(late).time)
     fake_time(monkeypatch, finalizer_handler, late)
     swept: list[RunRecord] = []

@@ -1,0 +1,254 @@
+"""Least privilege, exactly: every action each function's role is granted, on which resource,
+and which code calls it. Adding or removing a grant fails here until this table says why.
+
+How to read a row: ``resource label -> actions``. Resource labels are resolved from the
+template's intrinsic expressions (see :func:`_label`); ``lane <x>`` rows hold for each lane
+queue, ``dead letters <x>`` for each lane's DLQ, ``worker mapping <x>`` for each worker event
+source mapping. DynamoDB's transactions have no IAM action of their own: each ``Put`` / ``Update``
+inside a ``TransactWriteItems`` is authorized as ``PutItem`` / ``UpdateItem`` on its table.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, WORKER
+from swarm.core.model import LANES
+from swarm.settings import FunctionName
+from tests.infra.conftest import Synthesized
+from tests.infra.helpers import as_list, references, statements_of_role
+
+Table = dict[str, frozenset[str]]
+
+#: Every function: Lambda tracing=ACTIVE (the X-Ray SDK in Powertools' Tracer) and its own logs.
+_COMMON: Table = {
+    # PutTraceSegments/PutTelemetryRecords: Lambda's active tracing and Powertools' Tracer
+    # (X-Ray has no resource-level permissions, hence "*")
+    "*": frozenset({"xray:PutTraceSegments", "xray:PutTelemetryRecords"}),
+    # the Lambda runtime writes the function's logs to its own group (no AWSLambdaBasicExecution)
+    "own log group": frozenset({"logs:CreateLogStream", "logs:PutLogEvents"}),
+}
+
+
+def _each(prefix: str, actions: set[str]) -> Table:
+    return {f"{prefix} {lane.value}": frozenset(actions) for lane in LANES}
+
+
+#: function -> resource -> actions. A comment per action names the code that calls it.
+EXPECTED: dict[FunctionName, Table] = {
+    API: {
+        **_COMMON,
+        "ledger table": frozenset(
+            {
+                # every ledger read: DynamoDBLedger._get_many (run, spec, unit)
+                "dynamodb:BatchGetItem",
+                # DynamoDBLedger._query: units of a run (status remainder, top_up's remainder)
+                "dynamodb:Query",
+                # open_run: TransactWriteItems Put of the spec and the books items
+                "dynamodb:PutItem",
+                # open_run: BatchWriteItem of the unit items
+                "dynamodb:BatchWriteItem",
+                # open_run marks the books ready; top_up (resume) updates the books
+                "dynamodb:UpdateItem",
+            }
+        ),
+        # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, /fleet, /drain);
+        # a missing bucket reads as its initial state, so no PutItem (the workers create it)
+        "governor table": frozenset({"dynamodb:Query"}),
+        "manifests/*": frozenset(
+            {
+                # Batches.submit/resume: S3Blobs.put_json of manifests/<batch>/units|resume-<n>
+                "s3:PutObject",
+                # api.submit reads manifests/uploads/<tenant>/...; resume reads the manifest
+                "s3:GetObject",
+            }
+        ),
+        # StepFunctionsExecutions.start (submit, idempotent resubmit, resume)
+        "state machine": frozenset({"states:StartExecution"}),
+        # SsmDrainSwitch.draining (submit, resume, fleet, drain)
+        "drain parameter": frozenset({"ssm:GetParameter"}),
+        # SqsLanes.depths: shedding and the fleet view
+        **_each("lane", {"sqs:GetQueueAttributes"}),
+    },
+    FANOUT: {
+        **_COMMON,
+        "ledger table": frozenset(
+            {
+                # FanOut.admit_and_enqueue: ledger.unit and admit's reads (_get_many)
+                "dynamodb:BatchGetItem",
+                # admit: UpdateItem of the books, or TransactWriteItems of books + unit Updates
+                "dynamodb:UpdateItem",
+            }
+        ),
+        # SqsLanes.send: the admitted unit goes onto its lane
+        **_each("lane", {"sqs:SendMessage"}),
+    },
+    WORKER: {
+        **_COMMON,
+        "governor table": frozenset(
+            {
+                # DynamoDBGovernor._load: one Query of the shards
+                "dynamodb:Query",
+                # DynamoDBGovernor.create: puts the shard items when absent (first draw)
+                "dynamodb:PutItem",
+                # draw (conditional UpdateItem per grant) and report_throttle (rate cut)
+                "dynamodb:UpdateItem",
+            }
+        ),
+        "ledger table": frozenset(
+            {
+                # ledger.unit / admit / claim / settle reads (_get_many)
+                "dynamodb:BatchGetItem",
+                # admit, claim, unclaim, reclaim_unit (_release) and settle's books/unit Updates
+                "dynamodb:UpdateItem",
+                # settle / reclaim_unit: the attempt item Put inside TransactWriteItems
+                "dynamodb:PutItem",
+            }
+        ),
+        # SsmDrainSwitch.draining: once per batch (functions/worker.py) and cached per message
+        "drain parameter": frozenset({"ssm:GetParameter"}),
+        **_each(
+            "lane",
+            {
+                # the event source mapping polls with the function's role (Lambda's SQS poller)
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:GetQueueAttributes",
+                # RetryLater: SqsLanes.change_visibility (functions/worker.py)
+                "sqs:ChangeMessageVisibility",
+                # Requeue (draining, governor wait bound, throttle, busy): SqsLanes.send
+                "sqs:SendMessage",
+            },
+        ),
+    },
+    DLQ: {
+        **_COMMON,
+        "ledger table": frozenset(
+            {
+                # ledger.dead_letter reads the run and the unit (_get_many)
+                "dynamodb:BatchGetItem",
+                # dead_letter: books + unit Updates (TransactWriteItems)
+                "dynamodb:UpdateItem",
+                # dead_letter settles a claimed attempt: its attempt item Put (_settle)
+                "dynamodb:PutItem",
+            }
+        ),
+        # its event source mappings poll the dead-letter queues with the function's role
+        **_each(
+            "dead letters",
+            {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
+        ),
+    },
+    FINALIZER: {
+        **_COMMON,
+        "ledger table": frozenset(
+            {
+                # ledger.run, and reclaim_unit's reads (_get_many)
+                "dynamodb:BatchGetItem",
+                # reclaim_expired and units: the run's unit items (_query)
+                "dynamodb:Query",
+                # reclaim_unit: books + unit Updates of a lost attempt or an expired lease
+                "dynamodb:UpdateItem",
+                # reclaim_unit settles a lost attempt: its attempt item Put (_settle)
+                "dynamodb:PutItem",
+            }
+        ),
+        # Finalizer.finalize: the manifest's inputs (requeue of lost retries, remainder)
+        "manifests/*": frozenset({"s3:GetObject"}),
+        "results/*": frozenset(
+            {
+                # S3Blobs.exists: HeadObject of results/<batch>/<state>-<epoch>.json
+                "s3:GetObject",
+                # S3Blobs.put_json: the results and remainder objects
+                "s3:PutObject",
+            }
+        ),
+        # EventBridgeEvents.publish: run.completed / run.exhausted
+        "event bus": frozenset({"events:PutEvents"}),
+        # the lease sweeper requeues a lost unit's retry: SqsLanes.send
+        **_each("lane", {"sqs:SendMessage"}),
+    },
+    DRAIN: {
+        **_COMMON,
+        # DrainController.apply: SsmDrainSwitch.draining(fresh=True)
+        "drain parameter": frozenset({"ssm:GetParameter"}),
+        # LambdaMappings.set_enabled (its response carries the state: no GetEventSourceMapping)
+        **_each("worker mapping", {"lambda:UpdateEventSourceMapping"}),
+        # DrainController._report: SqsLanes.depths (in flight, queued)
+        **_each("lane", {"sqs:GetQueueAttributes"}),
+    },
+}
+
+
+def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
+    """A readable name for a statement's resource (None: CloudFormation's AWS::NoValue)."""
+    stack = synth.stack
+    if resource == "*":
+        return "*"
+    if resource == {"Ref": "AWS::NoValue"}:  # Table.grant's index ARN when there is no index
+        return None
+    text = json.dumps(resource)
+    bucket = synth.logical_id(stack.storage.bucket)
+    if references(resource, bucket):
+        for prefix in ("manifests/*", "results/*"):
+            if text.endswith(json.dumps("/" + prefix) + "]]}"):
+                return prefix
+        return f"bucket {text}"
+    known: list[tuple[Any, str]] = [
+        (stack.functions[name].log_group, "own log group"),
+        (stack.tables.governor, "governor table"),
+        (stack.tables.ledger, "ledger table"),
+        (stack.fanout.state_machine, "state machine"),
+        (stack.drain.parameter, "drain parameter"),
+        (stack.bus, "event bus"),
+    ]
+    for lane in LANES:
+        known += [
+            (stack.lanes.queues[lane], f"lane {lane.value}"),
+            (stack.lanes.dead_letters[lane], f"dead letters {lane.value}"),
+            (stack.workers.mappings[lane], f"worker mapping {lane.value}"),
+        ]
+    for other, function in stack.functions.items():
+        known.append((function.log_group, f"log group of {other}"))
+    for construct, label in known:
+        if references(resource, synth.logical_id(construct)):
+            return label
+    return f"unknown {text}"
+
+
+def granted(synth: Synthesized, name: FunctionName) -> Table:
+    """resource label -> every action the function's role is allowed on it."""
+    table: dict[str, set[str]] = {}
+    for statement in statements_of_role(synth, synth.stack.functions[name].role):
+        assert statement["Effect"] == "Allow", statement
+        assert "Condition" not in statement and "NotAction" not in statement, statement
+        for resource in as_list(statement["Resource"]):
+            label = _label(synth, name, resource)
+            if label is not None:
+                table.setdefault(label, set()).update(as_list(statement["Action"]))
+    return {label: frozenset(actions) for label, actions in table.items()}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_role_is_granted_exactly_what_its_code_calls(
+    synth: Synthesized, name: FunctionName
+) -> None:
+    assert granted(synth, name) == EXPECTED[name]
+
+
+def test_the_table_covers_every_function(synth: Synthesized) -> None:
+    assert set(EXPECTED) == set(synth.stack.functions)
+
+
+def test_bedrock_worker_may_only_converse_with_its_model(prod_synth: Synthesized) -> None:
+    """BedrockModelPlane calls Converse (bedrock:InvokeModel) only: no streaming grant."""
+    table = dict(granted(prod_synth, WORKER))
+    bedrock = {label: actions for label, actions in table.items() if label.startswith("unknown")}
+    assert set(bedrock.values()) == {frozenset({"bedrock:InvokeModel"})}
+    assert len(bedrock) == 2  # the inference profile and its foundation model in any region
+    assert all("bedrock" in label for label in bedrock)
+    rest = {label: actions for label, actions in table.items() if label not in bedrock}
+    assert rest == EXPECTED[WORKER]
