@@ -157,6 +157,9 @@ def test_powertools_publishes_the_alarmed_metric_as_the_alarm_expects(
     (alarm,) = _alarms_on(synth, METRIC_UNITS_DEAD_LETTERED)
     service = alarm["Dimensions"][0]["Value"]
     metrics = Metrics(namespace=alarm["Namespace"], service=service)
+    # Powertools keeps the metric set at class level: a handler test run earlier in this process
+    # may have left metrics in it (seen under xdist)
+    metrics.clear_metrics()
     metrics.add_metric(METRIC_UNITS_DEAD_LETTERED, MetricUnit.Count, 1)
     metrics.flush_metrics()
     document = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
