@@ -32,6 +32,7 @@ real model endpoint's quota is shared by the whole fleet; its latency is time-sc
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -143,8 +144,10 @@ class FunctionHost:
         sandbox = self._acquire(function_name, module_name)
         previous = self.current()
         self._local.invocation = Invocation(function_name, dict(env))
+        serial = SERIALIZED.get(module_name, contextlib.nullcontext())
         try:
-            return getattr(sandbox, attr)(event, LambdaContext(function_name))
+            with serial:
+                return getattr(sandbox, attr)(event, LambdaContext(function_name))
         finally:
             self._local.invocation = previous
             with self._lock:
@@ -172,6 +175,12 @@ class FunctionHost:
         copy_spec.loader.exec_module(module)
         return module
 
+
+#: Handlers whose framework keeps per-request state at class level, shared by every sandbox of
+#: this process: Powertools' REST resolver sets ``BaseRouter.current_event`` on the class, so two
+#: concurrent API invocations would read each other's request (identity, headers, body). On AWS
+#: each execution environment is its own process; here these handlers run one at a time.
+SERIALIZED: dict[str, threading.Lock] = {"functions.api": threading.Lock()}
 
 _HOST: list[FunctionHost] = []
 _ORIGINALS: dict[str, Any] = {}

@@ -311,7 +311,7 @@ def build(monkeypatch: pytest.MonkeyPatch, **overrides: str) -> Iterator[Control
         DRAIN_PARAMETER_NAME: "/swarm/test/drain",
         QUOTA_TPM: "6000000",
         GOVERNOR_SHARE: "0.95",
-        GOVERNOR_CAPACITY: "",
+        GOVERNOR_CAPACITY: "300000",  # 3 s of quota: a lane's reserve refills in a blink
         GOVERNOR_MAX_WAIT_SECONDS: "10",
         MAX_ATTEMPTS: "3",
         LEASE_SECONDS: "60",
