@@ -68,13 +68,9 @@ class LocalOptions:
             "governor_max_wait_seconds": self.governor_max_wait_s,
         }
         fanout = {**base["fanout"], "finalizer_poll_seconds": self.finalizer_poll_s}
-        # the bucket holds one *deployed* minute of quota (or what cdk.json says): on the scaled
-        # clock that is the same number of tokens, refilled N times faster
-        capacity = base.get("governor_capacity_tokens") or base["quota_tpm"]
         return {
             "stage": self.stage,
             "quota_tpm": int(base["quota_tpm"] * self.time_scale),
-            "governor_capacity_tokens": int(capacity),
             "model": model,
             "worker": worker,
             "fanout": fanout,

@@ -165,8 +165,6 @@ class LocalStack:
             failure_rate=float(worker_env["SIM_MODEL_FAILURE_RATE"]),
             seed=int(worker_env["SIM_MODEL_SEED"]),
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
-            # one deployed minute of quota, like the governor's bucket
-            capacity=int(worker_env["SIM_MODEL_QUOTA_TPM"]) / self.options.time_scale,
         )
         self.model = lambda_patch.FaultyModelPlane(plane)
         self.host = lambda_patch.FunctionHost(clients, self.model, self.options.time_scale)
