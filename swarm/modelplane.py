@@ -125,7 +125,6 @@ class SimulatedModelPlane:
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
         keep_log: bool = True,
-        capacity: float | None = None,
     ) -> None:
         if not 0 <= failure_rate < 1:
             raise InvalidInput("SIM_MODEL_FAILURE_RATE", f"must be in [0, 1), got {failure_rate}")
@@ -135,7 +134,6 @@ class SimulatedModelPlane:
         self.seconds_per_1k_tokens = seconds_per_1k_tokens
         self._clock = clock or time.time
         self._sleep = sleep or time.sleep
-        self.capacity = capacity  # tokens the quota's bucket holds; None: one minute of quota
         self._config = self._quota(quota_tpm)
         self._bucket = BucketState.fresh(self._config, self._clock())
         self._lock = threading.Lock()
@@ -172,14 +170,10 @@ class SimulatedModelPlane:
         with self._lock:
             return list(self._log.get(run_id, []))
 
-    def _quota(self, quota_tpm: int) -> GovernorConfig:
-        capacity = self.capacity
-        if capacity is not None:  # a storm scales the bucket with the quota
-            capacity = capacity * quota_tpm / self.quota_tpm
+    @staticmethod
+    def _quota(quota_tpm: int) -> GovernorConfig:
         try:
-            return GovernorConfig(
-                quota_tpm=quota_tpm, share=1.0, capacity=capacity, initial_fill=1.0
-            )
+            return GovernorConfig(quota_tpm=quota_tpm, share=1.0, initial_fill=1.0)
         except InvalidInput as e:
             raise InvalidInput("SIM_MODEL_QUOTA_TPM", e.message) from None
 
