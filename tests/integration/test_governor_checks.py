@@ -18,6 +18,7 @@ import pytest
 from swarm.bench.governor import could_have_granted, over_grant_tolerance, over_granted
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, InMemoryGovernor, acquire
 from swarm.core.model import Lane
+from tests.unit.test_governor import FakeTime
 
 Grant = tuple[float, float, int]  # (asked, seen, tokens)
 
@@ -137,24 +138,11 @@ def test_what_the_bucket_could_have_given_follows_the_demand() -> None:
 # ------------------------------------------------------------------ acquire()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
-
-
 class SlowGovernor:
     """An in-memory governor whose every draw takes ``latency`` seconds to come back, as a
     DynamoDB round trip does: it decides at the ``now`` it is given, then the clock moves."""
 
-    def __init__(self, config: GovernorConfig, clock: Clock, latency: float) -> None:
+    def __init__(self, config: GovernorConfig, clock: FakeTime, latency: float) -> None:
         self.config = config
         self.inner = InMemoryGovernor(config, now=0.0)
         self.clock, self.latency = clock, latency
@@ -179,7 +167,7 @@ class SlowGovernor:
 def test_acquire_waits_from_when_the_draw_was_decided_not_from_its_return() -> None:
     # 1,000 tokens/s from empty: 2,000 tokens exist at 2 s
     config = GovernorConfig(quota_tpm=60_000, share=1.0, capacity=4_000.0)
-    clock = Clock()
+    clock = FakeTime()
     gov = SlowGovernor(config, clock, latency=0.3)
     got = acquire(gov, 2_000, Lane.NORMAL, clock.now, clock.sleep, max_wait_s=2.1)
     # Then it asks again exactly when the tokens exist (2 s), not 0.3 s late (the round trip):
@@ -193,14 +181,14 @@ def test_acquire_waits_from_when_the_draw_was_decided_not_from_its_return() -> N
 
 def test_acquire_picks_up_tokens_that_came_due_while_a_slow_answer_was_on_its_way() -> None:
     config = GovernorConfig(quota_tpm=60_000, share=1.0, capacity=4_000.0)
-    clock = Clock()
+    clock = FakeTime()
     gov = SlowGovernor(config, clock, latency=2.5)  # the answer takes longer than the bound
     got = acquire(gov, 2_000, Lane.NORMAL, clock.now, clock.sleep, max_wait_s=2.1)
     # the tokens were due at 2 s, within the bound: they are taken, not abandoned unused
     assert got.granted and got.draws == 2
     assert gov.asked == [0.0, pytest.approx(2.501)]
     # but a wait beyond the bound is refused at once, however fast the answer
-    clock = Clock()
+    clock = FakeTime()
     slow = SlowGovernor(config, clock, latency=0.0)
     assert not acquire(slow, 3_000, Lane.NORMAL, clock.now, clock.sleep, max_wait_s=2.1).granted
     assert clock.sleeps == []
