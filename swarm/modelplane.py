@@ -124,7 +124,6 @@ class SimulatedModelPlane:
         seconds_per_1k_tokens: float = 0.0,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
-        keep_log: bool = True,
     ) -> None:
         if not 0 <= failure_rate < 1:
             raise InvalidInput("SIM_MODEL_FAILURE_RATE", f"must be in [0, 1), got {failure_rate}")
@@ -138,7 +137,6 @@ class SimulatedModelPlane:
         self._bucket = BucketState.fresh(self._config, self._clock())
         self._lock = threading.Lock()
         self._storm_until: float | None = None
-        self._keep_log = keep_log
         self.total = ModelCounters()
         self._runs: dict[str, ModelCounters] = {}
         self._log: dict[str, list[ModelCall]] = {}
@@ -166,7 +164,7 @@ class SimulatedModelPlane:
             return ModelCounters(c.calls, c.throttles, c.tokens_billed)
 
     def log(self, run_id: str) -> list[ModelCall]:
-        """Every call received for the run, in the order received (empty without ``keep_log``)."""
+        """Every call received for the run, in the order received."""
         with self._lock:
             return list(self._log.get(run_id, []))
 
@@ -198,8 +196,7 @@ class SimulatedModelPlane:
     def _record(self, call: ModelCall) -> None:
         self.total.add(call)
         self._runs.setdefault(call.run_id, ModelCounters()).add(call)
-        if self._keep_log:
-            self._log.setdefault(call.run_id, []).append(call)
+        self._log.setdefault(call.run_id, []).append(call)
 
     def invoke(self, request: ModelRequest) -> ModelResult:
         r = request
