@@ -110,11 +110,11 @@ class ControlPlane:
         return response["statusCode"], json.loads(response["body"]), headers
 
     # ------------------------------------------------------------------ the state machine
-    def run_state_machine(self) -> list[str]:
-        """Each new execution: every manifest item through the fan-out step (what the
-        Distributed Map does); the finalizer then runs in :meth:`finalize`."""
+    def fan_out_events(self) -> list[dict[str, Any]]:
+        """The Distributed Map's item events of every execution not processed yet (marked
+        processed now): what the map would pass to the fan-out step, one per manifest item."""
         sfn, s3 = self.client("stepfunctions"), self.client("s3")
-        started = []
+        events = []
         for execution in sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]:
             arn = execution["executionArn"]
             if arn in self.processed_executions:
@@ -123,10 +123,17 @@ class ControlPlane:
             payload = json.loads(sfn.describe_execution(executionArn=arn)["input"])
             body = s3.get_object(Bucket=self.env[BUCKET_NAME], Key=payload["manifest_key"])
             for index, item in enumerate(json.loads(body["Body"].read())):
-                self.invoke(
-                    "fanout", {"batch_id": payload["batch_id"], "index": index, "unit": item}
-                )
-            started.append(payload["batch_id"])
+                events.append({"batch_id": payload["batch_id"], "index": index, "unit": item})
+        return events
+
+    def run_state_machine(self) -> list[str]:
+        """Each new execution: every manifest item through the fan-out step (what the
+        Distributed Map does); the finalizer then runs in :meth:`finalize`."""
+        started: list[str] = []
+        for event in self.fan_out_events():
+            self.invoke("fanout", event)
+            if event["batch_id"] not in started:
+                started.append(event["batch_id"])
         return started
 
     def finalize(self, batch_id: str) -> dict[str, Any]:

@@ -106,20 +106,9 @@ def run_to_close(plane: ControlPlane, batch_id: str, rounds: int = 4) -> dict[st
 
 
 def fan_out_events(plane: ControlPlane) -> list[dict[str, Any]]:
-    """The Distributed Map's item events of every execution not processed yet (marked processed
-    now), so a test can invoke the fan-out step itself: twice, or with a step in between."""
-    sfn, s3 = plane.client("stepfunctions"), plane.client("s3")
-    events = []
-    for execution in sfn.list_executions(stateMachineArn=plane.state_machine_arn)["executions"]:
-        arn = execution["executionArn"]
-        if arn in plane.processed_executions:
-            continue
-        plane.processed_executions.add(arn)
-        payload = json.loads(sfn.describe_execution(executionArn=arn)["input"])
-        body = s3.get_object(Bucket=BUCKET, Key=payload["manifest_key"])["Body"].read()
-        for index, item in enumerate(json.loads(body)):
-            events.append({"batch_id": payload["batch_id"], "index": index, "unit": item})
-    return events
+    """The map's item events, so a test can invoke the fan-out step itself: twice, or with a
+    step in between."""
+    return plane.fan_out_events()
 
 
 def receive_all(plane: ControlPlane, lane: Lane = Lane.NORMAL) -> list[Any]:
