@@ -30,7 +30,9 @@ def _target_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stack", help="a deployed stack's name, e.g. Swarm-prod (reads its outputs)")
     g.add_argument("--api-url", help="the API's base URL")
     g.add_argument("--region", help="AWS region of the deployed stack")
-    g.add_argument("--tenant", help="local stack only: act as this tenant (default: demo)")
+    g.add_argument(
+        "--tenant", help="local stack only: sign as this tenant's IAM role (default: demo)"
+    )
 
 
 # ------------------------------------------------------------------ progress

@@ -4,10 +4,14 @@ moto creates the RestApi but cannot invoke an AWS_PROXY integration, so this ser
 Gateway: it builds the REST proxy event (payload 1.0) for the request, invokes the deployed API
 function through moto's Lambda API, and writes the function's status, headers and body back.
 
-Identity. There is no IAM here: the caller names its tenant in the ``X-Swarm-Tenant`` header
-(default ``demo``) and the server puts ``arn:aws:sts::<account>:assumed-role/<prefix><tenant>/
-local`` in the event's ``requestContext.identity.userArn``, which is what API Gateway does for a
-SigV4-signed caller, so the handler's tenant logic runs unchanged.
+Identity, as API Gateway's ``AWS_IAM`` authorization does it: the request must be SigV4-signed
+(service ``execute-api``) with credentials the emulator's IAM knows (a tenant's or operator's
+assumed role, see :mod:`swarm.local.iam`); the signature is verified, the caller must be allowed
+``execute-api:Invoke`` on the method's ARN (``arn:aws:execute-api:<region>:<account>:<api>/
+<stage>/<METHOD>/<path>``) by its own policies, and its ARN goes into the event's
+``requestContext.identity.userArn``, where the handler's tenant logic reads it. An unsigned,
+wrongly signed, expired or unauthorized request is a 403 with API Gateway's message, before the
+function runs.
 
 ``/_local/...`` is the emulator's own control surface (not part of the API, never deployed): the
 simulated model plane's counters, a quota storm, injected worker deaths, the pollers' stats.
@@ -18,11 +22,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,10 +34,8 @@ from swarm.local.events import proxy_event
 
 log = logging.getLogger("swarm.local")
 
-TENANT_HEADER = "X-Swarm-Tenant"
-DEFAULT_TENANT = "demo"
 MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SIGNATURE_MAX_SKEW_S = 300  # API Gateway refuses a signature more than 5 minutes off
 
 AdminHandler = Callable[[str, str, Any, dict[str, str]], tuple[int, Any]]
 
@@ -44,7 +46,8 @@ class LocalApi:
         clients: Any,
         function_arn: str,
         account: str,
-        tenant_prefix: str,
+        region: str,
+        api_id: str,
         admin: AdminHandler,
         port: int = 0,
         stage: str = "local",
@@ -52,7 +55,8 @@ class LocalApi:
         self.clients = clients
         self.function_arn = function_arn
         self.account = account
-        self.tenant_prefix = tenant_prefix
+        self.region = region
+        self.api_id = api_id
         self.admin = admin
         self.stage = stage
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
@@ -72,24 +76,86 @@ class LocalApi:
         self.server.shutdown()
         self.server.server_close()
 
-    def user_arn(self, tenant: str) -> str:
-        return f"arn:aws:sts::{self.account}:assumed-role/{self.tenant_prefix}{tenant}/local"
+    def method_arn(self, method: str, path: str) -> str:
+        return (
+            f"arn:aws:execute-api:{self.region}:{self.account}:{self.api_id}/{self.stage}/"
+            f"{method.upper()}/{path.lstrip('/')}"
+        )
+
+    def authenticate(
+        self, method: str, path: str, raw_query: str, headers: dict[str, str], body: bytes
+    ) -> str | tuple[int, dict[str, Any]]:
+        """The caller's ARN, or API Gateway's 403 (status, body) for this request."""
+        from moto.iam.access_control import IAMRequest
+        from requests.structures import CaseInsensitiveDict
+
+        named = {k.lower(): v for k, v in headers.items()}
+        authorization = named.get("authorization", "")
+        if not authorization.startswith("AWS4-HMAC-SHA256 "):
+            return 403, {"message": "Missing Authentication Token"}
+        try:
+            signed_at = datetime.strptime(named.get("x-amz-date", ""), "%Y%m%dT%H%M%SZ")
+        except ValueError:
+            return 403, {"message": "Authorization header requires existence of a valid X-Amz-Date"}
+        skew = abs(time.time() - signed_at.replace(tzinfo=UTC).timestamp())
+        if skew > SIGNATURE_MAX_SKEW_S:
+            return 403, {"message": "Signature expired: the request was signed too long ago"}
+        if "/execute-api/aws4_request" not in authorization:
+            return 403, {
+                "message": "Credential should be scoped to correct service: 'execute-api'."
+            }
+        try:
+            request = IAMRequest(
+                account_id=self.account,
+                method=method,
+                path=path + (f"?{raw_query}" if raw_query else ""),
+                data={},
+                body=body,
+                headers=CaseInsensitiveDict(headers),  # type: ignore[arg-type]  # urllib sends "X-amz-date"
+                action="Invoke",
+            )
+            request.check_signature()
+            principal = str(request._access_key.arn)
+        except Exception as e:  # moto's InvalidClientTokenId / SignatureDoesNotMatch
+            log.info("local API: signature refused: %r", e)
+            if "Signature" in type(e).__name__:
+                message = (
+                    "The request signature we calculated does not match the signature you "
+                    "provided. Check your AWS Secret Access Key and signing method."
+                )
+            else:
+                message = "The security token included in the request is invalid."
+            return 403, {"message": message}
+        resource = self.method_arn(method, path)
+        try:
+            request.check_action_permitted(resource)
+        except Exception:
+            message = (
+                f"User: {principal} is not authorized to perform: execute-api:Invoke on "
+                f"resource: {resource}"
+            )
+            return 403, {"Message": message}
+        return principal
 
     def invoke(
-        self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: str
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: dict[str, str],
+        body: str,
+        raw_query: str = "",
     ) -> tuple[int, dict[str, str], bytes]:
-        # header names are case-insensitive (urllib sends "X-swarm-tenant", HTTP/2 lowercase)
-        named = {k.lower(): v for k, v in headers.items()}
-        tenant = named.get(TENANT_HEADER.lower()) or DEFAULT_TENANT
-        if not _TENANT.match(tenant):
-            doc = {"error": "unauthenticated", "message": f"bad {TENANT_HEADER} header"}
-            return 401, {"Content-Type": "application/json"}, json.dumps(doc).encode()
+        caller = self.authenticate(method, path, raw_query, headers, body.encode())
+        if isinstance(caller, tuple):
+            status, doc = caller
+            return status, {"Content-Type": "application/json"}, json.dumps(doc).encode()
         event = proxy_event(
             method,
             path,
             body=body or None,
             headers=headers,
-            user_arn=self.user_arn(tenant),
+            user_arn=caller,
             stage=self.stage,
             query=query or None,
         )
@@ -149,7 +215,9 @@ class LocalApi:
                         self._json(status, out)
                         return
                     headers = {k: v for k, v in self.headers.items()}
-                    status, hdrs, data = api.invoke(self.command, parsed.path, query, headers, body)
+                    status, hdrs, data = api.invoke(
+                        self.command, parsed.path, query, headers, body, parsed.query
+                    )
                     self._respond(status, hdrs, data)
                 except Exception as e:
                     log.exception("local API failure")

@@ -118,7 +118,7 @@ def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = Fals
         print(
             f"local stack up in {info['timings']['total_s']:.1f}s (pid {info['pid']}, "
             f"time scale x{options.time_scale:g})\n"
-            f"  API:         {target.api_url}   (tenant: header X-Swarm-Tenant, default demo)\n"
+            f"  API:         {target.api_url}   (IAM: signed as the tenant role, --tenant demo)\n"
             f"  AWS (moto):  {target.aws_endpoint}\n"
             f"  CLI target:  {target_file} (read by `swarm submit/status/fleet/drain`)\n"
             "  try:         swarm submit --generate 200 --watch\n"
@@ -231,6 +231,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tenant(args: argparse.Namespace) -> int:
+    target = Target.load(args.state_dir / LOCAL_TARGET_FILE.name)
+    doc = Client(target).request("POST", "/_local/tenants", {"tenant": args.name})[1]
+    print(f"tenant {doc['tenant']}: role {doc['role_arn']} (use --tenant {doc['tenant']})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     return demo(_options(args), args.state_dir, args.units, args.seed, args.timeout)
 
@@ -269,6 +276,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(p, scale=False)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_status)
+
+    p = verbs.add_parser(
+        "tenant", help="create a tenant's IAM role in the local stack (then use --tenant NAME)"
+    )
+    common(p, scale=False)
+    p.add_argument("name", help="the tenant (its role is <tenant prefix><name>)")
+    p.set_defaults(handler=cmd_tenant)
 
     p = verbs.add_parser("demo", help="up, a seed-like batch through the API with progress, down")
     common(p)

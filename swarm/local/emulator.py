@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+
 _APPLIED: set[str] = set()
 _GUARD = threading.Lock()
 
@@ -154,6 +155,10 @@ def patch_sqs_message_clock() -> None:
     _once("sqs-message-clock", apply)
 
 
+#: the credentials the interpreter's tasks call with: the state machine's role, set by the local
+#: stack once it is deployed (``boto3.client`` keyword arguments); moto's dummy keys until then
+INTERPRETER_CREDENTIALS: dict[str, str] = {}
+
 #: connections each cached interpreter client keeps (a Distributed Map runs up to
 #: ``fanout.max_concurrency`` children at once, 100 by default)
 SFN_CLIENT_POOL = 128
@@ -173,7 +178,7 @@ def patch_sfn_client_cache() -> None:
         from moto.stepfunctions.parser.asl.utils import boto_client
 
         original = boto_client.boto_client_for
-        cache: dict[tuple[str, str, str | None], Any] = {}
+        cache: dict[tuple[str, str, str | None, str], Any] = {}
         lock = threading.Lock()
 
         def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
@@ -181,15 +186,18 @@ def patch_sfn_client_cache() -> None:
             endpoint = (
                 None if botocore_stubber.enabled else f"http://localhost:{moto_server_port()}"
             )
+            credentials = INTERPRETER_CREDENTIALS or {
+                "aws_access_key_id": "ak",
+                "aws_secret_access_key": "sk",
+            }
             with lock:
-                key = (region, service, endpoint)
+                key = (region, service, endpoint, credentials["aws_access_key_id"])
                 if key not in cache:
                     cache[key] = boto3.client(
                         service_name=service,
                         region_name=region,
                         endpoint_url=endpoint,
-                        aws_access_key_id="ak",
-                        aws_secret_access_key="sk",
+                        **credentials,
                         config=Config(
                             parameter_validation=False,
                             retries={"max_attempts": 0, "total_max_attempts": 1},

@@ -19,7 +19,8 @@ at a time, like a Lambda execution environment.
 Environment variables are process-global, so the host never writes a function's environment into
 ``os.environ``: it keeps the invocation's environment in a thread-local, and
 :meth:`swarm.runtime.Runtime.from_env` (which every handler calls on its cold start, with no
-arguments) is patched to read it from there and to use moto-backed clients. What stays
+arguments) is patched to read it from there and to use moto-backed clients signed with the
+function's own execution role (:mod:`swarm.local.iam`). What stays
 process-global: the Powertools variables, the same for every function of the stack (checked at
 start); Powertools ``Metrics`` (its metric set is class-level, shared by every instance), so
 metrics are disabled locally (moto does not ingest EMF anyway); and Powertools ``Logger`` keys
@@ -125,8 +126,12 @@ class FunctionHost:
         clients: Callable[[str], Any],
         model: FaultyModelPlane | None = None,
         time_scale: float = 1.0,
+        role_clients: Mapping[str, Callable[[str], Any]] | None = None,
     ) -> None:
         self.clients = clients
+        #: per function name: clients signed with the function's own execution role (the local
+        #: stack's IAM is enforced); without an entry, ``clients``
+        self.role_clients = dict(role_clients or {})
         self.model = model
         self.time_scale = time_scale  # the handlers' timers run this many times faster
         self._local = threading.local()
@@ -134,6 +139,9 @@ class FunctionHost:
         self.invocations: Counter[str] = Counter()
         self._idle: dict[str, list[ModuleType]] = {}
         self._sandboxes = 0
+
+    def clients_for(self, function_name: str) -> Callable[[str], Any]:
+        return self.role_clients.get(function_name, self.clients)
 
     def current(self) -> Invocation | None:
         inv: Invocation | None = getattr(self._local, "invocation", None)
@@ -278,7 +286,8 @@ def patch_runtime() -> None:
         fn_host = host()
         inv = fn_host.current() if fn_host else None
         if fn_host is not None and inv is not None and environ is None:
-            environ, clients = inv.env, clients or fn_host.clients
+            environ = inv.env
+            clients = clients or fn_host.clients_for(inv.function_name)
         runtime: Runtime = original_from_env(cls, environ, clients)
         if fn_host is not None:
             runtime.time_scale = fn_host.time_scale

@@ -55,6 +55,9 @@ class MappingPoller:
     region: str
     stop: threading.Event
     time_scale: float = 1.0  # the queue's visibility timeout runs this many times faster
+    #: clients for the queue, signed with the function's role (Lambda polls with it); the
+    #: emulator's own ``clients`` read the mapping and invoke the function
+    queue_clients: Any = None
     stats: PollerStats = field(default_factory=PollerStats)
     _active: int = 0
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -65,15 +68,18 @@ class MappingPoller:
     def refresh(self) -> dict[str, Any]:
         self._mapping = self.clients("lambda").get_event_source_mapping(UUID=self.uuid)
         if not self._queue_url:
-            sqs = self.clients("sqs")
             name = self._mapping["EventSourceArn"].rsplit(":", 1)[-1]
-            self._queue_url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
-            attrs = sqs.get_queue_attributes(
+            # the mapping knows its queue's ARN; finding the URL is the emulator's own business
+            self._queue_url = self.clients("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+            attrs = self._sqs().get_queue_attributes(
                 QueueUrl=self._queue_url, AttributeNames=["VisibilityTimeout"]
             )["Attributes"]
             deployed = int(attrs["VisibilityTimeout"])
             self._visibility_s = max(1, round(deployed / self.time_scale))
         return self._mapping
+
+    def _sqs(self) -> Any:
+        return (self.queue_clients or self.clients)("sqs")
 
     @property
     def enabled(self) -> bool:
@@ -126,7 +132,7 @@ class MappingPoller:
             pool.shutdown(wait=True)
 
     def _receive(self) -> list[dict[str, Any]]:
-        response = self.clients("sqs").receive_message(
+        response = self._sqs().receive_message(
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=int(self._mapping.get("BatchSize", 10)),
             WaitTimeSeconds=LONG_POLL_S,
@@ -176,7 +182,7 @@ class MappingPoller:
         self.stats.item_failures += len(failed)
         done = [m for m in messages if m["MessageId"] not in failed]
         if done:
-            self.clients("sqs").delete_message_batch(
+            self._sqs().delete_message_batch(
                 QueueUrl=self._queue_url,
                 Entries=[
                     {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -28,26 +29,31 @@ from pathlib import Path
 from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
+from swarm.local import iam
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
+from swarm.local.iam import Credentials
 
 log = logging.getLogger("swarm.local")
 
 REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's default account
+DEMO_TENANT = "demo"
+#: a tenant name: IAM role name characters (the role is ``<tenant prefix><tenant>``)
+TENANT_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,32}$")
 STATE_DIR = LOCAL_TARGET_FILE.parent
 RUNTIME_FILE = "local-runtime.json"  # pid and endpoints of the running stack (not a Target)
 LOG_FILE = "local.log"
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-def _client_factory(endpoint: str, region: str) -> Any:
+def _client_factory(endpoint: str, region: str, credentials: Credentials) -> Any:
+    """boto3 clients of the emulator, signed with ``credentials``, one per service."""
     import boto3
     from botocore.config import Config
 
     cache: dict[str, Any] = {}
     lock = threading.Lock()
-    session = boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
-    )
+    session = boto3.session.Session(region_name=region, **credentials.boto())
 
     def client(service: str) -> Any:
         with lock:
@@ -85,6 +91,11 @@ class LocalStack:
         self.deployed: Deployed | None = None
         self.target: Target | None = None
         self.timings: dict[str, float] = {}
+        self.endpoint = ""
+        self.admin_credentials: Credentials | None = None
+        self.function_clients: dict[str, Any] = {}
+        self.tenant_prefix = ""
+        self.api_id = ""
 
     # ------------------------------------------------------------------ start
     def start(self) -> Target:
@@ -107,8 +118,13 @@ class LocalStack:
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             resp.read()
+        # IAM from here on: the emulator's plumbing signs as its own admin user, each function
+        # as its own role (see swarm.local.iam)
+        self.admin_credentials = iam.create_admin(ACCOUNT)
+        iam.enforce()
         self.timings["moto_s"] = time.monotonic() - t0
-        clients = _client_factory(endpoint, REGION)
+        self.endpoint = endpoint
+        clients = _client_factory(endpoint, REGION, self.admin_credentials)
 
         t1 = time.monotonic()
         template = synthesize(self.state_dir / "cdk.out", self.options)
@@ -120,13 +136,16 @@ class LocalStack:
         self._start_pollers(clients)
         self._start_api(clients)
         outputs = self.deployed.outputs
+        self.add_tenant(DEMO_TENANT)
+        iam.ensure_operator_role(ACCOUNT, REGION, outputs["DrainParameterName"])
         self.target = Target(
             api_url=self.api.url,
             region=REGION,
             drain_parameter=outputs["DrainParameterName"],
             aws_endpoint=endpoint,
             tenant=None,
-            sign=False,
+            local_credentials=self.admin_credentials.boto(),
+            tenant_prefix=self.tenant_prefix,
         )
         self.timings["total_s"] = time.monotonic() - t0
         return self.target
@@ -141,12 +160,37 @@ class LocalStack:
             out[conf["Handler"].rpartition(".")[0]] = conf
         return out
 
+    def role_clients(self, role_arn: str, service: str) -> Any:
+        """Clients signed with STS credentials of ``role_arn``, as ``service`` assumes it."""
+        session = f"local-{role_arn.rsplit('/', 1)[-1]}"[:64]
+        credentials = iam.assume(ACCOUNT, REGION, role_arn, session, service)
+        return _client_factory(self.endpoint, REGION, credentials)
+
+    def add_tenant(self, tenant: str) -> str:
+        """The IAM role of ``tenant`` (created if missing), allowed to invoke the API."""
+        return iam.ensure_tenant_role(
+            ACCOUNT, REGION, self.tenant_prefix, tenant, self.api_id, self.options.stage
+        )
+
     def _start_functions(self, clients: Any) -> None:
-        from swarm.local import lambda_patch
+        from swarm.local import emulator, lambda_patch
         from swarm.modelplane import SimulatedModelPlane
 
         functions = self._functions(clients)
         self.functions = functions
+        # each function runs with its own execution role, the state machine's tasks with its role
+        self.function_clients = {
+            conf["FunctionName"]: self.role_clients(conf["Role"], "lambda")
+            for conf in functions.values()
+        }
+        sfn = clients("stepfunctions")
+        assert self.deployed is not None
+        for machine in self.deployed.of_type("AWS::StepFunctions::StateMachine").values():
+            role = sfn.describe_state_machine(stateMachineArn=machine)["roleArn"]
+            session = f"local-{role.rsplit('/', 1)[-1]}"[:64]
+            emulator.INTERPRETER_CREDENTIALS.update(
+                iam.assume(ACCOUNT, REGION, role, session, "states").boto()
+            )
         envs = [f.get("Environment", {}).get("Variables", {}) for f in functions.values()]
         process_env: dict[str, str] = {
             "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
@@ -167,15 +211,27 @@ class LocalStack:
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
         )
         self.model = lambda_patch.FaultyModelPlane(plane)
-        self.host = lambda_patch.FunctionHost(clients, self.model, self.options.time_scale)
+        self.host = lambda_patch.FunctionHost(
+            clients, self.model, self.options.time_scale, self.function_clients
+        )
         lambda_patch.install(self.host, process_env)
 
     def _start_pollers(self, clients: Any) -> None:
         from swarm.local.poller import MappingPoller, ParameterRule
 
         assert self.deployed is not None
+        lam = clients("lambda")
         for uuid in self.deployed.of_type("AWS::Lambda::EventSourceMapping").values():
-            poller = MappingPoller(clients, uuid, REGION, self.stop_event, self.options.time_scale)
+            # Lambda polls the queue with the function's role: the poller does too
+            function = lam.get_event_source_mapping(UUID=uuid)["FunctionArn"].rsplit(":", 1)[-1]
+            poller = MappingPoller(
+                clients,
+                uuid,
+                REGION,
+                self.stop_event,
+                self.options.time_scale,
+                queue_clients=self.function_clients[function],
+            )
             self.pollers.append(poller)
             self._thread(poller.run, f"poller-{uuid[:8]}")
         account = clients("sts").get_caller_identity()["Account"]
@@ -190,12 +246,15 @@ class LocalStack:
 
         conf = self.functions["functions.api"]
         env = conf["Environment"]["Variables"]
-        account = clients("sts").get_caller_identity()["Account"]
+        self.tenant_prefix = env.get("TENANT_PRINCIPAL_PREFIX", "")
+        assert self.deployed is not None
+        self.api_id = next(iter(self.deployed.of_type("AWS::ApiGateway::RestApi").values()))
         self.api = LocalApi(
             clients,
             conf["FunctionArn"],
-            account,
-            env.get("TENANT_PRINCIPAL_PREFIX", ""),
+            ACCOUNT,
+            REGION,
+            self.api_id,
             self.admin,
             port=self.api_port,
             stage=self.options.stage,
@@ -241,6 +300,14 @@ class LocalStack:
                 return 400, {"error": "invalid_request", "message": message}
             self.model.arm_crashes(crashes, batch_id, doc.get("unit_id"))
             return 200, {"armed": crashes, "batch_id": batch_id}
+        if path == "/_local/tenants" and method == "POST":
+            tenant = (doc or {}).get("tenant")
+            if not isinstance(tenant, str) or not TENANT_NAME.match(tenant):
+                message = 'give {"tenant": NAME}: letters, digits and +=,.@_- (at most 32)'
+                return 400, {"error": "invalid_request", "message": message}
+            return 200, {"tenant": tenant, "role_arn": self.add_tenant(tenant)}
+        if path == "/_local/iam" and method == "GET":
+            return 200, iam.AUDIT.report()
         if path == "/_local/status" and method == "GET":
             return 200, {
                 "pollers": [

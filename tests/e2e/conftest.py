@@ -38,25 +38,33 @@ STATE_DIR_VAR = "SWARM_E2E_STATE_DIR"
 OPTIONS = LocalOptions(time_scale=10.0, model_seed=7)
 
 
+_TENANTS: set[str] = {"demo"}  # the tenant roles this process has made sure of
+
+
 @dataclass
 class Stack:
     target: Target
     state_dir: Path
 
     def client(self, tenant: str) -> Client:
+        """A client signed as ``tenant``'s IAM role (created in the stack on first use)."""
+        if tenant not in _TENANTS:
+            self.local("POST", "/_local/tenants", {"tenant": tenant})
+            _TENANTS.add(tenant)
         return Client(Target(**{**asdict(self.target), "tenant": tenant}), timeout_s=60)
 
     def aws(self, service: str) -> Any:
+        """A client of the emulator as its own admin (the tests' view of the books)."""
         return boto3.client(
             service,
             endpoint_url=self.target.aws_endpoint,
             region_name=self.target.region,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
+            **(self.target.local_credentials or {}),
         )
 
     def local(self, method: str, path: str, body: Any = None) -> Any:
-        return self.client("admin").request(method, path, body)[1]
+        """The emulator's own control surface (``/_local/...``), signed as the demo tenant."""
+        return Client(self.target, timeout_s=60).request(method, path, body)[1]
 
     def model(self, batch_id: str | None = None) -> dict[str, Any]:
         """The simulated model's counters: the whole plane's, or one batch's with its call log."""

@@ -56,8 +56,17 @@ HEALTHY = re.compile(
 # ------------------------------------------------------------------ running the CLI
 
 
+_TENANTS: set[str] = set()  # tenants whose role this process created with `swarm local tenant`
+
+
 def swarm(cwd: Path, *args: str, timeout: float = CMD_S) -> subprocess.CompletedProcess[str]:
-    """Run `swarm ARGS` in ``cwd``; it must end within ``timeout`` and print no traceback."""
+    """Run `swarm ARGS` in ``cwd``; it must end within ``timeout`` and print no traceback.
+    A ``--tenant NAME`` gets its IAM role in the stack first (`swarm local tenant NAME`)."""
+    if "--tenant" in args:
+        tenant = args[args.index("--tenant") + 1]
+        if tenant not in _TENANTS:
+            _TENANTS.add(tenant)
+            ok(swarm(cwd, "local", "tenant", tenant))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
         PYTHONPATH=str(REPO),  # the working tree's swarm, whatever the cwd
