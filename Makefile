@@ -7,7 +7,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 
-.PHONY: setup run test test-scale lint format typecheck unit integration infra e2e synth bench clean help
+.PHONY: setup run test test-scale lint format typecheck unit integration infra e2e synth deploy bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -58,6 +58,10 @@ e2e: setup  ## tests/e2e only (the whole stack on the local emulator)
 
 synth: setup  ## synthesize the CloudFormation templates offline into cdk.out/
 	npx cdk synth --quiet
+
+deploy: setup  ## drain, cdk deploy, undrain: make deploy STAGE=<stage> (local: the local stack; DRY_RUN=1: plan + cdk diff)
+	@test -n "$(STAGE)" || { echo "make deploy: give the stage, e.g. make deploy STAGE=dev (DRY_RUN=1: the plan and cdk diff only)" >&2; exit 2; }
+	$(BIN)/swarm deploy $(if $(filter local,$(STAGE)),--local,--stage $(STAGE)) $(if $(DRY_RUN),--dry-run)
 
 clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,7 +16,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
 from swarm.runtime import Runtime
 from swarm.service.api_models import (
     Forbidden,
@@ -111,6 +111,13 @@ def _misconfigured(e: SettingsError) -> Response[str]:
     return _error(500, "misconfigured", "the service is misconfigured; its operators are alerted")
 
 
+@app.exception_handler(ReadDenied)
+def _read_denied(e: ReadDenied) -> Response[str]:
+    # one of our own objects the role should read (its grants are in infra/): ours to fix
+    logger.error("S3 refused a read", error=str(e), key=e.key, code=e.code)
+    return _error(500, "misconfigured", "the service is misconfigured; its operators are alerted")
+
+
 def _tenant() -> str:
     identity = app.current_event.request_context.identity
     if not identity.user_arn:
@@ -131,11 +138,26 @@ def submit() -> Response[str]:
     tenant = _tenant()
     body = parse_submit(app.current_event.body)
     if body.manifest is not None:
-        check_manifest_key(tenant, body.manifest.key)
+        upload = body.manifest.key
+        check_manifest_key(tenant, upload)
         try:
-            doc = runtime().blobs().get_json(body.manifest.key)
+            doc = runtime().blobs().get_json(upload)
         except NotFound:
-            raise InvalidInput("manifest.key", f"no object {body.manifest.key!r}") from None
+            raise InvalidInput(
+                "manifest.key", f"no object {upload!r}: upload the manifest there, then submit"
+            ) from None
+        except ReadDenied:
+            # The caller's own upload: nothing is written yet, so a 4xx is safe whatever the
+            # 403 means. With the stack's s3:ListBucket grant on manifests/* a missing key is a
+            # 404 (above), so this is an object the API may not read (e.g. uploaded with SSE-KMS
+            # under the tenant's own key); without that grant, S3 says 403 for a missing key.
+            raise InvalidInput(
+                "manifest.key",
+                f"cannot read {upload!r}: it does not exist, or it was uploaded in a way this "
+                "service cannot read (upload it again with the bucket's default encryption)",
+            ) from None
+        except InvalidInput as e:  # the object is not JSON
+            raise InvalidInput("manifest.key", f"{upload!r} is {e.message}") from None
         units = parse_manifest_units(doc)
     else:
         units = body.units or []

@@ -32,7 +32,11 @@ def finalizer() -> Finalizer:
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     batch_id = str(event["batch_id"])
     logger.append_keys(batch_id=batch_id)
-    result = finalizer().finalize(batch_id, time.time())
+    # an execution's first poll records it as the one finalizing the run (for the sweeper)
+    execution = None
+    if event.get("polls") == 0 and event.get("execution_arn"):
+        execution = str(event["execution_arn"]).rsplit(":", 1)[-1]
+    result = finalizer().finalize(batch_id, time.time(), execution=execution)
     if result["closed"] and result.get("announced"):
         name = METRIC_RUNS_COMPLETED if result["state"] == "completed" else METRIC_RUNS_EXHAUSTED
         metrics.add_metric(name, MetricUnit.Count, 1)

@@ -130,6 +130,8 @@ class FrontDoor(Construct):
         governor.grant(role, "dynamodb:Query")
         # manifests/<batch>/units.json and resume-<n>.json; reads manifests/uploads/<tenant>/...
         storage.grant_objects(role, MANIFEST_PREFIX, "s3:PutObject", "s3:GetObject")
+        # so S3 answers a missing upload (submit) or an expired manifest (resume) with 404
+        storage.grant_list(role, MANIFEST_PREFIX)
         # submit and resume start executions named after the batch (idempotent); the API never
         # describes, redrives or stops one (resume starts <batch>-resume-<n>)
         state_machine.grant_start_execution(role)

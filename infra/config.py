@@ -8,11 +8,13 @@ one; object values such as ``lanes`` take JSON on the command line). A bad value
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, call_bound_s
 from swarm.core.model import LANES, Lane
 
 #: CloudWatch Logs accepts only these retention periods (days).
@@ -97,10 +99,37 @@ class BudgetConfig(_Strict):
     max_tokens: int = Field(ge=1)
 
 
+#: Step Functions ends a standard execution at 25,000 history events; each finalizer poll adds
+#: 11 (the task's 5, the choice's 2, the wait's 2, the poll count's 2), each retry of it 3 more:
+#: 1,500 polls leave room for the map's events and one retry of every poll
+MAX_POLLS_PER_EXECUTION = 1500
+
+
 class FanoutConfig(_Strict):
     max_concurrency: int = Field(ge=1, le=10000)  # Distributed Map child executions at once
     tolerated_failure_percentage: int = Field(ge=0, le=100)
     finalizer_poll_seconds: int = Field(ge=1, le=3600)
+    # polls of the finalize loop before an execution continues as a new one (history limit)
+    finalizer_polls_per_execution: int = Field(default=1000, ge=1)
+    # how often the sweeper looks for runs whose execution died (an EventBridge schedule)
+    sweeper_rate_minutes: int = Field(default=15)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> FanoutConfig:
+        if self.finalizer_polls_per_execution > MAX_POLLS_PER_EXECUTION:
+            raise ValueError(
+                f"finalizer_polls_per_execution={self.finalizer_polls_per_execution} is above "
+                f"{MAX_POLLS_PER_EXECUTION}: each poll adds 11 events to the execution's history "
+                "and Step Functions ends an execution at 25,000; the loop continues as a new "
+                "execution after this many polls, so a lower value costs nothing"
+            )
+        if not 1 <= self.sweeper_rate_minutes <= 1440:
+            raise ValueError(
+                f"sweeper_rate_minutes={self.sweeper_rate_minutes} must be a whole number of "
+                "minutes from 1 to 1440 (a day): the sweeper finds runs whose execution died "
+                "within about two of these periods"
+            )
+        return self
 
 
 class ApiConfig(_Strict):
@@ -116,10 +145,27 @@ class SimulatedModelConfig(_Strict):
     seed: int
 
 
+class BedrockConfig(_Strict):
+    # How long the worker's bedrock-runtime client waits for Converse's answer, which arrives
+    # whole when the generation ends (boto3's own 60 s is short for it). The default, 180 s,
+    # covers the adapter's 4,096 output tokens at 30 tokens/s plus 30 s to a first token
+    # (swarm/adapters/bedrock.py); a faster model may set less, a slower one more. The worker's
+    # timeout must hold batch_size such calls: see worker_timing_problem.
+    read_timeout_seconds: int = Field(default=DEFAULT_READ_TIMEOUT_S, ge=30, le=900)
+
+
 class ModelConfig(_Strict):
     adapter: Literal["simulated", "bedrock"]
     bedrock_model_id: str = Field(pattern=r"^[a-z0-9.:-]+$")
+    bedrock: BedrockConfig = BedrockConfig()
     simulated: SimulatedModelConfig
+
+    def call_bound_s(self) -> float:
+        """The longest a worker's model call can take on AWS: the Bedrock client's connect and
+        read timeouts (no SDK retries); the simulated model answers at once there."""
+        if self.adapter == "bedrock":
+            return call_bound_s(self.bedrock.read_timeout_seconds)
+        return 0.0
 
 
 class ObservabilityConfig(_Strict):
@@ -140,6 +186,16 @@ class ObservabilityConfig(_Strict):
 
 #: Lambda keeps this much of an account's concurrency unreserved, whatever functions reserve.
 UNRESERVED_MINIMUM = 100
+#: A worker's own time per message besides the governor wait and the model call: the ledger's
+#: reads and conditional writes, the governor's requests, a requeue; tens of milliseconds each
+#: on AWS, seconds when DynamoDB conflicts make swarm.adapters.call back off.
+WORKER_MESSAGE_OVERHEAD_S = 2.0
+#: Lambda's longest function timeout.
+LAMBDA_MAX_TIMEOUT_S = 900
+#: A context key (ignored by validation, like every key with a colon) that the local emulator's
+#: context sets: it does not enforce function timeouts, and its context shortens the worker's
+#: timeout below what a batch needs. Skips only :func:`worker_timing_problem`.
+EMULATOR_CONTEXT_KEY = "swarm:local-emulator"
 
 
 class SwarmConfig(_Strict):
@@ -230,6 +286,59 @@ class SwarmConfig(_Strict):
             )
 
 
+def worker_timing_problem(config: SwarmConfig) -> str | None:
+    """Why the worker's batch cannot fit its Lambda timeout, or None.
+
+    A worker runs its SQS batch one message after another, and each message may wait for the
+    governor up to ``governor_max_wait_seconds`` and then for the model up to its call bound.
+    A worker that Lambda times out mid-batch reports nothing, so SQS redelivers the whole batch
+    after the lanes' visibility timeout (six worker timeouts), finished messages included: every
+    unit of it waits minutes, and the ones that ran find their attempt settled or, if they were
+    mid-call, retry with the lost attempt's tokens settled.
+    """
+    worker, model = config.worker, config.model
+    wait, call = worker.governor_max_wait_seconds, model.call_bound_s()
+    per_message = wait + call + WORKER_MESSAGE_OVERHEAD_S
+    worst = worker.batch_size * per_message
+    if worst <= worker.timeout_seconds:
+        return None
+    terms = [f"worker.governor_max_wait_seconds={wait:g}"]
+    if model.adapter == "bedrock":
+        terms.append(f"model.bedrock.read_timeout_seconds={model.bedrock.read_timeout_seconds}")
+        terms.append(f"{call - model.bedrock.read_timeout_seconds:g} s to connect")
+    terms.append(f"{WORKER_MESSAGE_OVERHEAD_S:g} s of ledger and governor calls")
+    problem = (
+        f"worker.batch_size={worker.batch_size} x ({' + '.join(terms)}) = {worst:,.0f} s does "
+        f"not fit worker.timeout_seconds={worker.timeout_seconds}: a worker timed out mid-batch "
+        "returns the whole SQS batch for redelivery, finished units included"
+    )
+    if per_message > LAMBDA_MAX_TIMEOUT_S:
+        return (
+            f"{problem}; one message alone needs {per_message:,.0f} s, more than Lambda's "
+            f"{LAMBDA_MAX_TIMEOUT_S} s: lower worker.governor_max_wait_seconds"
+            + (" or model.bedrock.read_timeout_seconds" if model.adapter == "bedrock" else "")
+        )
+    fixes = []
+    fitting = int(worker.timeout_seconds // per_message)
+    if fitting >= 1:
+        fixes.append(f"set worker.batch_size to {fitting} or less")
+    else:
+        fixes.append(
+            f"set worker.batch_size to 1 and worker.timeout_seconds to "
+            f"{math.ceil(per_message)} or more"
+        )
+    needed = math.ceil(worst)
+    most = int(LAMBDA_MAX_TIMEOUT_S // per_message)
+    if needed <= LAMBDA_MAX_TIMEOUT_S:
+        fixes.append(f"raise worker.timeout_seconds to {needed} or more")
+    elif most > 1:
+        fixes.append(
+            f"raise worker.timeout_seconds to {LAMBDA_MAX_TIMEOUT_S} (Lambda's most) with "
+            f"worker.batch_size {most} or less"
+        )
+    return f"{problem}; {', or '.join(fixes)}"
+
+
 CONFIG_KEYS = tuple(SwarmConfig.model_fields)
 
 # Context keys that are not ours: CDK feature flags ("@aws-cdk/..."), CDK's own ("aws:cdk:...",
@@ -265,7 +374,7 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
         )
     values = {key: _decode(key, context[key]) for key in CONFIG_KEYS if key in context}
     try:
-        return SwarmConfig.model_validate(values)
+        config = SwarmConfig.model_validate(values)
     except ValidationError as error:
         problems = []
         for item in error.errors():
@@ -278,3 +387,7 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             else:
                 problems.append(f"context key '{key}': {message} (got {item.get('input')!r})")
         raise ConfigError("invalid cdk.json context: " + "; ".join(problems)) from None
+    timing = None if context.get(EMULATOR_CONTEXT_KEY) is True else worker_timing_problem(config)
+    if timing is not None:
+        raise ConfigError(f"invalid cdk.json context: {timing}")
+    return config

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
+from swarm.adapters import dynamodb_watch as _watch
 from swarm.settings import FunctionName
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,6 +19,11 @@ METRICS_NAMESPACE = "Swarm"
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 TTL_ATTRIBUTE = "expires_at"
+# The ledger's sparse index of the runs the sweeper watches (swarm/adapters/dynamodb_watch.py).
+OPEN_RUNS_INDEX = _watch.OPEN_RUNS_INDEX
+WATCH_PARTITION_KEY = _watch.WATCH  # S, present while the run is watched
+WATCH_SORT_KEY = _watch.SWEEP_AT  # N, when the sweeper looks at the run next
+WATCH_PROJECTED = (_watch.EXECUTION, _watch.REPAIRS)  # what the sweeper reads from the index
 
 # Bucket prefixes.
 MANIFEST_PREFIX = "manifests/"
@@ -30,6 +36,7 @@ WORKER: Final[FunctionName] = "worker"
 DLQ: Final[FunctionName] = "dlq"
 FINALIZER: Final[FunctionName] = "finalizer"
 DRAIN: Final[FunctionName] = "drain"
+SWEEPER: Final[FunctionName] = "sweeper"
 
 # Stack outputs the CLI and the local runtime read.
 OUTPUT_API_URL = "ApiUrl"

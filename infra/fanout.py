@@ -5,16 +5,26 @@ from __future__ import annotations
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import FANOUT, FANOUT_ASL, FINALIZER, MANIFEST_PREFIX, RESULTS_PREFIX
-from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
+from infra.constants import (
+    FANOUT,
+    FANOUT_ASL,
+    FINALIZER,
+    MANIFEST_PREFIX,
+    OPEN_RUNS_INDEX,
+    RESULTS_PREFIX,
+    SWEEPER,
+)
+from infra.functions import Environment, FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
+from swarm.settings import SWEEP_INTERVAL_SECONDS
 
 #: Child executions in AWS are EXPRESS (cheap, at-least-once is fine: admission is idempotent).
 #: moto cannot run EXPRESS children: the local runtime rewrites this substitution to STANDARD.
@@ -37,6 +47,7 @@ def definition_substitutions(
         "MaxConcurrency": str(config.fanout.max_concurrency),
         "ToleratedFailurePercentage": str(config.fanout.tolerated_failure_percentage),
         "FinalizerPollSeconds": str(config.fanout.finalizer_poll_seconds),
+        "MaxPollsPerExecution": str(config.fanout.finalizer_polls_per_execution),
         "ResultsPrefix": RESULTS_PREFIX,
     }
 
@@ -57,6 +68,8 @@ class FanOut(Construct):
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
         removal = cdk.RemovalPolicy.RETAIN if config.production else cdk.RemovalPolicy.DESTROY
+        self._config, self._lanes, self._ledger = config, lanes, ledger
+        self._storage, self._bus = storage, bus
 
         self.admit: SwarmFunction = factory.build(
             "Admit",
@@ -83,25 +96,12 @@ class FanOut(Construct):
                 memory_mb=512,
             ),
         )
-        ledger.grant(
-            self.finalizer.role,
-            "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
-            "dynamodb:Query",  # the run's units (lease sweep, results)
-            "dynamodb:UpdateItem",  # reclaim: books + unit updates
-            "dynamodb:PutItem",  # reclaim settles a lost attempt: its attempt item
-        )
-        # Writes results and the remainder manifest (read from the batch's manifest); checks
-        # whether its results object exists (HeadObject, authorized as s3:GetObject).
-        storage.grant_objects(self.finalizer.role, RESULTS_PREFIX, "s3:GetObject", "s3:PutObject")
-        storage.grant_objects(self.finalizer.role, MANIFEST_PREFIX, "s3:GetObject")
-        bus.grant_put_events_to(self.finalizer.role)
-        # Its lease sweeper requeues the retry of a unit whose worker died with its message.
-        for queue in lanes.queues.values():
-            queue.grant(self.finalizer.role, "sqs:SendMessage")
+        self._grant_finalizing(self.finalizer.role)
 
         # The name is derived from the stack's (unique per account and region): the role's
-        # policy must name the state machine's own ARN (child executions), and a generated
-        # name would make the policy depend on the state machine that depends on the role.
+        # policy must name the state machine's own ARN (child executions, continue-as-new), and
+        # a generated name would make the policy depend on the state machine that depends on
+        # the role.
         name = f"{stack.stack_name}-fanout"
         self.state_machine_name = name
         state_machine_arn = stack.format_arn(
@@ -138,7 +138,9 @@ class FanOut(Construct):
             "s3:ListMultipartUploadParts",
             "s3:AbortMultipartUpload",
         )
-        role.add_to_principal_policy(  # the Distributed Map's child executions
+        role.add_to_principal_policy(
+            # the Distributed Map's child executions, and the finalize loop's continue-as-new
+            # (a new execution of this state machine before the history limit)
             iam.PolicyStatement(actions=["states:StartExecution"], resources=[state_machine_arn])
         )
         role.add_to_principal_policy(
@@ -183,3 +185,88 @@ class FanOut(Construct):
                 include_execution_data=False,  # units are tenants' data
             ),
         )
+
+    def _grant_finalizing(self, role: iam.IRole) -> None:
+        """What ``Finalizer.finalize`` calls: the finalizer's, and the sweeper's, which runs it
+        for a run whose execution died."""
+        self._ledger.grant(
+            role,
+            "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
+            "dynamodb:Query",  # the run's units (lease sweep, results)
+            # reclaim: books + unit updates; the run's watch entry (record, release)
+            "dynamodb:UpdateItem",
+            "dynamodb:PutItem",  # reclaim settles a lost attempt: its attempt item
+        )
+        # Writes results and the remainder manifest (read from the batch's manifest); checks
+        # whether its results object exists (HeadObject, authorized as s3:GetObject).
+        self._storage.grant_objects(role, RESULTS_PREFIX, "s3:GetObject", "s3:PutObject")
+        self._storage.grant_objects(role, MANIFEST_PREFIX, "s3:GetObject")
+        # so the results check (HeadObject) sees 404 for a key not written yet, not 403
+        self._storage.grant_list(role, RESULTS_PREFIX, MANIFEST_PREFIX)
+        self._bus.grant_put_events_to(role)
+        # Its lease sweeper requeues the retry of a unit whose worker died with its message.
+        for queue in self._lanes.queues.values():
+            queue.grant(role, "sqs:SendMessage")
+
+    def add_sweeper(self, *, factory: FunctionFactory, environment: Environment) -> SwarmFunction:
+        """The sweeper and its schedule: built once the state machine's ARN is in the functions'
+        environment (it restarts executions of it).
+
+        Every ``fanout.sweeper_rate_minutes`` it looks at the runs that are due in the ledger's
+        ``OpenRuns`` index and repairs those whose execution died (swarm/service/sweeper.py).
+        """
+        rate = self._config.fanout.sweeper_rate_minutes
+        environment.set(**{SWEEP_INTERVAL_SECONDS: str(rate * 60)})
+        sweeper = factory.build(
+            "Sweeper",
+            FunctionSpec(
+                name=SWEEPER,
+                description="Repairs runs whose fan-out execution died (scheduled)",
+                timeout=cdk.Duration.seconds(min(300, rate * 60)),  # ends before the next tick
+                memory_mb=512,
+            ),
+        )
+        role = sweeper.role
+        # Finalizer.finalize for a run with no live execution: leases, closure, announcement
+        self._grant_finalizing(role)
+        role.add_to_principal_policy(  # DynamoDBRunWatch.due: the due runs, most overdue first
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[f"{self._ledger.table_arn}/index/{OPEN_RUNS_INDEX}"],
+            )
+        )
+        role.add_to_principal_policy(  # StepFunctionsExecutions.start: a restart <batch>-r<n>
+            iam.PolicyStatement(
+                actions=["states:StartExecution"],
+                resources=[self.state_machine.state_machine_arn],
+            )
+        )
+        role.add_to_principal_policy(  # StepFunctionsExecutions.status: is an execution live?
+            iam.PolicyStatement(
+                actions=["states:DescribeExecution"],
+                resources=[
+                    cdk.Stack.of(self).format_arn(
+                        service="states",
+                        resource="execution",
+                        resource_name=f"{self.state_machine_name}:*",
+                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        self.sweep_rule = events.Rule(
+            self,
+            "Sweep",
+            description="Repair runs whose fan-out execution died",
+            schedule=events.Schedule.rate(cdk.Duration.minutes(rate)),
+            targets=[
+                targets.LambdaFunction(
+                    sweeper.function,
+                    retry_attempts=2,
+                    # a sweep older than one period is replaced by the next one
+                    max_event_age=cdk.Duration.minutes(rate),
+                )
+            ],
+        )
+        self.sweeper = sweeper
+        return sweeper

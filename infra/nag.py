@@ -112,6 +112,28 @@ def acknowledge_findings(stack: SwarmStack) -> None:
         "The finalizer reads a batch's manifest (manifests/<batch id>/units.json) for the input "
         "of a lost unit it requeues and for the remainder manifest it writes",
     )
+    sweeper_role = stack.sweeper.role
+    _ack(
+        sweeper_role,
+        results,
+        "The sweeper finalizes a run whose execution died (the finalizer's code): it writes "
+        "results/<batch id>/<state>-<epoch>.json and remainder-<epoch>.json and checks whether "
+        "the first exists: keys per batch and closure",
+    )
+    _ack(
+        sweeper_role,
+        manifests,
+        "The sweeper finalizes a run whose execution died (the finalizer's code): it reads the "
+        "batch's manifest (manifests/<batch id>/units.json) for a lost unit's input and the "
+        "remainder manifest",
+    )
+    _ack(
+        sweeper_role,
+        f"IAM5[Resource::{executions}{name}:*]",
+        "The sweeper describes the executions of the fan-out state machine that may be running "
+        "a run (<batch>, <batch>-resume-<n>, <batch>-r<n>, their continuations <root>-c<n>): "
+        "names chosen per batch at run time; DescribeExecution only",
+    )
     if stack.config.api.create_cloudwatch_role:
         cloudwatch_role = stack.front_door.api.node.find_child("CloudWatchRole")
         _ack(

@@ -76,6 +76,7 @@ class SwarmStack(cdk.Stack):
             bus=self.bus,
         )
         environment.set(**{env.STATE_MACHINE_ARN: self.fanout.state_machine.state_machine_arn})
+        self.sweeper = self.fanout.add_sweeper(factory=factory, environment=environment)
         self.front_door = FrontDoor(
             self,
             "FrontDoor",
@@ -95,6 +96,7 @@ class SwarmStack(cdk.Stack):
             c.DLQ: self.workers.dead_letters,
             c.FINALIZER: self.fanout.finalizer,
             c.DRAIN: self.drain_controller,
+            c.SWEEPER: self.sweeper,
         }
         self.observability = Observability(
             self,
@@ -141,6 +143,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,
         env.MODEL_ADAPTER: config.model.adapter,
         env.BEDROCK_MODEL_ID: config.model.bedrock_model_id,
+        env.BEDROCK_READ_TIMEOUT_SECONDS: str(config.model.bedrock.read_timeout_seconds),
         env.SIM_MODEL_QUOTA_TPM: str(config.model.simulated.quota_tpm),
         env.SIM_MODEL_FAILURE_RATE: str(config.model.simulated.failure_rate),
         env.SIM_MODEL_SEED: str(config.model.simulated.seed),

@@ -65,3 +65,22 @@ class BatchStorage(Construct):
                 actions=list(actions), resources=[self.bucket.arn_for_objects(f"{prefix}*")]
             )
         )
+
+    def grant_list(self, grantee: iam.IGrantable, *prefixes: str) -> None:
+        """``s3:ListBucket`` limited to keys under ``prefixes``, for a role that reads objects
+        there and must tell a missing one from one it may not read.
+
+        Without ``s3:ListBucket``, S3 answers a GetObject/HeadObject of a missing key with 403
+        AccessDenied, not 404: the code would either fail on every "is it there?" (the
+        finalizer's results check) or have to read every 403 as "missing", which would also
+        hide a real denial. S3 evaluates that ListBucket check with the requested key as
+        ``s3:prefix``, so a ``StringLike`` condition on the prefixes the role already reads
+        keeps the grant to names it may read anyway (a listing of them reveals nothing more).
+        """
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[self.bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}},
+            )
+        )

@@ -7,7 +7,15 @@ from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from infra.constants import (
+    OPEN_RUNS_INDEX,
+    PARTITION_KEY,
+    SORT_KEY,
+    TTL_ATTRIBUTE,
+    WATCH_PARTITION_KEY,
+    WATCH_PROJECTED,
+    WATCH_SORT_KEY,
+)
 
 
 class Tables(Construct):
@@ -19,6 +27,7 @@ class Tables(Construct):
         # pk=gov#<name>, sk=shard#NNNN; ledger items pk=run#<id>, sk=spec|books|unit#..|attempt#..
         self.governor = self._table("Governor", config)
         self.ledger = self._table("Ledger", config)
+        self._add_open_runs_index(self.ledger)
 
     def _table(self, construct_id: str, config: SwarmConfig) -> dynamodb.Table:
         return dynamodb.Table(
@@ -39,4 +48,42 @@ class Tables(Construct):
             removal_policy=(
                 cdk.RemovalPolicy.RETAIN if config.production else cdk.RemovalPolicy.DESTROY
             ),
+        )
+
+    @staticmethod
+    def _add_open_runs_index(table: dynamodb.Table) -> None:
+        """The sweeper's sparse index of watched runs (swarm/adapters/dynamodb_watch.py): only
+        books items carrying ``watch`` appear in it, ordered by ``sweep_at``.
+
+        Added on the CloudFormation resource, not with ``Table.add_global_secondary_index``: an
+        L2 table with an index makes every ``Table.grant`` also grant ``<table>/index/*``, so
+        every role with a ledger grant would get its actions on every index. Only the sweeper
+        queries this one, and it is granted ``dynamodb:Query`` on this index by name.
+        """
+        cfn = table.node.default_child
+        assert isinstance(cfn, dynamodb.CfnTable)
+        cfn.add_property_override(
+            "AttributeDefinitions",
+            [
+                {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
+                {"AttributeName": SORT_KEY, "AttributeType": "S"},
+                {"AttributeName": WATCH_PARTITION_KEY, "AttributeType": "S"},
+                {"AttributeName": WATCH_SORT_KEY, "AttributeType": "N"},
+            ],
+        )
+        cfn.add_property_override(
+            "GlobalSecondaryIndexes",
+            [
+                {
+                    "IndexName": OPEN_RUNS_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
+                        {"AttributeName": WATCH_SORT_KEY, "KeyType": "RANGE"},
+                    ],
+                    "Projection": {
+                        "ProjectionType": "INCLUDE",
+                        "NonKeyAttributes": list(WATCH_PROJECTED),
+                    },
+                }
+            ],
         )

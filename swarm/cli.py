@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swarm import ops_cli
+from swarm import deploy_cli, ops_cli
 from swarm.argtypes import non_negative_int, positive_int, rate, share, worker_list
 from swarm.bench import cli as bench_cli
 from swarm.core.errors import InvalidInput, SwarmError
@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sim(sub)
     ops_cli.register(sub)
+    deploy_cli.register(sub)
     local_cli.register(sub)
     bench_cli.register(sub)
     return parser

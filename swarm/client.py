@@ -134,7 +134,8 @@ class Client:
                 ) from None
             raise SwarmError(f"cannot read role {role} in the local stack: {e}") from None
         except BotoCoreError as e:
-            raise SwarmError(f"cannot reach the local stack: {e}") from None
+            where = self.target.aws_endpoint
+            raise SwarmError(f"cannot reach the local stack at {where}: {e}") from None
         try:
             doc = self._local_aws("sts", admin).assume_role(
                 RoleArn=arn, RoleSessionName="swarm-cli"
@@ -234,13 +235,14 @@ class Client:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self._aws("ssm").put_parameter(
+            ssm = self._aws("ssm")  # locally: the operator's role, assumed first
+            ssm.put_parameter(
                 Name=self.target.drain_parameter,
                 Value="on" if on else "off",
                 Type="String",
                 Overwrite=True,
             )
-        except (BotoCoreError, ClientError) as e:  # unreachable, no credentials, access denied
+        except (BotoCoreError, ClientError, SwarmError) as e:  # unreachable, denied, no role
             raise SwarmError(
                 f"cannot set the drain switch {self.target.drain_parameter}: {e}"
             ) from None

@@ -11,12 +11,13 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from swarm.argtypes import positive_int
 from swarm.client import Client, target_from_args
-from swarm.core.errors import InvalidInput
+from swarm.core.errors import InvalidInput, SwarmError
 
 TERMINAL = ("completed", "exhausted")
 
@@ -228,23 +229,64 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+class DrainStatus(Protocol):
+    def drain_status(self) -> Any: ...
+
+
+def wait_for_drain(
+    client: DrainStatus,
+    timeout_s: float,
+    interval_s: float,
+    out: TextIO | None = None,
+    *,
+    tolerate_errors: int = 0,
+    prefix: str = "",
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[bool, Any]:
+    """Check ``GET /drain`` every ``interval_s`` until it says safe to deploy; print
+    ``waiting: N in flight, M queued`` after each check that is not. Returns (safe, the last
+    status): safe is False once ``timeout_s`` has passed. Up to ``tolerate_errors`` failed
+    checks in a row are reported and retried (a long wait should survive one lost request)."""
+    out = out or sys.stdout
+    deadline = clock() + timeout_s
+    failures = 0
+    doc: Any = None
+    while True:
+        try:
+            doc = client.drain_status()
+        except SwarmError as e:
+            failures += 1
+            if failures > tolerate_errors or clock() > deadline:
+                raise
+            print(f"{prefix}check failed ({e}); trying again", flush=True, file=out)
+            sleep(interval_s)
+            continue
+        failures = 0
+        if doc["safe_to_deploy"]:
+            return True, doc
+        if clock() > deadline:
+            return False, doc
+        print(
+            f"{prefix}waiting: {doc['in_flight']} in flight, {doc['queued']} queued",
+            flush=True,
+            file=out,
+        )
+        sleep(interval_s)
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     client = _client(args)
     if args.action in ("on", "off"):
         client.set_drain(args.action == "on")
         print(f"drain {args.action}: {client.target.drain_parameter}")
     if args.action == "on" and args.wait:
-        deadline = time.monotonic() + args.timeout
-        while True:
-            doc = client.drain_status()
-            if doc["safe_to_deploy"]:
-                print("in flight: 0; queued units stay queued. Safe to deploy.")
-                return 0
-            if time.monotonic() > deadline:
-                print(f"still {doc['in_flight']} in flight after {args.timeout}s", file=sys.stderr)
-                return 1
-            print(f"waiting: {doc['in_flight']} in flight, {doc['queued']} queued", flush=True)
-            time.sleep(args.interval)
+        drained, doc = wait_for_drain(client, args.timeout, args.interval)
+        if drained:
+            print("in flight: 0; queued units stay queued. Safe to deploy.")
+            return 0
+        print(f"still {doc['in_flight']} in flight after {args.timeout}s", file=sys.stderr)
+        return 1
     if args.action == "status":
         doc = client.drain_status()
         if args.json:

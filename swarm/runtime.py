@@ -28,6 +28,7 @@ from swarm.core.model import LANES
 from swarm.modelplane import ModelPlane, SimulatedModelPlane
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.runs import DrainController, FanOut, Finalizer
+from swarm.service.sweeper import RunWatch, SweepConfig, Sweeper
 from swarm.service.worker import Worker, WorkerConfig
 from swarm.settings import Settings, SettingsError
 
@@ -46,17 +47,31 @@ def need(value: T | None, variable: str) -> T:
     return value
 
 
-def boto3_clients() -> ClientFactory:
+def boto3_clients(configs: Mapping[str, Any] | None = None) -> ClientFactory:
+    """One client per service, made on first use; ``configs``: a botocore ``Config`` for the
+    services that need their own timeouts or retries (see :func:`client_configs`)."""
     import boto3
 
     cache: dict[str, Any] = {}
 
     def client(service: str) -> Any:
         if service not in cache:
-            cache[service] = boto3.client(service)
+            config = (configs or {}).get(service)
+            cache[service] = boto3.client(service, config=config)
         return cache[service]
 
     return client
+
+
+def client_configs(settings: Settings) -> dict[str, Any]:
+    """Per-service client configuration. Bedrock: the configured read timeout (boto3's 60 s is
+    short for a long answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
+    if settings.model_adapter != "bedrock":
+        return {}
+    from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, client_config
+
+    read_timeout = settings.bedrock_read_timeout_seconds or DEFAULT_READ_TIMEOUT_S
+    return {"bedrock-runtime": client_config(read_timeout)}
 
 
 def governor_name(config: GovernorConfig) -> str:
@@ -88,17 +103,27 @@ class Runtime:
     def from_env(
         cls, environ: Mapping[str, str] | None = None, clients: ClientFactory | None = None
     ) -> Runtime:
-        return cls(
-            Settings.from_env(os.environ if environ is None else environ),
-            clients or boto3_clients(),
-        )
+        settings = Settings.from_env(os.environ if environ is None else environ)
+        return cls(settings, clients or boto3_clients(client_configs(settings)))
 
     # -- ports
     def ledger(self) -> Ledger:
         from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+        from swarm.adapters.dynamodb_watch import DEFAULT_WATCH_GRACE_S
 
         table = need(self.settings.ledger_table, "LEDGER_TABLE_NAME")
-        return DynamoDBLedger(table, client=self.clients("dynamodb"))
+        return DynamoDBLedger(
+            table,
+            client=self.clients("dynamodb"),
+            watch_grace_s=self.seconds(DEFAULT_WATCH_GRACE_S),
+        )
+
+    def run_watch(self) -> RunWatch:
+        """The runs the sweeper watches: a sparse index on the ledger's books."""
+        from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
+
+        table = need(self.settings.ledger_table, "LEDGER_TABLE_NAME")
+        return DynamoDBRunWatch(table, client=self.clients("dynamodb"))
 
     def governor(self, *, read_only: bool = False) -> Governor:
         """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its
@@ -192,7 +217,26 @@ class Runtime:
         )
 
     def finalizer(self) -> Finalizer:
-        return Finalizer(self.ledger(), self.lanes(), self.blobs(), self.events())
+        return Finalizer(
+            self.ledger(), self.lanes(), self.blobs(), self.events(), watch=self.run_watch()
+        )
+
+    def sweeper(self) -> Sweeper:
+        s = self.settings
+        interval = need(s.sweep_interval_seconds, "SWEEP_INTERVAL_SECONDS")
+        return Sweeper(
+            self.ledger(),
+            self.run_watch(),
+            StepFunctionsExecutions(
+                self.clients("stepfunctions"),
+                need(s.state_machine_arn, "STATE_MACHINE_ARN"),
+            ),
+            self.finalizer(),
+            SweepConfig(
+                interval_s=self.seconds(interval),
+                max_backoff_s=self.seconds(SweepConfig.max_backoff_s),
+            ),
+        )
 
     def drain_controller(self) -> DrainController:
         mappings = LambdaMappings(

@@ -19,7 +19,7 @@ from swarm.core.governor import GovernorConfig
 from swarm.core.model import LANES, Lane
 
 # --- which function this is -------------------------------------------------------------------
-SWARM_FUNCTION: Final = "SWARM_FUNCTION"  # api | fanout | worker | dlq | finalizer | drain
+SWARM_FUNCTION: Final = "SWARM_FUNCTION"  # one of FUNCTIONS (api, fanout, ..., sweeper)
 STAGE: Final = "STAGE"
 
 # --- Powertools (read by Powertools itself; listed so infra and functions agree) --------------
@@ -98,11 +98,14 @@ MAX_ATTEMPTS: Final = "MAX_ATTEMPTS"
 LEASE_SECONDS: Final = "LEASE_SECONDS"  # reservation lease = the lanes' visibility timeout
 DEFAULT_BUDGET_TOKENS: Final = "DEFAULT_BUDGET_TOKENS"
 MAX_BUDGET_TOKENS: Final = "MAX_BUDGET_TOKENS"
+SWEEP_INTERVAL_SECONDS: Final = "SWEEP_INTERVAL_SECONDS"  # the sweeper's schedule rate
 TENANT_PRINCIPAL_PREFIX: Final = "TENANT_PRINCIPAL_PREFIX"
 
 # --- model plane --------------------------------------------------------------------------------
 MODEL_ADAPTER: Final = "MODEL_ADAPTER"  # simulated | bedrock
 BEDROCK_MODEL_ID: Final = "BEDROCK_MODEL_ID"
+#: seconds the bedrock-runtime client waits for Converse's answer; empty = the adapter's default
+BEDROCK_READ_TIMEOUT_SECONDS: Final = "BEDROCK_READ_TIMEOUT_SECONDS"
 SIM_MODEL_QUOTA_TPM: Final = "SIM_MODEL_QUOTA_TPM"
 SIM_MODEL_FAILURE_RATE: Final = "SIM_MODEL_FAILURE_RATE"
 SIM_MODEL_SEED: Final = "SIM_MODEL_SEED"
@@ -119,8 +122,10 @@ METRIC_SUBMISSIONS_SHED: Final = "SubmissionsShed"
 METRIC_SUBMISSIONS_REFUSED: Final = "SubmissionsRefused"
 METRIC_RUNS_COMPLETED: Final = "RunsCompleted"
 METRIC_RUNS_EXHAUSTED: Final = "RunsExhausted"
+METRIC_RUNS_REPAIRED: Final = "RunsRepaired"  # the sweeper restarted a run's dead execution
+METRIC_SWEEP_ERRORS: Final = "SweepErrors"  # runs the sweeper failed to look at
 
-FunctionName = Literal["api", "fanout", "worker", "dlq", "finalizer", "drain"]
+FunctionName = Literal["api", "fanout", "worker", "dlq", "finalizer", "drain", "sweeper"]
 FUNCTIONS: Final[tuple[FunctionName, ...]] = (
     "api",
     "fanout",
@@ -128,6 +133,7 @@ FUNCTIONS: Final[tuple[FunctionName, ...]] = (
     "dlq",
     "finalizer",
     "drain",
+    "sweeper",
 )
 
 _COMMON: Final = (
@@ -141,6 +147,7 @@ _GOVERNOR: Final = (QUOTA_TPM, GOVERNOR_SHARE, GOVERNOR_CAPACITY, *LANE_RESERVE_
 _MODEL: Final = (
     MODEL_ADAPTER,
     BEDROCK_MODEL_ID,
+    BEDROCK_READ_TIMEOUT_SECONDS,
     SIM_MODEL_QUOTA_TPM,
     SIM_MODEL_FAILURE_RATE,
     SIM_MODEL_SEED,
@@ -203,10 +210,21 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         *WORKER_MAPPING_VARS,
         *QUEUE_URL_VARS,
     ),
+    "sweeper": (  # the finalizer's, plus the state machine it restarts and its schedule's rate
+        *_COMMON,
+        LEDGER_TABLE_NAME,
+        BUCKET_NAME,
+        EVENT_BUS_NAME,
+        *QUEUE_URL_VARS,
+        STATE_MACHINE_ARN,
+        SWEEP_INTERVAL_SECONDS,
+    ),
 }
 
 #: Variables a function may receive empty (meaning "use the default").
-OPTIONAL_VARS: Final = frozenset({GOVERNOR_CAPACITY, BEDROCK_MODEL_ID})
+OPTIONAL_VARS: Final = frozenset(
+    {GOVERNOR_CAPACITY, BEDROCK_MODEL_ID, BEDROCK_READ_TIMEOUT_SECONDS}
+)
 
 
 class SettingsError(ValueError):
@@ -265,10 +283,14 @@ class Settings(BaseModel):
     lease_seconds: int | None = Field(default=None, alias=LEASE_SECONDS, ge=1)
     default_budget_tokens: int | None = Field(default=None, alias=DEFAULT_BUDGET_TOKENS, ge=0)
     max_budget_tokens: int | None = Field(default=None, alias=MAX_BUDGET_TOKENS, ge=1)
+    sweep_interval_seconds: int | None = Field(default=None, alias=SWEEP_INTERVAL_SECONDS, ge=60)
     tenant_principal_prefix: str | None = Field(default=None, alias=TENANT_PRINCIPAL_PREFIX)
 
     model_adapter: Literal["simulated", "bedrock"] | None = Field(default=None, alias=MODEL_ADAPTER)
     bedrock_model_id: str | None = Field(default=None, alias=BEDROCK_MODEL_ID)
+    bedrock_read_timeout_seconds: float | None = Field(
+        default=None, alias=BEDROCK_READ_TIMEOUT_SECONDS, gt=0, le=900
+    )
     sim_model_quota_tpm: int | None = Field(default=None, alias=SIM_MODEL_QUOTA_TPM, ge=1)
     sim_model_failure_rate: float | None = Field(
         default=None, alias=SIM_MODEL_FAILURE_RATE, ge=0, le=1

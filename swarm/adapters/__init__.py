@@ -17,7 +17,8 @@ settled attempt           ``run#<run_id>``                 ``attempt#<unit_id>#<
 ========================  ===============================  =====================================
 
 TTL attribute: ``expires_at`` (epoch seconds, on settled-attempt items only). Billing: on
-demand. No secondary indexes.
+demand. One sparse global secondary index, ``OpenRuns`` (``watch`` / ``sweep_at``): the books of
+runs the sweeper watches (:mod:`swarm.adapters.dynamodb_watch`).
 """
 
 from __future__ import annotations
@@ -73,16 +74,39 @@ def create_table(client: Any, table_name: str) -> None:
 
     Idempotent: an existing table is left as it is.
     """
+    from swarm.adapters.dynamodb_watch import (
+        EXECUTION,
+        OPEN_RUNS_INDEX,
+        REPAIRS,
+        SWEEP_AT,
+        WATCH,
+    )
+
     try:
         client.create_table(
             TableName=table_name,
             AttributeDefinitions=[
                 {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
                 {"AttributeName": SORT_KEY, "AttributeType": "S"},
+                {"AttributeName": WATCH, "AttributeType": "S"},
+                {"AttributeName": SWEEP_AT, "AttributeType": "N"},
             ],
             KeySchema=[
                 {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
                 {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+            ],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": OPEN_RUNS_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": WATCH, "KeyType": "HASH"},
+                        {"AttributeName": SWEEP_AT, "KeyType": "RANGE"},
+                    ],
+                    "Projection": {
+                        "ProjectionType": "INCLUDE",
+                        "NonKeyAttributes": [EXECUTION, REPAIRS],
+                    },
+                }
             ],
             BillingMode="PAY_PER_REQUEST",
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from swarm.adapters import client_error_type, error_code
 from swarm.core import codec
-from swarm.core.errors import InvalidInput, NotFound
+from swarm.core.errors import InvalidInput, NotFound, ReadDenied
 from swarm.core.lanes import QueuedUnit
 from swarm.core.model import LANES, Lane
 from swarm.service.ports import MAX_SQS_DELAY_S, LaneDepth, MappingState
@@ -78,8 +78,21 @@ class SqsLanes:
         return out
 
 
+#: what S3 answers for a missing key when the caller has s3:ListBucket on it (GetObject says
+#: NoSuchKey; HeadObject has no body, so botocore reports the status code)
+S3_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+#: what S3 answers when it will not say: a missing key without s3:ListBucket, or no read right
+S3_DENIED_CODES = frozenset({"AccessDenied", "403", "Forbidden"})
+
+
 @dataclass
 class S3Blobs:
+    """The batch bucket. A missing key raises :class:`NotFound`; a 403 raises
+    :class:`ReadDenied`, never "missing": S3 answers 403 for a missing key when the caller lacks
+    ``s3:ListBucket``, but also for an object the caller may not read, so only the caller knows
+    whether "missing" is a safe reading (infra grants ``s3:ListBucket`` on the prefixes each
+    function reads, which makes S3 answer 404 for a missing key there)."""
+
     client: Any
     bucket: str
 
@@ -92,22 +105,38 @@ class S3Blobs:
         )
 
     def get_json(self, key: str) -> Any:
+        """The object as JSON; NotFound, ReadDenied, or InvalidInput (named by the key) when it
+        is not JSON."""
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except client_error_type() as e:
-            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
-                raise NotFound(f"no object {key!r} in the bucket") from None
+            self._raise_for_read(key, e)
             raise
-        return json.loads(body)
+        try:
+            return json.loads(body)
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8 text
+            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+            raise InvalidInput(key, f"not JSON ({reason})") from None
 
     def exists(self, key: str) -> bool:
+        """Whether the object exists. A 403 raises ReadDenied: "does not exist" would make the
+        finalizer write its results and announce the closure again."""
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
         except client_error_type() as e:
-            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+            if error_code(e) in S3_MISSING_CODES:
                 return False
+            self._raise_for_read(key, e)
             raise
         return True
+
+    @staticmethod
+    def _raise_for_read(key: str, error: Exception) -> None:
+        code = error_code(error)
+        if code in S3_MISSING_CODES:
+            raise NotFound(f"no object {key!r} in the bucket") from None
+        if code in S3_DENIED_CODES:
+            raise ReadDenied(key, str(code)) from None
 
 
 @dataclass
@@ -125,6 +154,23 @@ class StepFunctionsExecutions:
                 return False
             raise
         return True
+
+    def execution_arn(self, name: str) -> str:
+        """``arn:<p>:states:<r>:<a>:execution:<state machine>:<name>``."""
+        prefix, marker, machine = self.state_machine_arn.partition(":stateMachine:")
+        if not marker:
+            raise ValueError(f"{self.state_machine_arn!r} is not a state machine ARN")
+        return f"{prefix}:execution:{machine.split(':', 1)[0]}:{name}"
+
+    def status(self, name: str) -> str | None:
+        """The execution's status (DescribeExecution); None if there is no such execution."""
+        try:
+            response = self.client.describe_execution(executionArn=self.execution_arn(name))
+        except client_error_type() as e:
+            if error_code(e) == "ExecutionDoesNotExist":
+                return None
+            raise
+        return str(response["status"])
 
 
 @dataclass

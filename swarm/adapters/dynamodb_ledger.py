@@ -61,6 +61,12 @@ from swarm.adapters import (
     default_client,
     error_code,
 )
+from swarm.adapters.dynamodb_watch import (
+    DEFAULT_WATCH_GRACE_S,
+    WATCH_NAMES,
+    WATCH_SET,
+    watch_values,
+)
 from swarm.core.codec import spec_from_doc, spec_to_doc
 from swarm.core.errors import Conflict, NotFound
 from swarm.core.ledger import (
@@ -147,9 +153,13 @@ class DynamoDBLedger:
         client_factory: Any = None,
         attempt_retention_s: float = DEFAULT_ATTEMPT_RETENTION_S,
         rng: random.Random | None = None,
+        watch_grace_s: float = DEFAULT_WATCH_GRACE_S,
     ) -> None:
         self.table_name = table_name
         self.attempt_retention_s = attempt_retention_s
+        #: a run (re)opened now is due for the sweeper this much later (swarm.adapters.
+        #: dynamodb_watch): its execution is being started by the same request
+        self.watch_grace_s = watch_grace_s
         self.requests = 0
         self._client = client
         self._client_factory = client_factory
@@ -318,14 +328,20 @@ class DynamoDBLedger:
 
     # ------------------------------------------------------------------ writes: building blocks
     def _run_update(
-        self, old: RunRecord, new: RunRecord, extra: Iterable[tuple[str, str, int]] = ()
+        self,
+        old: RunRecord,
+        new: RunRecord,
+        extra: Iterable[tuple[str, str, int]] = (),
+        *,
+        watch_from: float | None = None,
     ) -> Item:
         """An Update of the books from ``old`` to ``new``: deltas by ADD, state by SET.
 
         Conditions: the run is ready and still in ``old.state``; a write that closes the run
         requires ``outstanding`` to be exactly what was read (so it reaches 0 now); one that
         lowers it without closing requires it to stay above 0. ``extra`` adds conditions
-        ``(attribute, operator, value)``.
+        ``(attribute, operator, value)``. ``watch_from``: the sweeper watches the run again
+        from then (a top-up reopening a closed run).
         """
         values: Item = {
             ":old_state": _s(old.state.value),
@@ -357,6 +373,10 @@ class DynamoDBLedger:
             else:
                 sets.append("closed_at = :closed_at")
                 values[":closed_at"] = _f(new.closed_at)
+        if watch_from is not None:
+            sets.append(WATCH_SET)
+            names.update(WATCH_NAMES)
+            values.update(watch_values(watch_from))
         closes = new.state.closed and not old.state.closed
         drop = _outstanding(old) - _outstanding(new)
         if closes:
@@ -539,13 +559,16 @@ class DynamoDBLedger:
             while pending:
                 page = self._call("batch_write_item", RequestItems=pending)
                 pending = page.get("UnprocessedItems") or {}
+        # ready, and watched by the sweeper until its closure is announced (the watch attributes
+        # are written here, not by the hot paths: see swarm.adapters.dynamodb_watch)
         self._call(
             "update_item",
             TableName=self.table_name,
             Key=self._key(spec.run_id, "books"),
-            UpdateExpression="SET ready = :true",
+            UpdateExpression=f"SET ready = :true, {WATCH_SET}",
             ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeValues={":true": _b(True)},
+            ExpressionAttributeNames=WATCH_NAMES,
+            ExpressionAttributeValues={":true": _b(True), **watch_values(now + self.watch_grace_s)},
         )
         return self.run(spec.run_id)
 
@@ -689,8 +712,14 @@ class DynamoDBLedger:
                     for u in self._raw_units(run_id)
                     if effective_state(before, u) is UnitState.REMAINDER
                 )
+            # a closed run's closure was announced and the sweeper stopped watching it: reopened,
+            # it needs a finalizer again (see swarm.adapters.dynamodb_watch)
+            rewatch = now + self.watch_grace_s if before.state.closed else None
+            update = self._run_update(
+                before, run, [("remainder", "=", before.remainder)], watch_from=rewatch
+            )
             try:
-                self._update(self._run_update(before, run, [("remainder", "=", before.remainder)]))
+                self._update(update)
             except _Retry:
                 self._backoff(tries)
                 continue

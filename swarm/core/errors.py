@@ -26,3 +26,21 @@ class NotFound(SwarmError, KeyError):
 
 class Conflict(SwarmError):
     """The request contradicts what the books already hold (e.g. a different spec for a run id)."""
+
+
+class ReadDenied(SwarmError):
+    """A store refused to read an object (S3's 403 ``AccessDenied`` on GetObject/HeadObject).
+
+    S3 gives this answer for a key that does not exist when the caller lacks ``s3:ListBucket``
+    on it, and for an object the caller may not read. The stack grants ``s3:ListBucket`` on the
+    prefixes each function reads, so S3 answers a missing key with 404 (:class:`NotFound`); a
+    caller treats this error as "missing" only where acting on "missing" is a refusal that writes
+    nothing (see its uses)."""
+
+    def __init__(self, key: str, code: str) -> None:
+        super().__init__(
+            f"S3 refused to read {key!r} ({code}): the object is missing and this role lacks "
+            "s3:ListBucket on its prefix, or this role may not read it"
+        )
+        self.key = key
+        self.code = code

@@ -160,7 +160,7 @@ class LocalApi:
             query=query or None,
         )
         response = self.clients("lambda-invoke").invoke(
-            FunctionName=self.function_arn, Payload=json.dumps(event).encode()
+            FunctionName=self.function_arn, Payload=json.dumps(event, ensure_ascii=False).encode()
         )
         payload = response["Payload"].read()
         if response.get("FunctionError"):

@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from swarm.local import limits, sfnpatch
 
 _APPLIED: set[str] = set()
 _GUARD = threading.Lock()
@@ -226,3 +227,5 @@ def apply_all() -> None:
     patch_sqs_fair_queues()
     patch_sqs_message_clock()
     patch_sfn_client_cache()
+    sfnpatch.patch_sfn_start_execution()  # the continue-as-new task (swarm/local/sfnpatch.py)
+    limits.apply_all()  # AWS's service limits (swarm/local/limits.py)

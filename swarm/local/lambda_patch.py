@@ -140,6 +140,11 @@ class FunctionHost:
         self._idle: dict[str, list[ModuleType]] = {}
         self._sandboxes = 0
 
+    def drop_idle(self) -> None:
+        """Forget idle sandboxes (a redeploy): the next invocations are cold starts."""
+        with self._lock:
+            self._idle.clear()
+
     def clients_for(self, function_name: str) -> Callable[[str], Any]:
         return self.role_clients.get(function_name, self.clients)
 
@@ -247,7 +252,7 @@ def _invoke(
                 "stackTrace": traceback.format_exception(e)[-5:],
             }
         ).encode()
-    return json.dumps(result).encode()
+    return json.dumps(result, ensure_ascii=False).encode()
 
 
 def _run_quietly(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -159,7 +160,8 @@ class MappingPoller:
         self.stats.batches += 1
         self.stats.messages += len(messages)
         response = self.clients("lambda-invoke").invoke(
-            FunctionName=mapping["FunctionArn"], Payload=json.dumps(event).encode()
+            FunctionName=mapping["FunctionArn"],
+            Payload=json.dumps(event, ensure_ascii=False).encode(),
         )
         payload = response["Payload"].read()
         if response.get("FunctionError"):
@@ -247,3 +249,65 @@ class ParameterRule:
                 return
             self.errors += 1
             self.stop.wait(0.5 * (attempt + 1))
+
+
+_RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")
+_UNIT_S = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+def rate_seconds(expression: str) -> int:
+    """``rate(15 minutes)`` -> 900 (EventBridge's rate expressions; cron is not played here)."""
+    match = _RATE.match(expression)
+    if match is None:
+        raise ValueError(f"the local stack plays rate(...) schedules only, not {expression!r}")
+    return int(match.group(1)) * _UNIT_S[match.group(2).rstrip("s")]
+
+
+@dataclass
+class ScheduleRule:
+    """An EventBridge rule on a schedule: invokes its target every period (time-scaled)."""
+
+    clients: Any
+    expression: str
+    target_arn: str
+    region: str
+    account: str
+    stop: threading.Event
+    time_scale: float = 1.0
+    fired: int = 0
+    errors: int = 0
+
+    @property
+    def period_s(self) -> float:
+        return rate_seconds(self.expression) / self.time_scale
+
+    def event(self) -> dict[str, Any]:
+        return {
+            "version": "0",
+            "id": str(uuid.uuid4()),
+            "detail-type": "Scheduled Event",
+            "source": "aws.events",
+            "account": self.account,
+            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": self.region,
+            "resources": [],
+            "detail": {},
+        }
+
+    def run(self) -> None:
+        while not self.stop.wait(self.period_s):
+            try:
+                response = self.clients("lambda-invoke").invoke(
+                    FunctionName=self.target_arn, Payload=json.dumps(self.event()).encode()
+                )
+                response["Payload"].read()
+            except Exception:
+                if self.stop.is_set():
+                    return
+                log.exception("schedule %s: invoking %s failed", self.expression, self.target_arn)
+                self.errors += 1
+                continue
+            if response.get("FunctionError"):
+                self.errors += 1
+            else:
+                self.fired += 1

@@ -79,6 +79,8 @@ class LocalStack:
     state_dir: Path = STATE_DIR
     api_port: int = 0
     stop_event: threading.Event = field(default_factory=threading.Event)
+    #: tests: change the synthesized template before it is deployed (e.g. drop one grant)
+    template_edit: Any = None
 
     def __post_init__(self) -> None:
         self.server: Any = None
@@ -87,6 +89,7 @@ class LocalStack:
         self.model: Any = None
         self.pollers: list[Any] = []
         self.rules: list[Any] = []
+        self.schedules: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.deployed: Deployed | None = None
         self.target: Target | None = None
@@ -130,7 +133,9 @@ class LocalStack:
         template = synthesize(self.state_dir / "cdk.out", self.options)
         self.timings["synth_s"] = time.monotonic() - t1
         t2 = time.monotonic()
-        self.deployed = deploy(clients, template, f"Swarm-{self.options.stage}", REGION)
+        self.deployed = deploy(
+            clients, template, f"Swarm-{self.options.stage}", REGION, self.template_edit
+        )
         self.timings["deploy_s"] = time.monotonic() - t2
         self._start_functions(clients)
         self._start_pollers(clients)
@@ -159,6 +164,41 @@ class LocalStack:
             conf = lam.get_function(FunctionName=physical)["Configuration"]
             out[conf["Handler"].rpartition(".")[0]] = conf
         return out
+
+    def redeploy(self) -> str:
+        """Synthesize this checkout again and update the running stack in place (what ``swarm
+        deploy --local`` does between draining and undraining): queued messages, the ledger and
+        the governor keep their state. Idle sandboxes are dropped, so the next invocation of
+        each function imports its handler again. A change that replaces a resource this process
+        has wired (a function, role, mapping, queue, state machine or the API) needs a restart."""
+        assert self.deployed is not None and self.admin_credentials is not None
+        wired = (
+            "AWS::Lambda::Function",
+            "AWS::Lambda::EventSourceMapping",
+            "AWS::IAM::Role",
+            "AWS::SQS::Queue",
+            "AWS::StepFunctions::StateMachine",
+            "AWS::ApiGateway::RestApi",
+        )
+        before = {t: self.deployed.of_type(t) for t in wired}
+        clients = _client_factory(self.endpoint, REGION, self.admin_credentials)
+        t0 = time.monotonic()
+        template = synthesize(self.state_dir / "cdk.out", self.options)
+        self.deployed = deploy(clients, template, f"Swarm-{self.options.stage}", REGION)
+        replaced = sorted(
+            logical
+            for t in wired
+            for logical, physical in self.deployed.of_type(t).items()
+            if before[t].get(logical) != physical
+        )
+        if replaced:
+            raise RuntimeError(
+                f"the redeploy replaced {', '.join(replaced)}, which this process has wired: "
+                "restart the local stack (`swarm local down && swarm local up`)"
+            )
+        if self.host is not None:
+            self.host.drop_idle()
+        return f"local stack redeployed in {time.monotonic() - t0:.1f}s (updated in place)"
 
     def role_clients(self, role_arn: str, service: str) -> Any:
         """Clients signed with STS credentials of ``role_arn``, as ``service`` assumes it."""
@@ -217,7 +257,7 @@ class LocalStack:
         lambda_patch.install(self.host, process_env)
 
     def _start_pollers(self, clients: Any) -> None:
-        from swarm.local.poller import MappingPoller, ParameterRule
+        from swarm.local.poller import MappingPoller, ParameterRule, ScheduleRule
 
         assert self.deployed is not None
         lam = clients("lambda")
@@ -240,6 +280,18 @@ class LocalStack:
             watcher = ParameterRule(clients, parameter, target, REGION, account, self.stop_event)
             self.rules.append(watcher)
             self._thread(watcher.run, "drain-rule")
+        for expression, target in _schedule_rules(self.deployed, clients):
+            schedule = ScheduleRule(
+                clients,
+                expression,
+                target,
+                REGION,
+                account,
+                self.stop_event,
+                self.options.time_scale,
+            )
+            self.schedules.append(schedule)
+            self._thread(schedule.run, "schedule-rule")
 
     def _start_api(self, clients: Any) -> None:
         from swarm.local.apiserver import LocalApi
@@ -306,6 +358,12 @@ class LocalStack:
                 message = 'give {"tenant": NAME}: letters, digits and +=,.@_- (at most 32)'
                 return 400, {"error": "invalid_request", "message": message}
             return 200, {"tenant": tenant, "role_arn": self.add_tenant(tenant)}
+        if path == "/_local/redeploy" and method == "POST":
+            try:
+                return 200, {"message": self.redeploy()}
+            except Exception as e:
+                log.exception("redeploy failed")
+                return 409, {"error": "redeploy_failed", "message": str(e)}
         if path == "/_local/iam" and method == "GET":
             return 200, iam.AUDIT.report()
         if path == "/_local/status" and method == "GET":
@@ -323,6 +381,15 @@ class LocalStack:
                     for p in self.pollers
                 ],
                 "drain_rule": [{"fired": r.fired, "errors": r.errors} for r in self.rules],
+                "schedules": [
+                    {
+                        "rate": r.expression,
+                        "period_s": r.period_s,
+                        "fired": r.fired,
+                        "errors": r.errors,
+                    }
+                    for r in self.schedules
+                ],
                 "invocations": dict(self.host.invocations) if self.host else {},
                 "timings": self.timings,
                 "time_scale": self.options.time_scale,
@@ -362,6 +429,23 @@ def _parameter_rules(deployed: Deployed, clients: Any) -> list[tuple[str, str]]:
                 function = deployed.physical[target_logical]
                 arn = lam.get_function(FunctionName=function)["Configuration"]["FunctionArn"]
                 rules.append((parameter, arn))
+    return rules
+
+
+def _schedule_rules(deployed: Deployed, clients: Any) -> list[tuple[str, str]]:
+    """(rate expression, target function ARN) for each enabled EventBridge schedule rule."""
+    rules = []
+    lam = clients("lambda")
+    for resource in deployed.template["Resources"].values():
+        props = resource.get("Properties", {})
+        if resource["Type"] != "AWS::Events::Rule" or "ScheduleExpression" not in props:
+            continue
+        if props.get("State", "ENABLED") != "ENABLED":
+            continue
+        for target in props.get("Targets", []):
+            function = deployed.physical[target["Arn"]["Fn::GetAtt"][0]]
+            arn = lam.get_function(FunctionName=function)["Configuration"]["FunctionArn"]
+            rules.append((str(props["ScheduleExpression"]), arn))
     return rules
 
 

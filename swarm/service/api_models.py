@@ -17,6 +17,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -48,7 +49,21 @@ class UnitBody(BaseModel):
 
     unit_id: StrictStr = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
     projected_tokens: StrictInt = Field(ge=1, le=10_000_000)
-    input: StrictStr = Field(default="", max_length=MAX_INPUT_CHARS)
+    # required, with text: it is the model's prompt, and Bedrock's Converse API refuses an
+    # empty or whitespace-only text block (the unit would fail every attempt, tokens billed
+    # for nothing); checked here, on the simulated model too, so a batch green locally is
+    # green on Bedrock
+    input: StrictStr = Field(max_length=MAX_INPUT_CHARS)
+
+    @field_validator("input")
+    @classmethod
+    def _has_text(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError(
+                "must contain text: it is the model's prompt, and the model refuses an empty "
+                "or whitespace-only prompt"
+            )
+        return value
 
 
 class ManifestRef(BaseModel):

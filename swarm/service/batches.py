@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
-from swarm.core.errors import Conflict, InvalidInput, NotFound, SwarmError
+from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied, SwarmError
 from swarm.core.governor import Governor, GovernorSnapshot
 from swarm.core.ledger import Ledger
 from swarm.core.model import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
@@ -236,7 +236,12 @@ class Batches:
         # fanned out
         try:
             original = self.blobs.get_json(manifest_key(run_id))
-        except NotFound:
+        except (NotFound, ReadDenied):
+            # ReadDenied is read as "expired" here, and only here among our own objects: this
+            # role wrote the manifest itself (SSE-S3, bucket-owner-enforced) and may read
+            # manifests/*, so S3's 403 can only mean the key is gone and s3:ListBucket is
+            # missing (a stack from before the grant). Acting on it is a refusal that writes
+            # nothing, so a wrong reading costs a 409, never a wrong write.
             raise Conflict(
                 f"batch {run_id}'s manifest has expired (the bucket's lifecycle rule): it cannot "
                 "be resumed; submit the remainder as a new batch"

@@ -39,10 +39,13 @@ class BlobStore(Protocol):
     def put_json(self, key: str, doc: Any) -> None: ...
 
     def get_json(self, key: str) -> Any:
-        """Raises NotFound when there is no such object."""
+        """Raises NotFound when there is no such object, ReadDenied when the store will not say
+        (S3's 403), InvalidInput (named by the key) when it is not JSON."""
         ...
 
-    def exists(self, key: str) -> bool: ...
+    def exists(self, key: str) -> bool:
+        """Raises ReadDenied when the store will not say (never reads a 403 as "no")."""
+        ...
 
 
 class Executions(Protocol):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarm.core import codec
 from swarm.core.errors import InvalidInput
@@ -24,6 +24,9 @@ from swarm.core.model import UnitState
 from swarm.core.report import healthy_line
 from swarm.service.batches import manifest_key, results_key
 from swarm.service.ports import BlobStore, DrainSwitch, Events, LaneQueue, Mappings, MappingState
+
+if TYPE_CHECKING:
+    from swarm.service.sweeper import RunWatch
 
 
 @dataclass
@@ -66,13 +69,20 @@ class Finalizer:
     queue: LaneQueue
     blobs: BlobStore
     events: Events
+    #: the sweeper's watch list (swarm.service.sweeper): the execution that reaches the finalize
+    #: loop is recorded there, and a run whose closure is announced leaves it
+    watch: RunWatch | None = None
 
-    def finalize(self, run_id: str, now: float) -> dict[str, Any]:
+    def finalize(self, run_id: str, now: float, execution: str | None = None) -> dict[str, Any]:
         """Sweep expired leases; on closure write results + remainder and announce the event.
 
         Idempotent: the results object is keyed by the run's closure epoch, so a repeated call
         (a Step Functions retry) neither rewrites it nor announces the closure twice.
+        ``execution``: the calling execution's name, on its first poll (the sweeper's record of
+        who is finalizing the run).
         """
+        if execution is not None and self.watch is not None:
+            self.watch.record(run_id, execution)
         retries = [s for s in self.ledger.reclaim_expired(run_id, now) if s.fate is Fate.RETRY]
         if retries:  # the dead workers' messages may be gone: requeue them, input included
             inputs = {
@@ -154,6 +164,8 @@ class Finalizer:
                 },
             )
             announced = True
+        if self.watch is not None:  # announced (now or before): the sweeper can forget the run
+            self.watch.release(run_id, run.state, epoch)
         return {
             "run_id": run_id,
             "closed": True,

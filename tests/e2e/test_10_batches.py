@@ -11,6 +11,11 @@ running: the 40-unit batch closes in ~16 s (bound 180 s), each half of the budge
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
+from swarm.adapters.aws import parse_message_body
 from tests.e2e.conftest import (
     Stack,
     assert_books,
@@ -29,8 +34,12 @@ def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack)
     seed, rate = int(model["seed"]), float(model["failure_rate"])
     batch = [
         *units(38),
-        {"unit_id": unit_failing(seed, rate, "retry", 1), "projected_tokens": 2_000},
-        {"unit_id": unit_failing(seed, rate, "dead", None), "projected_tokens": 2_000},
+        {"unit_id": unit_failing(seed, rate, "retry", 1), "projected_tokens": 2_000, "input": "r"},
+        {
+            "unit_id": unit_failing(seed, rate, "dead", None),
+            "projected_tokens": 2_000,
+            "input": "d",
+        },
     ]
     books = expected_books(model, batch)
     assert books.retries >= 3 and len(books.dead) >= 1
@@ -134,3 +143,52 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     lost = next(c for c in seen["log"] if c["unit_id"] == victim["unit_id"] and c["attempt"] == 0)
     # the lost attempt is settled at its reservation; the model billed what it used
     assert results["spent"] - seen["tokens_billed"] == victim["projected_tokens"] - lost["tokens"]
+
+
+@pytest.mark.exclusive  # the drain holds every worker of the stack
+def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_closes(
+    stack: Stack,
+) -> None:
+    client = stack.client("e2e-dlq")
+    batch = units(60, "q", lambda i: 10_000)
+    doc = client.submit({"units": batch, "budget": 2_000_000})
+    bid = doc["batch_id"]
+    sqs = stack.aws("sqs")
+    urls = sqs.list_queues()["QueueUrls"]
+    lane = next(u for u in urls if "LanesNormalLane" in u)
+    dead_letters = next(u for u in urls if "LanesNormalDeadLetters" in u)
+    try:
+        # Given the workers are drained while units of the batch wait in their lane
+        client.set_drain(True)
+        wait_for(client, bid, lambda d: d["counts"]["in_flight"] == 0 and d["state"] == "open")
+        moved = None
+        deadline = time.monotonic() + 60
+        while moved is None and time.monotonic() < deadline:
+            for m in sqs.receive_message(QueueUrl=lane, MaxNumberOfMessages=10).get("Messages", []):
+                queued = parse_message_body(m["Body"])
+                if moved is None and queued.run_id == bid:
+                    # When SQS gives up on one of them (after maxReceiveCount receives it moves
+                    # the message to the lane's dead-letter queue; here the test moves it)
+                    sqs.send_message(QueueUrl=dead_letters, MessageBody=m["Body"])
+                    sqs.delete_message(QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"])
+                    moved = queued.unit_id
+                else:
+                    sqs.change_message_visibility(
+                        QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+                    )
+        assert moved is not None, "no queued message of the batch in the lane"
+        # Then the dead-letter handler ends that unit (its queue is not drained)
+        wait_for(client, bid, lambda d: d["counts"]["dead_lettered"] == 1, timeout_s=60)
+    finally:
+        client.set_drain(False)
+    # And the rest of the batch runs, and the run closes with exact books
+    final = wait_for(client, bid, timeout_s=180)
+    assert final["state"] == "completed", final
+    results = stack.results(bid, "completed")
+    assert results["units"][moved]["state"] == "dead_lettered"
+    seen = stack.model(bid)
+    calls = [c for c in seen["log"] if c["unit_id"] == moved]
+    assert results["units"][moved]["attempts"] == len(calls)  # none after it was dead-lettered
+    completed = {k for k, u in results["units"].items() if u["state"] == "completed"}
+    assert completed == {u["unit_id"] for u in batch} - {moved}
+    assert results["spent"] == seen["tokens_billed"]

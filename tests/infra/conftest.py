@@ -13,6 +13,7 @@ from aws_cdk.assertions import Template
 
 from app import build_app
 from infra.config import SwarmConfig
+from infra.context import cdk_json_context
 from infra.stack import SwarmStack
 
 #: Skip the pip bundling in tests: the asset is staged from the sources instead.
@@ -68,6 +69,9 @@ def prod_synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized
                 "bedrock_model_id": "us.anthropic.claude-3-5-haiku-20241022-v1:0",
                 "simulated": {"quota_tpm": 1000, "failure_rate": 0.0, "seed": 1},
             },
+            # one Converse call per invocation: 20 s governor wait + 10 s connect + 180 s read
+            # + 2 s overhead = 212 s (infra/config.py worker_timing_problem)
+            "worker": {**cdk_json_context()["worker"], "batch_size": 1, "timeout_seconds": 240},
         },
         nag=True,
     )

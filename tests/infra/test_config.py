@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from app import build_app
-from infra.config import ConfigError, load_config
+from infra.config import EMULATOR_CONTEXT_KEY, ConfigError, load_config, worker_timing_problem
 from infra.constants import ROOT
 from infra.context import cdk_json_context
+from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
 from tests.infra.conftest import NO_BUNDLING, Synthesized
 
 ASSET_HASH = re.compile(r"\b[0-9a-f]{64}\b")
@@ -265,3 +266,151 @@ def test_cdk_cli_synth_builds_the_same_template(synth: Synthesized, tmp_path: Pa
     assert "feature flags" not in result.stderr.lower()
     template = json.loads((tmp_path / "Swarm-dev.template.json").read_text())
     assert _normalized(template) == _normalized(synth.template)
+
+
+# -- the worker's batch must fit its Lambda timeout --------------------------------------------
+
+
+def _bedrock(**bedrock: Any) -> dict[str, Any]:
+    model = cdk_json_context()["model"]
+    return {**model, "adapter": "bedrock", "bedrock": {**model["bedrock"], **bedrock}}
+
+
+def test_the_shipped_defaults_fit_the_worker_timeout() -> None:
+    # 5 messages x (20 s governor wait + 2 s ledger and governor calls) = 110 s of 120 s; the
+    # simulated model answers at once on AWS
+    config = load_config(cdk_json_context())
+    assert worker_timing_problem(config) is None
+    assert config.model.bedrock.read_timeout_seconds == DEFAULT_READ_TIMEOUT_S == 180
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # Bedrock with the shipped worker: 5 x (20 + 180 + 10 + 2) = 1,060 s in 120 s
+        (
+            {"model": _bedrock()},
+            (
+                "worker.batch_size=5 x (worker.governor_max_wait_seconds=20 + "
+                "model.bedrock.read_timeout_seconds=180 + 10 s to connect + 2 s of ledger and "
+                "governor calls) = 1,060 s does not fit worker.timeout_seconds=120",
+                "set worker.batch_size to 1 and worker.timeout_seconds to 212 or more",
+                "raise worker.timeout_seconds to 900 (Lambda's most) with worker.batch_size 4",
+            ),
+        ),
+        # the simulated model: governor waits alone, 10 x (20 + 2) = 220 s in 120 s
+        (
+            {"worker": _worker(batch_size=10)},
+            (
+                "worker.batch_size=10 x (worker.governor_max_wait_seconds=20 + 2 s of ledger and "
+                "governor calls) = 220 s does not fit worker.timeout_seconds=120",
+                "set worker.batch_size to 5 or less, or raise worker.timeout_seconds to 220",
+            ),
+        ),
+        # one call longer than Lambda allows: 20 + 900 + 10 + 2 = 932 s
+        (
+            {
+                "model": _bedrock(read_timeout_seconds=900),
+                "worker": _worker(batch_size=1, timeout_seconds=900),
+            },
+            (
+                "one message alone needs 932 s, more than Lambda's 900 s",
+                "lower worker.governor_max_wait_seconds or model.bedrock.read_timeout_seconds",
+            ),
+        ),
+    ],
+)
+def test_a_worker_batch_that_cannot_fit_its_timeout_fails_synth_with_the_numbers(
+    overrides: dict[str, Any], expected: tuple[str, ...]
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        build_app({**NO_BUNDLING, **overrides}, nag=False)
+    message = str(error.value)
+    for text in expected:
+        assert text in message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # one Converse call per invocation (README): 20 + 10 + 180 + 2 = 212 s in 240 s
+        {"model": _bedrock(), "worker": _worker(batch_size=1, timeout_seconds=240)},
+        # four per invocation: 848 s in 900 s
+        {"model": _bedrock(), "worker": _worker(batch_size=4, timeout_seconds=900)},
+        # a faster model's shorter read timeout: 5 x (20 + 10 + 60 + 2) = 460 s in 480 s
+        {"model": _bedrock(read_timeout_seconds=60), "worker": _worker(timeout_seconds=480)},
+    ],
+)
+def test_bedrock_configurations_that_fit_are_accepted(overrides: dict[str, Any]) -> None:
+    load_config(_context(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("bedrock", "allowed"),
+    [
+        ({"read_timeout_seconds": 10}, "greater than or equal to 30"),
+        ({"read_timeout_seconds": 1000}, "less than or equal to 900"),
+        ({"read_timeout_seconds": "soon"}, "valid integer"),
+        ({"read_timeout": 200}, "Extra inputs are not permitted"),
+    ],
+)
+def test_the_bedrock_read_timeout_is_validated(bedrock: dict[str, Any], allowed: str) -> None:
+    model = {**cdk_json_context()["model"], "bedrock": bedrock}
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(model=model))
+    assert "model.bedrock.read" in str(error.value) and allowed in str(error.value)
+
+
+def test_a_model_override_without_bedrock_gets_the_default_read_timeout() -> None:
+    model = {k: v for k, v in cdk_json_context()["model"].items() if k != "bedrock"}
+    assert load_config(_context(model=model)).model.bedrock.read_timeout_seconds == 180
+
+
+def test_only_the_local_emulators_context_skips_the_timing_check() -> None:
+    """The emulator enforces no function timeout, and its context shortens the worker's timeout
+    to 10 s (the lanes' visibility timeout follows it) below what 5 governor waits need."""
+    from swarm.local.deploy import LocalOptions
+
+    local = _context(**LocalOptions().context())
+    assert local[EMULATOR_CONTEXT_KEY] is True
+    load_config(local)
+    with pytest.raises(ConfigError, match=r"does not fit worker\.timeout_seconds=10"):
+        load_config({k: v for k, v in local.items() if k != EMULATOR_CONTEXT_KEY})
+    # every other check still holds there
+    with pytest.raises(ConfigError, match="max_receive_count=2"):
+        load_config({**local, "max_receive_count": 2})
+
+
+def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:
+    worker = prod_synth.logical_id(prod_synth.stack.workers.worker.function)
+    variables = prod_synth.resources[worker]["Properties"]["Environment"]["Variables"]
+    assert variables["BEDROCK_READ_TIMEOUT_SECONDS"] == "180"
+    assert variables["MODEL_ADAPTER"] == "bedrock"
+
+
+@pytest.mark.parametrize(
+    ("fanout", "message"),
+    [
+        ({"sweeper_rate_minutes": 0}, "sweeper_rate_minutes=0 must be a whole number of minutes"),
+        ({"sweeper_rate_minutes": 1441}, "from 1 to 1440"),
+        ({"sweeper_rate_minutes": 2.5}, "fanout.sweeper_rate_minutes"),
+        ({"finalizer_polls_per_execution": 1501}, "25,000"),
+        ({"finalizer_polls_per_execution": 0}, "fanout.finalizer_polls_per_execution"),
+    ],
+)
+def test_the_sweeper_rate_and_the_poll_limit_are_checked(
+    fanout: dict[str, Any], message: str
+) -> None:
+    base = cdk_json_context()["fanout"]
+    with pytest.raises(ConfigError, match="context key 'fanout") as error:
+        load_config(_context(fanout={**base, **fanout}))
+    assert message in str(error.value)
+
+
+def test_the_sweeper_rate_and_the_poll_limit_have_defaults() -> None:
+    base = dict(cdk_json_context()["fanout"])
+    base.pop("sweeper_rate_minutes", None)
+    base.pop("finalizer_polls_per_execution", None)
+    config = load_config(_context(fanout=base))
+    assert config.fanout.sweeper_rate_minutes == 15
+    assert config.fanout.finalizer_polls_per_execution == 1000

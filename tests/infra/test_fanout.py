@@ -14,7 +14,7 @@ from infra.constants import FANOUT_ASL, ROOT
 from infra.fanout import definition_substitutions
 from infra.local_definition import local_definitions
 from tests.infra.conftest import Synthesized
-from tests.infra.helpers import arn
+from tests.infra.helpers import arn, as_list, statements_of_role
 
 ASL_VALIDATOR = ROOT / "node_modules" / ".bin" / "asl-validator"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9]+)\}")
@@ -134,3 +134,205 @@ def test_local_definition_for_moto(synth: Synthesized) -> None:
     assert fan_out["MaxConcurrency"] == synth.config.fanout.max_concurrency
     assert fan_out["ItemReader"]["Parameters"]["Bucket"] == "local-bucket"
     assert fan_out["ItemSelector"]["unit.$"] == "$$.Map.Item.Value"  # context paths survive
+
+
+# ---------------------------------------------------------------------- error handling, repair
+
+
+LAMBDA_SERVICE_ERRORS = {
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.TooManyRequestsException",
+}
+
+
+def _retriers(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {",".join(r["ErrorEquals"]): r for r in state.get("Retry", [])}
+
+
+@pytest.mark.parametrize("path", [("FanOut", "AdmitAndEnqueue"), ("Finalize",)])
+def test_lambda_tasks_retry_service_errors_then_function_errors_with_backoff_and_jitter(
+    synth: Synthesized, path: tuple[str, ...]
+) -> None:
+    states = _substituted(synth)["States"]
+    state = states[path[0]]
+    if len(path) > 1:
+        state = state["ItemProcessor"]["States"][path[1]]
+    retry = state["Retry"]
+    # the service errors first (the first matching retrier wins), then any function error
+    assert set(retry[0]["ErrorEquals"]) == LAMBDA_SERVICE_ERRORS
+    assert retry[1]["ErrorEquals"] == ["States.TaskFailed"]
+    for retrier in retry:
+        assert retrier["MaxAttempts"] >= 3
+        assert retrier["BackoffRate"] >= 2
+        assert retrier["JitterStrategy"] == "FULL"
+
+
+def test_a_failed_map_or_finalizer_ends_the_execution_for_the_sweeper(synth: Synthesized) -> None:
+    states = _substituted(synth)["States"]
+    # Given every way the map and the finalize step can fail once their retries are spent
+    for name, fail in (("FanOut", "FanOutFailed"), ("Finalize", "FinalizeFailed")):
+        (catch,) = states[name]["Catch"]
+        # Then the failure is caught (with its error kept) and ends the execution failed...
+        assert catch["ErrorEquals"] == ["States.ALL"]
+        assert catch["ResultPath"] == "$.error"
+        assert catch["Next"] == fail
+        assert states[fail]["Type"] == "Fail"
+        assert states[fail]["Error"] == fail
+        assert states[fail]["CausePath"] == "States.JsonToString($.error)"
+    # ... rather than entering a finalize loop that could never close a half-admitted run
+    assert states["FanOut"]["Next"] == "Finalize"
+
+
+def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit(
+    synth: Synthesized,
+) -> None:
+    states = _substituted(synth)["States"]
+    limit = synth.config.fanout.finalizer_polls_per_execution
+    # Given the loop's poll count
+    assert states["StartLoop"]["Parameters"] == {
+        "root.$": "$$.Execution.Name",
+        "generation": 0,
+        "polls": 0,
+    }
+    assert states["WaitForUnits"]["Next"] == "CountPoll"
+    assert states["CountPoll"]["Parameters"]["polls.$"] == "States.MathAdd($.loop.polls, 1)"
+    assert states["CountPoll"]["Next"] == "Finalize"
+    # When it reaches the configured limit, the run not closed yet
+    closed, polls = states["RunClosed?"]["Choices"]
+    assert closed == {"Variable": "$.finalize.closed", "BooleanEquals": True, "Next": "Done"}
+    assert polls == {
+        "Variable": "$.loop.polls",
+        "NumericGreaterThanEquals": limit,
+        "Next": "ContinueAsNew",
+    }
+    # Then a new execution of this very state machine starts for the same batch, named
+    # <root>-c<generation> (deterministic), with the loop's state: it skips the map
+    task = states["ContinueAsNew"]
+    assert task["Resource"] == "arn:aws:states:::states:startExecution"  # request-response
+    params = task["Parameters"]
+    assert params["StateMachineArn.$"] == "$$.StateMachine.Id"
+    assert params["Name.$"] == (
+        "States.Format('{}-c{}', $.loop.root, States.MathAdd($.loop.generation, 1))"
+    )
+    assert params["Input"]["batch_id.$"] == "$.batch_id"
+    assert params["Input"]["manifest_key.$"] == "$.manifest_key"
+    assert params["Input"]["loop"] == {
+        "root.$": "$.loop.root",
+        "generation.$": "States.MathAdd($.loop.generation, 1)",
+        "polls": 0,
+    }
+    route = states["Continuation?"]
+    assert _substituted(synth)["StartAt"] == "Continuation?"
+    assert route["Choices"] == [{"Variable": "$.loop", "IsPresent": True, "Next": "Finalize"}]
+    assert route["Default"] == "StartLoop"
+    assert states["StartLoop"]["Next"] == "FanOut"
+    # and a start that an earlier attempt made already is not an error; anything else is
+    # retried, then ends the execution for the sweeper
+    assert _retriers(task)["StepFunctions.ExecutionAlreadyExistsException"]["MaxAttempts"] == 0
+    assert _retriers(task)["States.TaskFailed"]["JitterStrategy"] == "FULL"
+    already, other = task["Catch"]
+    assert already["ErrorEquals"] == ["StepFunctions.ExecutionAlreadyExistsException"]
+    assert already["Next"] == task["Next"] == "Continued"
+    assert states["Continued"]["Type"] == "Succeed"
+    assert other == {
+        "ErrorEquals": ["States.ALL"],
+        "ResultPath": "$.error",
+        "Next": "ContinueAsNewFailed",
+    }
+    # and the finalizer's first poll tells it which execution it is
+    payload = states["Finalize"]["Parameters"]["Payload"]
+    assert payload["polls.$"] == "$.loop.polls"
+    assert payload["execution_arn.$"] == "$$.Execution.Id"
+
+
+#: history events per state an execution enters (Task: entered, scheduled, started, succeeded,
+#: exited; the others: entered, exited); a retried task adds scheduled, started, failed
+_EVENTS = {"Task": 5}
+HISTORY_LIMIT = 25_000
+
+
+def test_the_poll_limit_keeps_an_execution_under_the_history_limit(synth: Synthesized) -> None:
+    from infra.config import MAX_POLLS_PER_EXECUTION
+
+    states = _substituted(synth)["States"]
+    # Given one turn of the loop: Finalize -> RunClosed? -> (default) ... -> Finalize
+    cycle, name = [], "Finalize"
+    while True:
+        cycle.append(name)
+        state = states[name]
+        name = state.get("Default") or state["Next"]
+        if name == "Finalize":
+            break
+    per_poll = sum(_EVENTS.get(states[n]["Type"], 2) for n in cycle)
+    assert per_poll == 11  # what infra/config.py's bound assumes
+    # Then even the highest allowed limit, with every poll retried once (3 events: scheduled,
+    # started, failed) and the map's own events, stays under 25,000 events
+    assert (MAX_POLLS_PER_EXECUTION + 1) * (per_poll + 3) + 100 < HISTORY_LIMIT
+    assert synth.config.fanout.finalizer_polls_per_execution <= MAX_POLLS_PER_EXECUTION
+
+
+def test_the_state_machine_may_start_only_itself(synth: Synthesized) -> None:
+    # The role names its own ARN, built from the fixed state machine name (a Ref of the state
+    # machine would make the role's policy depend on the state machine that depends on it)
+    statements = statements_of_role(synth, synth.stack.fanout.role)
+    starts = [s for s in statements if "states:StartExecution" in as_list(s["Action"])]
+    (statement,) = starts
+    (resource,) = as_list(statement["Resource"])
+    text = json.dumps(resource)
+    assert f":stateMachine:{synth.stack.fanout.state_machine_name}" in text
+    assert synth.logical_id(synth.stack.fanout.state_machine) not in text
+
+
+def test_the_sweeper_runs_on_a_schedule_at_the_configured_rate(synth: Synthesized) -> None:
+    rate = synth.config.fanout.sweeper_rate_minutes
+    sweeper = synth.stack.sweeper
+    rules = [
+        r["Properties"]
+        for r in synth.of_type("AWS::Events::Rule").values()
+        if "ScheduleExpression" in r["Properties"]
+    ]
+    (rule,) = rules
+    assert rule["ScheduleExpression"] == f"rate({rate} minutes)"
+    assert rule["State"] == "ENABLED"
+    (target,) = rule["Targets"]
+    assert target["Arn"] == arn(synth, sweeper.function)
+    assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] == rate * 60
+    # EventBridge may invoke it
+    permissions = [
+        p["Properties"]
+        for p in synth.of_type("AWS::Lambda::Permission").values()
+        if p["Properties"]["Principal"] == "events.amazonaws.com"
+        and p["Properties"]["FunctionName"] == arn(synth, sweeper.function)
+    ]
+    assert len(permissions) == 1
+    # its snooze is the rate, and a sweep ends before the next one starts
+    props = synth.resources[synth.logical_id(sweeper.function)]["Properties"]
+    assert props["Environment"]["Variables"]["SWEEP_INTERVAL_SECONDS"] == str(rate * 60)
+    assert props["Timeout"] <= rate * 60
+
+
+def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
+    synth: Synthesized,
+) -> None:
+    from infra.constants import OPEN_RUNS_INDEX, WATCH_PARTITION_KEY, WATCH_SORT_KEY
+
+    ledger = synth.resources[synth.logical_id(synth.stack.tables.ledger)]["Properties"]
+    (index,) = ledger["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == OPEN_RUNS_INDEX
+    assert index["KeySchema"] == [
+        {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
+        {"AttributeName": WATCH_SORT_KEY, "KeyType": "RANGE"},
+    ]
+    assert index["Projection"] == {
+        "ProjectionType": "INCLUDE",
+        "NonKeyAttributes": ["execution", "repairs"],
+    }
+    assert {"AttributeName": WATCH_SORT_KEY, "AttributeType": "N"} in ledger["AttributeDefinitions"]
+    # the same index as the adapters create for tests and the local runtime
+    governor = synth.resources[synth.logical_id(synth.stack.tables.governor)]["Properties"]
+    assert "GlobalSecondaryIndexes" not in governor
+    # no role is granted every index of the ledger (Table.grant's "<table>/index/*")
+    policies = json.dumps(synth.of_type("AWS::IAM::Policy"))
+    assert "/index/*" not in policies

@@ -6,6 +6,8 @@ template's intrinsic expressions (see :func:`_label`); ``lane <x>`` rows hold fo
 queue, ``dead letters <x>`` for each lane's DLQ, ``worker mapping <x>`` for each worker event
 source mapping. DynamoDB's transactions have no IAM action of their own: each ``Put`` / ``Update``
 inside a ``TransactWriteItems`` is authorized as ``PutItem`` / ``UpdateItem`` on its table.
+The only condition allowed is ``s3:prefix`` on ``s3:ListBucket`` (row ``bucket if s3:prefix
+<patterns>``): without ListBucket, S3 answers a read of a missing key with 403, not 404.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, WORKER
+from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, OPEN_RUNS_INDEX, SWEEPER, WORKER
 from swarm.core.model import LANES
 from swarm.settings import FunctionName
 from tests.infra.conftest import Synthesized
@@ -66,6 +68,10 @@ EXPECTED: dict[FunctionName, Table] = {
                 "s3:GetObject",
             }
         ),
+        # S3Blobs.get_json in api.submit (a missing upload: 400 naming it) and Batches.resume
+        # (an expired manifest: 409) must see 404 for a missing key, which S3 only says to a
+        # caller with ListBucket (infra/storage.py grant_list)
+        "bucket if s3:prefix manifests/*": frozenset({"s3:ListBucket"}),
         # StepFunctionsExecutions.start (submit, idempotent resubmit, resume)
         "state machine": frozenset({"states:StartExecution"}),
         # SsmDrainSwitch.draining (submit, resume, fleet, drain)
@@ -150,7 +156,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:BatchGetItem",
                 # reclaim_expired and units: the run's unit items (_query)
                 "dynamodb:Query",
-                # reclaim_unit: books + unit Updates of a lost attempt or an expired lease
+                # reclaim_unit: books + unit Updates of a lost attempt or an expired lease;
+                # DynamoDBRunWatch.record (first poll) and .release (closure announced)
                 "dynamodb:UpdateItem",
                 # reclaim_unit settles a lost attempt: its attempt item Put (_settle)
                 "dynamodb:PutItem",
@@ -166,10 +173,45 @@ EXPECTED: dict[FunctionName, Table] = {
                 "s3:PutObject",
             }
         ),
+        # Finalizer.finalize: S3Blobs.exists of the results object (absent until the closure
+        # is written: without ListBucket S3 says 403 and every finalization fails) and
+        # S3Blobs.get_json of the manifest (a missing one is NotFound, not a 403)
+        "bucket if s3:prefix manifests/* | results/*": frozenset({"s3:ListBucket"}),
         # EventBridgeEvents.publish: run.completed / run.exhausted
         "event bus": frozenset({"events:PutEvents"}),
         # the lease sweeper requeues a lost unit's retry: SqsLanes.send
         **_each("lane", {"sqs:SendMessage"}),
+    },
+    SWEEPER: {
+        **_COMMON,
+        "ledger table": frozenset(
+            {
+                # Sweeper.repair: ledger.run; DynamoDBRunWatch.get (the watch entry, consistent);
+                # Finalizer.finalize's reads (reclaim_unit: _get_many)
+                "dynamodb:BatchGetItem",
+                # Finalizer.finalize: reclaim_expired and units (_query of the unit items)
+                "dynamodb:Query",
+                # DynamoDBRunWatch.check (next look, restarts); Finalizer.finalize: reclaim
+                # Updates and DynamoDBRunWatch.release
+                "dynamodb:UpdateItem",
+                # Finalizer.finalize: reclaim_unit settles a lost attempt (_settle's Put)
+                "dynamodb:PutItem",
+            }
+        ),
+        # DynamoDBRunWatch.due: Query of the sparse index of watched runs, nothing else
+        "open runs index": frozenset({"dynamodb:Query"}),
+        # Finalizer.finalize (as the finalizer's row): manifest inputs, results, their checks
+        "manifests/*": frozenset({"s3:GetObject"}),
+        "results/*": frozenset({"s3:GetObject", "s3:PutObject"}),
+        "bucket if s3:prefix manifests/* | results/*": frozenset({"s3:ListBucket"}),
+        # Finalizer.finalize: EventBridgeEvents.publish of a closure no execution announced
+        "event bus": frozenset({"events:PutEvents"}),
+        # Finalizer.finalize: a lost unit's retry requeued (SqsLanes.send)
+        **_each("lane", {"sqs:SendMessage"}),
+        # StepFunctionsExecutions.start: the restart <batch>-r<n> (map, or finalize loop)
+        "state machine": frozenset({"states:StartExecution"}),
+        # StepFunctionsExecutions.status: DescribeExecution of the run's candidate executions
+        "fanout executions": frozenset({"states:DescribeExecution"}),
     },
     DRAIN: {
         **_COMMON,
@@ -191,11 +233,19 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
     if resource == {"Ref": "AWS::NoValue"}:  # Table.grant's index ARN when there is no index
         return None
     text = json.dumps(resource)
+    if references(resource, synth.logical_id(stack.tables.ledger)) and text.endswith(
+        json.dumps(f"/index/{OPEN_RUNS_INDEX}") + "]]}"
+    ):
+        return "open runs index"
+    if f":execution:{stack.fanout.state_machine_name}:*" in text:
+        return "fanout executions"
     bucket = synth.logical_id(stack.storage.bucket)
     if references(resource, bucket):
         for prefix in ("manifests/*", "results/*"):
             if text.endswith(json.dumps("/" + prefix) + "]]}"):
                 return prefix
+        if resource == {"Fn::GetAtt": [bucket, "Arn"]}:
+            return "bucket"
         return f"bucket {text}"
     known: list[tuple[Any, str]] = [
         (stack.functions[name].log_group, "own log group"),
@@ -219,16 +269,28 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
     return f"unknown {text}"
 
 
+def _prefix_condition(statement: dict[str, Any]) -> str:
+    """`` if s3:prefix a | b`` for the one condition allowed (ListBucket limited to prefixes)."""
+    condition = statement.get("Condition")
+    if condition is None:
+        return ""
+    assert as_list(statement["Action"]) == ["s3:ListBucket"], statement
+    assert set(condition) == {"StringLike"}, statement
+    assert set(condition["StringLike"]) == {"s3:prefix"}, statement
+    return " if s3:prefix " + " | ".join(sorted(as_list(condition["StringLike"]["s3:prefix"])))
+
+
 def granted(synth: Synthesized, name: FunctionName) -> Table:
     """resource label -> every action the function's role is allowed on it."""
     table: dict[str, set[str]] = {}
     for statement in statements_of_role(synth, synth.stack.functions[name].role):
         assert statement["Effect"] == "Allow", statement
-        assert "Condition" not in statement and "NotAction" not in statement, statement
+        assert "NotAction" not in statement, statement
+        suffix = _prefix_condition(statement)
         for resource in as_list(statement["Resource"]):
             label = _label(synth, name, resource)
             if label is not None:
-                table.setdefault(label, set()).update(as_list(statement["Action"]))
+                table.setdefault(label + suffix, set()).update(as_list(statement["Action"]))
     return {label: frozenset(actions) for label, actions in table.items()}
 
 

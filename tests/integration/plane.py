@@ -46,6 +46,7 @@ from swarm.settings import (
     STAGE,
     STATE_MACHINE_ARN,
     SWARM_FUNCTION,
+    SWEEP_INTERVAL_SECONDS,
     TENANT_PRINCIPAL_PREFIX,
     dlq_url_var,
     lane_reserve_var,
@@ -265,7 +266,7 @@ def freeze_sqs_clock(monkeypatch: pytest.MonkeyPatch) -> SqsClock:
 
 
 def reset_handler_caches() -> None:
-    for name in ("api", "worker", "fanout", "finalizer", "dlq", "drain"):
+    for name in ("api", "worker", "fanout", "finalizer", "dlq", "drain", "sweeper"):
         module = importlib.import_module(f"functions.{name}")
         module._cache.clear()
 
@@ -325,6 +326,7 @@ def build(monkeypatch: pytest.MonkeyPatch, **overrides: str) -> Iterator[Control
         DEFAULT_BUDGET_TOKENS: "1000000",
         MAX_BUDGET_TOKENS: "100000000",
         TENANT_PRINCIPAL_PREFIX: PREFIX,
+        SWEEP_INTERVAL_SECONDS: "900",
         MODEL_ADAPTER: "simulated",
         SIM_MODEL_QUOTA_TPM: "6500000",
         SIM_MODEL_FAILURE_RATE: "0",

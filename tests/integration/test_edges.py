@@ -56,7 +56,10 @@ def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Co
 
 
 def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any]]:
-    return [{"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i} for i in range(n)]
+    return [
+        {"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i, "input": f"unit {i}"}
+        for i in range(n)
+    ]
 
 
 def ledger() -> DynamoDBLedger:

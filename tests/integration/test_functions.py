@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
 import functions.worker as worker_handler
@@ -30,7 +31,10 @@ def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Co
 
 
 def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any]]:
-    return [{"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i} for i in range(n)]
+    return [
+        {"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i, "input": f"unit {i}"}
+        for i in range(n)
+    ]
 
 
 def ledger() -> DynamoDBLedger:
@@ -237,6 +241,9 @@ def test_deep_lanes_shed_new_submissions_with_retry_after(
     [
         ({"units": [{"unit_id": "a", "projected_tokens": 0}]}, "units[0].projected_tokens"),
         ({"units": [{"unit_id": "a b", "projected_tokens": 5}]}, "units[0].unit_id"),
+        # the model's prompt: Bedrock refuses an empty or whitespace-only one
+        ({"units": [{"unit_id": "a", "projected_tokens": 5}]}, "units[0].input"),
+        ({"units": [{"unit_id": "a", "projected_tokens": 5, "input": " \n\t"}]}, "units[0].input"),
         ({"units": []}, "units"),
         ({"lane": "urgent", "units": units(1)}, "lane"),
         ({"units": units(1), "budget": -1}, "budget"),
@@ -293,6 +300,59 @@ def test_manifest_submissions_read_the_tenants_upload(plane: ControlPlane) -> No
     assert status == 201 and doc["units"] == 25
     run_to_close(plane, doc["batch_id"])
     assert ledger().run(doc["batch_id"]).completed == 25
+
+
+def _remember_key(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+    context["test_object"] = (params["Bucket"], params["Key"])
+
+
+def _s3_without_list_bucket(context: dict[str, Any], **_: Any) -> Any:
+    """S3 as a role without s3:ListBucket sees it: 403 AccessDenied for a missing key."""
+    bucket, key = context["test_object"]
+    s3 = boto3.client("s3", region_name=REGION)
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except s3.exceptions.ClientError:
+        error = {"Code": "AccessDenied", "Message": "Access Denied"}
+        meta = {"HTTPStatusCode": 403}
+        return AWSResponse(f"https://s3/{key}", 403, {}, None), {
+            "Error": error,
+            "ResponseMetadata": meta,
+        }
+    return None
+
+
+@pytest.mark.parametrize("list_bucket", [True, False], ids=["404", "403"])
+def test_a_missing_upload_is_a_400_naming_it_whatever_s3_answers(
+    plane: ControlPlane, list_bucket: bool
+) -> None:
+    # Given S3 answering a missing key with 404 (s3:ListBucket granted) or 403 (not granted;
+    # the hook is on the session the handler's clients are made from, before they are made)
+    events = boto3._get_default_session().events
+    if not list_bucket:
+        events.register("before-parameter-build.s3.GetObject", _remember_key)
+        events.register("before-call.s3.GetObject", _s3_without_list_bucket)
+    try:
+        # When a tenant submits a manifest key it never uploaded
+        key = "manifests/uploads/acme/never-uploaded.json"
+        status, doc, _ = plane.api("POST", "/batches", {"manifest": {"key": key}})
+    finally:
+        events.unregister("before-parameter-build.s3.GetObject", _remember_key)
+        events.unregister("before-call.s3.GetObject", _s3_without_list_bucket)
+    # Then the caller gets a 400 naming the field and the key, and nothing is written
+    assert status == 400, doc
+    assert doc["error"] == "invalid_request"
+    assert doc["message"].startswith("manifest.key: ") and key in doc["message"]
+    assert objects() == []
+    assert boto3.client("dynamodb", region_name=REGION).scan(TableName=TABLE)["Count"] == 0
+
+
+def test_an_upload_that_is_not_json_is_a_400(plane: ControlPlane) -> None:
+    key = "manifests/uploads/acme/units.csv"
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.put_object(Bucket="swarm-batches", Key=key, Body=b"unit_id,projected_tokens\n")
+    status, doc, _ = plane.api("POST", "/batches", {"manifest": {"key": key}})
+    assert status == 400 and doc["message"].startswith(f"manifest.key: {key!r} is not JSON"), doc
 
 
 def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from functions.api import app
 from swarm.core.model import LANES
-from swarm.service.api_models import MAX_INLINE_UNITS
+from swarm.service.api_models import MAX_INLINE_UNITS, MAX_INPUT_CHARS, UnitBody
 
 SPEC = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())
 
@@ -33,3 +33,10 @@ def test_every_operation_documents_auth_errors() -> None:
     for ops in SPEC["paths"].values():
         for op in ops.values():
             assert {"401", "403"} <= set(op["responses"])
+
+
+def test_the_documented_unit_is_the_one_the_api_validates() -> None:
+    unit = SPEC["components"]["schemas"]["Unit"]
+    required = {name for name, field in UnitBody.model_fields.items() if field.is_required()}
+    assert set(unit["required"]) == required == {"unit_id", "projected_tokens", "input"}
+    assert unit["properties"]["input"]["maxLength"] == MAX_INPUT_CHARS

@@ -1,0 +1,232 @@
+"""The runs the sweeper watches, as a sparse index on the ledger's books items.
+
+A run is *watched* from the moment its books are ready until its closure has been announced
+(results written, ``run.completed`` / ``run.exhausted`` published): open, exhausting, and also
+closed-but-unannounced, which is what a run looks like when the execution that should have
+announced it died after the last unit settled. Four attributes on the run's ``books`` item:
+
+=============  ====  ==========================================================================
+attribute      type  meaning
+=============  ====  ==========================================================================
+``watch``      S     ``"run"`` while watched: the partition key of the ``OpenRuns`` index
+``sweep_at``   N     when the sweeper should look at the run next: the index's sort key
+``execution``  S     the last execution that reached the finalize loop (its first poll)
+``repairs``    N     how many times the sweeper restarted the run's execution
+=============  ====  ==========================================================================
+
+The ``OpenRuns`` global secondary index (``watch`` / ``sweep_at``, projecting ``execution`` and
+``repairs``) holds only watched runs, so the sweeper Queries the runs that are due, oldest first,
+a page at a time, never Scanning the table. The hot writes (admission, settlement) never touch
+these attributes, so they cost the index nothing; the index is written when a run opens, when its
+execution's finalize loop starts, when the sweeper checks it and when its closure is announced.
+
+Who writes what: :meth:`DynamoDBLedger.open_run` starts watching (when the books become ready), a
+top-up that reopens a closed run watches it again (both in the ledger's own writes);
+:meth:`DynamoDBRunWatch.record` (the finalizer), :meth:`~DynamoDBRunWatch.check` (the sweeper)
+and :meth:`~DynamoDBRunWatch.release` (the finalizer, once it announced the closure).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from swarm.adapters import (
+    CONDITIONAL_CHECK_FAILED,
+    PARTITION_KEY,
+    SORT_KEY,
+    call,
+    client_error_type,
+    default_client,
+    error_code,
+)
+from swarm.core.model import RunState
+from swarm.service.sweeper import WatchedRun
+
+#: the sparse global secondary index of watched runs
+OPEN_RUNS_INDEX = "OpenRuns"
+WATCH = "watch"
+SWEEP_AT = "sweep_at"
+EXECUTION = "execution"
+REPAIRS = "repairs"
+#: the value of ``watch`` on every watched run (one partition: opens and closes are rare writes)
+WATCHED = "run"
+
+#: a run opened (or reopened) just now is not looked at before this long: its execution is
+#: being started by the same request
+DEFAULT_WATCH_GRACE_S = 300.0
+
+
+def watch_values(sweep_at: float) -> dict[str, dict[str, str]]:
+    """The attribute values that make a books item watched (the ledger's own writes use them)."""
+    return {":watch": {"S": WATCHED}, ":sweep_at": {"N": repr(float(sweep_at))}}
+
+
+#: the SET clause matching :func:`watch_values` (names ``#watch`` / ``#sweep_at``)
+WATCH_SET = "#watch = :watch, #sweep_at = :sweep_at"
+WATCH_NAMES = {"#watch": WATCH, "#sweep_at": SWEEP_AT}
+
+
+class DynamoDBRunWatch:
+    """The :class:`swarm.service.sweeper.RunWatch` port on the ledger table."""
+
+    def __init__(
+        self,
+        table_name: str,
+        *,
+        client: Any = None,
+        index_name: str = OPEN_RUNS_INDEX,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.table_name = table_name
+        self.index_name = index_name
+        self._client = client
+        self._rng = rng or random.Random()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    @staticmethod
+    def _key(run_id: str) -> dict[str, Any]:
+        return {PARTITION_KEY: {"S": f"run#{run_id}"}, SORT_KEY: {"S": "books"}}
+
+    def _update(self, run_id: str, **kwargs: Any) -> bool:
+        """A conditional UpdateItem of the books; False if its condition failed."""
+        try:
+            call(
+                self.client,
+                "update_item",
+                self._rng,
+                TableName=self.table_name,
+                Key=self._key(run_id),
+                **kwargs,
+            )
+        except client_error_type() as e:
+            if error_code(e) == CONDITIONAL_CHECK_FAILED:
+                return False
+            raise
+        return True
+
+    def due(self, now: float, limit: int) -> list[WatchedRun]:
+        """Up to ``limit`` watched runs whose ``sweep_at`` has passed, most overdue first: one
+        Query of the index per page (eventually consistent: the caller re-reads the books)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": self.index_name,
+            "KeyConditionExpression": "#watch = :watch AND #sweep_at <= :now",
+            "ExpressionAttributeNames": {"#watch": WATCH, "#sweep_at": SWEEP_AT},
+            "ExpressionAttributeValues": {
+                ":watch": {"S": WATCHED},
+                ":now": {"N": repr(float(now))},
+            },
+            "ScanIndexForward": True,
+        }
+        found: list[WatchedRun] = []
+        while len(found) < limit:
+            page = call(self.client, "query", self._rng, Limit=limit - len(found), **kwargs)
+            for item in page.get("Items", []):
+                found.append(
+                    WatchedRun(
+                        run_id=item[PARTITION_KEY]["S"].split("#", 1)[1],
+                        sweep_at=float(item[SWEEP_AT]["N"]),
+                        execution=item[EXECUTION]["S"] if EXECUTION in item else None,
+                        repairs=int(item[REPAIRS]["N"]) if REPAIRS in item else 0,
+                    )
+                )
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return found[:limit]
+
+    def get(self, run_id: str) -> WatchedRun | None:
+        """The run's watch entry from its books (strongly consistent); None if not watched."""
+        names = {"#w": WATCH, "#s": SWEEP_AT, "#e": EXECUTION, "#r": REPAIRS}
+        request = {
+            self.table_name: {
+                "Keys": [self._key(run_id)],
+                "ConsistentRead": True,
+                "ProjectionExpression": "#w, #s, #e, #r",
+                "ExpressionAttributeNames": names,
+            }
+        }
+        items: list[dict[str, Any]] = []
+        while request:
+            page = call(self.client, "batch_get_item", self._rng, RequestItems=request)
+            items += page.get("Responses", {}).get(self.table_name, [])
+            request = page.get("UnprocessedKeys") or {}
+        if not items or WATCH not in items[0] or SWEEP_AT not in items[0]:
+            return None
+        item = items[0]
+        return WatchedRun(
+            run_id=run_id,
+            sweep_at=float(item[SWEEP_AT]["N"]),
+            execution=item[EXECUTION]["S"] if EXECUTION in item else None,
+            repairs=int(item[REPAIRS]["N"]) if REPAIRS in item else 0,
+        )
+
+    def record(self, run_id: str, execution: str) -> bool:
+        """``execution`` reached the finalize loop of the run (its first poll); False if the
+        run is not watched (its closure was announced already)."""
+        return self._update(
+            run_id,
+            UpdateExpression="SET #execution = :execution",
+            ConditionExpression="attribute_exists(#watch)",
+            ExpressionAttributeNames={"#watch": WATCH, "#execution": EXECUTION},
+            ExpressionAttributeValues={":execution": {"S": execution}},
+        )
+
+    def check(
+        self,
+        run_id: str,
+        sweep_at: float,
+        *,
+        repairs: int | None = None,
+        forget_execution: bool = False,
+    ) -> bool:
+        """The sweeper looked at the run: look again at ``sweep_at``; with ``repairs``, it
+        restarted the run's execution; ``forget_execution``: that restart runs the map first,
+        so no execution of the run has reached the finalize loop since."""
+        names = {"#watch": WATCH, "#sweep_at": SWEEP_AT}
+        values: dict[str, Any] = {":sweep_at": {"N": repr(float(sweep_at))}}
+        expression = "SET #sweep_at = :sweep_at"
+        if repairs is not None:
+            names["#repairs"] = REPAIRS
+            values[":repairs"] = {"N": str(int(repairs))}
+            expression += ", #repairs = :repairs"
+        if forget_execution:
+            names["#execution"] = EXECUTION
+            expression += " REMOVE #execution"
+        return self._update(
+            run_id,
+            UpdateExpression=expression,
+            ConditionExpression="attribute_exists(#watch)",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
+
+    def release(self, run_id: str, state: RunState, epoch: int) -> bool:
+        """Stop watching: the run's closure as ``state`` in exhaustion epoch ``epoch`` has been
+        announced. Conditional on the run still being in that closure, so a top-up that
+        reopened it meanwhile keeps it watched; False if the condition failed."""
+        return self._update(
+            run_id,
+            UpdateExpression="REMOVE #watch, #sweep_at, #execution, #repairs",
+            ConditionExpression=(
+                "attribute_exists(#watch) AND #state = :state AND #exhaustions = :epoch"
+            ),
+            ExpressionAttributeNames={
+                "#watch": WATCH,
+                "#sweep_at": SWEEP_AT,
+                "#execution": EXECUTION,
+                "#repairs": REPAIRS,
+                "#state": "state",
+                "#exhaustions": "exhaustions",
+            },
+            ExpressionAttributeValues={
+                ":state": {"S": state.value},
+                ":epoch": {"N": str(int(epoch))},
+            },
+        )

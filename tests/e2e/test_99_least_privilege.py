@@ -1,0 +1,161 @@
+"""Least privilege, proven both ways on the strict local stack, after every other e2e scenario.
+
+The local stack enforces IAM (swarm.local.iam): each function runs with its own role's STS
+credentials, the state machine's tasks with its role, and every request is judged against the
+caller's policies with its real resource ARN. It records every decision (``GET /_local/iam``).
+This file runs last (``exclusive``, so after the concurrent phase; ``99``, so after the other
+exclusive ones) and checks, over the stack's whole life:
+
+* what each role called was granted: no AccessDenied for any role of the stack;
+* what each role is granted was called: every (action, resource) of its policies was used by
+  some request, or is listed in :data:`NOT_CALLED_HERE` with the reason the e2e tier cannot call
+  it. The three lanes (and their dead-letter queues) count as one resource: the code that calls
+  one calls each, with the unit's lane.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from typing import Any
+
+import pytest
+
+from swarm.local.iam import role_of
+from tests.e2e.conftest import Stack
+
+pytestmark = pytest.mark.exclusive
+
+STACK_ROLE_PREFIX = "Swarm-local-"
+
+_LIST_BUCKET = (
+    "no code lists the bucket: S3 consults it to answer 404 instead of 403 for a missing key, "
+    "which the emulator does not model (docs/local.md)"
+)
+_FUNCTIONS = (
+    "Worker",
+    "DeadLetters",
+    "DrainController",
+    "Admit",
+    "Finalizer",
+    "Handler",
+    "Sweeper",
+)
+
+#: (role's logical id prefix, action) -> why the e2e tier never makes that call.
+NOT_CALLED_HERE: dict[tuple[str, str], str] = {
+    **{
+        (role, action): "Lambda's active tracing; the local stack runs without an X-Ray daemon"
+        for role in _FUNCTIONS
+        for action in ("xray:PutTraceSegments", "xray:PutTelemetryRecords")
+    },
+    **{
+        (role, action): "the Lambda runtime writes the function's logs, not the function's code"
+        for role in _FUNCTIONS
+        for action in ("logs:CreateLogStream", "logs:PutLogEvents")
+    },
+    ("Handler", "s3:ListBucket"): _LIST_BUCKET,
+    ("Finalizer", "s3:ListBucket"): _LIST_BUCKET,
+    ("Sweeper", "s3:ListBucket"): _LIST_BUCKET,
+    ("FanOut", "logs:*"): "Step Functions' execution logging; moto writes no execution logs",
+    **{
+        ("FanOut", action): "the ResultWriter's multipart upload of a large result (AWS's "
+        "documented ResultWriter policy); moto writes the result with one PutObject"
+        for action in ("s3:GetObject", "s3:ListMultipartUploadParts", "s3:AbortMultipartUpload")
+    },
+    **{
+        ("FanOut", action): "a Distributed Map starts, describes, stops and redrives its child "
+        "executions with the state machine's role (AWS's documented policy); moto runs the "
+        "children inside the interpreter"
+        for action in (
+            "states:StartExecution",
+            "states:DescribeExecution",
+            "states:StopExecution",
+            "states:RedriveExecution",
+        )
+    },
+    ("DeadLetters", "dynamodb:PutItem"): "settles the claimed attempt of a unit SQS gave up on "
+    "(_settle's Put); the e2e scenario's dead letter was still queued, not claimed",
+    ("FanOut", "xray:*"): "Step Functions' tracing; the local stack runs without X-Ray",
+}
+
+
+def _logical(role_name: str) -> str:
+    """``Swarm-local-WorkerRoleAAEB1603-X`` -> ``Worker``."""
+    return role_name.removeprefix(STACK_ROLE_PREFIX).split("Role", 1)[0]
+
+
+def _grants(stack: Stack) -> dict[str, list[tuple[str, str]]]:
+    """Every stack role's (action, resource pattern) pairs, from the deployed policies."""
+    roles_api = stack.aws("iam")
+    out: dict[str, list[tuple[str, str]]] = {}
+    for role in roles_api.list_roles()["Roles"]:
+        name = role["RoleName"]
+        if not name.startswith(STACK_ROLE_PREFIX):
+            continue
+        pairs: list[tuple[str, str]] = []
+        for policy in roles_api.list_role_policies(RoleName=name)["PolicyNames"]:
+            doc = roles_api.get_role_policy(RoleName=name, PolicyName=policy)["PolicyDocument"]
+            doc = json.loads(doc) if isinstance(doc, str) else doc
+            for st in (
+                doc["Statement"] if isinstance(doc["Statement"], list) else [doc["Statement"]]
+            ):
+                if st.get("Effect") != "Allow":
+                    continue
+                actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+                resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+                pairs += [(a, r) for a in actions for r in resources]
+        out[name] = pairs
+    return out
+
+
+#: lanes differ only in name: a call on one lane's queue is the same code path on every lane
+_LANE = re.compile(r"Lanes(High|Normal|Low)")
+
+
+def _same_for_every_lane(resource: str) -> str:
+    return _LANE.sub("Lanes<lane>", resource)
+
+
+def _excused(role: str, action: str) -> bool:
+    logical = _logical(role)
+    return any(
+        logical.startswith(prefix) and fnmatch.fnmatchcase(action, pattern)
+        for prefix, pattern in NOT_CALLED_HERE
+    )
+
+
+def test_no_role_of_the_stack_was_refused_anything(stack: Stack) -> None:
+    report: dict[str, Any] = stack.local("GET", "/_local/iam")
+    refused = [d for d in report["denied"] if f"assumed-role/{STACK_ROLE_PREFIX}" in d["principal"]]
+    assert refused == []
+
+
+def test_every_grant_of_every_role_was_used(stack: Stack) -> None:
+    report: dict[str, Any] = stack.local("GET", "/_local/iam")
+    used: dict[str, set[tuple[str, str]]] = {}
+    for principal, pairs in report["used"].items():
+        if ":assumed-role/" in principal:
+            used.setdefault(role_of(principal), set()).update((a, r) for a, r in pairs)
+    grants = _grants(stack)
+    assert grants, "no stack roles found"
+    unused = {
+        role: sorted(
+            (action, pattern)
+            for action, pattern in pairs
+            if not _excused(role, action)
+            and not any(
+                fnmatch.fnmatchcase(a, action)
+                and fnmatch.fnmatchcase(_same_for_every_lane(r), _same_for_every_lane(pattern))
+                for a, r in used.get(role, ())
+            )
+        )
+        for role, pairs in grants.items()
+    }
+    lines = [
+        f"{_logical(role)}: {action} on {pattern}"
+        for role, pairs in sorted(unused.items())
+        for action, pattern in pairs
+    ]
+    assert not lines, "granted but never called:\n" + "\n".join(lines)
