@@ -50,6 +50,7 @@ class LocalOptions:
     worker_timeout_s: int = 10  # the schema's minimum; lanes' visibility timeout = 6 x this
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
+    sweeper_rate_minutes: int = 1  # the schema's minimum: the sweeper looks every 6 s at x10
     failure_rate: float | None = None  # None: cdk.json's
     model_seed: int | None = None  # the simulated model's seed; None: cdk.json's
 
@@ -68,7 +69,11 @@ class LocalOptions:
             "timeout_seconds": self.worker_timeout_s,
             "governor_max_wait_seconds": self.governor_max_wait_s,
         }
-        fanout = {**base["fanout"], "finalizer_poll_seconds": self.finalizer_poll_s}
+        fanout = {
+            **base["fanout"],
+            "finalizer_poll_seconds": self.finalizer_poll_s,
+            "sweeper_rate_minutes": self.sweeper_rate_minutes,
+        }
         return {
             "stage": self.stage,
             "quota_tpm": int(base["quota_tpm"] * self.time_scale),

@@ -12,6 +12,7 @@ running: the 40-unit batch closes in ~16 s (bound 180 s), each half of the budge
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -192,3 +193,40 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
     completed = {k for k, u in results["units"].items() if u["state"] == "completed"}
     assert completed == {u["unit_id"] for u in batch} - {moved}
     assert results["spent"] == seen["tokens_billed"]
+
+
+def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
+    stack: Stack,
+) -> None:
+    client = stack.client("e2e-sweep")
+    batch = units(30, "w", lambda i: 10_000)
+    doc = client.submit({"units": batch, "budget": 2_000_000})
+    bid = doc["batch_id"]
+    sfn = stack.aws("stepfunctions")
+    machine = next(
+        m["stateMachineArn"]
+        for m in sfn.list_state_machines()["stateMachines"]
+        if "fanout" in m["name"]
+    )
+
+    def executions() -> dict[str, dict[str, Any]]:
+        listed = sfn.list_executions(stateMachineArn=machine, maxResults=1000)["executions"]
+        return {e["name"]: e for e in listed if e["name"].startswith(bid)}
+
+    # Given the batch's execution dies mid-run (stopped, as a timeout or an operator would)
+    wait_for(client, bid, lambda d: d["counts"]["completed"] >= 1, timeout_s=60)
+    sfn.stop_execution(executionArn=executions()[bid]["executionArn"], cause="e2e: killed")
+    # Then the scheduled sweeper finds the open run without a live execution (after its grace,
+    # 30 s here) and repairs it: it closes the run itself when every unit is terminal by then,
+    # or restarts it as <batch>-r1 (both paths are tested on moto in test_sweeper.py); either
+    # way the run completes with exact books, announced by the repair
+    final = wait_for(client, bid, timeout_s=180)
+    assert final["state"] == "completed", final
+    names = executions()
+    assert names[bid]["status"] == "ABORTED"
+    print(f"sweeper repair of {bid}: executions {sorted(names)}")
+    results = stack.results(bid, "completed")
+    assert {k for k, u in results["units"].items() if u["state"] == "completed"} == {
+        u["unit_id"] for u in batch
+    }
+    assert results["spent"] == stack.model(bid)["tokens_billed"]

@@ -75,6 +75,14 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
             "states:RedriveExecution",
         )
     },
+    ("Sweeper", "states:StartExecution"): "restarts a run that still has units in flight or "
+    "unadmitted when it looks; in the e2e scenario every unit is terminal by then, so the "
+    "sweeper closes the run itself (restarts: tests/integration/test_sweeper.py, on moto)",
+    **{
+        ("Sweeper", action): "the lease sweep of Finalizer.finalize, run by the sweeper: settle a "
+        "lost attempt and requeue its retry from the manifest; no lease had run out when it looked"
+        for action in ("dynamodb:PutItem", "sqs:SendMessage", "s3:GetObject")
+    },
     ("DeadLetters", "dynamodb:PutItem"): "settles the claimed attempt of a unit SQS gave up on "
     "(_settle's Put); the e2e scenario's dead letter was still queued, not claimed",
     ("FanOut", "xray:*"): "Step Functions' tracing; the local stack runs without X-Ray",
@@ -111,11 +119,13 @@ def _grants(stack: Stack) -> dict[str, list[tuple[str, str]]]:
 
 
 #: lanes differ only in name: a call on one lane's queue is the same code path on every lane
-_LANE = re.compile(r"Lanes(High|Normal|Low)")
+_LANE = re.compile(r"Lanes(?:High|Normal|Low)(Lane|DeadLetters)[0-9A-F]{8}-[0-9A-Z]+")
 
 
 def _same_for_every_lane(resource: str) -> str:
-    return _LANE.sub("Lanes<lane>", resource)
+    """``...:Swarm-local-LanesHighLane29381EE0-4PKA2SEA240G`` -> ``...:Swarm-local-Lanes<lane>Lane``
+    (the logical id's hash and the physical suffix differ from lane to lane)."""
+    return _LANE.sub(r"Lanes<lane>\1", resource)
 
 
 def _excused(role: str, action: str) -> bool:
