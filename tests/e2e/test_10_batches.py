@@ -14,14 +14,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-
 from swarm.adapters.aws import parse_message_body
 from tests.e2e.conftest import (
     Stack,
     assert_books,
     batch_id,
     expected_books,
+    submit_retrying,
     unit_failing,
     units,
     wait_for,
@@ -146,22 +145,29 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     assert results["spent"] - seen["tokens_billed"] == victim["projected_tokens"] - lost["tokens"]
 
 
-@pytest.mark.exclusive  # the drain holds every worker of the stack
 def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_closes(
     stack: Stack,
 ) -> None:
+    """On the low lane, which no other concurrent scenario uses: its workers are paused (its
+    event source mapping disabled, as the drain controller does for every lane) so the batch's
+    units wait in the queue."""
     client = stack.client("e2e-dlq")
-    batch = units(60, "q", lambda i: 10_000)
-    doc = client.submit({"units": batch, "budget": 2_000_000})
-    bid = doc["batch_id"]
-    sqs = stack.aws("sqs")
+    batch = units(20, "q", lambda i: 10_000)
+    sqs, lam = stack.aws("sqs"), stack.aws("lambda")
     urls = sqs.list_queues()["QueueUrls"]
-    lane = next(u for u in urls if "LanesNormalLane" in u)
-    dead_letters = next(u for u in urls if "LanesNormalDeadLetters" in u)
+    lane = next(u for u in urls if "LanesLowLane" in u)
+    dead_letters = next(u for u in urls if "LanesLowDeadLetters" in u)
+    mapping = next(
+        m["UUID"]
+        for m in lam.list_event_source_mappings()["EventSourceMappings"]
+        if "LanesLowLane" in m["EventSourceArn"] and "Worker" in m["FunctionArn"]
+    )
+    lam.update_event_source_mapping(UUID=mapping, Enabled=False)
     try:
-        # Given the workers are drained while units of the batch wait in their lane
-        client.set_drain(True)
-        wait_for(client, bid, lambda d: d["counts"]["in_flight"] == 0 and d["state"] == "open")
+        # Given the batch's units wait in their lane
+        bid = submit_retrying(client, {"units": batch, "lane": "low", "budget": 1_000_000})[
+            "batch_id"
+        ]
         moved = None
         deadline = time.monotonic() + 60
         while moved is None and time.monotonic() < deadline:
@@ -178,18 +184,18 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
                         QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
                     )
         assert moved is not None, "no queued message of the batch in the lane"
-        # Then the dead-letter handler ends that unit (its queue is not drained)
+        # Then the dead-letter handler ends that unit (the dead-letter queue's mapping runs)
         wait_for(client, bid, lambda d: d["counts"]["dead_lettered"] == 1, timeout_s=60)
     finally:
-        client.set_drain(False)
+        lam.update_event_source_mapping(UUID=mapping, Enabled=True)
     # And the rest of the batch runs, and the run closes with exact books
     final = wait_for(client, bid, timeout_s=180)
     assert final["state"] == "completed", final
     results = stack.results(bid, "completed")
     assert results["units"][moved]["state"] == "dead_lettered"
     seen = stack.model(bid)
-    calls = [c for c in seen["log"] if c["unit_id"] == moved]
-    assert results["units"][moved]["attempts"] == len(calls)  # none after it was dead-lettered
+    assert results["units"][moved]["attempts"] == 0
+    assert not [c for c in seen["log"] if c["unit_id"] == moved]
     completed = {k for k, u in results["units"].items() if u["state"] == "completed"}
     assert completed == {u["unit_id"] for u in batch} - {moved}
     assert results["spent"] == seen["tokens_billed"]

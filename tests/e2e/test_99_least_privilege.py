@@ -83,6 +83,16 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
         "lost attempt and requeue its retry from the manifest; no lease had run out when it looked"
         for action in ("dynamodb:PutItem", "sqs:SendMessage", "s3:GetObject")
     },
+    **{
+        (
+            "Finalizer",
+            action,
+        ): "the finalizer's lease sweep settles a lost attempt and requeues its "
+        "retry; in the crash scenario it races SQS's redelivery of the same message (the lease "
+        "equals the visibility timeout) and either may win, so the tier cannot require it "
+        "(reclaim_expired: tests/ledger_contract.py on DynamoDB, test_concurrency.py)"
+        for action in ("dynamodb:PutItem", "sqs:SendMessage")
+    },
     ("DeadLetters", "dynamodb:PutItem"): "settles the claimed attempt of a unit SQS gave up on "
     "(_settle's Put); the e2e scenario's dead letter was still queued, not claimed",
     ("FanOut", "xray:*"): "Step Functions' tracing; the local stack runs without X-Ray",
