@@ -1,4 +1,4 @@
-"""Fixtures for the moto-backed integration tests.
+"""Fixtures for the moto-backed integration tests (AWS's service limits enforced throughout).
 
 moto's DynamoDB backend is not atomic under threads (docs/local-aws.md): every fixture here runs
 with :func:`swarm.local.motopatch.apply_all` applied, in-process (``mock_aws``) or in an embedded
@@ -17,10 +17,20 @@ from botocore.config import Config
 from moto import mock_aws
 
 from swarm.adapters import create_table
-from swarm.local import motopatch
+from swarm.local import limits, motopatch
 
 TABLE = "swarm-test"
 REGION = "us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def aws_service_limits() -> None:
+    """AWS's service limits (item and transaction sizes, numbers, message sizes, state payloads,
+    history length, Lambda payloads: swarm.local.limits) on every moto of this tier, as on the
+    local stack: crossing one fails here as on AWS. Applied over the atomicity patch, before
+    each test (idempotent): a test that runs moto unpatched drops both for its duration."""
+    motopatch.apply_all()
+    limits.apply_all()
 
 
 @pytest.fixture
