@@ -152,7 +152,7 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
     event source mapping disabled, as the drain controller does for every lane) so the batch's
     units wait in the queue."""
     client = stack.client("e2e-dlq")
-    batch = units(20, "q", lambda i: 10_000)
+    batch = units(8, "q", lambda i: 10_000)
     sqs, lam = stack.aws("sqs"), stack.aws("lambda")
     urls = sqs.list_queues()["QueueUrls"]
     lane = next(u for u in urls if "LanesLowLane" in u)
@@ -205,7 +205,7 @@ def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
     stack: Stack,
 ) -> None:
     client = stack.client("e2e-sweep")
-    batch = units(30, "w", lambda i: 10_000)
+    batch = units(10, "w", lambda i: 10_000)
     doc = client.submit({"units": batch, "budget": 2_000_000})
     bid = doc["batch_id"]
     sfn = stack.aws("stepfunctions")
