@@ -169,8 +169,10 @@ class LocalStack:
         """Synthesize this checkout again and update the running stack in place (what ``swarm
         deploy --local`` does between draining and undraining): queued messages, the ledger and
         the governor keep their state. Idle sandboxes are dropped, so the next invocation of
-        each function imports its handler again. A change that replaces a resource this process
-        has wired (a function, role, mapping, queue, state machine or the API) needs a restart."""
+        each function imports its handler module again (the ``swarm`` library it imports is
+        not reloaded: a change there needs a restart, like a change of the emulator). A change
+        that replaces a resource this process has wired (a function, role, mapping, queue, state
+        machine or the API) needs a restart too."""
         assert self.deployed is not None and self.admin_credentials is not None
         wired = (
             "AWS::Lambda::Function",
@@ -184,7 +186,9 @@ class LocalStack:
         clients = _client_factory(self.endpoint, REGION, self.admin_credentials)
         t0 = time.monotonic()
         template = synthesize(self.state_dir / "cdk.out", self.options)
-        self.deployed = deploy(clients, template, f"Swarm-{self.options.stage}", REGION)
+        self.deployed = deploy(
+            clients, template, f"Swarm-{self.options.stage}", REGION, self.template_edit
+        )
         replaced = sorted(
             logical
             for t in wired
