@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from swarm.client import Target
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, assert_books, expected_books
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).with_name("swarm")  # [project.scripts] swarm = "swarm.cli:main"
@@ -362,12 +362,16 @@ def test_drain_on_waits_for_in_flight_refuses_intake_and_drain_off_resumes(
     stack: Stack, here: Path
 ) -> None:
     tenant = "cli-drain"
-    units = write_units(here / "units.json", 30, lambda i: 1_000 + (i * 677) % 2_001, "d")
+    client = stack.client(tenant)
+    # 40 units of 10k tokens (0.5 s of model time each locally): more than the normal lane's
+    # workers hold at once (6 x 5), so some are still queued when the drain takes effect
+    units = write_units(here / "units.json", 40, lambda i: 10_000, "d")
     other = write_units(here / "late.json", 5, lambda i: 1_000, "late")
     lines = ok(submit(here, str(units), "--tenant", tenant))
     bid = batch_id(lines)
+    eventually(lambda: client.status(bid)["counts"]["completed"] >= 5, "work is under way")
     try:
-        # When the operator drains and waits (right after the submit: work is in flight)
+        # When the operator drains and waits (work is in flight)
         wait = ["--wait", "--interval", "0.5", "--timeout", "240", "--tenant", tenant]
         drained = ok(swarm(here, "drain", "on", *wait, timeout=WATCH_S))
 
@@ -375,6 +379,12 @@ def test_drain_on_waits_for_in_flight_refuses_intake_and_drain_off_resumes(
         assert drained[0] == f"drain on: {stack.target.drain_parameter}"
         assert drained[-1] == "in flight: 0; queued units stay queued. Safe to deploy."
         assert all(re.match(r"^waiting: \d+ in flight, \d+ queued$", x) for x in drained[1:-1])
+        # and queued units stay queued: none completes for 3 s (30 s on the deployed clock, ten
+        # times the requeue delay of a unit a worker handed back while draining)
+        held = client.status(bid)["counts"]  # (the batch's in_flight counts its queued units)
+        assert held["completed"] + held["dead_lettered"] < 40, held
+        time.sleep(3)
+        assert client.status(bid)["counts"]["completed"] == held["completed"]
 
         # And `drain status` says so, as text and as JSON
         # (polled, bounded: a poller's last long poll can hand a unit back just after)
@@ -418,13 +428,14 @@ def test_drain_on_waits_for_in_flight_refuses_intake_and_drain_off_resumes(
             "drain status says off",
         )
     finally:
-        client = stack.client(tenant)
         client.set_drain(False)
         eventually(lambda: not client.drain_status()["draining"], "the drain is off")
 
-    # Then the held batch finishes: nothing lost, across the redeploy too
+    # Then the held batch finishes across the redeploy: nothing lost, nothing settled twice
     watched = ok(swarm(here, "status", bid, "--tenant", tenant, "--watch", timeout=WATCH_S))
-    assert " 30/30 done | " in watched[-2] and watched[-1].startswith("run.completed: ")
+    assert " 40/40 done | " in watched[-2] and watched[-1].startswith("run.completed: ")
+    batch = json.loads(units.read_text())
+    assert_books(expected_books(stack.model(), batch), stack.results(bid, "completed"))
     # and intake is open again
     late = ok(submit(here, str(other), "--tenant", tenant, "--watch", timeout=WATCH_S))
     assert " 5/5 done | " in late[-2] and late[-1].startswith("run.completed: ")

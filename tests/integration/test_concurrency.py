@@ -63,8 +63,11 @@ BUDGET = 150 * TOKENS  # room for 150 attempts: the run must exhaust
     ("shards", "horizon_s"),
     # without tickets every waiter wakes at once and collides (many failed conditional writes,
     # moto saturates): safe, but slow. That is the contention the ticket design removes.
-    [(1, 10.0), (2, 0.0)],
-    ids=["one-item-tickets", "two-shards-deny-and-retry"],
+    [
+        pytest.param(1, 10.0, id="one-item-tickets"),
+        # the same check without tickets, moto-bound: make test-scale
+        pytest.param(2, 0.0, id="two-shards-deny-and-retry", marks=pytest.mark.scale),
+    ],
 )
 def test_64_workers_in_2_processes_never_exceed_capacity_plus_refill(
     moto_server: motopatch.EmbeddedServer,
@@ -602,6 +605,8 @@ def _open_race_run(endpoint: str, table: str) -> DynamoDBLedger:
     return ledger
 
 
+@pytest.mark.scale  # ~20 s of two processes' CPU; in make test the e2e tier's concurrent workers
+# settle on the same ledger and every scenario checks exact books
 def test_64_workers_in_2_processes_never_admit_beyond_budget_and_settle_once(
     moto_server: motopatch.EmbeddedServer, server_table: str
 ) -> None:

@@ -89,7 +89,7 @@ def scenario(state_dir: Path) -> dict[str, Any]:
 
 def test_a_grant_removed_from_the_template_is_refused_where_aws_would(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.test_40_strict_stack", str(tmp_path)],
+        [sys.executable, "-m", "tests.scale.test_strict_stack", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
