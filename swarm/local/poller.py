@@ -49,6 +49,28 @@ class PollerStats:
         return dict(self.__dict__)
 
 
+def eventbridge_event(
+    detail_type: str,
+    source: str,
+    account: str,
+    region: str,
+    resources: list[str],
+    detail: dict[str, Any],
+) -> dict[str, Any]:
+    """The envelope EventBridge delivers to a rule's Lambda target."""
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": detail_type,
+        "source": source,
+        "account": account,
+        "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": resources,
+        "detail": detail,
+    }
+
+
 @dataclass
 class MappingPoller:
     clients: Any
@@ -215,17 +237,11 @@ class ParameterRule:
         return int(doc["Version"])
 
     def event(self, operation: str) -> dict[str, Any]:
-        return {
-            "version": "0",
-            "id": str(uuid.uuid4()),
-            "detail-type": "Parameter Store Change",
-            "source": "aws.ssm",
-            "account": self.account,
-            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "region": self.region,
-            "resources": [f"arn:aws:ssm:{self.region}:{self.account}:parameter{self.parameter}"],
-            "detail": {"name": self.parameter, "type": "String", "operation": operation},
-        }
+        arn = f"arn:aws:ssm:{self.region}:{self.account}:parameter{self.parameter}"
+        detail = {"name": self.parameter, "type": "String", "operation": operation}
+        return eventbridge_event(
+            "Parameter Store Change", "aws.ssm", self.account, self.region, [arn], detail
+        )
 
     def run(self) -> None:
         seen = self._version()
@@ -282,17 +298,7 @@ class ScheduleRule:
         return rate_seconds(self.expression) / self.time_scale
 
     def event(self) -> dict[str, Any]:
-        return {
-            "version": "0",
-            "id": str(uuid.uuid4()),
-            "detail-type": "Scheduled Event",
-            "source": "aws.events",
-            "account": self.account,
-            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "region": self.region,
-            "resources": [],
-            "detail": {},
-        }
+        return eventbridge_event("Scheduled Event", "aws.events", self.account, self.region, [], {})
 
     def run(self) -> None:
         while not self.stop.wait(self.period_s):
