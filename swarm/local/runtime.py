@@ -204,11 +204,15 @@ class LocalStack:
             self.host.drop_idle()
         return f"local stack redeployed in {time.monotonic() - t0:.1f}s (updated in place)"
 
+    @staticmethod
+    def assume(role_arn: str, service: str) -> Credentials:
+        """STS credentials of ``role_arn``, as the AWS service ``service`` assumes it."""
+        session = f"local-{role_arn.rsplit('/', 1)[-1]}"[:64]
+        return iam.assume(ACCOUNT, REGION, role_arn, session, service)
+
     def role_clients(self, role_arn: str, service: str) -> Any:
         """Clients signed with STS credentials of ``role_arn``, as ``service`` assumes it."""
-        session = f"local-{role_arn.rsplit('/', 1)[-1]}"[:64]
-        credentials = iam.assume(ACCOUNT, REGION, role_arn, session, service)
-        return _client_factory(self.endpoint, REGION, credentials)
+        return _client_factory(self.endpoint, REGION, self.assume(role_arn, service))
 
     def add_tenant(self, tenant: str) -> str:
         """The IAM role of ``tenant`` (created if missing), allowed to invoke the API."""
@@ -229,12 +233,10 @@ class LocalStack:
         }
         sfn = clients("stepfunctions")
         assert self.deployed is not None
-        for machine in self.deployed.of_type("AWS::StepFunctions::StateMachine").values():
-            role = sfn.describe_state_machine(stateMachineArn=machine)["roleArn"]
-            session = f"local-{role.rsplit('/', 1)[-1]}"[:64]
-            emulator.INTERPRETER_CREDENTIALS.update(
-                iam.assume(ACCOUNT, REGION, role, session, "states").boto()
-            )
+        # the interpreter's credentials are process-wide: the stack has one state machine
+        [machine] = self.deployed.of_type("AWS::StepFunctions::StateMachine").values()
+        role = sfn.describe_state_machine(stateMachineArn=machine)["roleArn"]
+        emulator.INTERPRETER_CREDENTIALS.update(self.assume(role, "states").boto())
         envs = [f.get("Environment", {}).get("Variables", {}) for f in functions.values()]
         process_env: dict[str, str] = {
             "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
