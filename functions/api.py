@@ -17,7 +17,6 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
-from swarm.runtime import Runtime
 from swarm.service.api_models import (
     Forbidden,
     TooLarge,
@@ -31,6 +30,7 @@ from swarm.service.api_models import (
 )
 from swarm.service.batches import Batches, Draining, Shedding
 from swarm.settings import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED, SettingsError
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -40,10 +40,10 @@ app = APIGatewayRestResolver()
 _cache: dict[str, Any] = {}
 
 
-def runtime() -> Runtime:
+def runtime() -> Wiring:
     if "runtime" not in _cache:
-        _cache["runtime"] = Runtime.from_env()
-    rt: Runtime = _cache["runtime"]
+        _cache["runtime"] = Wiring.from_env()
+    rt: Wiring = _cache["runtime"]
     return rt
 
 

@@ -19,9 +19,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from swarm.adapters.aws import parse_message_body
 from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.ledger import Ledger
-from swarm.runtime import Runtime
 from swarm.service.runs import dead_letter
 from swarm.settings import METRIC_UNITS_DEAD_LETTERED
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -32,7 +32,7 @@ _cache: dict[str, Ledger] = {}
 
 def ledger() -> Ledger:
     if "ledger" not in _cache:
-        _cache["ledger"] = Runtime.from_env().ledger()
+        _cache["ledger"] = Wiring.from_env().ledger()
     return _cache["ledger"]
 
 

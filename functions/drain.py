@@ -8,8 +8,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.runtime import Runtime
 from swarm.service.runs import DrainController
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -18,7 +18,7 @@ _cache: dict[str, DrainController] = {}
 
 def controller() -> DrainController:
     if "controller" not in _cache:
-        _cache["controller"] = Runtime.from_env().drain_controller()
+        _cache["controller"] = Wiring.from_env().drain_controller()
     return _cache["controller"]
 
 

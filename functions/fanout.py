@@ -12,8 +12,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.runtime import Runtime
 from swarm.service.runs import FanOut
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -22,7 +22,7 @@ _cache: dict[str, FanOut] = {}
 
 def fanout() -> FanOut:
     if "fanout" not in _cache:
-        _cache["fanout"] = Runtime.from_env().fanout()
+        _cache["fanout"] = Wiring.from_env().fanout()
     return _cache["fanout"]
 
 

@@ -10,9 +10,9 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.runtime import Runtime
 from swarm.service.runs import Finalizer
 from swarm.settings import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -22,7 +22,7 @@ _cache: dict[str, Finalizer] = {}
 
 def finalizer() -> Finalizer:
     if "finalizer" not in _cache:
-        _cache["finalizer"] = Runtime.from_env().finalizer()
+        _cache["finalizer"] = Wiring.from_env().finalizer()
     return _cache["finalizer"]
 
 

@@ -11,7 +11,6 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.runtime import Runtime
 from swarm.service.sweeper import Sweeper, Verdict
 from swarm.settings import (
     METRIC_RUNS_COMPLETED,
@@ -19,6 +18,7 @@ from swarm.settings import (
     METRIC_RUNS_REPAIRED,
     METRIC_SWEEP_ERRORS,
 )
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -31,7 +31,7 @@ MARGIN_S = 30.0
 
 def sweeper() -> Sweeper:
     if "sweeper" not in _cache:
-        _cache["sweeper"] = Runtime.from_env().sweeper()
+        _cache["sweeper"] = Wiring.from_env().sweeper()
     return _cache["sweeper"]
 
 

@@ -22,7 +22,6 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.adapters.aws import SqsLanes, parse_message_body
 from swarm.core.ledger import Fate
-from swarm.runtime import Runtime
 from swarm.service.worker import Ack, Requeue, RetryLater, Worker
 from swarm.settings import (
     METRIC_GOVERNOR_SATURATION,
@@ -33,6 +32,7 @@ from swarm.settings import (
     METRIC_UNITS_DEAD_LETTERED,
     METRIC_UNITS_FAILED,
 )
+from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
@@ -48,7 +48,7 @@ class AttemptFailed(Exception):
 
 def _services() -> tuple[Worker, SqsLanes]:
     if "worker" not in _cache:
-        runtime = Runtime.from_env()
+        runtime = Wiring.from_env()
         _cache["worker"] = runtime.worker()
         _cache["lanes"] = runtime.lanes()
     return _cache["worker"], _cache["lanes"]

@@ -28,9 +28,9 @@ from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 
-_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # swarm.core.model.check_id
+_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # swarm.core.records.check_id
 
 #: POST /batches: shape only; the handler checks the rest and names the field in a 400.
 SUBMIT_SCHEMA = apigw.JsonSchema(
@@ -126,7 +126,7 @@ class FrontDoor(Construct):
         # Read only: shedding and the fleet view take a snapshot. Rather than granting the API
         # PutItem to create a missing bucket (a fresh stack, or a new quota/share/capacity), its
         # governor client is read-only and reads a missing bucket as its configured initial
-        # state (swarm/runtime.py, swarm/adapters/dynamodb_governor.py): the workers create it.
+        # state (swarm/wiring.py, swarm/adapters/dynamodb_governor.py): the workers create it.
         governor.grant(role, "dynamodb:Query")
         # manifests/<batch>/units.json and resume-<n>.json; reads manifests/uploads/<tenant>/...
         storage.grant_objects(role, MANIFEST_PREFIX, "s3:PutObject", "s3:GetObject")

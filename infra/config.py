@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, call_bound_s
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 
 #: CloudWatch Logs accepts only these retention periods (days).
 RETENTION_DAYS = (

@@ -17,7 +17,7 @@ from constructs import Construct
 from infra.config import SwarmConfig
 from infra.constants import DLQ, METRICS_NAMESPACE
 from infra.queues import LaneQueues
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 from swarm.settings import (
     METRIC_GOVERNOR_SATURATION,
     METRIC_GOVERNOR_WAIT_MS,

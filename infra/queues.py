@@ -7,7 +7,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 
 #: Dead letters wait for an operator as long as SQS allows.
 RETENTION = cdk.Duration.days(14)

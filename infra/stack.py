@@ -20,7 +20,7 @@ from infra.storage import BatchStorage
 from infra.tables import Tables
 from infra.workers import DLQ_TIMEOUT, Workers
 from swarm import settings as env
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 
 
 class SwarmStack(cdk.Stack):

@@ -14,7 +14,7 @@ from infra.constants import DLQ, WORKER
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
 from infra.queues import LaneQueues
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 from swarm.settings import worker_mapping_var
 
 DLQ_TIMEOUT = cdk.Duration.seconds(60)

@@ -24,7 +24,7 @@ from swarm.core.errors import InvalidInput, SwarmError
 
 LOCAL_TARGET_FILE = Path(".swarm") / "local.json"
 DEFAULT_LOCAL_TENANT = "demo"
-LOCAL_OPERATOR_ROLE = "swarm-local-operator"  # swarm.local.iam.OPERATOR_ROLE
+LOCAL_OPERATOR_ROLE = "swarm-local-operator"  # swarm.local.patches.iam.OPERATOR_ROLE
 
 
 class ApiError(SwarmError):

@@ -24,7 +24,7 @@ from typing import Any, Final, Protocol
 
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import BucketState, GovernorConfig
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 
 
 @dataclass(frozen=True)

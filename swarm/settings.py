@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarm.core.governor import GovernorConfig
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 
 # --- which function this is -------------------------------------------------------------------
 SWARM_FUNCTION: Final = "SWARM_FUNCTION"  # one of FUNCTIONS (api, fanout, ..., sweeper)

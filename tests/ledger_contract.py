@@ -15,7 +15,7 @@ import pytest
 
 from swarm.core.errors import Conflict, InvalidInput, NotFound
 from swarm.core.ledger import Fate, InMemoryLedger, Ledger, remainder_of
-from swarm.core.model import Lane, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
 
 
 def spec(

@@ -97,7 +97,7 @@ from swarm.adapters import (
 )
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, check_amount
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 
 _Q = Decimal("0.000001")  # tokens and seconds are stored with micro resolution
 _CTX = Context(prec=34)

@@ -86,7 +86,7 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
-from swarm.core.model import (
+from swarm.core.records import (
     AttemptRecord,
     Reservation,
     RunRecord,

@@ -40,7 +40,7 @@ from swarm.adapters import (
     default_client,
     error_code,
 )
-from swarm.core.model import RunState
+from swarm.core.records import RunState
 from swarm.service.sweeper import WatchedRun
 
 #: the sparse global secondary index of watched runs

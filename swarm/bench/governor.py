@@ -1,6 +1,7 @@
 """`swarm bench governor`: many workers in several processes drawing from one DynamoDB governor.
 
-The workers run against an embedded, patched moto server (see :mod:`swarm.local.motopatch`) and
+The workers run against an embedded, patched moto server (see
+:mod:`swarm.local.patches.dynamodb`) and
 draw unit-sized amounts with demand far above the governed rate, exactly as Lambda workers do:
 ``acquire()`` (draw, sleep the returned wait, draw again), then "call the model" (sleep).
 
@@ -160,7 +161,7 @@ def _worker_process(
 
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.core.governor import acquire
-    from swarm.core.model import Lane
+    from swarm.core.records import Lane
 
     make = factory or DynamoDBGovernor
     client = _client(endpoint, threads + 2)
@@ -400,11 +401,11 @@ def run_workers(
     """Run the workers and return what they reported (``run`` summarizes it)."""
     from swarm.adapters import create_table
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
-    from swarm.local import motopatch
+    from swarm.local import server as moto_server
 
     server = None
     if endpoint is None:
-        server = motopatch.start_server()
+        server = moto_server.start_server()
         endpoint = server.endpoint
     try:
         table = f"bench-{int(time.time() * 1000)}"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from swarm.core.governor import GovernorSnapshot
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 3_600

@@ -7,7 +7,7 @@ from typing import Any
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import BucketState
 from swarm.core.lanes import QueuedUnit
-from swarm.core.model import (
+from swarm.core.records import (
     AttemptRecord,
     Lane,
     Reservation,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from swarm.core.errors import InvalidInput
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from swarm.core.errors import InvalidInput
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 
 
 class Policy(StrEnum):

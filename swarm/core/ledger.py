@@ -43,7 +43,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from swarm.core.errors import Conflict, InvalidInput, NotFound
-from swarm.core.model import (
+from swarm.core.records import (
     AttemptRecord,
     Reservation,
     RunRecord,

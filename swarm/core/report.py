@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.core.model import RunRecord, RunState
+from swarm.core.records import RunRecord, RunState
 
 
 def healthy_line(run: RunRecord, elapsed_s: float) -> str:

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from swarm.core.errors import InvalidInput, SwarmError
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 from swarm.service.batches import SubmitRequest, UnitInput
 
 MAX_BODY_BYTES = 5 * 1024 * 1024  # under Lambda's 6 MB synchronous payload limit

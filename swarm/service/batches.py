@@ -20,7 +20,7 @@ from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied, SwarmError
 from swarm.core.governor import Governor, GovernorSnapshot
 from swarm.core.ledger import Ledger
-from swarm.core.model import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.records import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.report import healthy_line
 from swarm.service.ports import BlobStore, DrainSwitch, Executions, LaneDepth, LaneQueue
 

@@ -12,7 +12,7 @@ from typing import Any
 from swarm.core.errors import NotFound
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import InMemoryLedger
-from swarm.core.model import LANES, Lane, RunState
+from swarm.core.records import LANES, Lane, RunState
 from swarm.service.ports import LaneDepth, MappingState
 from swarm.service.sweeper import WatchedRun
 

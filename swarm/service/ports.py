@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swarm.core.lanes import QueuedUnit
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 
 
 @dataclass(frozen=True)

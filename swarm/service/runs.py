@@ -20,7 +20,7 @@ from swarm.core import codec
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate, Ledger
-from swarm.core.model import UnitState
+from swarm.core.records import UnitState
 from swarm.core.report import healthy_line
 from swarm.service.batches import manifest_key, results_key
 from swarm.service.ports import BlobStore, DrainSwitch, Events, LaneQueue, Mappings, MappingState

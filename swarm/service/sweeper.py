@@ -40,7 +40,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from swarm.core.ledger import Ledger
-from swarm.core.model import RunRecord, RunState
+from swarm.core.records import RunRecord, RunState
 from swarm.service.batches import execution_input, manifest_key
 from swarm.service.runs import Finalizer
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from swarm.core.governor import Governor, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate, Ledger
-from swarm.core.model import UnitState
+from swarm.core.records import UnitState
 from swarm.modelplane import ModelPlane, ModelRequest, ModelThrottled
 from swarm.service.ports import MAX_SQS_DELAY_S, DrainSwitch
 

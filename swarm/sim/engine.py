@@ -20,7 +20,7 @@ from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig, InMemoryGovernor, ticks_until
 from swarm.core.lanes import InMemoryLanes, Policy, QueuedUnit
 from swarm.core.ledger import Fate, InMemoryLedger, remainder_of
-from swarm.core.model import Lane, RunRecord, RunSpec, RunState
+from swarm.core.records import Lane, RunRecord, RunSpec, RunState
 from swarm.sim.workload import Workload
 
 RUN_ID = "sim-run"

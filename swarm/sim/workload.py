@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 
 from swarm.core.errors import InvalidInput
-from swarm.core.model import UnitSpec
+from swarm.core.records import UnitSpec
 
 
 @dataclass(frozen=True)

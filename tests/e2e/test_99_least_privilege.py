@@ -1,6 +1,6 @@
 """Least privilege, proven both ways on the strict local stack, after every other e2e scenario.
 
-The local stack enforces IAM (swarm.local.iam): each function runs with its own role's STS
+The local stack enforces IAM (swarm.local.patches.iam): each function runs with its own role's STS
 credentials, the state machine's tasks with its role, and every request is judged against the
 caller's policies with its real resource ARN. It records every decision (``GET /_local/iam``).
 This file runs last (``exclusive``, so after the concurrent phase; ``99``, so after the other
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from swarm.local.iam import role_of
+from swarm.local.patches.iam import role_of
 from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.exclusive

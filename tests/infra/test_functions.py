@@ -10,7 +10,7 @@ from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, WORKER
 from infra.functions import RUNTIME
 from infra.nag import STAR_ONLY_ACTIONS
 from swarm import settings as env
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 from swarm.settings import FUNCTION_ENV, FunctionName, Settings, SettingsError
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import (

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, OPEN_RUNS_INDEX, SWEEPER, WORKER
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 from swarm.settings import FunctionName
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import as_list, references, statements_of_role

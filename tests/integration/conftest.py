@@ -1,7 +1,8 @@
 """Fixtures for the moto-backed integration tests (AWS's service limits enforced throughout).
 
 moto's DynamoDB backend is not atomic under threads (docs/local-aws.md): every fixture here runs
-with :func:`swarm.local.motopatch.apply_all` applied, in-process (``mock_aws``) or in an embedded
+with :func:`swarm.local.patches.apply_all` applied, in-process (``mock_aws``) or in an
+embedded
 moto server on a free localhost port.
 """
 
@@ -17,7 +18,9 @@ from botocore.config import Config
 from moto import mock_aws
 
 from swarm.adapters import create_table
-from swarm.local import limits, motopatch
+from swarm.local import patches
+from swarm.local.patches import limits
+from swarm.local.server import EmbeddedServer, start_server
 
 TABLE = "swarm-test"
 REGION = "us-east-1"
@@ -26,10 +29,11 @@ REGION = "us-east-1"
 @pytest.fixture(autouse=True)
 def aws_service_limits() -> None:
     """AWS's service limits (item and transaction sizes, numbers, message sizes, state payloads,
-    history length, Lambda payloads: swarm.local.limits) on every moto of this tier, as on the
+    history length, Lambda payloads: swarm.local.patches.limits) on every moto of this tier, as on
+    the
     local stack: crossing one fails here as on AWS. Applied over the atomicity patch, before
     each test (idempotent): a test that runs moto unpatched drops both for its duration."""
-    motopatch.apply_all()
+    patches.apply_all()
     limits.apply_all()
 
 
@@ -49,7 +53,7 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def dynamodb(aws_credentials: None) -> Iterator[Any]:
     """An in-process moto DynamoDB client with the single table created (patched backend)."""
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         client = boto3.client("dynamodb", region_name=REGION)
         create_table(client, TABLE)
@@ -57,11 +61,11 @@ def dynamodb(aws_credentials: None) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def moto_server() -> Iterator[motopatch.EmbeddedServer]:
+def moto_server() -> Iterator[EmbeddedServer]:
     """One embedded, patched moto server per test process (xdist workers get their own)."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    server = motopatch.start_server()
+    server = start_server()
     yield server
     server.stop()
 
@@ -78,7 +82,7 @@ def server_client(endpoint: str, pool: int = 10) -> Any:
 
 
 @pytest.fixture
-def server_table(moto_server: motopatch.EmbeddedServer, request: pytest.FixtureRequest) -> str:
+def server_table(moto_server: EmbeddedServer, request: pytest.FixtureRequest) -> str:
     """A fresh table on the embedded server, named after the test."""
     name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name)[:200]
     create_table(server_client(moto_server.endpoint), name)

@@ -21,7 +21,7 @@ import pytest
 
 from swarm.adapters import create_table
 from swarm.adapters.aws import EventBridgeEvents
-from swarm.core.model import LANES, Lane
+from swarm.core.records import LANES, Lane
 from swarm.local.events import LambdaContext, proxy_event, sqs_event
 from swarm.settings import (
     BUCKET_NAME,

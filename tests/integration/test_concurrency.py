@@ -30,8 +30,9 @@ from swarm.bench import governor as bench
 from swarm.core.errors import Conflict
 from swarm.core.governor import Draw, GovernorConfig, acquire
 from swarm.core.ledger import Fate
-from swarm.core.model import Lane, RunSpec, RunState, UnitSpec, UnitState
-from swarm.local import motopatch
+from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
+from swarm.local import server as moto_server
+from swarm.local.patches import dynamodb as moto_dynamodb
 from tests.integration.conftest import TABLE, server_client
 
 pytestmark = pytest.mark.slow
@@ -70,7 +71,7 @@ BUDGET = 150 * TOKENS  # room for 150 attempts: the run must exhaust
     ],
 )
 def test_64_workers_in_2_processes_never_exceed_capacity_plus_refill(
-    moto_server: motopatch.EmbeddedServer,
+    moto_server: moto_server.EmbeddedServer,
     shards: int,
     horizon_s: float,
 ) -> None:
@@ -146,7 +147,7 @@ class EarlyGrantGovernor(DynamoDBGovernor):
 
 
 def test_the_over_grant_check_catches_a_governor_that_grants_before_the_tokens_exist(
-    moto_server: motopatch.EmbeddedServer,
+    moto_server: moto_server.EmbeddedServer,
 ) -> None:
     # Given the same harness, with a governor that says "granted" as soon as it has booked, on
     # a bucket that starts empty and refills 1,000 tokens/s: 10,000-token draws, so no draw's
@@ -349,7 +350,7 @@ def _one_cut_per_shard(reports: list[Storm], after: list[ShardState], rate: floa
 
 
 def test_64_throttle_reports_at_once_cut_the_rate_once_per_cooldown_while_workers_draw(
-    moto_server: motopatch.EmbeddedServer, server_table: str
+    moto_server: moto_server.EmbeddedServer, server_table: str
 ) -> None:
     # Given a 2-shard governor, and 2 processes with 32 reporters and 4 drawers each
     client = server_client(moto_server.endpoint)
@@ -608,7 +609,7 @@ def _open_race_run(endpoint: str, table: str) -> DynamoDBLedger:
 @pytest.mark.scale  # ~20 s of two processes' CPU; in make test the e2e tier's concurrent workers
 # settle on the same ledger and every scenario checks exact books
 def test_64_workers_in_2_processes_never_admit_beyond_budget_and_settle_once(
-    moto_server: motopatch.EmbeddedServer, server_table: str
+    moto_server: moto_server.EmbeddedServer, server_table: str
 ) -> None:
     # Given a run whose budget covers 150 of its 240+ attempts
     ledger = _open_race_run(moto_server.endpoint, server_table)
@@ -657,7 +658,7 @@ def _claim_then_die(endpoint: str, table: str, uid: str, attempt: int) -> None:
 
 
 def test_workers_killed_between_settle_and_delete_leave_the_books_exact(
-    moto_server: motopatch.EmbeddedServer, server_table: str
+    moto_server: moto_server.EmbeddedServer, server_table: str
 ) -> None:
     ledger = _open_race_run(moto_server.endpoint, server_table)
     ctx = mp.get_context("spawn")
@@ -730,8 +731,8 @@ def _race_draws(patched: bool, dynamodb: Any, threads: int = 8) -> int:
 def test_the_patch_is_what_makes_moto_atomic(dynamodb: Any) -> None:
     # Given a bucket holding exactly one draw and 8 threads racing for it
     # When moto runs unpatched, Then it grants the same tokens several times
-    with motopatch.dynamodb_unpatched():
+    with moto_dynamodb.dynamodb_unpatched():
         assert _race_draws(False, dynamodb) > 1
     # When patched, Then exactly one draw is granted, as real DynamoDB would
-    assert motopatch.dynamodb_patched()
+    assert moto_dynamodb.dynamodb_patched()
     assert _race_draws(True, dynamodb) == 1

@@ -10,7 +10,7 @@ import pytest
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.governor import GovernorConfig, InMemoryGovernor
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 from tests.integration.conftest import TABLE
 
 LAB = GovernorConfig(quota_tpm=300_000, share=0.95)

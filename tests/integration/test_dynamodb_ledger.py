@@ -8,7 +8,7 @@ import pytest
 
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.core.ledger import Ledger
-from swarm.core.model import RunState
+from swarm.core.records import RunState
 from tests.integration.conftest import TABLE
 from tests.ledger_contract import LedgerContract, spec
 

@@ -32,12 +32,12 @@ import functions.worker as worker_handler
 from swarm.adapters import dynamodb_ledger
 from swarm.adapters.aws import parse_message_body
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
-from swarm.core.model import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
-from swarm.local import motopatch
+from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
+from swarm.local import patches
 from swarm.modelplane import ModelRequest, ModelResult
-from swarm.runtime import QUEUE_LEASE_S
 from swarm.service.worker import Worker
 from swarm.settings import SWARM_FUNCTION
+from swarm.wiring import QUEUE_LEASE_S
 from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
 
 BUCKET = "swarm-batches"
@@ -45,7 +45,7 @@ BUCKET = "swarm-batches"
 
 @pytest.fixture
 def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         for control_plane in build(monkeypatch):
             control_plane.observe_events()

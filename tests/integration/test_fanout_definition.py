@@ -25,7 +25,8 @@ from infra.context import cdk_json_context
 from infra.fanout import definition_substitutions
 from infra.local_definition import LOCAL_REWRITES
 from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
-from swarm.local import motopatch, sfnpatch
+from swarm.local import patches
+from swarm.local.patches import stepfunctions as sfn_patch
 from tests.integration.plane import REGION, TABLE, ControlPlane, build
 
 POLLS_PER_EXECUTION = 2
@@ -100,8 +101,8 @@ def interpreter(
 ) -> Iterator[tuple[ControlPlane, Functions]]:
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
-    motopatch.apply_all()
-    sfnpatch.patch_sfn_start_execution()
+    patches.apply_all()
+    sfn_patch.patch_sfn_start_execution()
     config = {"lambda": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}
     with mock_aws(config=config):  # type: ignore[arg-type]
         for plane in build(monkeypatch):

@@ -17,15 +17,15 @@ import functions.worker as worker_handler
 from swarm.adapters.aws import parse_message_body
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.core.lanes import QueuedUnit
-from swarm.core.model import Lane, RunState, UnitState
-from swarm.local import motopatch
+from swarm.core.records import Lane, RunState, UnitState
+from swarm.local import patches
 from swarm.settings import LEASE_SECONDS
 from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
 
 
 @pytest.fixture
 def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         yield from build(monkeypatch)
 
@@ -115,7 +115,7 @@ def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:
 def test_failed_attempts_are_redelivered_and_their_tokens_counted(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         for plane in build(monkeypatch, SIM_MODEL_FAILURE_RATE="0.3"):
             _, doc, _ = plane.api("POST", "/batches", {"units": units(40)})
@@ -132,7 +132,7 @@ def test_failed_attempts_are_redelivered_and_their_tokens_counted(
 def test_a_worker_dying_mid_unit_is_redelivered_and_the_lost_attempt_counted(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         for plane in build(monkeypatch, LEASE_SECONDS="1"):
             _, doc, _ = plane.api("POST", "/batches", {"units": units(1)})
@@ -222,7 +222,7 @@ def lane_counts(plane: ControlPlane, lane: Lane) -> dict[str, int]:
 def test_deep_lanes_shed_new_submissions_with_retry_after(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         for plane in build(monkeypatch, SHED_DEPTH_LOW="10", SHED_DEPTH_NORMAL="50"):
             plane.api("POST", "/batches", {"units": units(20), "lane": "normal"})
@@ -379,7 +379,7 @@ def test_drain_controller_disables_and_enables_the_worker_mappings(
     import io
     import zipfile
 
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         # Given a worker function with one SQS mapping per lane
         iam = boto3.client("iam", region_name=REGION)

@@ -17,7 +17,7 @@ import pytest
 
 from swarm.bench.governor import could_have_granted, over_grant_tolerance, over_granted
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, InMemoryGovernor, acquire
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 from tests.unit.test_governor import FakeTime
 
 Grant = tuple[float, float, int]  # (asked, seen, tokens)

@@ -16,9 +16,9 @@ import pytest
 from swarm import settings as env
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor, GovernorReadOnly
 from swarm.core.governor import GovernorConfig, InMemoryGovernor
-from swarm.core.model import LANES, Lane
-from swarm.runtime import Runtime, governor_name
+from swarm.core.records import LANES, Lane
 from swarm.settings import FUNCTION_ENV, Settings
+from swarm.wiring import Wiring, governor_name
 from tests.integration.conftest import TABLE
 
 CONFIG = GovernorConfig(quota_tpm=300_000, share=0.95, initial_fill=0.5)
@@ -56,7 +56,7 @@ def _item_count(client: Any) -> int:
     return len(client.scan(TableName=TABLE, ConsistentRead=True)["Items"])
 
 
-def _api_runtime(client: Any) -> Runtime:
+def _api_runtime(client: Any) -> Wiring:
     """The API function's runtime, exactly as its environment (the stack's contract) builds it."""
     values = {name: f"value-of-{name.lower()}" for name in FUNCTION_ENV["api"]}
     values.update(
@@ -87,7 +87,7 @@ def _api_runtime(client: Any) -> Runtime:
             return client
         return others.setdefault(service, object())  # never called by a snapshot
 
-    return Runtime(settings, clients)
+    return Wiring(settings, clients)
 
 
 def test_a_never_written_governor_reads_as_its_initial_state_without_a_write(

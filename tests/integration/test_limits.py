@@ -1,4 +1,5 @@
-"""AWS service limits on the local emulator (swarm/local/limits.py): each limit crossed through
+"""AWS service limits on the local emulator (swarm/local/patches/limits.py): each limit crossed
+through
 boto3 against moto answers AWS's error, and a request just under it succeeds. Limits moto
 already enforced are pinned here too (so an upgrade that drops one shows), marked "moto's own".
 """
@@ -15,7 +16,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from swarm.local import limits, motopatch
+from swarm.local import patches
+from swarm.local.patches import limits
 from tests.integration.conftest import REGION, TABLE
 
 ROLE = "arn:aws:iam::123456789012:role/limits"
@@ -23,7 +25,7 @@ ROLE = "arn:aws:iam::123456789012:role/limits"
 
 @pytest.fixture(autouse=True)
 def enforced() -> None:
-    motopatch.apply_all()
+    patches.apply_all()
     limits.apply_all()
 
 

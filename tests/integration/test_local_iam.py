@@ -1,4 +1,5 @@
-"""IAM on the local stack (swarm.local.iam, swarm.local.apiserver): a role may do exactly what its
+"""IAM on the local stack (swarm.local.patches.iam, swarm.local.apiserver): a role may do exactly
+what its
 policies grant on the resources they name, and the local API admits only SigV4-signed callers
 allowed ``execute-api:Invoke``, as API Gateway's ``AWS_IAM`` authorization does."""
 
@@ -16,8 +17,8 @@ from botocore.credentials import Credentials as BotoCredentials
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from swarm.local import iam
 from swarm.local.apiserver import LocalApi
+from swarm.local.patches import iam
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 LAMBDA_TRUST = {

@@ -1,7 +1,8 @@
 """The moto patch's transactions: all or nothing, at the cost of the items they name.
 
 moto rolls a cancelled ``TransactWriteItems`` back from a deep copy of every table it names; the
-patch (swarm/local/motopatch.py) snapshots only the named items. These tests pin that a cancelled
+patch (swarm/local/patches/dynamodb.py) snapshots only the named items. These tests pin that a
+cancelled
 transaction still leaves nothing half-written, in every way moto cancels one.
 """
 

@@ -18,8 +18,8 @@ from moto import mock_aws
 import functions.sweeper as sweeper_handler
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
-from swarm.core.model import RunState
-from swarm.local import motopatch
+from swarm.core.records import RunState
+from swarm.local import patches
 from swarm.service.batches import manifest_key
 from tests.integration.conftest import TABLE as CONTRACT_TABLE
 from tests.integration.plane import REGION, TABLE, ControlPlane, build
@@ -117,7 +117,7 @@ def test_due_runs_come_most_overdue_first_a_page_at_a_time(dynamodb: Any) -> Non
 
 @pytest.fixture
 def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    motopatch.apply_all()
+    patches.apply_all()
     with mock_aws():
         for control_plane in build(monkeypatch):
             control_plane.observe_events()

@@ -1,7 +1,8 @@
 """Fairness at the issue's scale: 2,000 units of one tenant ahead of 10 units of another.
 
 On AWS, SQS fair queues (MessageGroupId = tenant) do this; locally the fair receive patch
-emulates them (swarm/local/emulator.py). This runs in `make test-scale`, not `make test`: the big
+emulates them (swarm/local/patches/emulator.py). This runs in `make test-scale`, not `make test`:
+the big
 batch is quota-bound for about ten minutes here.
 """
 
@@ -19,7 +20,7 @@ def seed_like(i: int) -> int:
 def test_a_small_tenant_is_not_starved_by_a_big_tenant(stack: Stack) -> None:
     """Fairness inside a lane, at the issue's scale: 2,000 units of one tenant ahead of 10 units
     of another. On AWS, SQS fair queues (MessageGroupId = tenant) do this; locally the fair
-    receive patch emulates them (swarm/local/emulator.py).
+    receive patch emulates them (swarm/local/patches/emulator.py).
 
     Measured here (2 cores): the big batch fans out in ~130 s and, quota-bound, completes in
     ~600 s; the small batch, submitted with ~300 big units queued ahead, completes in ~90 s while

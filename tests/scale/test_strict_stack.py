@@ -49,9 +49,9 @@ def drop_action(template: dict[str, Any], role_prefix: str, action: str) -> int:
 def scenario(state_dir: Path) -> dict[str, Any]:
     """In this (child) process: deploy without the grant, submit one unit, report."""
     from swarm.client import Client
-    from swarm.local import iam
     from swarm.local.deploy import LocalOptions
-    from swarm.local.runtime import LocalStack
+    from swarm.local.patches import iam
+    from swarm.local.stack import LocalStack
 
     dropped: list[int] = []
     stack = LocalStack(

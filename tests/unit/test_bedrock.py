@@ -22,7 +22,7 @@ from swarm.adapters.bedrock import (
     minimum_read_timeout_s,
 )
 from swarm.modelplane import ModelRequest, ModelThrottled
-from swarm.runtime import Runtime
+from swarm.wiring import Wiring
 
 REQUEST = ModelRequest("b-1", "u-1", 0, 5_000, "Summarise the incident.")
 
@@ -137,7 +137,7 @@ def worker_model(monkeypatch: pytest.MonkeyPatch, **env: str) -> BedrockModelPla
         "AWS_SECRET_ACCESS_KEY": "testing",
     }.items():
         monkeypatch.setenv(name, value)
-    model = Runtime.from_env({**WORKER_ENV, **env}).model()
+    model = Wiring.from_env({**WORKER_ENV, **env}).model()
     assert isinstance(model, BedrockModelPlane)
     return model
 

@@ -11,18 +11,18 @@ from typing import Any, TextIO
 
 import pytest
 
-from swarm import deploy_cli
+from swarm.cli import deploy as deploy_cmd
 from swarm.cli import main
-from swarm.client import ApiError, Target
-from swarm.core.errors import InvalidInput, SwarmError
-from swarm.deploy_cli import (
+from swarm.cli.deploy import (
     CdkDeployer,
     DeployFailed,
     Deployment,
     LocalDeployer,
     Where,
 )
-from swarm.ops_cli import wait_for_drain
+from swarm.cli.ops import wait_for_drain
+from swarm.client import ApiError, Target
+from swarm.core.errors import InvalidInput, SwarmError
 
 WHERE = Where(
     name="Swarm-prod",
@@ -316,7 +316,7 @@ def test_the_command_wires_the_plan_and_passes_the_exit_status(
         seen.append(args)
         return api, FakeDeployer(log, DeployFailed("boom")), WHERE
 
-    monkeypatch.setattr(deploy_cli, "plan_for", plan_for)
+    monkeypatch.setattr(deploy_cmd, "plan_for", plan_for)
     code, out, err = run_cli(["deploy", "--stage", "prod", "--timeout", "60"], capsys)
     assert code == 1 and "the deploy failed: boom" in err and "[3/4] deploying" in out
     assert seen[0].stage == "prod" and seen[0].timeout == 60 and not seen[0].dry_run
@@ -365,7 +365,7 @@ def test_a_stage_is_drained_through_its_stacks_outputs_and_deployed_with_cdk(
 
     monkeypatch.setattr(Target, "from_stack", staticmethod(from_stack))
     args = _args("--stage", "prod", "--region", "eu-west-1", "-c", "quota_tpm=400000")
-    _, deployer, where = deploy_cli.plan_for(args)
+    _, deployer, where = deploy_cmd.plan_for(args)
     assert isinstance(deployer, CdkDeployer)
     assert deployer.command("deploy") == [
         *("npx", "cdk", "deploy", "Swarm-prod", "-c", "stage=prod", "-c", "quota_tpm=400000"),
@@ -384,7 +384,7 @@ def test_a_stage_without_a_stack_explains_the_first_deploy(
 
     monkeypatch.setattr(Target, "from_stack", staticmethod(from_stack))
     with pytest.raises(InvalidInput, match=r"npx cdk deploy -c stage=new"):
-        deploy_cli.plan_for(_args("--stage", "new"))
+        deploy_cmd.plan_for(_args("--stage", "new"))
 
 
 def test_local_redeploys_the_saved_local_stack(
@@ -392,9 +392,9 @@ def test_local_redeploys_the_saved_local_stack(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     Target("http://127.0.0.1:9", "us-east-1", "/swarm/local/drain", "http://127.0.0.1:8").save()
-    api, deployer, where = deploy_cli.plan_for(_args("--local", "--tenant", "ops"))
+    api, deployer, where = deploy_cmd.plan_for(_args("--local", "--tenant", "ops"))
     assert isinstance(deployer, LocalDeployer)
     assert where.name == "the local stack" and where.drain_off == "swarm drain off"
     assert api.target.tenant == "ops"  # type: ignore[attr-defined]
     with pytest.raises(InvalidInput, match="for a stage in an AWS account"):
-        deploy_cli.plan_for(_args("--local", "-c", "quota_tpm=1"))
+        deploy_cmd.plan_for(_args("--local", "-c", "quota_tpm=1"))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig, InMemoryGovernor, acquire
-from swarm.core.model import Lane
+from swarm.core.records import Lane
 
 LAB = GovernorConfig(quota_tpm=300_000, share=0.95)
 

@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from swarm.core.lanes import Policy
 from swarm.core.ledger import Fate, InMemoryLedger
-from swarm.core.model import Lane, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
 from swarm.sim.engine import RUN_ID, FleetConfig, Simulation
 from swarm.sim.workload import Workload
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from swarm.cli import main
-from swarm.core.model import RunState, UnitState
+from swarm.core.records import RunState, UnitState
 from swarm.sim import lab61
 from swarm.sim.engine import FleetConfig, Simulation, crossover_workers, simulate
 from swarm.sim.workload import Workload

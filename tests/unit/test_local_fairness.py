@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from swarm.local.emulator import fair_order
+from swarm.local.patches.emulator import fair_order
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.local.iam import authorization_requests, role_of
+from swarm.local.patches.iam import authorization_requests, role_of
 
 R, A = "us-east-1", "123456789012"
 TABLE = f"arn:aws:dynamodb:{R}:{A}:table"

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from functions.api import app
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 from swarm.service.api_models import MAX_INLINE_UNITS, MAX_INPUT_CHARS, UnitBody
 
 SPEC = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())

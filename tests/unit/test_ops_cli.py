@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from swarm.cli.ops import generated_units, progress_line
 from swarm.client import Target
 from swarm.core.errors import InvalidInput
-from swarm.ops_cli import generated_units, progress_line
 
 
 def status(done: int, dead: int, in_flight: int, pending: int, spent: int) -> dict[str, object]:

@@ -17,7 +17,7 @@ from botocore.stub import Stubber
 
 from swarm.adapters.aws import S3Blobs
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
-from swarm.core.model import RunState
+from swarm.core.records import RunState
 from tests.unit.test_service_flow import Plane
 
 BUCKET = "swarm-batches"

@@ -12,7 +12,7 @@ from swarm.core.errors import Conflict, NotFound
 from swarm.core.governor import GovernorConfig, InMemoryGovernor
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import InMemoryLedger
-from swarm.core.model import Lane, RunState, UnitState
+from swarm.core.records import Lane, RunState, UnitState
 from swarm.modelplane import SimulatedModelPlane
 from swarm.service import runs
 from swarm.service.batches import (

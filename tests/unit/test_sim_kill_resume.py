@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.cli import main
-from swarm.core.model import RunState, UnitState
+from swarm.core.records import RunState, UnitState
 from swarm.sim import state
 from swarm.sim.engine import RUN_ID, FleetConfig, Simulation
 from swarm.sim.workload import Workload

@@ -11,7 +11,7 @@ import pytest
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig, InMemoryGovernor
 from swarm.core.ledger import InMemoryLedger
-from swarm.core.model import Lane, RunState, UnitState
+from swarm.core.records import Lane, RunState, UnitState
 from swarm.service import runs
 from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
 from swarm.service.memory import (
@@ -364,8 +364,8 @@ def test_the_recheck_doubles_with_each_restart_up_to_a_day() -> None:
 
 @pytest.mark.parametrize("scale", [1.0, 10.0])
 def test_the_sweepers_timers_follow_the_local_time_scale(scale: float) -> None:
-    from swarm.runtime import Runtime
     from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, Settings
+    from swarm.wiring import Wiring
 
     env = {name: f"value-{name.lower()}" for name in FUNCTION_ENV["sweeper"]}
     env.update(
@@ -379,7 +379,7 @@ def test_the_sweepers_timers_follow_the_local_time_scale(scale: float) -> None:
     )
     for name in OPTIONAL_VARS:
         env.pop(name, None)
-    runtime = Runtime(Settings.from_env(env), lambda service: object(), time_scale=scale)
+    runtime = Wiring(Settings.from_env(env), lambda service: object(), time_scale=scale)
     sweeper = runtime.sweeper()
     assert sweeper.config.interval_s == 900 / scale
     assert sweeper.config.max_backoff_s == 86_400 / scale

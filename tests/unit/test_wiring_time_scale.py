@@ -9,9 +9,9 @@ import pytest
 from swarm.adapters.aws import SsmDrainSwitch
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
-from swarm.runtime import QUEUE_LEASE_S, Runtime
 from swarm.service.worker import WorkerConfig
 from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, Settings
+from swarm.wiring import QUEUE_LEASE_S, Wiring
 
 VALUES = {
     "SWARM_FUNCTION": "worker",
@@ -55,7 +55,7 @@ class NoClients:
 @pytest.mark.parametrize("scale", [1.0, 10.0])
 def test_every_timer_of_the_worker_follows_the_time_scale(scale: float) -> None:
     # Given the worker's wiring on a clock `scale` times faster
-    runtime = Runtime(settings("worker"), NoClients(), time_scale=scale)
+    runtime = Wiring(settings("worker"), NoClients(), time_scale=scale)
 
     # When its services are built
     worker = runtime.worker()
@@ -76,7 +76,7 @@ def test_every_timer_of_the_worker_follows_the_time_scale(scale: float) -> None:
 
 
 def test_the_api_sheds_on_the_scaled_throttle_window_and_fan_out_leases_follow() -> None:
-    api = Runtime(settings("api"), NoClients(), time_scale=10.0)
+    api = Wiring(settings("api"), NoClients(), time_scale=10.0)
     assert api.batches().config.shed_policy.throttle_window_s == ShedPolicy.throttle_window_s / 10
-    fanout = Runtime(settings("fanout"), NoClients(), time_scale=10.0)
+    fanout = Wiring(settings("fanout"), NoClients(), time_scale=10.0)
     assert fanout.fanout().queue_lease_s == QUEUE_LEASE_S / 10

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from swarm.argtypes import positive_int
+from swarm.cli.argtypes import positive_int
+from swarm.cli.ops import _interval, wait_for_drain
 from swarm.client import ApiError, Client, Target
 from swarm.core.errors import InvalidInput, SwarmError
-from swarm.ops_cli import _interval, wait_for_drain
 
 #: the checkout holding cdk.json (the CDK app's root): `npx cdk` runs there
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: `cdk deploy --require-approval`: broadening (CDK's default) asks before IAM or security-group
 #: changes that widen access; never (CI, or after reading `--dry-run`'s diff); any-change
 APPROVALS = ("broadening", "any-change", "never")

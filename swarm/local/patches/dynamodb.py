@@ -1,4 +1,4 @@
-"""Patches that make moto faithful where the control plane depends on it, and an embedded server.
+"""moto's DynamoDB made atomic per item, as real DynamoDB is.
 
 Why: moto's request lock covers request dispatch, not the DynamoDB backend. Two threads doing a
 conditional ``UpdateItem`` on one item can both evaluate the condition against the old item and
@@ -19,28 +19,18 @@ other writer can interleave, so the patch snapshots just the items the transacti
 puts them back if it is cancelled (moto's own whole-table copy is a no-op while patched).
 Not undone on a rollback: DynamoDB Streams records (the control plane uses no streams).
 
-Patches are idempotent, process-wide (they patch the class, so every backend and every account
+The patch is idempotent, process-wide (it patches the class, so every backend and every account
 is covered) and reversible (:func:`unpatch_dynamodb_atomicity`, used by the test that proves the
-patch matters). Every moto server needs these (tests and the local stack): one function per
-patch, listed in :data:`PATCHES` (:func:`patch_server_module_list` is the other one), applied
-together by :func:`apply_all`. Patches only the local stack needs are in
-:mod:`swarm.local.emulator` and :mod:`swarm.local.lambda_patch`.
-
-:func:`start_server` starts an embedded moto server (``ThreadedMotoServer``) in a background
-thread of the *current* process with the patches applied, on a free localhost port, and returns
-its endpoint (workers in other processes reach it over HTTP, like a real fleet).
+patch matters).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import logging
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 # The backend methods that read or write items. Reads are included so a strongly consistent
@@ -226,83 +216,3 @@ def dynamodb_unpatched() -> Iterator[None]:
     finally:
         if was:
             patch_dynamodb_atomicity()
-
-
-def patch_server_module_list() -> None:
-    """moto's server routes each request by asking whether the host names one of its modules,
-    and ``list_of_moto_modules`` answers by listing moto's package directory and stat-ing every
-    entry, on every request (~9% of the local stack's CPU under load). The list cannot change
-    while the process runs: compute it once."""
-    from moto import backends
-
-    with _PATCH_GUARD:
-        if getattr(backends.list_of_moto_modules, "__swarm_patched__", False):
-            return
-        modules = tuple(backends.list_of_moto_modules())
-
-        def list_of_moto_modules() -> Iterator[str]:
-            return iter(modules)
-
-        list_of_moto_modules.__swarm_patched__ = True  # type: ignore[attr-defined]
-        backends.list_of_moto_modules = list_of_moto_modules
-
-
-PATCHES: dict[str, Callable[[], None]] = {
-    "dynamodb-atomicity": patch_dynamodb_atomicity,
-    "server-module-list": patch_server_module_list,
-}
-
-
-def apply_all() -> None:
-    """Apply every patch the control plane relies on (idempotent)."""
-    for patch in PATCHES.values():
-        patch()
-
-
-# ------------------------------------------------------------------ embedded server
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class EmbeddedServer:
-    """A running moto server; ``endpoint`` is what boto3's ``endpoint_url`` takes."""
-
-    endpoint: str
-    _server: Any
-
-    def stop(self) -> None:
-        self._server.stop()
-
-
-def start_server(
-    host: str = "127.0.0.1", port: int | None = None, patch: bool = True
-) -> EmbeddedServer:
-    """Start a moto server in a daemon thread of this process, patched unless ``patch=False``.
-
-    The patch is process-wide, so it covers the server's request threads too. Stop it with
-    :meth:`EmbeddedServer.stop`.
-    """
-    from moto.server import ThreadedMotoServer
-
-    if patch:
-        apply_all()
-    # werkzeug logs every request to stderr: thousands of lines per benchmark second
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port(host) if port is None else port
-    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
-    server.start()
-    return EmbeddedServer(endpoint=f"http://{host}:{port}", _server=server)
-
-
-@contextmanager
-def running_server(patch: bool = True) -> Iterator[EmbeddedServer]:
-    server = start_server(patch=patch)
-    try:
-        yield server
-    finally:
-        server.stop()

@@ -1,6 +1,6 @@
 """``swarm local up | down | status | demo``: the whole stack on the local emulator.
 
-``up`` starts the stack as a background process (``python -m swarm.local.runtime serve``) and
+``up`` starts the stack as a background process (``python -m swarm.local.stack serve``) and
 returns once it is ready, so the operator CLI (``swarm submit``, ``swarm status --watch``...) can be
 used from the same shell; ``up --foreground`` runs it in this process until Ctrl-C instead (logs
 on the terminal, nothing to clean up). ``down`` stops the background process (SIGTERM, then
@@ -31,7 +31,7 @@ STOP_TIMEOUT_S = 30
 
 
 def _runtime_file(state_dir: Path) -> Path:
-    from swarm.local.runtime import runtime_file
+    from swarm.local.stack import runtime_file
 
     return runtime_file(state_dir)
 
@@ -52,7 +52,7 @@ def _is_ours(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return _alive(pid)
-    return b"swarm.local.runtime" in cmdline
+    return b"swarm.local.stack" in cmdline
 
 
 def running_pid(state_dir: Path) -> int | None:
@@ -80,7 +80,7 @@ def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = Fals
         sys.executable,
         "-u",
         "-m",
-        "swarm.local.runtime",
+        "swarm.local.stack",
         "serve",
         "--state-dir",
         str(state_dir),
@@ -163,7 +163,7 @@ def down(state_dir: Path, quiet: bool = False) -> bool:
 
 
 def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_s: float) -> int:
-    from swarm.ops_cli import generated_units, watch
+    from swarm.cli.ops import generated_units, watch
 
     started = time.monotonic()
     target = up(options, state_dir)
@@ -206,7 +206,7 @@ def _options(args: argparse.Namespace) -> LocalOptions:
 
 def cmd_up(args: argparse.Namespace) -> int:
     if args.foreground:
-        from swarm.local.runtime import serve
+        from swarm.local.stack import serve
 
         return serve(_options(args), args.state_dir, args.port)
     up(_options(args), args.state_dir, args.port)
@@ -293,7 +293,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m swarm.local.cli up|down|status|demo`` (the same as ``swarm local ...``)."""
+    """``python -m swarm.cli.local up|down|status|demo`` (the same as ``swarm local ...``)."""
     parser = argparse.ArgumentParser(prog="swarm")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["local", *(sys.argv[1:] if argv is None else argv)])

@@ -1,33 +1,21 @@
-"""The `swarm` command line: simulator, benchmarks and (later) operator commands.
-
-Every error a user can cause ends with a one-line message and exit status 2, never a traceback.
-"""
+"""`swarm sim ...`: the deterministic fleet simulator (Lab 6.1, sweeps, kill and resume)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swarm import deploy_cli, ops_cli
-from swarm.argtypes import non_negative_int, positive_int, rate, share, worker_list
-from swarm.bench import cli as bench_cli
-from swarm.core.errors import InvalidInput, SwarmError
+from swarm.cli.argtypes import non_negative_int, positive_int, rate, share, worker_list
+from swarm.core.errors import InvalidInput
 from swarm.core.lanes import Policy
 from swarm.core.report import healthy_line
-from swarm.local import cli as local_cli
 from swarm.sim import lab61, state
 from swarm.sim.engine import FleetConfig, SimResult, Simulation, crossover_workers
 from swarm.sim.workload import Workload
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-# ------------------------------------------------------------------ sim
 
 
 def _workload_fleet_options(p: argparse.ArgumentParser, *, workers: bool = True) -> None:
@@ -169,7 +157,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim = sub.add_parser("sim", help="the deterministic fleet simulator (capacity planner)")
     simsub = sim.add_subparsers(dest="sim_command", required=True, metavar="COMMAND")
 
@@ -202,39 +190,3 @@ def _add_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--kill-at", type=positive_int, help="kill again at T seconds")
     p.add_argument("--json", action="store_true", help="print a machine-readable result")
     p.set_defaults(handler=cmd_resume)
-
-
-# ------------------------------------------------------------------ main
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="swarm",
-        description="Control plane for fleets of LLM agent work units: simulator and tools.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_sim(sub)
-    ops_cli.register(sub)
-    deploy_cli.register(sub)
-    local_cli.register(sub)
-    bench_cli.register(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "--help"])
-        return 2
-    try:
-        return handler(args)
-    except SwarmError as e:
-        parser.exit(2, f"swarm: error: {e}\n")
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,15 @@
 """The whole stack on an embedded, patched moto server, in one process.
 
-:class:`LocalStack` starts moto (with the DynamoDB patch of :mod:`swarm.local.motopatch` and the
-patches of :mod:`swarm.local.emulator` and :mod:`swarm.local.lambda_patch`), synthesizes the app
+:class:`LocalStack` starts moto (with the DynamoDB patch of :mod:`swarm.local.patches.dynamodb` and
+the
+patches of :mod:`swarm.local.patches.emulator` and :mod:`swarm.local.functions`), synthesizes the
+app
 and deploys its template through CloudFormation (:mod:`swarm.local.deploy`), then plays the parts
 moto does not: API Gateway (:mod:`swarm.local.apiserver`), the Lambda SQS pollers and the
 EventBridge rule on the drain parameter (:mod:`swarm.local.poller`). The fan-out state machine
 runs on moto's Step Functions interpreter, whose ``lambda:invoke`` reaches the real handlers.
 
-``python -m swarm.local.runtime serve`` runs it in the foreground until SIGTERM/SIGINT; ``swarm
+``python -m swarm.local.stack serve`` runs it in the foreground until SIGTERM/SIGINT; ``swarm
 local up`` starts that as a background process and waits for it to be ready.
 """
 
@@ -29,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
-from swarm.local import iam
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
-from swarm.local.iam import Credentials
+from swarm.local.patches import iam
+from swarm.local.patches.iam import Credentials
 
 log = logging.getLogger("swarm.local")
 
@@ -102,7 +104,9 @@ class LocalStack:
 
     # ------------------------------------------------------------------ start
     def start(self) -> Target:
-        from swarm.local import emulator, motopatch
+        from swarm.local import patches
+        from swarm.local import server as moto_server
+        from swarm.local.patches import emulator
 
         t0 = time.monotonic()
         if str(ROOT) not in sys.path:  # the handlers: functions/ next to swarm/
@@ -110,9 +114,9 @@ class LocalStack:
         for name, value in DUMMY_CREDENTIALS.items():
             os.environ.setdefault(name, value)
         os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
-        motopatch.apply_all()
+        patches.apply_all()
         emulator.apply_all()
-        self.server = motopatch.start_server()
+        self.server = moto_server.start_server()
         endpoint = self.server.endpoint
         os.environ["MOTO_PORT"] = endpoint.rsplit(":", 1)[1]  # the SFN interpreter calls back here
         config = {"lambda": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}
@@ -122,7 +126,7 @@ class LocalStack:
         with urllib.request.urlopen(request, timeout=10) as resp:
             resp.read()
         # IAM from here on: the emulator's plumbing signs as its own admin user, each function
-        # as its own role (see swarm.local.iam)
+        # as its own role (see swarm.local.patches.iam)
         self.admin_credentials = iam.create_admin(ACCOUNT)
         iam.enforce()
         self.timings["moto_s"] = time.monotonic() - t0
@@ -221,7 +225,8 @@ class LocalStack:
         )
 
     def _start_functions(self, clients: Any) -> None:
-        from swarm.local import emulator, lambda_patch
+        from swarm.local import functions as local_functions
+        from swarm.local.patches import emulator
         from swarm.modelplane import SimulatedModelPlane
 
         functions = self._functions(clients)
@@ -240,10 +245,10 @@ class LocalStack:
         envs = [f.get("Environment", {}).get("Variables", {}) for f in functions.values()]
         process_env: dict[str, str] = {
             "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
-            # Metrics' metric set is class-level, shared by concurrent sandboxes (lambda_patch)
+            # Metrics' metric set is class-level, shared by concurrent sandboxes (local_functions)
             "POWERTOOLS_METRICS_DISABLED": "true",
         }
-        for name in lambda_patch.PROCESS_WIDE:
+        for name in local_functions.PROCESS_WIDE:
             values = {e[name] for e in envs if name in e}
             if len(values) > 1:
                 raise RuntimeError(f"{name} differs between functions: {sorted(values)}")
@@ -256,11 +261,11 @@ class LocalStack:
             seed=int(worker_env["SIM_MODEL_SEED"]),
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
         )
-        self.model = lambda_patch.FaultyModelPlane(plane)
-        self.host = lambda_patch.FunctionHost(
+        self.model = local_functions.FaultyModelPlane(plane)
+        self.host = local_functions.FunctionHost(
             clients, self.model, self.options.time_scale, self.function_clients
         )
-        lambda_patch.install(self.host, process_env)
+        local_functions.install(self.host, process_env)
 
     def _start_pollers(self, clients: Any) -> None:
         from swarm.local.poller import MappingPoller, ParameterRule, ScheduleRule
@@ -410,9 +415,9 @@ class LocalStack:
         deadline = time.monotonic() + timeout_s
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        from swarm.local import lambda_patch
+        from swarm.local import functions as local_functions
 
-        lambda_patch.uninstall()
+        local_functions.uninstall()
         if self.server is not None:
             self.server.stop()
 
@@ -505,7 +510,7 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swarm.local.runtime")
+    parser = argparse.ArgumentParser(prog="python -m swarm.local.stack")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve")
     p.add_argument("--state-dir", type=Path, default=STATE_DIR)

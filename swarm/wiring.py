@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from swarm.adapters.aws import (
     EventBridgeEvents,
@@ -24,7 +24,7 @@ from swarm.adapters.aws import (
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import Governor, GovernorConfig
 from swarm.core.ledger import Ledger
-from swarm.core.model import LANES
+from swarm.core.records import LANES
 from swarm.modelplane import ModelPlane, SimulatedModelPlane
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.runs import DrainController, FanOut, Finalizer
@@ -38,6 +38,31 @@ QUEUE_LEASE_S = 14 * 86_400
 
 ClientFactory = Callable[[str], Any]
 T = TypeVar("T")
+
+
+class Host(Protocol):
+    """Somewhere other than AWS Lambda that runs the handlers: the local stack's function host
+    (:class:`swarm.local.functions.FunctionHost`). Installed with :func:`run_on`."""
+
+    #: every timer of the handlers runs this many times faster
+    time_scale: float
+
+    def invocation(self) -> tuple[Mapping[str, str], ClientFactory] | None:
+        """The running invocation's environment and clients (signed with its function's role),
+        or None outside an invocation."""
+        ...
+
+    def model_plane(self) -> ModelPlane | None:
+        """The shared simulated model plane the workers call, or None for their own."""
+        ...
+
+
+_HOST: list[Host] = []
+
+
+def run_on(host: Host | None) -> None:
+    """Make every :meth:`Wiring.from_env` consult ``host`` (None: AWS Lambda's process env)."""
+    _HOST[:] = [] if host is None else [host]
 
 
 def need(value: T | None, variable: str) -> T:
@@ -80,12 +105,15 @@ def governor_name(config: GovernorConfig) -> str:
 
 
 @dataclass
-class Runtime:
+class Wiring:
     settings: Settings
     clients: ClientFactory
     #: every timer runs this many times faster: 1 on AWS; the local emulator's ``--time-scale``,
     #: which also multiplies the quota, so a local run is the deployed one on a faster clock
     time_scale: float = 1.0
+    #: a model plane shared by every worker of the process (the local stack's simulated one,
+    #: which stands for a real endpoint's quota); used instead of a simulated adapter
+    shared_model: ModelPlane | None = None
 
     def seconds(self, value: float) -> float:
         """A duration of the deployed system on this runtime's clock."""
@@ -102,9 +130,20 @@ class Runtime:
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, clients: ClientFactory | None = None
-    ) -> Runtime:
+    ) -> Wiring:
+        """The wiring of the function this process runs: every handler calls it on its cold
+        start, with no arguments. Under a :class:`Host` the environment and clients are the
+        running invocation's."""
+        host = _HOST[0] if _HOST else None
+        invocation = host.invocation() if host is not None and environ is None else None
+        if invocation is not None:
+            environ, clients = invocation[0], clients or invocation[1]
         settings = Settings.from_env(os.environ if environ is None else environ)
-        return cls(settings, clients or boto3_clients(client_configs(settings)))
+        wiring = cls(settings, clients or boto3_clients(client_configs(settings)))
+        if host is not None:
+            wiring.time_scale = host.time_scale
+            wiring.shared_model = host.model_plane()
+        return wiring
 
     # -- ports
     def ledger(self) -> Ledger:
@@ -164,6 +203,8 @@ class Runtime:
 
     def model(self) -> ModelPlane:
         s = self.settings
+        if s.model_adapter == "simulated" and self.shared_model is not None:
+            return self.shared_model
         if s.model_adapter == "bedrock":
             from swarm.adapters.bedrock import BedrockModelPlane
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from swarm.argtypes import positive_int
+from swarm.cli.argtypes import positive_int
 from swarm.client import Client, target_from_args
 from swarm.core.errors import InvalidInput, SwarmError
 

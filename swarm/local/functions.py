@@ -18,9 +18,9 @@ at a time, like a Lambda execution environment.
 
 Environment variables are process-global, so the host never writes a function's environment into
 ``os.environ``: it keeps the invocation's environment in a thread-local, and
-:meth:`swarm.runtime.Runtime.from_env` (which every handler calls on its cold start, with no
+:meth:`swarm.wiring.Runtime.from_env` (which every handler calls on its cold start, with no
 arguments) is patched to read it from there and to use moto-backed clients signed with the
-function's own execution role (:mod:`swarm.local.iam`). What stays
+function's own execution role (:mod:`swarm.local.patches.iam`). What stays
 process-global: the Powertools variables, the same for every function of the stack (checked at
 start); Powertools ``Metrics`` (its metric set is class-level, shared by every instance), so
 metrics are disabled locally (moto does not ingest EMF anyway); and Powertools ``Logger`` keys
@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from swarm import wiring
 from swarm.local.events import LambdaContext
 from swarm.modelplane import ModelPlane, ModelRequest, ModelResult, SimulatedModelPlane
 
@@ -148,6 +149,14 @@ class FunctionHost:
     def clients_for(self, function_name: str) -> Callable[[str], Any]:
         return self.role_clients.get(function_name, self.clients)
 
+    def invocation(self) -> tuple[Mapping[str, str], Callable[[str], Any]] | None:
+        """The running invocation's environment and its function's clients (:class:`Host`)."""
+        inv = self.current()
+        return None if inv is None else (inv.env, self.clients_for(inv.function_name))
+
+    def model_plane(self) -> ModelPlane | None:
+        return self.model
+
     def current(self) -> Invocation | None:
         inv: Invocation | None = getattr(self._local, "invocation", None)
         return inv
@@ -209,11 +218,12 @@ def install(function_host: FunctionHost, process_env: Mapping[str, str]) -> None
         os.environ[name] = value
     _HOST[:] = [function_host]
     patch_lambda_invoke()
-    patch_runtime()
+    wiring.run_on(function_host)
 
 
 def uninstall() -> None:
     _HOST.clear()
+    wiring.run_on(None)
 
 
 def _invoke(
@@ -271,42 +281,3 @@ def patch_lambda_invoke() -> None:
         return
     _ORIGINALS["invoke"] = LambdaSimpleBackend.invoke
     LambdaSimpleBackend.invoke = _invoke  # type: ignore[method-assign]
-
-
-def patch_runtime() -> None:
-    """Handlers build their wiring with ``Runtime.from_env()``: give them the invoking function's
-    environment and moto-backed clients; give workers the shared, fault-injectable model plane."""
-    from swarm.runtime import Runtime
-
-    if "from_env" in _ORIGINALS:
-        return
-    original_from_env = Runtime.from_env.__func__  # type: ignore[attr-defined]
-    original_model = Runtime.model
-
-    def from_env(
-        cls: type[Runtime],
-        environ: Mapping[str, str] | None = None,
-        clients: Callable[[str], Any] | None = None,
-    ) -> Runtime:
-        fn_host = host()
-        inv = fn_host.current() if fn_host else None
-        if fn_host is not None and inv is not None and environ is None:
-            environ = inv.env
-            clients = clients or fn_host.clients_for(inv.function_name)
-        runtime: Runtime = original_from_env(cls, environ, clients)
-        if fn_host is not None:
-            runtime.time_scale = fn_host.time_scale
-        return runtime
-
-    def model(self: Runtime) -> ModelPlane:
-        fn_host = host()
-        simulated = self.settings.model_adapter == "simulated"
-        if fn_host is not None and fn_host.model is not None and simulated:
-            return fn_host.model
-        plane: ModelPlane = original_model(self)
-        return plane
-
-    _ORIGINALS["from_env"] = original_from_env
-    _ORIGINALS["model"] = original_model
-    Runtime.from_env = classmethod(from_env)  # type: ignore[method-assign,assignment]
-    Runtime.model = model  # type: ignore[method-assign]

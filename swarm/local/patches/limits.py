@@ -51,7 +51,7 @@ EventBridge (:func:`patch_events`)
     the 10-entry limit only.
 
 Every patch is process-wide, idempotent and re-applied by :func:`apply_all` if another patch
-replaced it (``motopatch.dynamodb_unpatched`` restores moto's own DynamoDB methods).
+replaced it (``moto_dynamodb.dynamodb_unpatched`` restores moto's own DynamoDB methods).
 """
 
 from __future__ import annotations
@@ -363,17 +363,17 @@ def _table_put_item(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _backend_update_item(original: Callable[..., Any]) -> Callable[..., Any]:
     def update_item(self: Any, table_name: str, key: dict[str, Any], *args: Any, **kw: Any) -> Any:
-        from swarm.local import motopatch
+        from swarm.local.patches import dynamodb as moto_dynamodb
 
-        with motopatch.dynamodb_lock():
+        with moto_dynamodb.dynamodb_lock():
             # the item as it was (None: absent), put back if the update makes it too large
-            saved = motopatch._snapshot_items(
+            saved = moto_dynamodb._snapshot_items(
                 self, [{"Update": {"TableName": table_name, "Key": key}}]
             )
             item = original(self, table_name, key, *args, **kw)
             if item is None or item_size(item.attrs) <= DYNAMODB_MAX_ITEM_BYTES:
                 return item
-            motopatch._restore_items(saved)
+            moto_dynamodb._restore_items(saved)
         if _in_transaction():
             raise ValidationError(ITEM_TO_UPDATE_TOO_LARGE)
         from moto.dynamodb.exceptions import ItemSizeToUpdateTooLarge

@@ -1,4 +1,5 @@
-"""moto patches the local stack needs besides the DynamoDB one in :mod:`swarm.local.motopatch`.
+"""moto patches the local stack needs besides the DynamoDB one in
+:mod:`swarm.local.patches.dynamodb`.
 
 Each patch is small, process-wide, idempotent, and listed in docs/local.md with the reason:
 
@@ -37,7 +38,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from swarm.local import limits, sfnpatch
+from swarm.local.patches import limits
+from swarm.local.patches import stepfunctions as sfn_patch
 
 _APPLIED: set[str] = set()
 _GUARD = threading.Lock()
@@ -227,5 +229,5 @@ def apply_all() -> None:
     patch_sqs_fair_queues()
     patch_sqs_message_clock()
     patch_sfn_client_cache()
-    sfnpatch.patch_sfn_start_execution()  # the continue-as-new task (swarm/local/sfnpatch.py)
-    limits.apply_all()  # AWS's service limits (swarm/local/limits.py)
+    sfn_patch.patch_sfn_start_execution()  # the continue-as-new task (patches/stepfunctions.py)
+    limits.apply_all()  # AWS's service limits (patches/limits.py)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm.argtypes import float_in, int_in
+from swarm.cli.argtypes import float_in, int_in
 from swarm.core.errors import InvalidInput
 
 

@@ -1,0 +1,58 @@
+"""The `swarm` command line. One module per command group:
+
+- :mod:`swarm.cli.sim`: the simulator (``swarm sim lab61|run|sweep|resume``);
+- :mod:`swarm.cli.ops`: a deployed stack's operators and tenants (``swarm submit``, ``status``,
+  ``drain``...);
+- :mod:`swarm.cli.deploy`: ``swarm deploy`` (drain, cdk deploy, undrain);
+- :mod:`swarm.cli.local`: the local stack (``swarm local up|down|demo|tenant``);
+- :mod:`swarm.cli.bench`: benchmarks (``swarm bench governor``).
+
+Every error a user can cause ends with a one-line message and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from swarm.cli import bench, deploy, local, ops, sim
+from swarm.core.errors import SwarmError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# ------------------------------------------------------------------ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swarm",
+        description="Control plane for fleets of LLM agent work units: simulator and tools.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim.register(sub)
+    ops.register(sub)
+    deploy.register(sub)
+    local.register(sub)
+    bench.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "--help"])
+        return 2
+    try:
+        return handler(args)
+    except SwarmError as e:
+        parser.exit(2, f"swarm: error: {e}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
