@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.adapters.aws import parse_message_body
 from swarm.core.errors import InvalidInput, NotFound
-from swarm.core.ledger import Ledger
+from swarm.core.ports import Ledger
 from swarm.service.runs import dead_letter
 from swarm.settings import METRIC_UNITS_DEAD_LETTERED
 from swarm.wiring import Wiring

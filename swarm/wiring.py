@@ -21,14 +21,14 @@ from swarm.adapters.aws import (
     SsmDrainSwitch,
     StepFunctionsExecutions,
 )
+from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.backpressure import ShedPolicy
-from swarm.core.governor import Governor, GovernorConfig
-from swarm.core.ledger import Ledger
+from swarm.core.governor import GovernorConfig
+from swarm.core.ports import Governor, Ledger, ModelPlane, RunWatch
 from swarm.core.records import LANES
-from swarm.modelplane import ModelPlane, SimulatedModelPlane
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.runs import DrainController, FanOut, Finalizer
-from swarm.service.sweeper import RunWatch, SweepConfig, Sweeper
+from swarm.service.sweeper import SweepConfig, Sweeper
 from swarm.service.worker import Worker, WorkerConfig
 from swarm.settings import Settings, SettingsError
 

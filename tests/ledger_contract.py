@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from swarm.core.errors import Conflict, InvalidInput, NotFound
-from swarm.core.ledger import Fate, InMemoryLedger, Ledger, remainder_of
+from swarm.core.ledger import Fate, remainder_of
+from swarm.core.memory import InMemoryLedger
+from swarm.core.ports import Ledger
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
 
 

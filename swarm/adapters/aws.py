@@ -18,8 +18,8 @@ from swarm.adapters import client_error_type, error_code
 from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ReadDenied
 from swarm.core.lanes import QueuedUnit
+from swarm.core.ports import MAX_SQS_DELAY_S, LaneDepth, MappingState
 from swarm.core.records import LANES, Lane
-from swarm.service.ports import MAX_SQS_DELAY_S, LaneDepth, MappingState
 from swarm.service.runs import parse_bool_flag
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from swarm.adapters import client_error_type, error_code
-from swarm.modelplane import ModelRequest, ModelResult, ModelThrottled
+from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
 
 THROTTLE_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
 

@@ -40,8 +40,8 @@ from swarm.adapters import (
     default_client,
     error_code,
 )
+from swarm.core.ports import WatchedRun
 from swarm.core.records import RunState
-from swarm.service.sweeper import WatchedRun
 
 #: the sparse global secondary index of watched runs
 OPEN_RUNS_INDEX = "OpenRuns"

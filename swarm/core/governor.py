@@ -20,10 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from swarm.core.errors import InvalidInput
 from swarm.core.records import Lane
+
+if TYPE_CHECKING:
+    from swarm.core.ports import Governor
 
 
 @dataclass(frozen=True)
@@ -177,47 +180,6 @@ def snapshot_of(state: BucketState, config: GovernorConfig, now: float) -> Gover
         throttles=state.throttles,
         last_throttle_at=state.last_throttle_at,
     )
-
-
-class Governor(Protocol):
-    """The port. Implementations must never grant more than the bucket holds, under any
-    number of concurrent callers."""
-
-    config: GovernorConfig
-
-    def draw(self, amount: int, lane: Lane, now: float) -> Draw: ...
-
-    def report_throttle(self, now: float) -> None: ...
-
-    def snapshot(self, now: float) -> GovernorSnapshot: ...
-
-    def cancel(self, now: float) -> bool:
-        """The caller stops waiting: forget any tokens a refused draw booked ahead for it
-        (implementations that book tickets, see ``swarm.adapters.dynamodb_governor``). True only
-        if tokens went back to the bucket; they may not, which under-grants but never over-grants.
-        """
-        ...
-
-
-class InMemoryGovernor:
-    """One bucket in one process: the simulator's governor and the reference for the adapters."""
-
-    def __init__(self, config: GovernorConfig, now: float = 0.0) -> None:
-        self.config = config
-        self.state = BucketState.fresh(config, now)
-
-    def draw(self, amount: int, lane: Lane, now: float) -> Draw:
-        self.state, result = self.state.draw(self.config, amount, lane, now)
-        return result
-
-    def report_throttle(self, now: float) -> None:
-        self.state = self.state.throttled(self.config, now)
-
-    def snapshot(self, now: float) -> GovernorSnapshot:
-        return snapshot_of(self.state, self.config, now)
-
-    def cancel(self, now: float) -> bool:
-        return False  # never books ahead
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,11 @@ top-up ended go stale by themselves). That keeps every operation O(1) in storage
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -52,6 +51,10 @@ from swarm.core.records import (
     UnitRecord,
     UnitState,
 )
+
+if TYPE_CHECKING:
+    from swarm.core.ports import Ledger
+
 
 DEFAULT_LEASE_S = 900.0
 
@@ -302,240 +305,8 @@ def fresh_records(spec: RunSpec, now: float) -> tuple[RunRecord, list[UnitRecord
 # ---------------------------------------------------------------- the port
 
 
-class Ledger(Protocol):
-    """The run books. Every method is atomic with respect to every other caller."""
-
-    def open_run(self, spec: RunSpec, now: float) -> RunRecord:
-        """Create the books for a run; idempotent for the same spec, Conflict for another."""
-        ...
-
-    def run(self, run_id: str) -> RunRecord: ...
-
-    def unit(self, run_id: str, unit_id: str) -> UnitRecord: ...
-
-    def units(self, run_id: str) -> list[UnitRecord]:
-        """Every unit with its *effective* state (remainder included), in spec order."""
-        ...
-
-    def attempts(self, run_id: str) -> list[AttemptRecord]: ...
-
-    def admit(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
-    ) -> Admission: ...
-
-    def settle(
-        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
-    ) -> Settlement: ...
-
-    def top_up(self, run_id: str, amount: int, now: float) -> TopUp: ...
-
-    def claim(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
-    ) -> Claim: ...
-
-    def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
-        """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
-        ...
-
-    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        """Settle claimed attempts whose lease expired as lost; release unclaimed ones."""
-        ...
-
-    def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
-        """The same for one unit; returns the lost attempt's settlement, if there was one."""
-        ...
-
-    def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
-        """End a unit the queue gave up on; a claimed attempt is settled as lost first."""
-        ...
-
-
 def remainder_of(ledger: Ledger, run_id: str) -> list[str]:
     return [u.unit_id for u in ledger.units(run_id) if u.state is UnitState.REMAINDER]
 
 
 # ---------------------------------------------------------------- in memory
-
-
-class InMemoryLedger:
-    """The reference implementation: a dict per run, used by the simulator and unit tests."""
-
-    def __init__(self) -> None:
-        self._runs: dict[str, RunRecord] = {}
-        self._units: dict[str, dict[str, UnitRecord]] = {}
-        self._attempts: dict[tuple[str, str, int], Settlement] = {}
-
-    # -- reads
-    def run(self, run_id: str) -> RunRecord:
-        try:
-            return self._runs[run_id]
-        except KeyError:
-            raise NotFound(f"no run {run_id!r}") from None
-
-    def unit(self, run_id: str, unit_id: str) -> UnitRecord:
-        run = self.run(run_id)
-        try:
-            unit = self._units[run_id][unit_id]
-        except KeyError:
-            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
-        return unit.with_(state=effective_state(run, unit))
-
-    def units(self, run_id: str) -> list[UnitRecord]:
-        run = self.run(run_id)
-        return [u.with_(state=effective_state(run, u)) for u in self._units[run_id].values()]
-
-    def attempts(self, run_id: str) -> list[AttemptRecord]:
-        self.run(run_id)
-        return [s.attempt for (r, _, _), s in self._attempts.items() if r == run_id]
-
-    # -- writes
-    def open_run(self, spec: RunSpec, now: float) -> RunRecord:
-        existing = self._runs.get(spec.run_id)
-        if existing is not None:
-            if existing.spec != spec:
-                raise Conflict(f"run {spec.run_id!r} exists with a different spec")
-            return existing
-        run, units = fresh_records(spec, now)
-        self._runs[spec.run_id] = run
-        self._units[spec.run_id] = {u.unit_id: u for u in units}
-        return run
-
-    def admit(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
-    ) -> Admission:
-        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        run, unit, admission = decide_admission(run, unit, attempt, now, lease_s)
-        self._runs[run_id] = run
-        self._units[run_id][unit_id] = unit
-        return admission
-
-    def settle(
-        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
-    ) -> Settlement:
-        return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
-
-    def top_up(self, run_id: str, amount: int, now: float) -> TopUp:
-        before = self.run(run_id)
-        requeue = tuple(
-            u.unit_id
-            for u in self._units[run_id].values()
-            if effective_state(before, u) is UnitState.REMAINDER
-        )
-        run = decide_top_up(before, amount, now)
-        self._runs[run_id] = run
-        return TopUp(run, requeue if run.state is RunState.OPEN else ())
-
-    def claim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> Claim:
-        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        unit, claim = decide_claim(run, unit, attempt, now, lease_s)
-        self._units[run_id][unit_id] = unit
-        return claim
-
-    def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
-        self.run(run_id)
-        unit, done = decide_unclaim(self._raw_unit(run_id, unit_id), attempt, now, lease_s)
-        self._units[run_id][unit_id] = unit
-        return done
-
-    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        self.run(run_id)
-        lost = []
-        for unit_id in list(self._units[run_id]):
-            settlement = self.reclaim_unit(run_id, unit_id, now)
-            if settlement is not None:
-                lost.append(settlement)
-        return lost
-
-    def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
-        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        res = unit.reservation
-        if res is None or res.lease_expires > now:
-            return None
-        if not res.claimed:
-            self._runs[run_id], self._units[run_id][unit_id] = decide_release(run, unit, now)
-            return None
-        return self._settle(run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True)
-
-    def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
-        unit = self._raw_unit(run_id, unit_id)
-        res = unit.reservation
-        if res is not None:
-            if res.claimed:
-                self._settle(
-                    run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True
-                )
-            else:
-                self._runs[run_id], self._units[run_id][unit_id] = decide_release(
-                    self.run(run_id), unit, now
-                )
-        unit = self._raw_unit(run_id, unit_id)
-        if unit.state is UnitState.PENDING:
-            self._runs[run_id], unit = decide_dead_letter(self.run(run_id), unit, now)
-            self._units[run_id][unit_id] = unit
-        return self.unit(run_id, unit_id)
-
-    # -- persistence (the simulator's state files)
-    def records(self) -> tuple[list[RunRecord], list[UnitRecord], list[AttemptRecord]]:
-        """Everything the books hold, stored states (not effective ones)."""
-        units = [u for by_id in self._units.values() for u in by_id.values()]
-        return list(self._runs.values()), units, [s.attempt for s in self._attempts.values()]
-
-    @classmethod
-    def from_records(
-        cls,
-        runs: Iterable[RunRecord],
-        units: Iterable[UnitRecord],
-        attempts: Iterable[AttemptRecord],
-    ) -> InMemoryLedger:
-        ledger = cls()
-        for run in runs:
-            ledger._runs[run.run_id] = run
-            ledger._units[run.run_id] = {}
-        for unit in units:
-            ledger._units[unit.run_id][unit.unit_id] = unit
-        for a in attempts:
-            run = ledger._runs[a.run_id]
-            if a.succeeded:
-                fate = Fate.COMPLETED
-            elif a.attempt + 1 >= run.spec.max_attempts:
-                fate = Fate.DEAD_LETTERED
-            else:
-                fate = Fate.RETRY
-            unit = ledger._units[a.run_id][a.unit_id]
-            ledger._attempts[(a.run_id, a.unit_id, a.attempt)] = Settlement(
-                fate, False, run, unit, a
-            )
-        return ledger
-
-    # -- helpers
-    def _raw_unit(self, run_id: str, unit_id: str) -> UnitRecord:
-        try:
-            return self._units[run_id][unit_id]
-        except KeyError:
-            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
-
-    def _settle(
-        self,
-        run_id: str,
-        unit_id: str,
-        attempt: int,
-        tokens: int,
-        succeeded: bool,
-        now: float,
-        *,
-        reclaimed: bool,
-    ) -> Settlement:
-        key = (run_id, unit_id, attempt)
-        first = self._attempts.get(key)
-        if first is not None:
-            return Settlement(
-                first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt
-            )
-        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        run, unit, settlement = decide_settlement(
-            run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed
-        )
-        self._runs[run_id] = run
-        self._units[run_id][unit_id] = unit
-        self._attempts[key] = settlement
-        return settlement

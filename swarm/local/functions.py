@@ -49,8 +49,9 @@ from types import ModuleType
 from typing import Any
 
 from swarm import wiring
+from swarm.adapters.simulated_model import SimulatedModelPlane
+from swarm.core.ports import ModelPlane, ModelRequest, ModelResult
 from swarm.local.events import LambdaContext
-from swarm.modelplane import ModelPlane, ModelRequest, ModelResult, SimulatedModelPlane
 
 log = logging.getLogger("swarm.local")
 

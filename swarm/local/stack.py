@@ -225,9 +225,9 @@ class LocalStack:
         )
 
     def _start_functions(self, clients: Any) -> None:
+        from swarm.adapters.simulated_model import SimulatedModelPlane
         from swarm.local import functions as local_functions
         from swarm.local.patches import emulator
-        from swarm.modelplane import SimulatedModelPlane
 
         functions = self._functions(clients)
         self.functions = functions

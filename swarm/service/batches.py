@@ -18,11 +18,18 @@ from typing import Any
 
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied, SwarmError
-from swarm.core.governor import Governor, GovernorSnapshot
-from swarm.core.ledger import Ledger
+from swarm.core.governor import GovernorSnapshot
+from swarm.core.ports import (
+    BlobStore,
+    DrainSwitch,
+    Executions,
+    Governor,
+    LaneDepth,
+    LaneQueue,
+    Ledger,
+)
 from swarm.core.records import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.report import healthy_line
-from swarm.service.ports import BlobStore, DrainSwitch, Executions, LaneDepth, LaneQueue
 
 DRAIN_RETRY_AFTER_S = 60
 

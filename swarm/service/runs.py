@@ -19,14 +19,22 @@ from typing import TYPE_CHECKING, Any
 from swarm.core import codec
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ledger import Fate, Ledger
+from swarm.core.ledger import Fate
+from swarm.core.ports import (
+    BlobStore,
+    DrainSwitch,
+    Events,
+    LaneQueue,
+    Ledger,
+    Mappings,
+    MappingState,
+)
 from swarm.core.records import UnitState
 from swarm.core.report import healthy_line
 from swarm.service.batches import manifest_key, results_key
-from swarm.service.ports import BlobStore, DrainSwitch, Events, LaneQueue, Mappings, MappingState
 
 if TYPE_CHECKING:
-    from swarm.service.sweeper import RunWatch
+    from swarm.core.ports import RunWatch
 
 
 @dataclass

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
-from swarm.core.ledger import Ledger
-from swarm.core.records import RunRecord, RunState
+from swarm.core.ports import Ledger, RunWatch, SweptExecutions, WatchedRun
+from swarm.core.records import RunRecord
 from swarm.service.batches import execution_input, manifest_key
 from swarm.service.runs import Finalizer
 
@@ -53,61 +53,6 @@ LIVE_STATUSES = frozenset({"RUNNING", "PENDING_REDRIVE"})
 
 #: the input key of a continuation: the finalize loop's state (see statemachines/fanout.asl.json)
 LOOP = "loop"
-
-
-@dataclass(frozen=True)
-class WatchedRun:
-    """A run the sweeper watches, as the ``OpenRuns`` index (or the books) holds it."""
-
-    run_id: str
-    sweep_at: float
-    execution: str | None = None  # the last execution that reached the finalize loop
-    repairs: int = 0  # restarts by the sweeper so far
-
-
-class RunWatch(Protocol):
-    """Runs that still need a finalizer: open, or closed but not yet announced."""
-
-    def due(self, now: float, limit: int) -> list[WatchedRun]:
-        """Up to ``limit`` watched runs whose ``sweep_at`` has passed, most overdue first."""
-        ...
-
-    def get(self, run_id: str) -> WatchedRun | None:
-        """The run's watch entry, read consistently; None if it is not watched."""
-        ...
-
-    def record(self, run_id: str, execution: str) -> bool:
-        """``execution`` reached the run's finalize loop; False if the run is not watched."""
-        ...
-
-    def check(
-        self,
-        run_id: str,
-        sweep_at: float,
-        *,
-        repairs: int | None = None,
-        forget_execution: bool = False,
-    ) -> bool:
-        """Looked at: look again at ``sweep_at`` (a restart also sets ``repairs``)."""
-        ...
-
-    def release(self, run_id: str, state: RunState, epoch: int) -> bool:
-        """The closure (``state``, exhaustion ``epoch``) is announced: stop watching, unless a
-        top-up reopened the run meanwhile (then False)."""
-        ...
-
-
-class SweptExecutions(Protocol):
-    """The fan-out state machine, as the sweeper uses it."""
-
-    def start(self, name: str, payload: Mapping[str, Any]) -> bool:
-        """Start an execution; False (and nothing new) if one with this name already exists."""
-        ...
-
-    def status(self, name: str) -> str | None:
-        """RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE; None if there is no
-        execution of that name."""
-        ...
 
 
 # ---------------------------------------------------------------- execution names and inputs

@@ -22,12 +22,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from swarm.core.governor import Governor, acquire
+from swarm.core.governor import acquire
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ledger import Fate, Ledger
+from swarm.core.ledger import Fate
+from swarm.core.ports import (
+    MAX_SQS_DELAY_S,
+    DrainSwitch,
+    Governor,
+    Ledger,
+    ModelPlane,
+    ModelRequest,
+    ModelThrottled,
+)
 from swarm.core.records import UnitState
-from swarm.modelplane import ModelPlane, ModelRequest, ModelThrottled
-from swarm.service.ports import MAX_SQS_DELAY_S, DrainSwitch
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from swarm.core.clock import VirtualClock
 from swarm.core.errors import InvalidInput
-from swarm.core.governor import GovernorConfig, InMemoryGovernor, ticks_until
-from swarm.core.lanes import InMemoryLanes, Policy, QueuedUnit
-from swarm.core.ledger import Fate, InMemoryLedger, remainder_of
+from swarm.core.governor import GovernorConfig, ticks_until
+from swarm.core.lanes import Policy, QueuedUnit
+from swarm.core.ledger import Fate, remainder_of
+from swarm.core.memory import InMemoryGovernor, InMemoryLanes, InMemoryLedger
 from swarm.core.records import Lane, RunRecord, RunSpec, RunState
 from swarm.sim.workload import Workload
 

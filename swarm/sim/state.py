@@ -11,9 +11,8 @@ from typing import Any
 from swarm.core import codec
 from swarm.core.clock import VirtualClock
 from swarm.core.errors import InvalidInput
-from swarm.core.governor import InMemoryGovernor
-from swarm.core.lanes import InMemoryLanes, Policy
-from swarm.core.ledger import InMemoryLedger
+from swarm.core.lanes import Policy
+from swarm.core.memory import InMemoryGovernor, InMemoryLanes, InMemoryLedger
 from swarm.sim.engine import FleetConfig, Running, Simulation
 from swarm.sim.workload import Workload
 

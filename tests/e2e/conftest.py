@@ -26,10 +26,10 @@ from typing import Any
 import boto3
 import pytest
 
+from swarm.adapters.simulated_model import attempt_fails, billed_tokens
 from swarm.cli.local import down, running_pid, up
 from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, Target
 from swarm.local.deploy import LocalOptions
-from swarm.modelplane import attempt_fails, billed_tokens
 from swarm.service.batches import batch_id_for
 
 TERMINAL = ("completed", "exhausted")

@@ -9,7 +9,8 @@ import pytest
 
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor
 from swarm.core.errors import Conflict, InvalidInput
-from swarm.core.governor import GovernorConfig, InMemoryGovernor
+from swarm.core.governor import GovernorConfig
+from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane
 from tests.integration.conftest import TABLE
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
-from swarm.core.ledger import Ledger
+from swarm.core.ports import Ledger
 from swarm.core.records import RunState
 from tests.integration.conftest import TABLE
 from tests.ledger_contract import LedgerContract, spec

@@ -32,9 +32,9 @@ import functions.worker as worker_handler
 from swarm.adapters import dynamodb_ledger
 from swarm.adapters.aws import parse_message_body
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+from swarm.core.ports import ModelRequest, ModelResult
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
 from swarm.local import patches
-from swarm.modelplane import ModelRequest, ModelResult
 from swarm.service.worker import Worker
 from swarm.settings import SWARM_FUNCTION
 from swarm.wiring import QUEUE_LEASE_S

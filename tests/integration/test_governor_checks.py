@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from swarm.bench.governor import could_have_granted, over_grant_tolerance, over_granted
-from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, InMemoryGovernor, acquire
+from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, acquire
+from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane
 from tests.unit.test_governor import FakeTime
 

@@ -15,7 +15,8 @@ import pytest
 
 from swarm import settings as env
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor, GovernorReadOnly
-from swarm.core.governor import GovernorConfig, InMemoryGovernor
+from swarm.core.governor import GovernorConfig
+from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import LANES, Lane
 from swarm.settings import FUNCTION_ENV, Settings
 from swarm.wiring import Wiring, governor_name

@@ -21,7 +21,7 @@ from swarm.adapters.bedrock import (
     call_bound_s,
     minimum_read_timeout_s,
 )
-from swarm.modelplane import ModelRequest, ModelThrottled
+from swarm.core.ports import ModelRequest, ModelThrottled
 from swarm.wiring import Wiring
 
 REQUEST = ModelRequest("b-1", "u-1", 0, 5_000, "Summarise the incident.")

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.core.errors import InvalidInput
-from swarm.core.governor import GovernorConfig, InMemoryGovernor, acquire
+from swarm.core.governor import GovernorConfig, acquire
+from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane
 
 LAB = GovernorConfig(quota_tpm=300_000, share=0.95)

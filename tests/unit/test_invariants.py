@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from swarm.core.lanes import Policy
-from swarm.core.ledger import Fate, InMemoryLedger
+from swarm.core.ledger import Fate
+from swarm.core.memory import InMemoryLedger
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
 from swarm.sim.engine import RUN_ID, FleetConfig, Simulation
 from swarm.sim.workload import Workload

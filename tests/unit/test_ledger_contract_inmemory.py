@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.core.ledger import InMemoryLedger, Ledger
+from swarm.core.memory import InMemoryLedger
+from swarm.core.ports import Ledger
 from tests.ledger_contract import LedgerContract
 
 

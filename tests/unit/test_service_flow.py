@@ -7,13 +7,22 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.errors import Conflict, NotFound
-from swarm.core.governor import GovernorConfig, InMemoryGovernor
+from swarm.core.governor import GovernorConfig
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ledger import InMemoryLedger
+from swarm.core.memory import (
+    InMemoryGovernor,
+    InMemoryLedger,
+    MemoryBlobs,
+    MemoryDrain,
+    MemoryEvents,
+    MemoryExecutions,
+    MemoryMappings,
+    MemoryQueue,
+)
 from swarm.core.records import Lane, RunState, UnitState
-from swarm.modelplane import SimulatedModelPlane
 from swarm.service import runs
 from swarm.service.batches import (
     Batches,
@@ -22,14 +31,6 @@ from swarm.service.batches import (
     Shedding,
     SubmitRequest,
     UnitInput,
-)
-from swarm.service.memory import (
-    MemoryBlobs,
-    MemoryDrain,
-    MemoryEvents,
-    MemoryExecutions,
-    MemoryMappings,
-    MemoryQueue,
 )
 from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerConfig
 

@@ -9,12 +9,10 @@ from typing import Any
 import pytest
 
 from swarm.core.backpressure import ShedPolicy
-from swarm.core.governor import GovernorConfig, InMemoryGovernor
-from swarm.core.ledger import InMemoryLedger
-from swarm.core.records import Lane, RunState, UnitState
-from swarm.service import runs
-from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
-from swarm.service.memory import (
+from swarm.core.governor import GovernorConfig
+from swarm.core.memory import (
+    InMemoryGovernor,
+    InMemoryLedger,
     MemoryBlobs,
     MemoryDrain,
     MemoryEvents,
@@ -22,12 +20,15 @@ from swarm.service.memory import (
     MemoryQueue,
     MemoryRunWatch,
 )
+from swarm.core.ports import WatchedRun
+from swarm.core.records import Lane, RunState, UnitState
+from swarm.service import runs
+from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
 from swarm.service.sweeper import (
     MAX_EXECUTION_NAME,
     SweepConfig,
     Sweeper,
     Verdict,
-    WatchedRun,
     candidate_executions,
     execution_name,
     repair_execution_name,

@@ -1,16 +1,15 @@
-"""The model plane: what a worker calls to run a unit, behind one small port.
+"""The simulated model plane (``MODEL_ADAPTER=simulated``): a stand-in for the model behind
+the :class:`swarm.core.ports.ModelPlane` port (Bedrock's is :mod:`swarm.adapters.bedrock`).
 
-* :class:`SimulatedModelPlane`: a stand-in with its own TPM quota that throttles when exceeded,
-  latency proportional to tokens, a usage that differs from the caller's projection (under and
-  over, capped by the request's ``max_tokens`` as a real provider caps its output), and a
-  per-attempt failure rate. Usage and failures are functions of ``(seed, unit id, attempt)``
-  alone (:func:`simulated_usage`, :func:`attempt_fails`), so a test that chooses the seed knows
-  every outcome in advance. It is what makes "zero throttles caused by our own fleet",
-  backpressure and honest settlement measurable without an account. A *storm* lowers its quota
-  for a while (a bystander on the same account). It counts calls, throttles and tokens per run
-  and keeps a log of every call it received, with the time it received it.
-* ``swarm.adapters.bedrock.BedrockModelPlane``: Amazon Bedrock's Converse API; tokens from the
-  response's usage; ``ThrottlingException`` becomes :class:`ModelThrottled`.
+It has its own TPM quota that throttles when exceeded, latency proportional to tokens, a usage
+that differs from the caller's projection (under and over, capped by the request's
+``max_tokens`` as a real provider caps its output), and a per-attempt failure rate. Usage and
+failures are functions of ``(seed, unit id, attempt)`` alone (:func:`simulated_usage`,
+:func:`attempt_fails`), so a test that chooses the seed knows every outcome in advance. It is
+what makes "zero throttles caused by our own fleet", backpressure and honest settlement
+measurable without an account. A *storm* lowers its quota for a while (a bystander on the same
+account). It counts calls, throttles and tokens per run and keeps a log of every call it
+received, with the time it received it.
 """
 
 from __future__ import annotations
@@ -20,39 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import BucketState, GovernorConfig
+from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
 from swarm.core.records import Lane
-
-
-@dataclass(frozen=True)
-class ModelRequest:
-    run_id: str
-    unit_id: str
-    attempt: int
-    projected_tokens: int
-    input: str = ""
-    #: the most the call may bill (a provider's maxTokens): the unit's reservation. None: no cap
-    max_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class ModelResult:
-    succeeded: bool
-    tokens: int  # billed tokens (input + output), failed calls included
-    output: str = ""
-    error: str = ""
-
-
-class ModelThrottled(SwarmError):
-    """The model plane refused the call for quota; nothing was billed."""
-
-
-class ModelPlane(Protocol):
-    def invoke(self, request: ModelRequest) -> ModelResult: ...
-
 
 #: the simulated usage is the projection times a factor drawn uniformly from this range
 USAGE_SPREAD: Final = (0.6, 1.25)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.modelplane import (
+from swarm.adapters.simulated_model import (
     USAGE_SPREAD,
-    ModelRequest,
-    ModelThrottled,
     SimulatedModelPlane,
     attempt_fails,
     simulated_usage,
 )
+from swarm.core.ports import ModelRequest, ModelThrottled
 
 
 class Clock:

@@ -1,0 +1,530 @@
+"""In-memory implementations of every port in :mod:`swarm.core.ports`: the simulator runs on
+them, and the unit tests use them as twins of the AWS adapters (the ledger and the governor are
+held to the same contract tests as their DynamoDB versions)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from swarm.core.errors import Conflict, NotFound
+from swarm.core.governor import (
+    BucketState,
+    Draw,
+    GovernorConfig,
+    GovernorSnapshot,
+    snapshot_of,
+)
+from swarm.core.lanes import Policy, QueuedUnit
+from swarm.core.ledger import (
+    DEFAULT_LEASE_S,
+    Admission,
+    Claim,
+    Fate,
+    Settlement,
+    TopUp,
+    decide_admission,
+    decide_claim,
+    decide_dead_letter,
+    decide_release,
+    decide_settlement,
+    decide_top_up,
+    decide_unclaim,
+    effective_state,
+    fresh_records,
+)
+from swarm.core.ports import LaneDepth, MappingState, WatchedRun
+from swarm.core.records import (
+    LANES,
+    AttemptRecord,
+    Lane,
+    RunRecord,
+    RunSpec,
+    RunState,
+    UnitRecord,
+    UnitState,
+)
+
+
+class InMemoryLedger:
+    """The reference implementation: a dict per run, used by the simulator and unit tests."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, RunRecord] = {}
+        self._units: dict[str, dict[str, UnitRecord]] = {}
+        self._attempts: dict[tuple[str, str, int], Settlement] = {}
+
+    # -- reads
+    def run(self, run_id: str) -> RunRecord:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise NotFound(f"no run {run_id!r}") from None
+
+    def unit(self, run_id: str, unit_id: str) -> UnitRecord:
+        run = self.run(run_id)
+        try:
+            unit = self._units[run_id][unit_id]
+        except KeyError:
+            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
+        return unit.with_(state=effective_state(run, unit))
+
+    def units(self, run_id: str) -> list[UnitRecord]:
+        run = self.run(run_id)
+        return [u.with_(state=effective_state(run, u)) for u in self._units[run_id].values()]
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        self.run(run_id)
+        return [s.attempt for (r, _, _), s in self._attempts.items() if r == run_id]
+
+    # -- writes
+    def open_run(self, spec: RunSpec, now: float) -> RunRecord:
+        existing = self._runs.get(spec.run_id)
+        if existing is not None:
+            if existing.spec != spec:
+                raise Conflict(f"run {spec.run_id!r} exists with a different spec")
+            return existing
+        run, units = fresh_records(spec, now)
+        self._runs[spec.run_id] = run
+        self._units[spec.run_id] = {u.unit_id: u for u in units}
+        return run
+
+    def admit(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> Admission:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        run, unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+        self._runs[run_id] = run
+        self._units[run_id][unit_id] = unit
+        return admission
+
+    def settle(
+        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Settlement:
+        return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
+
+    def top_up(self, run_id: str, amount: int, now: float) -> TopUp:
+        before = self.run(run_id)
+        requeue = tuple(
+            u.unit_id
+            for u in self._units[run_id].values()
+            if effective_state(before, u) is UnitState.REMAINDER
+        )
+        run = decide_top_up(before, amount, now)
+        self._runs[run_id] = run
+        return TopUp(run, requeue if run.state is RunState.OPEN else ())
+
+    def claim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> Claim:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        unit, claim = decide_claim(run, unit, attempt, now, lease_s)
+        self._units[run_id][unit_id] = unit
+        return claim
+
+    def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
+        self.run(run_id)
+        unit, done = decide_unclaim(self._raw_unit(run_id, unit_id), attempt, now, lease_s)
+        self._units[run_id][unit_id] = unit
+        return done
+
+    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+        self.run(run_id)
+        lost = []
+        for unit_id in list(self._units[run_id]):
+            settlement = self.reclaim_unit(run_id, unit_id, now)
+            if settlement is not None:
+                lost.append(settlement)
+        return lost
+
+    def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        res = unit.reservation
+        if res is None or res.lease_expires > now:
+            return None
+        if not res.claimed:
+            self._runs[run_id], self._units[run_id][unit_id] = decide_release(run, unit, now)
+            return None
+        return self._settle(run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True)
+
+    def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
+        unit = self._raw_unit(run_id, unit_id)
+        res = unit.reservation
+        if res is not None:
+            if res.claimed:
+                self._settle(
+                    run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True
+                )
+            else:
+                self._runs[run_id], self._units[run_id][unit_id] = decide_release(
+                    self.run(run_id), unit, now
+                )
+        unit = self._raw_unit(run_id, unit_id)
+        if unit.state is UnitState.PENDING:
+            self._runs[run_id], unit = decide_dead_letter(self.run(run_id), unit, now)
+            self._units[run_id][unit_id] = unit
+        return self.unit(run_id, unit_id)
+
+    # -- persistence (the simulator's state files)
+    def records(self) -> tuple[list[RunRecord], list[UnitRecord], list[AttemptRecord]]:
+        """Everything the books hold, stored states (not effective ones)."""
+        units = [u for by_id in self._units.values() for u in by_id.values()]
+        return list(self._runs.values()), units, [s.attempt for s in self._attempts.values()]
+
+    @classmethod
+    def from_records(
+        cls,
+        runs: Iterable[RunRecord],
+        units: Iterable[UnitRecord],
+        attempts: Iterable[AttemptRecord],
+    ) -> InMemoryLedger:
+        ledger = cls()
+        for run in runs:
+            ledger._runs[run.run_id] = run
+            ledger._units[run.run_id] = {}
+        for unit in units:
+            ledger._units[unit.run_id][unit.unit_id] = unit
+        for a in attempts:
+            run = ledger._runs[a.run_id]
+            if a.succeeded:
+                fate = Fate.COMPLETED
+            elif a.attempt + 1 >= run.spec.max_attempts:
+                fate = Fate.DEAD_LETTERED
+            else:
+                fate = Fate.RETRY
+            unit = ledger._units[a.run_id][a.unit_id]
+            ledger._attempts[(a.run_id, a.unit_id, a.attempt)] = Settlement(
+                fate, False, run, unit, a
+            )
+        return ledger
+
+    # -- helpers
+    def _raw_unit(self, run_id: str, unit_id: str) -> UnitRecord:
+        try:
+            return self._units[run_id][unit_id]
+        except KeyError:
+            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
+
+    def _settle(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        *,
+        reclaimed: bool,
+    ) -> Settlement:
+        key = (run_id, unit_id, attempt)
+        first = self._attempts.get(key)
+        if first is not None:
+            return Settlement(
+                first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt
+            )
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        run, unit, settlement = decide_settlement(
+            run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed
+        )
+        self._runs[run_id] = run
+        self._units[run_id][unit_id] = unit
+        self._attempts[key] = settlement
+        return settlement
+
+
+class InMemoryGovernor:
+    """One bucket in one process: the simulator's governor and the reference for the adapters."""
+
+    def __init__(self, config: GovernorConfig, now: float = 0.0) -> None:
+        self.config = config
+        self.state = BucketState.fresh(config, now)
+
+    def draw(self, amount: int, lane: Lane, now: float) -> Draw:
+        self.state, result = self.state.draw(self.config, amount, lane, now)
+        return result
+
+    def report_throttle(self, now: float) -> None:
+        self.state = self.state.throttled(self.config, now)
+
+    def snapshot(self, now: float) -> GovernorSnapshot:
+        return snapshot_of(self.state, self.config, now)
+
+    def cancel(self, now: float) -> bool:
+        return False  # never books ahead
+
+
+class _Lane:
+    """One lane: a FIFO per tenant and a rotation of tenants (one tenant = plain FIFO)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.fifo: deque[QueuedUnit] = deque()
+        self.tenants: OrderedDict[str, deque[QueuedUnit]] = OrderedDict()
+
+    def __len__(self) -> int:
+        if self.policy is Policy.FIFO:
+            return len(self.fifo)
+        return sum(len(q) for q in self.tenants.values())
+
+    def push(self, item: QueuedUnit) -> None:
+        if self.policy is Policy.FIFO:
+            self.fifo.append(item)
+        else:
+            self.tenants.setdefault(item.tenant, deque()).append(item)
+
+    def peek(self) -> QueuedUnit | None:
+        if self.policy is Policy.FIFO:
+            return self.fifo[0] if self.fifo else None
+        for queue in self.tenants.values():
+            return queue[0]
+        return None
+
+    def pop(self) -> QueuedUnit:
+        if self.policy is Policy.FIFO:
+            return self.fifo.popleft()
+        tenant, queue = next(iter(self.tenants.items()))
+        item = queue.popleft()
+        del self.tenants[tenant]
+        if queue:  # the tenant goes to the back of the rotation
+            self.tenants[tenant] = queue
+        return item
+
+    def items(self) -> Iterator[QueuedUnit]:
+        if self.policy is Policy.FIFO:
+            yield from self.fifo
+        else:
+            for queue in self.tenants.values():
+                yield from queue
+
+    def remove(self, run_id: str, unit_ids: set[str]) -> int:
+        def keep(q: QueuedUnit) -> bool:
+            return not (q.run_id == run_id and q.unit_id in unit_ids)
+
+        before = len(self)
+        if self.policy is Policy.FIFO:
+            self.fifo = deque(q for q in self.fifo if keep(q))
+        else:
+            for tenant in list(self.tenants):
+                kept = deque(q for q in self.tenants[tenant] if keep(q))
+                if kept:
+                    self.tenants[tenant] = kept
+                else:
+                    del self.tenants[tenant]
+        return before - len(self)
+
+
+class InMemoryLanes:
+    """Strict priority across lanes; ``policy`` inside each lane."""
+
+    def __init__(self, policy: Policy = Policy.FIFO) -> None:
+        self.policy = policy
+        self._lanes = {lane: _Lane(policy) for lane in LANES}
+
+    def push(self, item: QueuedUnit) -> None:
+        self._lanes[item.lane].push(item)
+
+    def peek(self) -> QueuedUnit | None:
+        for lane in LANES:
+            item = self._lanes[lane].peek()
+            if item is not None:
+                return item
+        return None
+
+    def pop(self) -> QueuedUnit:
+        for lane in LANES:
+            if len(self._lanes[lane]):
+                return self._lanes[lane].pop()
+        raise IndexError("pop from empty lanes")
+
+    def remove(self, run_id: str, unit_ids: set[str]) -> int:
+        return sum(self._lanes[lane].remove(run_id, unit_ids) for lane in LANES)
+
+    def depth(self, lane: Lane | None = None) -> int:
+        if lane is not None:
+            return len(self._lanes[lane])
+        return sum(len(q) for q in self._lanes.values())
+
+    def items(self) -> list[QueuedUnit]:
+        """Every queued unit in service order per lane (used to save simulator state)."""
+        return [item for lane in LANES for item in self._lanes[lane].items()]
+
+
+@dataclass
+class MemoryQueue:
+    """Lanes as FIFO deques; ``receive`` hands out messages the way a poller would."""
+
+    lanes: dict[Lane, deque[QueuedUnit]] = field(
+        default_factory=lambda: {lane: deque() for lane in LANES}
+    )
+    delayed: list[tuple[int, QueuedUnit]] = field(default_factory=list)
+    in_flight: dict[Lane, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
+    sent: list[QueuedUnit] = field(default_factory=list)
+
+    def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
+        self.sent.append(item)
+        if delay_s > 0:
+            self.delayed.append((delay_s, item))
+        else:
+            self.lanes[item.lane].append(item)
+
+    def release_delayed(self) -> None:
+        for _, item in self.delayed:
+            self.lanes[item.lane].append(item)
+        self.delayed.clear()
+
+    def receive(self) -> QueuedUnit | None:
+        for lane in LANES:
+            if self.lanes[lane]:
+                return self.lanes[lane].popleft()
+        return None
+
+    def depths(self) -> Mapping[Lane, LaneDepth]:
+        delayed = {lane: sum(1 for _, i in self.delayed if i.lane is lane) for lane in LANES}
+        return {
+            lane: LaneDepth(len(self.lanes[lane]), self.in_flight[lane], delayed[lane])
+            for lane in LANES
+        }
+
+
+@dataclass
+class MemoryBlobs:
+    objects: dict[str, str] = field(default_factory=dict)
+
+    def put_json(self, key: str, doc: Any) -> None:
+        self.objects[key] = json.dumps(doc)
+
+    def get_json(self, key: str) -> Any:
+        try:
+            return json.loads(self.objects[key])
+        except KeyError:
+            raise NotFound(f"no object {key!r}") from None
+
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+
+@dataclass
+class MemoryExecutions:
+    started: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: execution name -> status; a started execution is RUNNING until a test says otherwise
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    def start(self, name: str, payload: Mapping[str, Any]) -> bool:
+        if name in self.started:
+            return False
+        self.started[name] = copy.deepcopy(dict(payload))
+        self.statuses[name] = "RUNNING"
+        return True
+
+    def status(self, name: str) -> str | None:
+        return self.statuses.get(name)
+
+
+@dataclass
+class MemoryRunWatch:
+    """The sweeper's watch list over an :class:`InMemoryLedger`, with the DynamoDB adapter's
+    meaning (swarm.adapters.dynamodb_watch): a run is watched from its opening (due
+    ``grace_s`` later) until the closure it is in is released; a run that left that closure (a
+    top-up reopened it) is watched again, due at once."""
+
+    ledger: InMemoryLedger
+    grace_s: float = 300.0
+    entries: dict[str, WatchedRun] = field(default_factory=dict)
+    released: dict[str, tuple[RunState, int]] = field(default_factory=dict)
+
+    def _sync(self) -> None:
+        runs, _, _ = self.ledger.records()
+        for run in runs:
+            closure = self.released.get(run.run_id)
+            if closure == (run.state, run.exhaustions):
+                continue
+            if closure is not None:  # reopened after its closure was announced
+                del self.released[run.run_id]
+                self.entries[run.run_id] = WatchedRun(run.run_id, run.opened_at)
+            elif run.run_id not in self.entries:
+                self.entries[run.run_id] = WatchedRun(run.run_id, run.opened_at + self.grace_s)
+
+    def due(self, now: float, limit: int) -> list[WatchedRun]:
+        self._sync()
+        due = sorted((w for w in self.entries.values() if w.sweep_at <= now), key=_by_sweep_at)
+        return due[:limit]
+
+    def get(self, run_id: str) -> WatchedRun | None:
+        self._sync()
+        return self.entries.get(run_id)
+
+    def record(self, run_id: str, execution: str) -> bool:
+        watched = self.get(run_id)
+        if watched is None:
+            return False
+        self.entries[run_id] = replace(watched, execution=execution)
+        return True
+
+    def check(
+        self,
+        run_id: str,
+        sweep_at: float,
+        *,
+        repairs: int | None = None,
+        forget_execution: bool = False,
+    ) -> bool:
+        watched = self.get(run_id)
+        if watched is None:
+            return False
+        watched = replace(watched, sweep_at=sweep_at)
+        if repairs is not None:
+            watched = replace(watched, repairs=repairs)
+        if forget_execution:
+            watched = replace(watched, execution=None)
+        self.entries[run_id] = watched
+        return True
+
+    def release(self, run_id: str, state: RunState, epoch: int) -> bool:
+        self._sync()
+        run = self.ledger.run(run_id)
+        if run_id not in self.entries or (run.state, run.exhaustions) != (state, epoch):
+            return False
+        del self.entries[run_id]
+        self.released[run_id] = (state, epoch)
+        return True
+
+
+def _by_sweep_at(watched: WatchedRun) -> tuple[float, str]:
+    return watched.sweep_at, watched.run_id
+
+
+@dataclass
+class MemoryDrain:
+    on: bool = False
+
+    def draining(self, fresh: bool = False) -> bool:
+        return self.on
+
+    def set(self, draining: bool) -> None:
+        self.on = draining
+
+
+@dataclass
+class MemoryEvents:
+    published: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None:
+        self.published.append((detail_type, dict(detail)))
+
+
+@dataclass
+class MemoryMappings:
+    enabled: dict[Lane, bool] = field(default_factory=lambda: dict.fromkeys(LANES, True))
+
+    def set_enabled(self, enabled: bool) -> list[MappingState]:
+        for lane in LANES:
+            self.enabled[lane] = enabled
+        return self.states()
+
+    def states(self) -> list[MappingState]:
+        return [
+            MappingState(lane, f"esm-{lane.value}", "Enabled" if on else "Disabled")
+            for lane, on in self.enabled.items()
+        ]

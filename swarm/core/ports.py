@@ -1,0 +1,262 @@
+"""Every port of the control plane: the interfaces the services depend on, and their values.
+
+The services and the simulator see the outside world only through these Protocols; the AWS
+adapters (:mod:`swarm.adapters`) implement them against DynamoDB, SQS, S3, SSM, Step Functions,
+EventBridge, Lambda and Bedrock, and :mod:`swarm.core.memory` implements every one in memory
+(the simulator's backends and the unit tests' twins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from swarm.core.errors import SwarmError
+from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot
+from swarm.core.lanes import QueuedUnit
+from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Settlement, TopUp
+from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    run_id: str
+    unit_id: str
+    attempt: int
+    projected_tokens: int
+    input: str = ""
+    #: the most the call may bill (a provider's maxTokens): the unit's reservation. None: no cap
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    succeeded: bool
+    tokens: int  # billed tokens (input + output), failed calls included
+    output: str = ""
+    error: str = ""
+
+
+class ModelThrottled(SwarmError):
+    """The model plane refused the call for quota; nothing was billed."""
+
+
+class ModelPlane(Protocol):
+    def invoke(self, request: ModelRequest) -> ModelResult: ...
+
+
+class Governor(Protocol):
+    """The port. Implementations must never grant more than the bucket holds, under any
+    number of concurrent callers."""
+
+    config: GovernorConfig
+
+    def draw(self, amount: int, lane: Lane, now: float) -> Draw: ...
+
+    def report_throttle(self, now: float) -> None: ...
+
+    def snapshot(self, now: float) -> GovernorSnapshot: ...
+
+    def cancel(self, now: float) -> bool:
+        """The caller stops waiting: forget any tokens a refused draw booked ahead for it
+        (implementations that book tickets, see ``swarm.adapters.dynamodb_governor``). True only
+        if tokens went back to the bucket; they may not, which under-grants but never over-grants.
+        """
+        ...
+
+
+class Ledger(Protocol):
+    """The run books. Every method is atomic with respect to every other caller."""
+
+    def open_run(self, spec: RunSpec, now: float) -> RunRecord:
+        """Create the books for a run; idempotent for the same spec, Conflict for another."""
+        ...
+
+    def run(self, run_id: str) -> RunRecord: ...
+
+    def unit(self, run_id: str, unit_id: str) -> UnitRecord: ...
+
+    def units(self, run_id: str) -> list[UnitRecord]:
+        """Every unit with its *effective* state (remainder included), in spec order."""
+        ...
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]: ...
+
+    def admit(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> Admission: ...
+
+    def settle(
+        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Settlement: ...
+
+    def top_up(self, run_id: str, amount: int, now: float) -> TopUp: ...
+
+    def claim(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+    ) -> Claim: ...
+
+    def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
+        """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
+        ...
+
+    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+        """Settle claimed attempts whose lease expired as lost; release unclaimed ones."""
+        ...
+
+    def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
+        """The same for one unit; returns the lost attempt's settlement, if there was one."""
+        ...
+
+    def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
+        """End a unit the queue gave up on; a claimed attempt is settled as lost first."""
+        ...
+
+
+class Lanes(Protocol):
+    def push(self, item: QueuedUnit) -> None: ...
+
+    def peek(self) -> QueuedUnit | None: ...
+
+    def pop(self) -> QueuedUnit: ...
+
+    def remove(self, run_id: str, unit_ids: set[str]) -> int: ...
+
+    def depth(self, lane: Lane | None = None) -> int: ...
+
+
+@dataclass(frozen=True)
+class LaneDepth:
+    visible: int  # waiting to be received
+    in_flight: int  # received by a worker, not yet deleted
+    delayed: int  # sent with a delay (backpressure returns), not yet visible
+
+    @property
+    def queued(self) -> int:
+        return self.visible + self.delayed
+
+
+#: SQS's longest DelaySeconds: a requeued unit comes back after at most this long
+MAX_SQS_DELAY_S = 900
+
+
+class LaneQueue(Protocol):
+    """The SQS lanes (one queue per lane, each with its DLQ)."""
+
+    def send(self, item: QueuedUnit, delay_s: int = 0) -> None: ...
+
+    def depths(self) -> Mapping[Lane, LaneDepth]: ...
+
+
+class BlobStore(Protocol):
+    """The manifest/results bucket."""
+
+    def put_json(self, key: str, doc: Any) -> None: ...
+
+    def get_json(self, key: str) -> Any:
+        """Raises NotFound when there is no such object, ReadDenied when the store will not say
+        (S3's 403), InvalidInput (named by the key) when it is not JSON."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Raises ReadDenied when the store will not say (never reads a 403 as "no")."""
+        ...
+
+
+class Executions(Protocol):
+    """The fan-out state machine."""
+
+    def start(self, name: str, payload: Mapping[str, Any]) -> bool:
+        """Start an execution; False (and nothing new) if one with this name already exists."""
+        ...
+
+
+class DrainSwitch(Protocol):
+    """The drain parameter in SSM Parameter Store."""
+
+    def draining(self, fresh: bool = False) -> bool:
+        """``fresh`` bypasses any cache (the worker's check must be exact)."""
+        ...
+
+    def set(self, draining: bool) -> None: ...
+
+
+class Events(Protocol):
+    """EventBridge."""
+
+    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class MappingState:
+    lane: Lane
+    uuid: str
+    state: str  # Enabled | Disabled | Enabling | Disabling | ...
+
+    @property
+    def enabled(self) -> bool:
+        return self.state in ("Enabled", "Enabling")
+
+
+class Mappings(Protocol):
+    """The workers' SQS event source mappings, one per lane."""
+
+    def set_enabled(self, enabled: bool) -> list[MappingState]: ...
+
+    def states(self) -> list[MappingState]: ...
+
+
+@dataclass(frozen=True)
+class WatchedRun:
+    """A run the sweeper watches, as the ``OpenRuns`` index (or the books) holds it."""
+
+    run_id: str
+    sweep_at: float
+    execution: str | None = None  # the last execution that reached the finalize loop
+    repairs: int = 0  # restarts by the sweeper so far
+
+
+class RunWatch(Protocol):
+    """Runs that still need a finalizer: open, or closed but not yet announced."""
+
+    def due(self, now: float, limit: int) -> list[WatchedRun]:
+        """Up to ``limit`` watched runs whose ``sweep_at`` has passed, most overdue first."""
+        ...
+
+    def get(self, run_id: str) -> WatchedRun | None:
+        """The run's watch entry, read consistently; None if it is not watched."""
+        ...
+
+    def record(self, run_id: str, execution: str) -> bool:
+        """``execution`` reached the run's finalize loop; False if the run is not watched."""
+        ...
+
+    def check(
+        self,
+        run_id: str,
+        sweep_at: float,
+        *,
+        repairs: int | None = None,
+        forget_execution: bool = False,
+    ) -> bool:
+        """Looked at: look again at ``sweep_at`` (a restart also sets ``repairs``)."""
+        ...
+
+    def release(self, run_id: str, state: RunState, epoch: int) -> bool:
+        """The closure (``state``, exhaustion ``epoch``) is announced: stop watching, unless a
+        top-up reopened the run meanwhile (then False)."""
+        ...
+
+
+class SweptExecutions(Protocol):
+    """The fan-out state machine, as the sweeper uses it."""
+
+    def start(self, name: str, payload: Mapping[str, Any]) -> bool:
+        """Start an execution; False (and nothing new) if one with this name already exists."""
+        ...
+
+    def status(self, name: str) -> str | None:
+        """RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE; None if there is no
+        execution of that name."""
+        ...
