@@ -16,6 +16,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from swarm.contract import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
 from swarm.service.api_models import (
     Forbidden,
@@ -29,7 +30,7 @@ from swarm.service.api_models import (
     tenant_of,
 )
 from swarm.service.batches import Batches, Draining, Shedding
-from swarm.settings import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED, SettingsError
+from swarm.settings import SettingsError
 from swarm.wiring import Wiring
 
 logger = Logger()

@@ -16,11 +16,11 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.adapters.aws import parse_message_body
+from swarm.contract import METRIC_UNITS_DEAD_LETTERED
+from swarm.core.codec import parse_message_body
 from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.ports import Ledger
-from swarm.service.runs import dead_letter
-from swarm.settings import METRIC_UNITS_DEAD_LETTERED
+from swarm.service.finalizer import dead_letter
 from swarm.wiring import Wiring
 
 logger = Logger()

@@ -8,7 +8,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.service.runs import DrainController
+from swarm.service.drain import DrainController
 from swarm.wiring import Wiring
 
 logger = Logger()

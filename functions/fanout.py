@@ -12,7 +12,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.service.runs import FanOut
+from swarm.service.fanout import FanOut
 from swarm.wiring import Wiring
 
 logger = Logger()

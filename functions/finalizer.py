@@ -10,8 +10,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.service.runs import Finalizer
-from swarm.settings import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
+from swarm.contract import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
+from swarm.service.finalizer import Finalizer
 from swarm.wiring import Wiring
 
 logger = Logger()

@@ -11,13 +11,13 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.service.sweeper import Sweeper, Verdict
-from swarm.settings import (
+from swarm.contract import (
     METRIC_RUNS_COMPLETED,
     METRIC_RUNS_EXHAUSTED,
     METRIC_RUNS_REPAIRED,
     METRIC_SWEEP_ERRORS,
 )
+from swarm.service.sweeper import Sweeper, Verdict
 from swarm.wiring import Wiring
 
 logger = Logger()

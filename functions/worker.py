@@ -20,10 +20,7 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.adapters.aws import SqsLanes, parse_message_body
-from swarm.core.ledger import Fate
-from swarm.service.worker import Ack, Requeue, RetryLater, Worker
-from swarm.settings import (
+from swarm.contract import (
     METRIC_GOVERNOR_SATURATION,
     METRIC_GOVERNOR_WAIT_MS,
     METRIC_MODEL_THROTTLES,
@@ -32,6 +29,10 @@ from swarm.settings import (
     METRIC_UNITS_DEAD_LETTERED,
     METRIC_UNITS_FAILED,
 )
+from swarm.core.codec import parse_message_body
+from swarm.core.ledger import Fate
+from swarm.core.ports import LaneQueue
+from swarm.service.worker import Ack, Requeue, RetryLater, Worker
 from swarm.wiring import Wiring
 
 logger = Logger()
@@ -46,7 +47,7 @@ class AttemptFailed(Exception):
     """Raised for a failed attempt so the batch response lists the message for redelivery."""
 
 
-def _services() -> tuple[Worker, SqsLanes]:
+def _services() -> tuple[Worker, LaneQueue]:
     if "worker" not in _cache:
         runtime = Wiring.from_env()
         _cache["worker"] = runtime.worker()

@@ -23,11 +23,12 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import API, MANIFEST_PREFIX
+from infra.constants import MANIFEST_PREFIX
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
+from swarm.contract import API
 from swarm.core.records import LANES
 
 _ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # swarm.core.records.check_id

@@ -1,19 +1,17 @@
-"""Names and ids used across the stack, in one place."""
+"""Names and ids only the infrastructure uses. What the functions, the CLI or the tests must agree
+on (function names, environment variables, stack outputs, the drain parameter, metrics) is in
+:mod:`swarm.contract`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
 
 from swarm.adapters import dynamodb_watch as _watch
-from swarm.settings import FunctionName
 
 ROOT = Path(__file__).resolve().parent.parent
 STATEMACHINES_DIR = ROOT / "statemachines"
 FANOUT_ASL = STATEMACHINES_DIR / "fanout.asl.json"
 
-SERVICE = "swarm"
-METRICS_NAMESPACE = "Swarm"
 
 # Table key schema (the adapters in swarm/ use these attribute names).
 PARTITION_KEY = "pk"
@@ -28,27 +26,3 @@ WATCH_PROJECTED = (_watch.EXECUTION, _watch.REPAIRS)  # what the sweeper reads f
 # Bucket prefixes.
 MANIFEST_PREFIX = "manifests/"
 RESULTS_PREFIX = "results/"
-
-# One module per function; the handler is functions.<name>.handler.
-API: Final[FunctionName] = "api"
-FANOUT: Final[FunctionName] = "fanout"
-WORKER: Final[FunctionName] = "worker"
-DLQ: Final[FunctionName] = "dlq"
-FINALIZER: Final[FunctionName] = "finalizer"
-DRAIN: Final[FunctionName] = "drain"
-SWEEPER: Final[FunctionName] = "sweeper"
-
-# Stack outputs the CLI and the local runtime read.
-OUTPUT_API_URL = "ApiUrl"
-OUTPUT_STATE_MACHINE_ARN = "StateMachineArn"
-OUTPUT_BUCKET_NAME = "BucketName"
-OUTPUT_DRAIN_PARAMETER = "DrainParameterName"
-OUTPUT_GOVERNOR_TABLE = "GovernorTableName"
-OUTPUT_LEDGER_TABLE = "LedgerTableName"
-OUTPUT_EVENT_BUS = "EventBusName"
-OUTPUT_DASHBOARD = "DashboardName"
-
-
-def drain_parameter_name(stage: str) -> str:
-    """The drain switch per stage: operators (and `swarm drain`) know where to find it."""
-    return f"/swarm/{stage}/drain"

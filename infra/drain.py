@@ -11,10 +11,9 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import DRAIN, drain_parameter_name
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
 from infra.queues import LaneQueues
-from swarm.settings import DRAIN_OFF, DRAIN_ON
+from swarm.contract import DRAIN, DRAIN_OFF, DRAIN_ON, drain_parameter_name
 
 
 def grant_get_parameter(parameter: ssm.IStringParameter, grantee: iam.IGrantable) -> None:
@@ -25,7 +24,7 @@ def grant_get_parameter(parameter: ssm.IStringParameter, grantee: iam.IGrantable
     )
 
 
-class DrainSwitch(Construct):
+class DrainControl(Construct):
     """The parameter exists before the workers (they read it); the controller comes after."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: SwarmConfig) -> None:

@@ -12,19 +12,11 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import (
-    FANOUT,
-    FANOUT_ASL,
-    FINALIZER,
-    MANIFEST_PREFIX,
-    OPEN_RUNS_INDEX,
-    RESULTS_PREFIX,
-    SWEEPER,
-)
+from infra.constants import FANOUT_ASL, MANIFEST_PREFIX, OPEN_RUNS_INDEX, RESULTS_PREFIX
 from infra.functions import Environment, FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
-from swarm.settings import SWEEP_INTERVAL_SECONDS
+from swarm.contract import FANOUT, FINALIZER, SWEEP_INTERVAL_SECONDS, SWEEPER
 
 #: Child executions in AWS are EXPRESS (cheap, at-least-once is fine: admission is idempotent).
 #: moto cannot run EXPRESS children: the local runtime rewrites this substitution to STANDARD.
@@ -52,7 +44,7 @@ def definition_substitutions(
     }
 
 
-class FanOut(Construct):
+class FanOutMachine(Construct):
     def __init__(
         self,
         scope: Construct,

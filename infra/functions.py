@@ -13,7 +13,7 @@ from constructs import Construct
 
 from infra.bundling import function_code
 from infra.config import SwarmConfig
-from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, SWARM_FUNCTION, FunctionName
+from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS, SWARM_FUNCTION, FunctionName
 
 #: The newest Python runtime aws-cdk-lib 2.275.0 offers (cdk-nag's L1 rule checks it).
 RUNTIME = lambda_.Runtime.PYTHON_3_14

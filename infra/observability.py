@@ -15,10 +15,9 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import DLQ, METRICS_NAMESPACE
 from infra.queues import LaneQueues
-from swarm.core.records import LANES
-from swarm.settings import (
+from swarm.contract import (
+    DLQ,
     METRIC_GOVERNOR_SATURATION,
     METRIC_GOVERNOR_WAIT_MS,
     METRIC_MODEL_THROTTLES,
@@ -30,7 +29,9 @@ from swarm.settings import (
     METRIC_UNITS_COMPLETED,
     METRIC_UNITS_DEAD_LETTERED,
     METRIC_UNITS_FAILED,
+    METRICS_NAMESPACE,
 )
+from swarm.core.records import LANES
 
 FIVE_MINUTES = cdk.Duration.minutes(5)
 

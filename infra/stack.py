@@ -8,18 +8,17 @@ import aws_cdk as cdk
 from aws_cdk import aws_events as events
 from constructs import Construct
 
-from infra import constants as c
 from infra.api import FrontDoor
 from infra.config import SwarmConfig
-from infra.drain import DrainSwitch
-from infra.fanout import FanOut
+from infra.drain import DrainControl
+from infra.fanout import FanOutMachine
 from infra.functions import Environment, FunctionFactory
 from infra.observability import Observability
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
 from infra.tables import Tables
 from infra.workers import DLQ_TIMEOUT, Workers
-from swarm import settings as env
+from swarm import contract as env
 from swarm.core.records import LANES
 
 
@@ -29,7 +28,7 @@ class SwarmStack(cdk.Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.config = config
-        service = f"{c.SERVICE}-{config.stage}"
+        service = f"{env.SERVICE}-{config.stage}"
         environment = Environment()
         environment.update(_static_environment(config, service))
 
@@ -37,7 +36,7 @@ class SwarmStack(cdk.Stack):
         self.tables = Tables(self, "Tables", config=config)
         self.storage = BatchStorage(self, "Storage", config=config)
         self.bus = events.EventBus(self, "Events", description=f"swarm {config.stage} run events")
-        self.drain = DrainSwitch(self, "Drain", config=config)
+        self.drain = DrainControl(self, "Drain", config=config)
         environment.set(
             **{
                 env.GOVERNOR_TABLE_NAME: self.tables.governor.table_name,
@@ -65,7 +64,7 @@ class SwarmStack(cdk.Stack):
         self.drain_controller = self.drain.add_controller(
             factory=factory, mappings=list(self.workers.mappings.values()), lanes=self.lanes
         )
-        self.fanout = FanOut(
+        self.fanout = FanOutMachine(
             self,
             "FanOut",
             config=config,
@@ -90,13 +89,13 @@ class SwarmStack(cdk.Stack):
             drain_parameter=self.drain.parameter,
         )
         self.functions = {
-            c.API: self.front_door.handler,
-            c.FANOUT: self.fanout.admit,
-            c.WORKER: self.workers.worker,
-            c.DLQ: self.workers.dead_letters,
-            c.FINALIZER: self.fanout.finalizer,
-            c.DRAIN: self.drain_controller,
-            c.SWEEPER: self.sweeper,
+            env.API: self.front_door.handler,
+            env.FANOUT: self.fanout.admit,
+            env.WORKER: self.workers.worker,
+            env.DLQ: self.workers.dead_letters,
+            env.FINALIZER: self.fanout.finalizer,
+            env.DRAIN: self.drain_controller,
+            env.SWEEPER: self.sweeper,
         }
         self.observability = Observability(
             self,
@@ -112,18 +111,18 @@ class SwarmStack(cdk.Stack):
 
     def _outputs(self) -> None:
         outputs = {
-            c.OUTPUT_API_URL: self.front_door.api.url,
-            c.OUTPUT_STATE_MACHINE_ARN: self.fanout.state_machine.state_machine_arn,
-            c.OUTPUT_BUCKET_NAME: self.storage.bucket.bucket_name,
-            c.OUTPUT_DRAIN_PARAMETER: self.drain.parameter.parameter_name,
-            c.OUTPUT_GOVERNOR_TABLE: self.tables.governor.table_name,
-            c.OUTPUT_LEDGER_TABLE: self.tables.ledger.table_name,
-            c.OUTPUT_EVENT_BUS: self.bus.event_bus_name,
-            c.OUTPUT_DASHBOARD: self.observability.dashboard.dashboard_name,
+            env.OUTPUT_API_URL: self.front_door.api.url,
+            env.OUTPUT_STATE_MACHINE_ARN: self.fanout.state_machine.state_machine_arn,
+            env.OUTPUT_BUCKET_NAME: self.storage.bucket.bucket_name,
+            env.OUTPUT_DRAIN_PARAMETER: self.drain.parameter.parameter_name,
+            env.OUTPUT_GOVERNOR_TABLE: self.tables.governor.table_name,
+            env.OUTPUT_LEDGER_TABLE: self.tables.ledger.table_name,
+            env.OUTPUT_EVENT_BUS: self.bus.event_bus_name,
+            env.OUTPUT_DASHBOARD: self.observability.dashboard.dashboard_name,
         }
         for name, value in outputs.items():
             cdk.CfnOutput(self, name, value=value)
-        cdk.CfnOutput(self, "Stage", value=self.config.stage)
+        cdk.CfnOutput(self, env.OUTPUT_STAGE, value=self.config.stage)
 
 
 def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
@@ -131,7 +130,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
     values = {
         env.STAGE: config.stage,
         env.POWERTOOLS_SERVICE_NAME: service,
-        env.POWERTOOLS_METRICS_NAMESPACE: c.METRICS_NAMESPACE,
+        env.POWERTOOLS_METRICS_NAMESPACE: env.METRICS_NAMESPACE,
         env.POWERTOOLS_LOG_LEVEL: config.observability.log_level,
         env.QUOTA_TPM: str(config.quota_tpm),
         env.GOVERNOR_SHARE: str(config.governor_share),

@@ -10,12 +10,11 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import DLQ, WORKER
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
 from infra.queues import LaneQueues
+from swarm.contract import DLQ, WORKER, worker_mapping_var
 from swarm.core.records import LANES, Lane
-from swarm.settings import worker_mapping_var
 
 DLQ_TIMEOUT = cdk.Duration.seconds(60)
 #: Bedrock model ids with one of these prefixes are cross-region inference profiles.

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm.contract import OUTPUT_API_URL, OUTPUT_DRAIN_PARAMETER, drain_parameter_name
 from swarm.core.errors import InvalidInput, SwarmError
 
 LOCAL_TARGET_FILE = Path(".swarm") / "local.json"
@@ -82,13 +83,13 @@ class Target:
         except Exception as e:
             raise InvalidInput("--stack", f"cannot read stack {stack!r}: {e}") from None
         outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
-        missing = {"ApiUrl", "DrainParameterName"} - set(outputs)
+        missing = {OUTPUT_API_URL, OUTPUT_DRAIN_PARAMETER} - set(outputs)
         if missing:
             raise InvalidInput("--stack", f"stack {stack!r} has no output {', '.join(missing)}")
         return cls(
-            api_url=outputs["ApiUrl"].rstrip("/"),
+            api_url=outputs[OUTPUT_API_URL].rstrip("/"),
             region=cfn.meta.region_name,
-            drain_parameter=outputs["DrainParameterName"],
+            drain_parameter=outputs[OUTPUT_DRAIN_PARAMETER],
         )
 
 
@@ -262,7 +263,7 @@ def target_from_args(
         return Target(
             api_url=api_url.rstrip("/"),
             region=region or os.environ.get("AWS_REGION", "us-east-1"),
-            drain_parameter=os.environ.get("SWARM_DRAIN_PARAMETER", "/swarm/dev/drain"),
+            drain_parameter=os.environ.get("SWARM_DRAIN_PARAMETER", drain_parameter_name("dev")),
         )
     target = Target.load()
     if tenant and target.local:

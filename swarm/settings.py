@@ -1,230 +1,73 @@
-"""The environment contract between the infrastructure (``infra/``) and the Lambda functions.
+"""Each function's validated configuration: :meth:`Settings.from_env` checks, once at cold start,
+the variables :data:`swarm.contract.FUNCTION_ENV` lists for the function. A missing or malformed
+variable fails the cold start with an error naming the variable, never a ``KeyError`` deep
+inside a request.
 
-The stack sets, on each function, exactly the variables :data:`FUNCTION_ENV` lists for it (a test
-in ``tests/infra`` checks the synthesized template against this table), and each handler validates
-them once at cold start with :meth:`Settings.from_env`. A missing or malformed variable fails the
-cold start with an error naming the variable, never a ``KeyError`` deep inside a request.
-
-No boto3 here: this module is plain configuration, importable by the core, the CLI and the tests.
+No boto3 here: plain configuration, importable by the CLI and the tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarm.core.governor import GovernorConfig
-from swarm.core.records import LANES, Lane
-
-# --- which function this is -------------------------------------------------------------------
-SWARM_FUNCTION: Final = "SWARM_FUNCTION"  # one of FUNCTIONS (api, fanout, ..., sweeper)
-STAGE: Final = "STAGE"
-
-# --- Powertools (read by Powertools itself; listed so infra and functions agree) --------------
-POWERTOOLS_SERVICE_NAME: Final = "POWERTOOLS_SERVICE_NAME"
-POWERTOOLS_METRICS_NAMESPACE: Final = "POWERTOOLS_METRICS_NAMESPACE"
-POWERTOOLS_LOG_LEVEL: Final = "POWERTOOLS_LOG_LEVEL"
-
-# --- resources ----------------------------------------------------------------------------------
-GOVERNOR_TABLE_NAME: Final = "GOVERNOR_TABLE_NAME"
-LEDGER_TABLE_NAME: Final = "LEDGER_TABLE_NAME"
-BUCKET_NAME: Final = "BUCKET_NAME"
-STATE_MACHINE_ARN: Final = "STATE_MACHINE_ARN"
-EVENT_BUS_NAME: Final = "EVENT_BUS_NAME"
-DRAIN_PARAMETER_NAME: Final = "DRAIN_PARAMETER_NAME"
-
-#: The drain parameter's two values (the parameter's AllowedPattern admits only these).
-DRAIN_ON: Final = "on"  # draining: refuse submissions (503), workers take nothing new
-DRAIN_OFF: Final = "off"  # accepting work
-
-
-# Per-lane variables: one literal per lane (pydantic aliases must be literals for mypy).
-QUEUE_URL_HIGH: Final = "QUEUE_URL_HIGH"
-QUEUE_URL_NORMAL: Final = "QUEUE_URL_NORMAL"
-QUEUE_URL_LOW: Final = "QUEUE_URL_LOW"
-DLQ_URL_HIGH: Final = "DLQ_URL_HIGH"
-DLQ_URL_NORMAL: Final = "DLQ_URL_NORMAL"
-DLQ_URL_LOW: Final = "DLQ_URL_LOW"
-WORKER_MAPPING_ID_HIGH: Final = "WORKER_MAPPING_ID_HIGH"
-WORKER_MAPPING_ID_NORMAL: Final = "WORKER_MAPPING_ID_NORMAL"
-WORKER_MAPPING_ID_LOW: Final = "WORKER_MAPPING_ID_LOW"
-LANE_RESERVE_HIGH: Final = "LANE_RESERVE_HIGH"
-LANE_RESERVE_NORMAL: Final = "LANE_RESERVE_NORMAL"
-LANE_RESERVE_LOW: Final = "LANE_RESERVE_LOW"
-SHED_DEPTH_HIGH: Final = "SHED_DEPTH_HIGH"
-SHED_DEPTH_NORMAL: Final = "SHED_DEPTH_NORMAL"
-SHED_DEPTH_LOW: Final = "SHED_DEPTH_LOW"
-
-
-def queue_url_var(lane: Lane) -> str:
-    """``QUEUE_URL_<LANE>``: the lane's work queue."""
-    return f"QUEUE_URL_{lane.value.upper()}"
-
-
-def dlq_url_var(lane: Lane) -> str:
-    """``DLQ_URL_<LANE>``: the lane's dead-letter queue."""
-    return f"DLQ_URL_{lane.value.upper()}"
-
-
-def worker_mapping_var(lane: Lane) -> str:
-    """``WORKER_MAPPING_ID_<LANE>``: UUID of the worker's event source mapping on the lane."""
-    return f"WORKER_MAPPING_ID_{lane.value.upper()}"
-
-
-def lane_reserve_var(lane: Lane) -> str:
-    """``LANE_RESERVE_<LANE>``: fraction of the bucket a draw from the lane must leave."""
-    return f"LANE_RESERVE_{lane.value.upper()}"
-
-
-def shed_depth_var(lane: Lane) -> str:
-    """``SHED_DEPTH_<LANE>``: lane depth past which the API sheds new submissions (429)."""
-    return f"SHED_DEPTH_{lane.value.upper()}"
-
-
-QUEUE_URL_VARS: Final = tuple(queue_url_var(lane) for lane in LANES)
-DLQ_URL_VARS: Final = tuple(dlq_url_var(lane) for lane in LANES)
-WORKER_MAPPING_VARS: Final = tuple(worker_mapping_var(lane) for lane in LANES)
-LANE_RESERVE_VARS: Final = tuple(lane_reserve_var(lane) for lane in LANES)
-SHED_DEPTH_VARS: Final = tuple(shed_depth_var(lane) for lane in LANES)
-
-# --- economics ----------------------------------------------------------------------------------
-QUOTA_TPM: Final = "QUOTA_TPM"
-GOVERNOR_SHARE: Final = "GOVERNOR_SHARE"
-GOVERNOR_CAPACITY: Final = "GOVERNOR_CAPACITY"  # tokens; empty = one minute of quota
-GOVERNOR_MAX_WAIT_SECONDS: Final = "GOVERNOR_MAX_WAIT_SECONDS"  # worker's bounded wait
-MAX_ATTEMPTS: Final = "MAX_ATTEMPTS"
-LEASE_SECONDS: Final = "LEASE_SECONDS"  # reservation lease = the lanes' visibility timeout
-DEFAULT_BUDGET_TOKENS: Final = "DEFAULT_BUDGET_TOKENS"
-MAX_BUDGET_TOKENS: Final = "MAX_BUDGET_TOKENS"
-SWEEP_INTERVAL_SECONDS: Final = "SWEEP_INTERVAL_SECONDS"  # the sweeper's schedule rate
-TENANT_PRINCIPAL_PREFIX: Final = "TENANT_PRINCIPAL_PREFIX"
-
-# --- model plane --------------------------------------------------------------------------------
-MODEL_ADAPTER: Final = "MODEL_ADAPTER"  # simulated | bedrock
-BEDROCK_MODEL_ID: Final = "BEDROCK_MODEL_ID"
-#: seconds the bedrock-runtime client waits for Converse's answer; empty = the adapter's default
-BEDROCK_READ_TIMEOUT_SECONDS: Final = "BEDROCK_READ_TIMEOUT_SECONDS"
-SIM_MODEL_QUOTA_TPM: Final = "SIM_MODEL_QUOTA_TPM"
-SIM_MODEL_FAILURE_RATE: Final = "SIM_MODEL_FAILURE_RATE"
-SIM_MODEL_SEED: Final = "SIM_MODEL_SEED"
-
-# --- metrics the alarms watch (namespace = POWERTOOLS_METRICS_NAMESPACE, dimension service) ----
-METRIC_UNITS_COMPLETED: Final = "UnitsCompleted"
-METRIC_UNITS_FAILED: Final = "UnitsFailed"
-METRIC_UNITS_DEAD_LETTERED: Final = "UnitsDeadLettered"
-METRIC_TOKENS_SPENT: Final = "TokensSpent"
-METRIC_GOVERNOR_WAIT_MS: Final = "GovernorWaitMs"
-METRIC_GOVERNOR_SATURATION: Final = "GovernorSaturation"  # percent of draws that had to wait
-METRIC_MODEL_THROTTLES: Final = "ModelThrottles"
-METRIC_SUBMISSIONS_SHED: Final = "SubmissionsShed"
-METRIC_SUBMISSIONS_REFUSED: Final = "SubmissionsRefused"
-METRIC_RUNS_COMPLETED: Final = "RunsCompleted"
-METRIC_RUNS_EXHAUSTED: Final = "RunsExhausted"
-METRIC_RUNS_REPAIRED: Final = "RunsRepaired"  # the sweeper restarted a run's dead execution
-METRIC_SWEEP_ERRORS: Final = "SweepErrors"  # runs the sweeper failed to look at
-
-FunctionName = Literal["api", "fanout", "worker", "dlq", "finalizer", "drain", "sweeper"]
-FUNCTIONS: Final[tuple[FunctionName, ...]] = (
-    "api",
-    "fanout",
-    "worker",
-    "dlq",
-    "finalizer",
-    "drain",
-    "sweeper",
-)
-
-_COMMON: Final = (
-    SWARM_FUNCTION,
-    STAGE,
-    POWERTOOLS_SERVICE_NAME,
-    POWERTOOLS_METRICS_NAMESPACE,
-    POWERTOOLS_LOG_LEVEL,
-)
-_GOVERNOR: Final = (QUOTA_TPM, GOVERNOR_SHARE, GOVERNOR_CAPACITY, *LANE_RESERVE_VARS)
-_MODEL: Final = (
-    MODEL_ADAPTER,
+from swarm.contract import (
     BEDROCK_MODEL_ID,
     BEDROCK_READ_TIMEOUT_SECONDS,
-    SIM_MODEL_QUOTA_TPM,
+    BUCKET_NAME,
+    DEFAULT_BUDGET_TOKENS,
+    DLQ_URL_HIGH,
+    DLQ_URL_LOW,
+    DLQ_URL_NORMAL,
+    DRAIN_PARAMETER_NAME,
+    EVENT_BUS_NAME,
+    FUNCTION_ENV,
+    FUNCTIONS,
+    GOVERNOR_CAPACITY,
+    GOVERNOR_MAX_WAIT_SECONDS,
+    GOVERNOR_SHARE,
+    GOVERNOR_TABLE_NAME,
+    LANE_RESERVE_HIGH,
+    LANE_RESERVE_LOW,
+    LANE_RESERVE_NORMAL,
+    LEASE_SECONDS,
+    LEDGER_TABLE_NAME,
+    MAX_ATTEMPTS,
+    MAX_BUDGET_TOKENS,
+    MODEL_ADAPTER,
+    OPTIONAL_VARS,
+    POWERTOOLS_LOG_LEVEL,
+    POWERTOOLS_METRICS_NAMESPACE,
+    POWERTOOLS_SERVICE_NAME,
+    QUEUE_URL_HIGH,
+    QUEUE_URL_LOW,
+    QUEUE_URL_NORMAL,
+    QUOTA_TPM,
+    SHED_DEPTH_HIGH,
+    SHED_DEPTH_LOW,
+    SHED_DEPTH_NORMAL,
     SIM_MODEL_FAILURE_RATE,
+    SIM_MODEL_QUOTA_TPM,
     SIM_MODEL_SEED,
+    STAGE,
+    STATE_MACHINE_ARN,
+    SWARM_FUNCTION,
+    SWEEP_INTERVAL_SECONDS,
+    TENANT_PRINCIPAL_PREFIX,
+    WORKER_MAPPING_ID_HIGH,
+    WORKER_MAPPING_ID_LOW,
+    WORKER_MAPPING_ID_NORMAL,
+    FunctionName,
+    dlq_url_var,
+    lane_reserve_var,
+    queue_url_var,
+    shed_depth_var,
+    worker_mapping_var,
 )
-
-#: Every variable the stack sets on each function. Optional values are set to "" when unset.
-FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
-    "api": (
-        *_COMMON,
-        LEDGER_TABLE_NAME,
-        GOVERNOR_TABLE_NAME,
-        BUCKET_NAME,
-        STATE_MACHINE_ARN,
-        DRAIN_PARAMETER_NAME,
-        *QUEUE_URL_VARS,
-        *DLQ_URL_VARS,
-        *SHED_DEPTH_VARS,
-        *_GOVERNOR,
-        MAX_ATTEMPTS,
-        DEFAULT_BUDGET_TOKENS,
-        MAX_BUDGET_TOKENS,
-        TENANT_PRINCIPAL_PREFIX,
-    ),
-    "fanout": (
-        *_COMMON,
-        LEDGER_TABLE_NAME,
-        *QUEUE_URL_VARS,
-        MAX_ATTEMPTS,
-        LEASE_SECONDS,
-    ),
-    "worker": (
-        *_COMMON,
-        LEDGER_TABLE_NAME,
-        GOVERNOR_TABLE_NAME,
-        DRAIN_PARAMETER_NAME,
-        EVENT_BUS_NAME,
-        *QUEUE_URL_VARS,
-        *_GOVERNOR,
-        GOVERNOR_MAX_WAIT_SECONDS,
-        MAX_ATTEMPTS,
-        LEASE_SECONDS,
-        *_MODEL,
-    ),
-    "dlq": (
-        *_COMMON,
-        LEDGER_TABLE_NAME,
-        EVENT_BUS_NAME,
-        MAX_ATTEMPTS,
-    ),
-    "finalizer": (
-        *_COMMON,
-        LEDGER_TABLE_NAME,
-        BUCKET_NAME,
-        EVENT_BUS_NAME,
-        *QUEUE_URL_VARS,  # the lease sweeper requeues a retry whose worker died with its message
-    ),
-    "drain": (
-        *_COMMON,
-        DRAIN_PARAMETER_NAME,
-        *WORKER_MAPPING_VARS,
-        *QUEUE_URL_VARS,
-    ),
-    "sweeper": (  # the finalizer's, plus the state machine it restarts and its schedule's rate
-        *_COMMON,
-        LEDGER_TABLE_NAME,
-        BUCKET_NAME,
-        EVENT_BUS_NAME,
-        *QUEUE_URL_VARS,
-        STATE_MACHINE_ARN,
-        SWEEP_INTERVAL_SECONDS,
-    ),
-}
-
-#: Variables a function may receive empty (meaning "use the default").
-OPTIONAL_VARS: Final = frozenset(
-    {GOVERNOR_CAPACITY, BEDROCK_MODEL_ID, BEDROCK_READ_TIMEOUT_SECONDS}
-)
+from swarm.core.governor import GovernorConfig
+from swarm.core.records import LANES, Lane
 
 
 class SettingsError(ValueError):

@@ -24,12 +24,14 @@ from swarm.adapters.aws import (
 from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
-from swarm.core.ports import Governor, Ledger, ModelPlane, RunWatch
+from swarm.core.ports import Governor, LaneQueue, Ledger, ModelPlane, RunWatch
 from swarm.core.records import LANES
 from swarm.service.batches import Batches, BatchesConfig
-from swarm.service.runs import DrainController, FanOut, Finalizer
+from swarm.service.drain import DrainController
+from swarm.service.fanout import FanOut
+from swarm.service.finalizer import Finalizer
 from swarm.service.sweeper import SweepConfig, Sweeper
-from swarm.service.worker import Worker, WorkerConfig
+from swarm.service.worker import Worker, WorkerTimings
 from swarm.settings import Settings, SettingsError
 
 #: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
@@ -184,7 +186,7 @@ class Wiring:
             read_only=read_only,
         )
 
-    def lanes(self) -> SqsLanes:
+    def lanes(self) -> LaneQueue:
         return SqsLanes(
             self.clients("sqs"), {lane: self.settings.queue_url(lane) for lane in LANES}
         )
@@ -241,11 +243,11 @@ class Wiring:
 
     def worker(self) -> Worker:
         s = self.settings
-        config = WorkerConfig(
+        config = WorkerTimings(
             lease_s=self.seconds(need(s.lease_seconds, "LEASE_SECONDS")),
             max_wait_s=self.seconds(need(s.governor_max_wait_seconds, "GOVERNOR_MAX_WAIT_SECONDS")),
-            retry_backoff_s=self.seconds(WorkerConfig.retry_backoff_s),
-            requeue_delay_s=self.seconds(WorkerConfig.requeue_delay_s),
+            retry_backoff_s=self.seconds(WorkerTimings.retry_backoff_s),
+            requeue_delay_s=self.seconds(WorkerTimings.requeue_delay_s),
         )
         return Worker(
             self.ledger(),

@@ -15,27 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.adapters import client_error_type, error_code
+from swarm.contract import parse_drain_value
 from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ReadDenied
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ports import MAX_SQS_DELAY_S, LaneDepth, MappingState
 from swarm.core.records import LANES, Lane
-from swarm.service.runs import parse_bool_flag
-
-
-def message_body(item: QueuedUnit) -> str:
-    return json.dumps(codec.queued_to_doc(item), separators=(",", ":"))
-
-
-def parse_message_body(body: str) -> QueuedUnit:
-    """A lane message's body; a malformed one raises InvalidInput naming what is wrong."""
-    try:
-        doc = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise InvalidInput("body", f"not JSON: {e.msg}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("body", "a lane message is a JSON object")
-    return codec.queued_from_doc(doc)
 
 
 @dataclass
@@ -49,7 +34,7 @@ class SqsLanes:
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
         self.client.send_message(
             QueueUrl=self.urls[item.lane],
-            MessageBody=message_body(item),
+            MessageBody=codec.message_body(item),
             DelaySeconds=max(0, min(MAX_SQS_DELAY_S, int(delay_s))),
             MessageGroupId=item.tenant,
         )
@@ -190,7 +175,7 @@ class SsmDrainSwitch:
             if not fresh and self._cached is not None and now - self._cached[0] < self.ttl_s:
                 return self._cached[1]
         value = self.client.get_parameter(Name=self.name)["Parameter"]["Value"]
-        on = parse_bool_flag(str(value))
+        on = parse_drain_value(str(value))
         with self._lock:
             self._cached = (self.clock(), on)
         return on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from swarm.core.errors import InvalidInput
@@ -186,3 +187,18 @@ def bucket_from_doc(doc: Doc) -> BucketState:
         if doc["last_throttle_at"] is None
         else float(doc["last_throttle_at"]),
     )
+
+
+def message_body(item: QueuedUnit) -> str:
+    return json.dumps(queued_to_doc(item), separators=(",", ":"))
+
+
+def parse_message_body(body: str) -> QueuedUnit:
+    """A lane message's body; a malformed one raises InvalidInput naming what is wrong."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise InvalidInput("body", f"not JSON: {e.msg}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("body", "a lane message is a JSON object")
+    return queued_from_doc(doc)

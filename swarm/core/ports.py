@@ -146,6 +146,10 @@ class LaneQueue(Protocol):
 
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None: ...
 
+    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
+        """Make a received message visible again after ``seconds`` (a failed attempt's retry)."""
+        ...
+
     def depths(self) -> Mapping[Lane, LaneDepth]: ...
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
+from swarm.contract import OUTPUT_DRAIN_PARAMETER
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
 from swarm.local.patches import iam
 from swarm.local.patches.iam import Credentials
@@ -146,11 +147,11 @@ class LocalStack:
         self._start_api(clients)
         outputs = self.deployed.outputs
         self.add_tenant(DEMO_TENANT)
-        iam.ensure_operator_role(ACCOUNT, REGION, outputs["DrainParameterName"])
+        iam.ensure_operator_role(ACCOUNT, REGION, outputs[OUTPUT_DRAIN_PARAMETER])
         self.target = Target(
             api_url=self.api.url,
             region=REGION,
-            drain_parameter=outputs["DrainParameterName"],
+            drain_parameter=outputs[OUTPUT_DRAIN_PARAMETER],
             aws_endpoint=endpoint,
             tenant=None,
             local_credentials=self.admin_credentials.boto(),

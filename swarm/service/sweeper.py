@@ -42,7 +42,7 @@ from typing import Any
 from swarm.core.ports import Ledger, RunWatch, SweptExecutions, WatchedRun
 from swarm.core.records import RunRecord
 from swarm.service.batches import execution_input, manifest_key
-from swarm.service.runs import Finalizer
+from swarm.service.finalizer import Finalizer
 
 #: Step Functions' limit on an execution name
 MAX_EXECUTION_NAME = 80

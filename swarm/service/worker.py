@@ -38,7 +38,7 @@ from swarm.core.records import UnitState
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
+class WorkerTimings:
     lease_s: float  # a claim's lease: the lanes' visibility timeout
     max_wait_s: float  # the governor's bounded wait before the unit goes back to its lane
     retry_backoff_s: float = 10.0  # a failed attempt is redelivered after this long
@@ -89,7 +89,7 @@ class Worker:
     governor: Governor
     model: ModelPlane
     drain: DrainSwitch
-    config: WorkerConfig
+    config: WorkerTimings
     now: Callable[[], float]
     sleep: Callable[[float], None]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from swarm.adapters.aws import parse_message_body
+from swarm.core.codec import parse_message_body
 from tests.e2e.conftest import (
     Stack,
     assert_books,

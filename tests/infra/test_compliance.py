@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from infra.constants import DLQ, WORKER
-from swarm import settings as env
-from swarm.settings import METRIC_UNITS_DEAD_LETTERED
+from swarm import contract as env
+from swarm.contract import DLQ, METRIC_UNITS_DEAD_LETTERED, WORKER
 from tests.infra.conftest import Synthesized
 
 

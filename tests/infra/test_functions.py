@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, WORKER
 from infra.functions import RUNTIME
 from infra.nag import STAR_ONLY_ACTIONS
-from swarm import settings as env
+from swarm import contract as env
+from swarm.contract import API, DLQ, DRAIN, FANOUT, FINALIZER, FUNCTION_ENV, WORKER, FunctionName
 from swarm.core.records import LANES
-from swarm.settings import FUNCTION_ENV, FunctionName, Settings, SettingsError
+from swarm.settings import Settings, SettingsError
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import (
     actions_on,

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from infra.constants import API, DLQ, DRAIN, FANOUT, FINALIZER, OPEN_RUNS_INDEX, SWEEPER, WORKER
+from infra.constants import OPEN_RUNS_INDEX
+from swarm.contract import API, DLQ, DRAIN, FANOUT, FINALIZER, SWEEPER, WORKER
 from swarm.core.records import LANES
 from swarm.settings import FunctionName
 from tests.infra.conftest import Synthesized

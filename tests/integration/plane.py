@@ -21,9 +21,7 @@ import pytest
 
 from swarm.adapters import create_table
 from swarm.adapters.aws import EventBridgeEvents
-from swarm.core.records import LANES, Lane
-from swarm.local.events import LambdaContext, proxy_event, sqs_event
-from swarm.settings import (
+from swarm.contract import (
     BUCKET_NAME,
     DEFAULT_BUDGET_TOKENS,
     DRAIN_PARAMETER_NAME,
@@ -54,6 +52,8 @@ from swarm.settings import (
     shed_depth_var,
     worker_mapping_var,
 )
+from swarm.core.records import LANES, Lane
+from swarm.local.events import LambdaContext, proxy_event, sqs_event
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"

@@ -30,13 +30,13 @@ import functions.fanout as fanout_handler
 import functions.finalizer as finalizer_handler
 import functions.worker as worker_handler
 from swarm.adapters import dynamodb_ledger
-from swarm.adapters.aws import parse_message_body
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+from swarm.contract import SWARM_FUNCTION
+from swarm.core.codec import parse_message_body
 from swarm.core.ports import ModelRequest, ModelResult
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
 from swarm.local import patches
 from swarm.service.worker import Worker
-from swarm.settings import SWARM_FUNCTION
 from swarm.wiring import QUEUE_LEASE_S
 from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
 

@@ -14,12 +14,12 @@ from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
 import functions.worker as worker_handler
-from swarm.adapters.aws import parse_message_body
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+from swarm.contract import LEASE_SECONDS
+from swarm.core.codec import parse_message_body
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import Lane, RunState, UnitState
 from swarm.local import patches
-from swarm.settings import LEASE_SECONDS
 from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
 
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from swarm import settings as env
+from swarm import contract as env
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor, GovernorReadOnly
+from swarm.contract import FUNCTION_ENV
 from swarm.core.governor import GovernorConfig
 from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import LANES, Lane
-from swarm.settings import FUNCTION_ENV, Settings
+from swarm.settings import Settings
 from swarm.wiring import Wiring, governor_name
 from tests.integration.conftest import TABLE
 

@@ -23,7 +23,6 @@ from swarm.core.memory import (
     MemoryQueue,
 )
 from swarm.core.records import Lane, RunState, UnitState
-from swarm.service import runs
 from swarm.service.batches import (
     Batches,
     BatchesConfig,
@@ -32,7 +31,10 @@ from swarm.service.batches import (
     SubmitRequest,
     UnitInput,
 )
-from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerConfig
+from swarm.service.drain import DrainController
+from swarm.service.fanout import FanOut
+from swarm.service.finalizer import Finalizer, dead_letter
+from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerTimings
 
 QUOTA = 600_000  # the model plane's TPM; the governor takes 95% of it
 
@@ -76,17 +78,17 @@ class Plane:
             self.drain,
             BatchesConfig(ShedPolicy(self.shed_limits), max_budget=10**9),
         )
-        self.fanout = runs.FanOut(self.ledger, self.queue, queue_lease_s=86_400)
+        self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=86_400)
         self.worker = Worker(
             self.ledger,
             self.governor,
             self.model,
             self.drain,
-            WorkerConfig(lease_s=300, max_wait_s=20),
+            WorkerTimings(lease_s=300, max_wait_s=20),
             self.clock.now,
             self.clock.sleep,
         )
-        self.finalizer = runs.Finalizer(self.ledger, self.queue, self.blobs, self.events)
+        self.finalizer = Finalizer(self.ledger, self.queue, self.blobs, self.events)
         self.outcomes: Counter[str] = Counter()
 
     def submit(self, units: int, budget: int = 10**8, tenant: str = "acme", **kw: object) -> str:
@@ -313,14 +315,14 @@ def test_dead_letter_queue_ends_a_poison_unit() -> None:
     plane.fan_out()
     item = plane.queue.receive()
     assert isinstance(item, QueuedUnit)
-    assert runs.dead_letter(plane.ledger, item, plane.clock.now()) is UnitState.DEAD_LETTERED
+    assert dead_letter(plane.ledger, item, plane.clock.now()) is UnitState.DEAD_LETTERED
     assert plane.ledger.run(run_id).state is RunState.COMPLETED
     assert plane.ledger.run(run_id).dead_lettered == 1
 
 
 def test_drain_controller_reports_when_it_is_safe_to_deploy() -> None:
     plane = Plane()
-    controller = runs.DrainController(plane.drain, MemoryMappings(), plane.queue)
+    controller = DrainController(plane.drain, MemoryMappings(), plane.queue)
     assert controller.apply()["mappings"] == {
         "high": "Enabled",
         "normal": "Enabled",

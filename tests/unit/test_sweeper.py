@@ -22,8 +22,9 @@ from swarm.core.memory import (
 )
 from swarm.core.ports import WatchedRun
 from swarm.core.records import Lane, RunState, UnitState
-from swarm.service import runs
 from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
+from swarm.service.fanout import FanOut
+from swarm.service.finalizer import Finalizer
 from swarm.service.sweeper import (
     MAX_EXECUTION_NAME,
     SweepConfig,
@@ -61,8 +62,8 @@ class Plane:
             MemoryDrain(),
             BatchesConfig(ShedPolicy({}), max_budget=10**9),
         )
-        self.fanout = runs.FanOut(self.ledger, self.queue, queue_lease_s=86_400)
-        self.finalizer = runs.Finalizer(
+        self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=86_400)
+        self.finalizer = Finalizer(
             self.ledger, self.queue, self.blobs, self.events, watch=self.watch
         )
         self.sweeper = Sweeper(
@@ -365,7 +366,8 @@ def test_the_recheck_doubles_with_each_restart_up_to_a_day() -> None:
 
 @pytest.mark.parametrize("scale", [1.0, 10.0])
 def test_the_sweepers_timers_follow_the_local_time_scale(scale: float) -> None:
-    from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, Settings
+    from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS
+    from swarm.settings import Settings
     from swarm.wiring import Wiring
 
     env = {name: f"value-{name.lower()}" for name in FUNCTION_ENV["sweeper"]}

@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from swarm.adapters.aws import SsmDrainSwitch
+from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
-from swarm.service.worker import WorkerConfig
-from swarm.settings import FUNCTION_ENV, OPTIONAL_VARS, Settings
+from swarm.service.worker import WorkerTimings
+from swarm.settings import Settings
 from swarm.wiring import QUEUE_LEASE_S, Wiring
 
 VALUES = {
@@ -65,8 +66,8 @@ def test_every_timer_of_the_worker_follows_the_time_scale(scale: float) -> None:
     # Then every duration is the deployed one divided by the scale (rates multiplied)
     assert worker.config.lease_s == 720 / scale
     assert worker.config.max_wait_s == 20 / scale
-    assert worker.config.retry_backoff_s == WorkerConfig.retry_backoff_s / scale
-    assert worker.config.requeue_delay_s == WorkerConfig.requeue_delay_s / scale
+    assert worker.config.retry_backoff_s == WorkerTimings.retry_backoff_s / scale
+    assert worker.config.requeue_delay_s == WorkerTimings.requeue_delay_s / scale
     assert governor.throttle_cooldown_s == default.throttle_cooldown_s / scale
     assert governor.recovery_per_s == default.recovery_per_s * scale
     drain = runtime.drain_switch()

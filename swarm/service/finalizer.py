@@ -12,22 +12,16 @@ in their lanes for as long as the deploy takes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from swarm.core import codec
-from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import (
     BlobStore,
-    DrainSwitch,
     Events,
     LaneQueue,
     Ledger,
-    Mappings,
-    MappingState,
 )
 from swarm.core.records import UnitState
 from swarm.core.report import healthy_line
@@ -35,40 +29,6 @@ from swarm.service.batches import manifest_key, results_key
 
 if TYPE_CHECKING:
     from swarm.core.ports import RunWatch
-
-
-@dataclass
-class FanOut:
-    """One Distributed Map item: admit the unit's next attempt, then enqueue it on its lane."""
-
-    ledger: Ledger
-    queue: LaneQueue
-    queue_lease_s: float  # how long a reservation may wait in its lane before it is released
-
-    def admit_and_enqueue(self, item: Mapping[str, Any], now: float) -> dict[str, Any]:
-        queued = codec.queued_from_doc(dict(item))
-        unit = self.ledger.unit(queued.run_id, queued.unit_id)
-        if unit.state.terminal:
-            return {"unit_id": queued.unit_id, "outcome": unit.state.value}
-        attempt = unit.reservation.attempt if unit.reservation else unit.attempts
-        admission = self.ledger.admit(
-            queued.run_id, queued.unit_id, attempt, now, self.queue_lease_s
-        )
-        if not admission.admitted:
-            return {"unit_id": queued.unit_id, "outcome": "remainder", "reason": admission.reason}
-        # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
-        self.queue.send(
-            QueuedUnit(
-                queued.run_id,
-                queued.unit_id,
-                queued.tenant,
-                queued.lane,
-                attempt,
-                unit.projected_tokens,
-                queued.input,
-            )
-        )
-        return {"unit_id": queued.unit_id, "outcome": "enqueued", "attempt": attempt}
 
 
 @dataclass
@@ -186,41 +146,3 @@ class Finalizer:
 def dead_letter(ledger: Ledger, item: QueuedUnit, now: float) -> UnitState:
     """A message SQS gave up on (maxReceiveCount): end the unit, settling any claimed attempt."""
     return ledger.dead_letter(item.run_id, item.unit_id, now).state
-
-
-@dataclass
-class DrainController:
-    switch: DrainSwitch
-    mappings: Mappings
-    queue: LaneQueue
-
-    def apply(self) -> dict[str, Any]:
-        """Make the event source mappings follow the parameter (exact read, no cache)."""
-        draining = self.switch.draining(fresh=True)
-        states = self.mappings.set_enabled(not draining)
-        return self._report(draining, states)
-
-    def status(self) -> dict[str, Any]:
-        return self._report(self.switch.draining(fresh=True), self.mappings.states())
-
-    def _report(self, draining: bool, states: list[MappingState]) -> dict[str, Any]:
-        depths = self.queue.depths()
-        in_flight = sum(d.in_flight for d in depths.values())
-        stopped = all(not s.enabled for s in states)
-        return {
-            "draining": draining,
-            "mappings": {s.lane.value: s.state for s in states},
-            "in_flight": in_flight,
-            "queued": sum(d.queued for d in depths.values()),
-            "safe_to_deploy": draining and stopped and in_flight == 0,
-        }
-
-
-def parse_bool_flag(value: str) -> bool:
-    """The drain parameter's value: ``on``/``off`` (also true/false, 1/0)."""
-    v = value.strip().lower()
-    if v in ("on", "true", "1", "yes"):
-        return True
-    if v in ("off", "false", "0", "no", ""):
-        return False
-    raise InvalidInput("drain", f"{value!r} is not a drain value; use on or off")
