@@ -7,7 +7,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 
-.PHONY: setup run test test-scale lint format typecheck unit integration infra e2e synth deploy bench clean help
+.PHONY: setup run test test-scale lint format typecheck openapi unit integration infra e2e synth deploy bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ format: setup  ## apply ruff's fixes and formatting
 
 typecheck: setup  ## mypy on the library, the functions and the infrastructure
 	$(BIN)/mypy swarm functions infra app.py
+
+openapi: setup  ## regenerate docs/openapi.json from the API's models and routes (swarm/api)
+	$(BIN)/python -m swarm.api.openapi docs/openapi.json
 
 unit: setup  ## tests/unit only
 	$(BIN)/pytest tests/unit

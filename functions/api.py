@@ -1,7 +1,9 @@
 """The batch API (API Gateway REST proxy): submit, status, resume, fleet, drain status.
 
-Thin: parse and authenticate here, behaviour in :mod:`swarm.service.batches`. Every error is JSON
-``{"error": code, "message": ...}`` with the status its type maps to.
+Routing and translation only: authenticate the caller, parse the body into its model
+(:mod:`swarm.service.api_models`), call :mod:`swarm.service.batches`, and answer its result as
+JSON, or its error as :class:`swarm.api.models.Error` with the status the error's type maps to.
+The routes are :data:`swarm.api.openapi.ROUTES` (a unit test holds the two together).
 """
 
 from __future__ import annotations
@@ -16,21 +18,20 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from swarm.api.models import Error, ErrorCode
+from swarm.api.openapi import IDEMPOTENCY_KEY
 from swarm.contract import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
 from swarm.service.api_models import (
     Forbidden,
     TooLarge,
     Unauthenticated,
-    check_manifest_key,
-    parse_manifest_units,
     parse_resume,
     parse_submit,
-    submit_request,
     tenant_of,
 )
 from swarm.service.batches import Batches, Draining, Shedding
-from swarm.settings import SettingsError
+from swarm.settings import ApiSettings, SettingsError
 from swarm.wiring import Wiring
 
 logger = Logger()
@@ -64,73 +65,79 @@ def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Respo
     )
 
 
-def _error(status: int, code: str, message: str, retry_after: int | None = None) -> Response[str]:
+def _error(
+    status: int, code: ErrorCode, message: str, retry_after: int | None = None
+) -> Response[str]:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return _json(status, {"error": code, "message": message}, headers)
+    return _json(status, Error(error=code.value, message=message).model_dump(), headers)
+
+
+_MISCONFIGURED = "the service is misconfigured; its operators are alerted"
 
 
 @app.exception_handler(InvalidInput)
 def _invalid(e: InvalidInput) -> Response[str]:
-    return _error(400, "invalid_request", str(e))
+    return _error(400, ErrorCode.INVALID_REQUEST, str(e))
 
 
 @app.exception_handler(Forbidden)
 def _forbidden(e: Forbidden) -> Response[str]:
-    return _error(403, "forbidden", str(e))
+    return _error(403, ErrorCode.FORBIDDEN, str(e))
 
 
 @app.exception_handler(NotFound)
 def _not_found(e: NotFound) -> Response[str]:
-    return _error(404, "not_found", str(e))
+    return _error(404, ErrorCode.NOT_FOUND, str(e))
 
 
 @app.exception_handler(Conflict)
 def _conflict(e: Conflict) -> Response[str]:
-    return _error(409, "conflict", str(e))
+    return _error(409, ErrorCode.CONFLICT, str(e))
 
 
 @app.exception_handler(TooLarge)
 def _too_large(e: TooLarge) -> Response[str]:
-    return _error(413, "too_large", str(e))
+    return _error(413, ErrorCode.TOO_LARGE, str(e))
 
 
 @app.exception_handler(Shedding)
 def _shedding(e: Shedding) -> Response[str]:
     metrics.add_metric(METRIC_SUBMISSIONS_SHED, MetricUnit.Count, 1)
-    return _error(429, "shedding", str(e), e.retry_after_s)
+    return _error(429, ErrorCode.SHEDDING, str(e), e.retry_after_s)
 
 
 @app.exception_handler(Draining)
 def _draining(e: Draining) -> Response[str]:
     metrics.add_metric(METRIC_SUBMISSIONS_REFUSED, MetricUnit.Count, 1)
-    return _error(503, "draining", str(e), e.retry_after_s)
+    return _error(503, ErrorCode.DRAINING, str(e), e.retry_after_s)
 
 
 @app.exception_handler(SettingsError)
 def _misconfigured(e: SettingsError) -> Response[str]:
     logger.error("misconfigured function", error=str(e))
-    return _error(500, "misconfigured", "the service is misconfigured; its operators are alerted")
+    return _error(500, ErrorCode.MISCONFIGURED, _MISCONFIGURED)
 
 
 @app.exception_handler(ReadDenied)
 def _read_denied(e: ReadDenied) -> Response[str]:
     # one of our own objects the role should read (its grants are in infra/): ours to fix
     logger.error("S3 refused a read", error=str(e), key=e.key, code=e.code)
-    return _error(500, "misconfigured", "the service is misconfigured; its operators are alerted")
+    return _error(500, ErrorCode.MISCONFIGURED, _MISCONFIGURED)
 
 
 def _tenant() -> str:
     identity = app.current_event.request_context.identity
     if not identity.user_arn:
         raise Unauthenticated("sign the request with AWS credentials (SigV4)")
-    tenant = tenant_of(identity.user_arn, runtime().settings.tenant_principal_prefix or "")
+    prefix = runtime().settings_as(ApiSettings).tenant_principal_prefix
+    tenant = tenant_of(identity.user_arn, prefix)
     logger.append_keys(tenant=tenant)
     return tenant
 
 
 @app.exception_handler(Unauthenticated)
 def _unauth(e: Unauthenticated) -> Response[str]:
-    return _error(401, "unauthenticated", str(e))
+    return _error(401, ErrorCode.UNAUTHENTICATED, str(e))
 
 
 @app.post("/batches")
@@ -138,41 +145,8 @@ def _unauth(e: Unauthenticated) -> Response[str]:
 def submit() -> Response[str]:
     tenant = _tenant()
     body = parse_submit(app.current_event.body)
-    if body.manifest is not None:
-        upload = body.manifest.key
-        check_manifest_key(tenant, upload)
-        try:
-            doc = runtime().blobs().get_json(upload)
-        except NotFound:
-            raise InvalidInput(
-                "manifest.key", f"no object {upload!r}: upload the manifest there, then submit"
-            ) from None
-        except ReadDenied:
-            # The caller's own upload: nothing is written yet, so a 4xx is safe whatever the
-            # 403 means. With the stack's s3:ListBucket grant on manifests/* a missing key is a
-            # 404 (above), so this is an object the API may not read (e.g. uploaded with SSE-KMS
-            # under the tenant's own key); without that grant, S3 says 403 for a missing key.
-            raise InvalidInput(
-                "manifest.key",
-                f"cannot read {upload!r}: it does not exist, or it was uploaded in a way this "
-                "service cannot read (upload it again with the bucket's default encryption)",
-            ) from None
-        except InvalidInput as e:  # the object is not JSON
-            raise InvalidInput("manifest.key", f"{upload!r} is {e.message}") from None
-        units = parse_manifest_units(doc)
-    else:
-        units = body.units or []
-    s = runtime().settings
-    request = submit_request(
-        body,
-        units,
-        default_budget=s.default_budget_tokens or 0,
-        default_attempts=s.max_attempts or 3,
-    )
-    key = app.current_event.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise InvalidInput("Idempotency-Key", "must be 1-255 characters")
-    submitted = batches().submit(tenant, request, key, time.time())
+    key = app.current_event.headers.get(IDEMPOTENCY_KEY)
+    submitted = batches().submit_body(tenant, body, key, time.time())
     logger.append_keys(batch_id=submitted.run.run_id)
     doc = batches().describe(submitted.run, time.time())
     location = {"Location": f"/batches/{submitted.run.run_id}"}
@@ -207,16 +181,7 @@ def fleet() -> Response[str]:
 @tracer.capture_method
 def drain() -> Response[str]:
     _tenant()
-    view = batches().fleet(time.time())
-    return _json(
-        200,
-        {
-            "draining": view["draining"],
-            "in_flight": view["in_flight"],
-            "queued": view["queued"],
-            "safe_to_deploy": view["draining"] and view["in_flight"] == 0,
-        },
-    )
+    return _json(200, batches().drain_status())
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)

@@ -13,6 +13,9 @@ ordinary AWS credentials.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_apigateway as apigw
@@ -28,53 +31,35 @@ from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
+from swarm.api.openapi import DRAFT4, IDEMPOTENCY_KEY, ROUTES, gateway_schema
 from swarm.contract import API
-from swarm.core.records import LANES
 
-_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # swarm.core.records.check_id
 
-#: POST /batches: shape only; the handler checks the rest and names the field in a 400.
-SUBMIT_SCHEMA = apigw.JsonSchema(
-    schema=apigw.JsonSchemaVersion.DRAFT4,
-    title="BatchSubmission",
-    type=apigw.JsonSchemaType.OBJECT,
-    properties={
-        "lane": apigw.JsonSchema(
-            type=apigw.JsonSchemaType.STRING, enum=[lane.value for lane in LANES]
-        ),
-        "budget": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER, minimum=0),
-        "max_attempts": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER, minimum=1, maximum=100),
-        "units": apigw.JsonSchema(
-            type=apigw.JsonSchemaType.ARRAY,
-            min_items=1,
-            items=apigw.JsonSchema(
-                type=apigw.JsonSchemaType.OBJECT,
-                required=["unit_id", "projected_tokens"],
-                properties={
-                    "unit_id": apigw.JsonSchema(
-                        type=apigw.JsonSchemaType.STRING, pattern=_ID_PATTERN
-                    ),
-                    "projected_tokens": apigw.JsonSchema(
-                        type=apigw.JsonSchemaType.INTEGER, minimum=1
-                    ),
-                },
-            ),
-        ),
-        "manifest": apigw.JsonSchema(
-            type=apigw.JsonSchemaType.OBJECT,
-            required=["key"],
-            properties={"key": apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1)},
-        ),
-    },
-)
+def _cdk_schema(schema: Mapping[str, Any]) -> apigw.JsonSchema:
+    """A JSON schema dict (:func:`swarm.api.openapi.gateway_schema`) as CDK's ``JsonSchema``,
+    which renders it back keyword for keyword."""
+    kwargs: dict[str, Any] = {}
+    for key, value in schema.items():
+        name = "not_" if key == "not" else re.sub(r"(?<!^)(?=[A-Z])", "_", key.lstrip("$")).lower()
+        if key == "$schema":
+            if value != DRAFT4:
+                raise ValueError(f"API Gateway models are JSON Schema draft 4, not {value}")
+            value = apigw.JsonSchemaVersion.DRAFT4
+        elif key == "type":
+            value = (
+                apigw.JsonSchemaType[value.upper()]
+                if isinstance(value, str)
+                else [apigw.JsonSchemaType[v.upper()] for v in value]
+            )
+        elif key == "properties":
+            value = {prop: _cdk_schema(sub) for prop, sub in value.items()}
+        elif key in ("items", "not") or (key == "additionalProperties" and isinstance(value, dict)):
+            value = _cdk_schema(value)
+        elif key in ("anyOf", "allOf", "oneOf"):
+            value = [_cdk_schema(sub) for sub in value]
+        kwargs[name] = value
+    return apigw.JsonSchema(**kwargs)
 
-#: POST /batches/{batch_id}/resume
-RESUME_SCHEMA = apigw.JsonSchema(
-    schema=apigw.JsonSchemaVersion.DRAFT4,
-    title="BatchResume",
-    type=apigw.JsonSchemaType.OBJECT,
-    properties={"top_up": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER, minimum=0)},
-)
 
 _ERROR_TEMPLATE = {
     "application/json": json.dumps(
@@ -188,46 +173,32 @@ class FrontDoor(Construct):
         validator = self.api.add_request_validator(
             "Validator", validate_request_body=True, validate_request_parameters=True
         )
-        submit_model = self.api.add_model("BatchSubmission", schema=SUBMIT_SCHEMA)
-        resume_model = self.api.add_model("BatchResume", schema=RESUME_SCHEMA)
         integration = apigw.LambdaIntegration(
             self.handler.function, scope_permission_to_method=False
         )
-
-        def method(
-            resource: apigw.IResource,
-            verb: str,
-            *,
-            model: apigw.IModel | None = None,
-            params: dict[str, bool] | None = None,
-        ) -> None:
-            resource.add_method(
-                verb,
+        # Every route of swarm.api.openapi.ROUTES, each body checked against the JSON schema of
+        # the model the handler validates it with, so the two cannot disagree on what is valid
+        # (the gateway leaves to the handler only the limits it answers with 413)
+        models: dict[str, apigw.IModel] = {}
+        for route in ROUTES:
+            params = {f"method.request.path.{name}": True for name in route.path_params}
+            if route.idempotency_key:
+                params[f"method.request.header.{IDEMPOTENCY_KEY}"] = False
+            request_models = None
+            if route.request is not None:
+                name = route.request.__name__
+                if name not in models:
+                    schema = _cdk_schema(gateway_schema(route.request))
+                    models[name] = self.api.add_model(name, schema=schema)
+                request_models = {"application/json": models[name]}
+            self.api.root.resource_for_path(route.path).add_method(
+                route.method,
                 integration,
                 authorization_type=apigw.AuthorizationType.IAM,
                 request_validator=validator,
-                request_models={"application/json": model} if model else None,
-                request_parameters=params,
+                request_models=request_models,
+                request_parameters=params or None,
             )
-
-        batches = self.api.root.add_resource("batches")
-        method(
-            batches,
-            "POST",
-            model=submit_model,
-            params={"method.request.header.Idempotency-Key": False},
-        )
-        batch = batches.add_resource("{batch_id}")
-        method(batch, "GET", params={"method.request.path.batch_id": True})
-        resume = batch.add_resource("resume")
-        method(
-            resume,
-            "POST",
-            model=resume_model,
-            params={"method.request.path.batch_id": True},
-        )
-        method(self.api.root.add_resource("fleet"), "GET")
-        method(self.api.root.add_resource("drain"), "GET")
 
     def _gateway_responses(self) -> None:
         """Errors API Gateway raises itself also answer ``{"error", "message"}`` JSON."""

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, call_bound_s
+from swarm.contract import BEDROCK_DEFAULT_READ_TIMEOUT_S, bedrock_call_bound_s
 from swarm.core.records import LANES, Lane
 
 #: CloudWatch Logs accepts only these retention periods (days).
@@ -151,7 +151,7 @@ class BedrockConfig(_Strict):
     # covers the adapter's 4,096 output tokens at 30 tokens/s plus 30 s to a first token
     # (swarm/adapters/bedrock.py); a faster model may set less, a slower one more. The worker's
     # timeout must hold batch_size such calls: see worker_timing_problem.
-    read_timeout_seconds: int = Field(default=DEFAULT_READ_TIMEOUT_S, ge=30, le=900)
+    read_timeout_seconds: int = Field(default=BEDROCK_DEFAULT_READ_TIMEOUT_S, ge=30, le=900)
 
 
 class ModelConfig(_Strict):
@@ -164,7 +164,7 @@ class ModelConfig(_Strict):
         """The longest a worker's model call can take on AWS: the Bedrock client's connect and
         read timeouts (no SDK retries); the simulated model answers at once there."""
         if self.adapter == "bedrock":
-            return call_bound_s(self.bedrock.read_timeout_seconds)
+            return bedrock_call_bound_s(self.bedrock.read_timeout_seconds)
         return 0.0
 
 
@@ -188,7 +188,7 @@ class ObservabilityConfig(_Strict):
 UNRESERVED_MINIMUM = 100
 #: A worker's own time per message besides the governor wait and the model call: the ledger's
 #: reads and conditional writes, the governor's requests, a requeue; tens of milliseconds each
-#: on AWS, seconds when DynamoDB conflicts make swarm.adapters.call back off.
+#: on AWS, seconds when DynamoDB conflicts make swarm.adapters.dynamodb.call back off.
 WORKER_MESSAGE_OVERHEAD_S = 2.0
 #: Lambda's longest function timeout.
 LAMBDA_MAX_TIMEOUT_S = 900

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swarm.adapters import dynamodb_watch as _watch
+from swarm import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 STATEMACHINES_DIR = ROOT / "statemachines"
@@ -17,11 +17,11 @@ FANOUT_ASL = STATEMACHINES_DIR / "fanout.asl.json"
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 TTL_ATTRIBUTE = "expires_at"
-# The ledger's sparse index of the runs the sweeper watches (swarm/adapters/dynamodb_watch.py).
-OPEN_RUNS_INDEX = _watch.OPEN_RUNS_INDEX
-WATCH_PARTITION_KEY = _watch.WATCH  # S, present while the run is watched
-WATCH_SORT_KEY = _watch.SWEEP_AT  # N, when the sweeper looks at the run next
-WATCH_PROJECTED = (_watch.EXECUTION, _watch.REPAIRS)  # what the sweeper reads from the index
+# The ledger's sparse index of the runs the sweeper watches (names in swarm.contract).
+OPEN_RUNS_INDEX = contract.OPEN_RUNS_INDEX
+WATCH_PARTITION_KEY = contract.WATCH
+WATCH_SORT_KEY = contract.SWEEP_AT
+WATCH_PROJECTED = (contract.EXECUTION, contract.REPAIRS)  # what the sweeper reads from the index
 
 # Bucket prefixes.
 MANIFEST_PREFIX = "manifests/"

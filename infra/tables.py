@@ -23,7 +23,7 @@ class Tables(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, config: SwarmConfig) -> None:
         super().__init__(scope, construct_id)
-        # Both use the adapters' key schema (swarm.adapters): governor shards are
+        # Both use the adapters' key schema (docs/governor.md, docs/ledger.md): governor shards are
         # pk=gov#<name>, sk=shard#NNNN; ledger items pk=run#<id>, sk=spec|books|unit#..|attempt#..
         self.governor = self._table("Governor", config)
         self.ledger = self._table("Ledger", config)

@@ -100,13 +100,13 @@ class Client:
         self._roles: dict[str, Any] = {}  # local: role name -> botocore credentials
 
     def _local_aws(self, service: str, credentials: dict[str, str]) -> Any:
-        import boto3
+        from swarm.local.clients import credentials_of, local_client
 
-        return boto3.client(
+        return local_client(
             service,
-            region_name=self.target.region,
-            endpoint_url=self.target.aws_endpoint,
-            **credentials,
+            self.target.aws_endpoint,
+            credentials=credentials_of(credentials),
+            region=self.target.region,
         )
 
     def _local_role(self, role: str) -> Any:

@@ -22,6 +22,29 @@ from swarm.core.records import LANES, Lane
 SERVICE: Final = "swarm"  # Powertools' service name, the dimension of every metric
 METRICS_NAMESPACE: Final = "Swarm"
 
+# --- the ledger's sparse index of the runs the sweeper watches (infra declares it, the adapter
+# in swarm/adapters/dynamodb_watch.py writes and queries it) -----------------------------------
+OPEN_RUNS_INDEX: Final = "OpenRuns"
+WATCH: Final = "watch"  # S, the index's partition key: present while the run is watched
+SWEEP_AT: Final = "sweep_at"  # N, its sort key: when the sweeper looks at the run next
+EXECUTION: Final = "execution"  # projected: the execution that last reached the finalize loop
+REPAIRS: Final = "repairs"  # projected: how many times the sweeper restarted the run
+
+# --- Bedrock's client timeouts (the adapter uses them; infra checks the worker timeout against
+# them at synth) --------------------------------------------------------------------------------
+#: ceil(4,096 / 30) + 30 = 167 s, rounded up: a Converse call that generates the longest answer
+#: at the slowest rate (30 output tokens/s, 30 s to a first token) still arrives in time
+BEDROCK_DEFAULT_READ_TIMEOUT_S: Final = 180
+#: to open the HTTPS connection; nothing reaches the model before it
+BEDROCK_CONNECT_TIMEOUT_S: Final = 10
+
+
+def bedrock_call_bound_s(read_timeout_s: float) -> float:
+    """The longest one Converse call can take (no SDK retries): the connection, then the wait for
+    the answer (sent whole when the generation ends)."""
+    return BEDROCK_CONNECT_TIMEOUT_S + read_timeout_s
+
+
 # --- stack outputs the CLI and the local stack read ---------------------------------------------
 OUTPUT_API_URL: Final = "ApiUrl"
 OUTPUT_STATE_MACHINE_ARN: Final = "StateMachineArn"

@@ -1,7 +1,13 @@
-"""Each function's validated configuration: :meth:`Settings.from_env` checks, once at cold start,
-the variables :data:`swarm.contract.FUNCTION_ENV` lists for the function. A missing or malformed
-variable fails the cold start with an error naming the variable, never a ``KeyError`` deep
-inside a request.
+"""Each function's validated configuration: one model per function, each with exactly the
+variables :data:`swarm.contract.FUNCTION_ENV` lists for it (required unless in
+:data:`~swarm.contract.OPTIONAL_VARS`), so a function's settings cannot lack what it needs.
+
+The models are composed of small mixins, one per concern (:class:`LedgerSettings`,
+:class:`GovernorSettings`, :class:`QueueSettings`...); :class:`swarm.wiring.Wiring` asks for the
+mixin each of its services needs. :meth:`Settings.from_env` checks the environment once, at cold
+start, and returns the model of the function ``SWARM_FUNCTION`` names: a missing or malformed
+variable fails the cold start with an error naming the variable, never a ``KeyError`` deep inside
+a request.
 
 No boto3 here: plain configuration, importable by the CLI and the tests.
 """
@@ -9,9 +15,10 @@ No boto3 here: plain configuration, importable by the CLI and the tests.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from swarm.contract import (
     BEDROCK_MODEL_ID,
@@ -60,11 +67,6 @@ from swarm.contract import (
     WORKER_MAPPING_ID_LOW,
     WORKER_MAPPING_ID_NORMAL,
     FunctionName,
-    dlq_url_var,
-    lane_reserve_var,
-    queue_url_var,
-    shed_depth_var,
-    worker_mapping_var,
 )
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, Lane
@@ -74,75 +76,116 @@ class SettingsError(ValueError):
     """The environment does not satisfy the contract; the message names the variable."""
 
 
-class Settings(BaseModel):
-    """Validated configuration of one function. Fields a function does not receive stay None.
+class _Model(BaseModel):
+    """Every settings model: immutable, read by the variables' names, and nothing else."""
 
-    Build it with :meth:`from_env`; the accessors (:meth:`queue_url`, :meth:`governor_config`...)
-    raise :class:`SettingsError` when asked for something this function was not given.
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=False)
+
+
+# --- the concerns ---------------------------------------------------------------------------
+class LedgerSettings(_Model):
+    ledger_table: str = Field(alias=LEDGER_TABLE_NAME, min_length=3)
+
+
+class GovernorSettings(_Model):
+    """The fleet's token bucket: its table and the parameters both its writers (the workers)
+    and its reader (the API) must agree on."""
+
+    governor_table: str = Field(alias=GOVERNOR_TABLE_NAME, min_length=3)
+    quota_tpm: int = Field(alias=QUOTA_TPM, ge=1)
+    governor_share: float = Field(alias=GOVERNOR_SHARE, gt=0, le=1)
+    governor_capacity: int | None = Field(default=None, alias=GOVERNOR_CAPACITY, ge=1)
+    reserve_high: float = Field(alias=LANE_RESERVE_HIGH, ge=0, lt=1)
+    reserve_normal: float = Field(alias=LANE_RESERVE_NORMAL, ge=0, lt=1)
+    reserve_low: float = Field(alias=LANE_RESERVE_LOW, ge=0, lt=1)
+
+    def governor_config(self) -> GovernorConfig:
+        """The governor's parameters as the core models them."""
+        reserves = {lane: float(getattr(self, f"reserve_{lane.value}")) for lane in LANES}
+        capacity = None if self.governor_capacity is None else float(self.governor_capacity)
+        return GovernorConfig(
+            quota_tpm=self.quota_tpm,
+            share=self.governor_share,
+            capacity=capacity,
+            reserves=reserves,
+        )
+
+
+class QueueSettings(_Model):
+    queue_url_high: str = Field(alias=QUEUE_URL_HIGH)
+    queue_url_normal: str = Field(alias=QUEUE_URL_NORMAL)
+    queue_url_low: str = Field(alias=QUEUE_URL_LOW)
+
+    def queue_url(self, lane: Lane) -> str:
+        """The lane's work queue."""
+        url: str = getattr(self, f"queue_url_{lane.value}")
+        return url
+
+
+class BucketSettings(_Model):
+    bucket_name: str = Field(alias=BUCKET_NAME, min_length=3)
+
+
+class StateMachineSettings(_Model):
+    state_machine_arn: str = Field(alias=STATE_MACHINE_ARN, pattern=r"^arn:[a-z-]+:states:")
+
+
+class EventSettings(_Model):
+    event_bus_name: str = Field(alias=EVENT_BUS_NAME, min_length=1)
+
+
+class DrainSwitchSettings(_Model):
+    drain_parameter: str = Field(alias=DRAIN_PARAMETER_NAME, min_length=1)
+
+
+class AttemptSettings(_Model):
+    max_attempts: int = Field(alias=MAX_ATTEMPTS, ge=1, le=100)
+
+
+class LeaseSettings(_Model):
+    lease_seconds: int = Field(alias=LEASE_SECONDS, ge=1)
+
+
+class ModelSettings(_Model):
+    """The model plane the workers call: Bedrock, or the simulated one."""
+
+    model_adapter: Literal["simulated", "bedrock"] = Field(alias=MODEL_ADAPTER)
+    bedrock_model_id: str | None = Field(default=None, alias=BEDROCK_MODEL_ID)
+    bedrock_read_timeout_seconds: float | None = Field(
+        default=None, alias=BEDROCK_READ_TIMEOUT_SECONDS, gt=0, le=900
+    )
+    sim_model_quota_tpm: int = Field(alias=SIM_MODEL_QUOTA_TPM, ge=1)
+    sim_model_failure_rate: float = Field(alias=SIM_MODEL_FAILURE_RATE, ge=0, le=1)
+    sim_model_seed: int = Field(alias=SIM_MODEL_SEED)
+
+    @model_validator(mode="after")
+    def _bedrock_needs_a_model(self) -> Self:
+        if self.model_adapter == "bedrock" and not self.bedrock_model_id:
+            raise PydanticCustomError(
+                "bedrock_model_id", f"{BEDROCK_MODEL_ID} is required when {MODEL_ADAPTER}=bedrock"
+            )
+        return self
+
+
+# --- the functions --------------------------------------------------------------------------
+class Settings(_Model):
+    """What every function receives; the base of the seven functions' models.
+
+    Build one with :meth:`from_env`.
     """
-
-    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=False)
 
     function: FunctionName = Field(alias=SWARM_FUNCTION)
     stage: str = Field(alias=STAGE, pattern=r"^[a-z][a-z0-9-]{0,15}$")
     service_name: str = Field(alias=POWERTOOLS_SERVICE_NAME, min_length=1)
     metrics_namespace: str = Field(alias=POWERTOOLS_METRICS_NAMESPACE, min_length=1)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", alias=POWERTOOLS_LOG_LEVEL
-    )
-
-    governor_table: str | None = Field(default=None, alias=GOVERNOR_TABLE_NAME, min_length=3)
-    ledger_table: str | None = Field(default=None, alias=LEDGER_TABLE_NAME, min_length=3)
-    bucket_name: str | None = Field(default=None, alias=BUCKET_NAME, min_length=3)
-    state_machine_arn: str | None = Field(
-        default=None, alias=STATE_MACHINE_ARN, pattern=r"^arn:[a-z-]+:states:"
-    )
-    event_bus_name: str | None = Field(default=None, alias=EVENT_BUS_NAME, min_length=1)
-    drain_parameter: str | None = Field(default=None, alias=DRAIN_PARAMETER_NAME, min_length=1)
-
-    queue_url_high: str | None = Field(default=None, alias=QUEUE_URL_HIGH)
-    queue_url_normal: str | None = Field(default=None, alias=QUEUE_URL_NORMAL)
-    queue_url_low: str | None = Field(default=None, alias=QUEUE_URL_LOW)
-    dlq_url_high: str | None = Field(default=None, alias=DLQ_URL_HIGH)
-    dlq_url_normal: str | None = Field(default=None, alias=DLQ_URL_NORMAL)
-    dlq_url_low: str | None = Field(default=None, alias=DLQ_URL_LOW)
-    mapping_id_high: str | None = Field(default=None, alias=WORKER_MAPPING_ID_HIGH)
-    mapping_id_normal: str | None = Field(default=None, alias=WORKER_MAPPING_ID_NORMAL)
-    mapping_id_low: str | None = Field(default=None, alias=WORKER_MAPPING_ID_LOW)
-    reserve_high: float | None = Field(default=None, alias=LANE_RESERVE_HIGH, ge=0, lt=1)
-    reserve_normal: float | None = Field(default=None, alias=LANE_RESERVE_NORMAL, ge=0, lt=1)
-    reserve_low: float | None = Field(default=None, alias=LANE_RESERVE_LOW, ge=0, lt=1)
-    shed_depth_high: int | None = Field(default=None, alias=SHED_DEPTH_HIGH, ge=1)
-    shed_depth_normal: int | None = Field(default=None, alias=SHED_DEPTH_NORMAL, ge=1)
-    shed_depth_low: int | None = Field(default=None, alias=SHED_DEPTH_LOW, ge=1)
-
-    quota_tpm: int | None = Field(default=None, alias=QUOTA_TPM, ge=1)
-    governor_share: float | None = Field(default=None, alias=GOVERNOR_SHARE, gt=0, le=1)
-    governor_capacity: int | None = Field(default=None, alias=GOVERNOR_CAPACITY, ge=1)
-    governor_max_wait_seconds: float | None = Field(
-        default=None, alias=GOVERNOR_MAX_WAIT_SECONDS, ge=0
-    )
-    max_attempts: int | None = Field(default=None, alias=MAX_ATTEMPTS, ge=1, le=100)
-    lease_seconds: int | None = Field(default=None, alias=LEASE_SECONDS, ge=1)
-    default_budget_tokens: int | None = Field(default=None, alias=DEFAULT_BUDGET_TOKENS, ge=0)
-    max_budget_tokens: int | None = Field(default=None, alias=MAX_BUDGET_TOKENS, ge=1)
-    sweep_interval_seconds: int | None = Field(default=None, alias=SWEEP_INTERVAL_SECONDS, ge=60)
-    tenant_principal_prefix: str | None = Field(default=None, alias=TENANT_PRINCIPAL_PREFIX)
-
-    model_adapter: Literal["simulated", "bedrock"] | None = Field(default=None, alias=MODEL_ADAPTER)
-    bedrock_model_id: str | None = Field(default=None, alias=BEDROCK_MODEL_ID)
-    bedrock_read_timeout_seconds: float | None = Field(
-        default=None, alias=BEDROCK_READ_TIMEOUT_SECONDS, gt=0, le=900
-    )
-    sim_model_quota_tpm: int | None = Field(default=None, alias=SIM_MODEL_QUOTA_TPM, ge=1)
-    sim_model_failure_rate: float | None = Field(
-        default=None, alias=SIM_MODEL_FAILURE_RATE, ge=0, le=1
-    )
-    sim_model_seed: int | None = Field(default=None, alias=SIM_MODEL_SEED)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(alias=POWERTOOLS_LOG_LEVEL)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Settings:
-        """Validate the variables this function's contract lists; raise :class:`SettingsError`."""
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        """The settings of the function ``SWARM_FUNCTION`` names, from the variables its
+        contract lists (an empty optional one is unset); raise :class:`SettingsError` naming
+        what is missing or malformed. Called on a function's model (``WorkerSettings.from_env``),
+        ``SWARM_FUNCTION`` must name that function."""
         function = environ.get(SWARM_FUNCTION, "")
         if function not in FUNCTIONS:
             raise SettingsError(
@@ -158,46 +201,113 @@ class Settings(BaseModel):
             )
         values = {name: environ[name] for name in expected if environ.get(name)}
         try:
-            settings = cls.model_validate(values)
+            settings = FUNCTION_SETTINGS[function].model_validate(values)
         except ValidationError as error:
             problems = "; ".join(
                 f"{'.'.join(str(part) for part in item['loc'])}={item.get('input')!r}: "
                 f"{item['msg']}"
+                if item["loc"]
+                else item["msg"]
                 for item in error.errors()
             )
             raise SettingsError(f"bad environment variable(s): {problems}") from None
-        if settings.model_adapter == "bedrock" and not settings.bedrock_model_id:
-            raise SettingsError(f"{BEDROCK_MODEL_ID} is required when {MODEL_ADAPTER}=bedrock")
+        if not isinstance(settings, cls):
+            raise SettingsError(
+                f"environment variable {SWARM_FUNCTION}={function!r} does not name the function "
+                f"of {cls.__name__}"
+            )
         return settings
 
-    def _need(self, value: Any, name: str) -> Any:
-        if value is None:
-            raise SettingsError(f"the {self.function} function has no {name} in its environment")
-        return value
 
-    def queue_url(self, lane: Lane) -> str:
-        value: str = self._need(getattr(self, f"queue_url_{lane.value}"), queue_url_var(lane))
-        return value
+class ApiSettings(
+    Settings,
+    LedgerSettings,
+    GovernorSettings,
+    QueueSettings,
+    BucketSettings,
+    StateMachineSettings,
+    DrainSwitchSettings,
+    AttemptSettings,
+):
+    """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
-    def dlq_url(self, lane: Lane) -> str:
-        value: str = self._need(getattr(self, f"dlq_url_{lane.value}"), dlq_url_var(lane))
-        return value
-
-    def worker_mapping_id(self, lane: Lane) -> str:
-        value: str = self._need(getattr(self, f"mapping_id_{lane.value}"), worker_mapping_var(lane))
-        return value
+    dlq_url_high: str = Field(alias=DLQ_URL_HIGH)
+    dlq_url_normal: str = Field(alias=DLQ_URL_NORMAL)
+    dlq_url_low: str = Field(alias=DLQ_URL_LOW)
+    shed_depth_high: int = Field(alias=SHED_DEPTH_HIGH, ge=1)
+    shed_depth_normal: int = Field(alias=SHED_DEPTH_NORMAL, ge=1)
+    shed_depth_low: int = Field(alias=SHED_DEPTH_LOW, ge=1)
+    default_budget_tokens: int = Field(alias=DEFAULT_BUDGET_TOKENS, ge=0)
+    max_budget_tokens: int = Field(alias=MAX_BUDGET_TOKENS, ge=1)
+    tenant_principal_prefix: str = Field(alias=TENANT_PRINCIPAL_PREFIX)
 
     def shed_depth(self, lane: Lane) -> int:
-        value: int = self._need(getattr(self, f"shed_depth_{lane.value}"), shed_depth_var(lane))
-        return value
+        """The lane's depth past which new submissions are shed."""
+        depth: int = getattr(self, f"shed_depth_{lane.value}")
+        return depth
 
-    def governor_config(self) -> GovernorConfig:
-        """The governor's parameters as the core models them."""
-        quota: int = self._need(self.quota_tpm, QUOTA_TPM)
-        share: float = self._need(self.governor_share, GOVERNOR_SHARE)
-        reserves = {
-            lane: float(self._need(getattr(self, f"reserve_{lane.value}"), lane_reserve_var(lane)))
-            for lane in LANES
-        }
-        capacity = None if self.governor_capacity is None else float(self.governor_capacity)
-        return GovernorConfig(quota_tpm=quota, share=share, capacity=capacity, reserves=reserves)
+
+class FanoutSettings(Settings, LedgerSettings, QueueSettings, AttemptSettings, LeaseSettings):
+    """The fan-out: it admits a run's units and sends them to their lanes."""
+
+
+class WorkerSettings(
+    Settings,
+    LedgerSettings,
+    GovernorSettings,
+    QueueSettings,
+    DrainSwitchSettings,
+    EventSettings,
+    AttemptSettings,
+    LeaseSettings,
+    ModelSettings,
+):
+    """The worker: it draws from the governor, for up to its bounded wait, and calls the model."""
+
+    governor_max_wait_seconds: float = Field(alias=GOVERNOR_MAX_WAIT_SECONDS, ge=0)
+
+
+class DlqSettings(Settings, LedgerSettings, EventSettings, AttemptSettings):
+    """The dead-letter handler: it books the units the lanes gave up on."""
+
+
+class FinalizerSettings(Settings, LedgerSettings, QueueSettings, BucketSettings, EventSettings):
+    """The finalizer: it closes runs, writes their results and announces them."""
+
+
+class DrainSettings(Settings, QueueSettings, DrainSwitchSettings):
+    """The drain controller: it flips the switch and the workers' event source mappings."""
+
+    mapping_id_high: str = Field(alias=WORKER_MAPPING_ID_HIGH)
+    mapping_id_normal: str = Field(alias=WORKER_MAPPING_ID_NORMAL)
+    mapping_id_low: str = Field(alias=WORKER_MAPPING_ID_LOW)
+
+    def worker_mapping_id(self, lane: Lane) -> str:
+        """UUID of the worker's event source mapping on the lane."""
+        mapping: str = getattr(self, f"mapping_id_{lane.value}")
+        return mapping
+
+
+class SweeperSettings(
+    Settings, LedgerSettings, QueueSettings, BucketSettings, EventSettings, StateMachineSettings
+):
+    """The finalizer's, plus the state machine it restarts and its schedule's rate."""
+
+    sweep_interval_seconds: int = Field(alias=SWEEP_INTERVAL_SECONDS, ge=60)
+
+
+#: The model of each function: its fields' aliases are exactly ``FUNCTION_ENV[function]``.
+FUNCTION_SETTINGS: Mapping[FunctionName, type[Settings]] = {
+    "api": ApiSettings,
+    "fanout": FanoutSettings,
+    "worker": WorkerSettings,
+    "dlq": DlqSettings,
+    "finalizer": FinalizerSettings,
+    "drain": DrainSettings,
+    "sweeper": SweeperSettings,
+}
+
+
+def variables(model: type[BaseModel]) -> frozenset[str]:
+    """The environment variables a settings model (a function's, or a mixin) reads."""
+    return frozenset(field.alias or name for name, field in model.model_fields.items())

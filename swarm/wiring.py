@@ -1,4 +1,6 @@
-"""Wiring for the Lambda functions: services built from validated :class:`Settings`.
+"""Wiring for the Lambda functions: services built from a function's validated settings
+(:mod:`swarm.settings`). Each service is built from the settings mixin it needs; asking for one
+the function was not configured for raises :class:`SettingsError` naming the variables it lacks.
 
 Built once per cold start (the handlers cache them at module level on first use, never at import
 time); boto3 clients are created lazily through one factory, so tests and the local runtime can
@@ -12,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from swarm.adapters.aws import (
     EventBridgeEvents,
@@ -32,14 +36,29 @@ from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
 from swarm.service.sweeper import SweepConfig, Sweeper
 from swarm.service.worker import Worker, WorkerTimings
-from swarm.settings import Settings, SettingsError
+from swarm.settings import (
+    ApiSettings,
+    BucketSettings,
+    DrainSettings,
+    DrainSwitchSettings,
+    EventSettings,
+    GovernorSettings,
+    LedgerSettings,
+    ModelSettings,
+    QueueSettings,
+    Settings,
+    SettingsError,
+    SweeperSettings,
+    WorkerSettings,
+    variables,
+)
 
 #: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
 #: longest retention: a message cannot wait longer than that
 QUEUE_LEASE_S = 14 * 86_400
 
 ClientFactory = Callable[[str], Any]
-T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class Host(Protocol):
@@ -67,13 +86,6 @@ def run_on(host: Host | None) -> None:
     _HOST[:] = [] if host is None else [host]
 
 
-def need(value: T | None, variable: str) -> T:
-    """A setting this function requires; its absence names the environment variable."""
-    if value is None:
-        raise SettingsError(f"this function has no {variable} in its environment")
-    return value
-
-
 def boto3_clients(configs: Mapping[str, Any] | None = None) -> ClientFactory:
     """One client per service, made on first use; ``configs``: a botocore ``Config`` for the
     services that need their own timeouts or retries (see :func:`client_configs`)."""
@@ -93,7 +105,7 @@ def boto3_clients(configs: Mapping[str, Any] | None = None) -> ClientFactory:
 def client_configs(settings: Settings) -> dict[str, Any]:
     """Per-service client configuration. Bedrock: the configured read timeout (boto3's 60 s is
     short for a long answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
-    if settings.model_adapter != "bedrock":
+    if not isinstance(settings, ModelSettings) or settings.model_adapter != "bedrock":
         return {}
     from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, client_config
 
@@ -108,6 +120,7 @@ def governor_name(config: GovernorConfig) -> str:
 
 @dataclass
 class Wiring:
+    #: the function's own model (:class:`~swarm.settings.WorkerSettings`...)
     settings: Settings
     clients: ClientFactory
     #: every timer runs this many times faster: 1 on AWS; the local emulator's ``--time-scale``,
@@ -121,8 +134,20 @@ class Wiring:
         """A duration of the deployed system on this runtime's clock."""
         return value / self.time_scale
 
+    def settings_as(self, kind: type[M]) -> M:
+        """This function's settings as ``kind`` (a function's model or a concern's mixin), or
+        :class:`SettingsError` naming the variables this function was not given."""
+        if isinstance(self.settings, kind):
+            return self.settings
+        function = self.settings.function
+        missing = sorted(variables(kind) - variables(type(self.settings)))
+        if not missing:  # e.g. the sweeper's settings asked for as the finalizer's
+            raise SettingsError(f"the {function} function's settings are not {kind.__name__}")
+        names = ", ".join(missing)
+        raise SettingsError(f"the {function} function has no {names} in its environment")
+
     def governor_config(self) -> GovernorConfig:
-        config = self.settings.governor_config()
+        config = self.settings_as(GovernorSettings).governor_config()
         return replace(
             config,
             throttle_cooldown_s=self.seconds(config.throttle_cooldown_s),
@@ -152,7 +177,7 @@ class Wiring:
         from swarm.adapters.dynamodb_ledger import DynamoDBLedger
         from swarm.adapters.dynamodb_watch import DEFAULT_WATCH_GRACE_S
 
-        table = need(self.settings.ledger_table, "LEDGER_TABLE_NAME")
+        table = self.settings_as(LedgerSettings).ledger_table
         return DynamoDBLedger(
             table,
             client=self.clients("dynamodb"),
@@ -163,7 +188,7 @@ class Wiring:
         """The runs the sweeper watches: a sparse index on the ledger's books."""
         from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
 
-        table = need(self.settings.ledger_table, "LEDGER_TABLE_NAME")
+        table = self.settings_as(LedgerSettings).ledger_table
         return DynamoDBRunWatch(table, client=self.clients("dynamodb"))
 
     def governor(self, *, read_only: bool = False) -> Governor:
@@ -173,10 +198,13 @@ class Wiring:
         from swarm.adapters.dynamodb_governor import DynamoDBGovernor
 
         config = self.governor_config()
-        table = need(self.settings.governor_table, "GOVERNOR_TABLE_NAME")
+        table = self.settings_as(GovernorSettings).governor_table
         # Workers book their tokens ahead (tickets) for up to their bounded wait: one request
         # per grant under contention instead of every waiter waking up to collide.
-        horizon = self.seconds(float(self.settings.governor_max_wait_seconds or 0.0))
+        s = self.settings
+        horizon = self.seconds(
+            s.governor_max_wait_seconds if isinstance(s, WorkerSettings) else 0.0
+        )
         return DynamoDBGovernor(
             config,
             table,
@@ -187,65 +215,66 @@ class Wiring:
         )
 
     def lanes(self) -> LaneQueue:
-        return SqsLanes(
-            self.clients("sqs"), {lane: self.settings.queue_url(lane) for lane in LANES}
-        )
+        s = self.settings_as(QueueSettings)
+        return SqsLanes(self.clients("sqs"), {lane: s.queue_url(lane) for lane in LANES})
 
     def blobs(self) -> S3Blobs:
-        bucket = need(self.settings.bucket_name, "BUCKET_NAME")
+        bucket = self.settings_as(BucketSettings).bucket_name
         return S3Blobs(self.clients("s3"), bucket)
 
     def drain_switch(self) -> SsmDrainSwitch:
-        name = need(self.settings.drain_parameter, "DRAIN_PARAMETER_NAME")
+        name = self.settings_as(DrainSwitchSettings).drain_parameter
         return SsmDrainSwitch(self.clients("ssm"), name, ttl_s=self.seconds(SsmDrainSwitch.ttl_s))
 
     def events(self) -> EventBridgeEvents:
-        bus = need(self.settings.event_bus_name, "EVENT_BUS_NAME")
+        bus = self.settings_as(EventSettings).event_bus_name
         return EventBridgeEvents(self.clients("events"), bus)
 
     def model(self) -> ModelPlane:
-        s = self.settings
+        s = self.settings_as(ModelSettings)
         if s.model_adapter == "simulated" and self.shared_model is not None:
             return self.shared_model
         if s.model_adapter == "bedrock":
             from swarm.adapters.bedrock import BedrockModelPlane
 
+            # ModelSettings refuses bedrock without a model id
             return BedrockModelPlane(self.clients("bedrock-runtime"), str(s.bedrock_model_id))
         return SimulatedModelPlane(
-            quota_tpm=need(s.sim_model_quota_tpm, "SIM_MODEL_QUOTA_TPM"),
-            failure_rate=s.sim_model_failure_rate or 0.0,
-            seed=s.sim_model_seed or 0,
+            quota_tpm=s.sim_model_quota_tpm,
+            failure_rate=s.sim_model_failure_rate,
+            seed=s.sim_model_seed,
         )
 
     # -- services
     def batches(self) -> Batches:
-        s = self.settings
+        s = self.settings_as(ApiSettings)
         policy = ShedPolicy(
             {lane: s.shed_depth(lane) for lane in LANES},
             throttle_window_s=self.seconds(ShedPolicy.throttle_window_s),
         )
-        max_budget = need(s.max_budget_tokens, "MAX_BUDGET_TOKENS")
         return Batches(
             self.ledger(),
             self.governor(read_only=True),  # shedding and the fleet view only read it
             self.lanes(),
             self.blobs(),
-            StepFunctionsExecutions(
-                self.clients("stepfunctions"),
-                need(s.state_machine_arn, "STATE_MACHINE_ARN"),
-            ),
+            StepFunctionsExecutions(self.clients("stepfunctions"), s.state_machine_arn),
             self.drain_switch(),
-            BatchesConfig(policy, max_budget=max_budget),
+            BatchesConfig(
+                policy,
+                max_budget=s.max_budget_tokens,
+                default_budget=s.default_budget_tokens,
+                default_attempts=s.max_attempts,
+            ),
         )
 
     def fanout(self) -> FanOut:
         return FanOut(self.ledger(), self.lanes(), queue_lease_s=self.seconds(QUEUE_LEASE_S))
 
     def worker(self) -> Worker:
-        s = self.settings
+        s = self.settings_as(WorkerSettings)
         config = WorkerTimings(
-            lease_s=self.seconds(need(s.lease_seconds, "LEASE_SECONDS")),
-            max_wait_s=self.seconds(need(s.governor_max_wait_seconds, "GOVERNOR_MAX_WAIT_SECONDS")),
+            lease_s=self.seconds(s.lease_seconds),
+            max_wait_s=self.seconds(s.governor_max_wait_seconds),
             retry_backoff_s=self.seconds(WorkerTimings.retry_backoff_s),
             requeue_delay_s=self.seconds(WorkerTimings.requeue_delay_s),
         )
@@ -265,25 +294,21 @@ class Wiring:
         )
 
     def sweeper(self) -> Sweeper:
-        s = self.settings
-        interval = need(s.sweep_interval_seconds, "SWEEP_INTERVAL_SECONDS")
+        s = self.settings_as(SweeperSettings)
         return Sweeper(
             self.ledger(),
             self.run_watch(),
-            StepFunctionsExecutions(
-                self.clients("stepfunctions"),
-                need(s.state_machine_arn, "STATE_MACHINE_ARN"),
-            ),
+            StepFunctionsExecutions(self.clients("stepfunctions"), s.state_machine_arn),
             self.finalizer(),
             SweepConfig(
-                interval_s=self.seconds(interval),
+                interval_s=self.seconds(s.sweep_interval_seconds),
                 max_backoff_s=self.seconds(SweepConfig.max_backoff_s),
             ),
         )
 
     def drain_controller(self) -> DrainController:
+        s = self.settings_as(DrainSettings)
         mappings = LambdaMappings(
-            self.clients("lambda"),
-            {lane: self.settings.worker_mapping_id(lane) for lane in LANES},
+            self.clients("lambda"), {lane: s.worker_mapping_id(lane) for lane in LANES}
         )
         return DrainController(self.drain_switch(), mappings, self.lanes())

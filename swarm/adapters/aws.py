@@ -1,8 +1,8 @@
 """The service ports on SQS, S3, Step Functions, SSM, EventBridge and Lambda.
 
 Each adapter takes an injected boto3 client (tests and the local runtime pass moto-backed ones;
-the Lambda functions build them lazily through :mod:`swarm.adapters.clients`). Errors are mapped
-by AWS error code, never by message text.
+the Lambda functions build them lazily through :func:`swarm.wiring.boto3_clients`). Errors are
+mapped by AWS error code, never by message text.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.adapters import client_error_type, error_code
+from swarm.adapters.client_errors import client_error_type, error_code
 from swarm.contract import parse_drain_value
 from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ReadDenied

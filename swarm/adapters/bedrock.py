@@ -24,7 +24,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final
 
-from swarm.adapters import client_error_type, error_code
+from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.contract import (
+    BEDROCK_CONNECT_TIMEOUT_S,
+    BEDROCK_DEFAULT_READ_TIMEOUT_S,
+    bedrock_call_bound_s,
+)
 from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
 
 THROTTLE_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
@@ -36,11 +41,8 @@ MAX_OUTPUT_TOKENS: Final = 4_096
 SLOWEST_OUTPUT_TOKENS_PER_S: Final = 30
 #: the time to a first token for the longest prompt the API accepts (100,000 characters)
 FIRST_TOKEN_ALLOWANCE_S: Final = 30
-#: ceil(4,096 / 30) + 30 = 167 s, rounded up: a Converse call that generates the longest answer
-#: at the slowest rate still arrives in time
-DEFAULT_READ_TIMEOUT_S: Final = 180
-#: to open the HTTPS connection; nothing reaches the model before it
-CONNECT_TIMEOUT_S: Final = 10
+DEFAULT_READ_TIMEOUT_S: Final = BEDROCK_DEFAULT_READ_TIMEOUT_S  # 180 s (swarm.contract says why)
+CONNECT_TIMEOUT_S: Final = BEDROCK_CONNECT_TIMEOUT_S
 
 
 def minimum_read_timeout_s(max_output_tokens: int = MAX_OUTPUT_TOKENS) -> int:
@@ -48,10 +50,7 @@ def minimum_read_timeout_s(max_output_tokens: int = MAX_OUTPUT_TOKENS) -> int:
     return math.ceil(max_output_tokens / SLOWEST_OUTPUT_TOKENS_PER_S) + FIRST_TOKEN_ALLOWANCE_S
 
 
-def call_bound_s(read_timeout_s: float) -> float:
-    """The longest one Converse call can take with :func:`client_config` (no SDK retries): the
-    connection, then the wait for the answer (sent whole when the generation ends)."""
-    return CONNECT_TIMEOUT_S + read_timeout_s
+call_bound_s = bedrock_call_bound_s  # with :func:`client_config`
 
 
 def client_config(read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> Any:
@@ -74,7 +73,7 @@ class BedrockModelPlane:
     def invoke(self, request: ModelRequest) -> ModelResult:
         if not request.input.strip():
             # Converse refuses an empty or whitespace-only text block (ValidationException):
-            # never send one. The API refuses such units (swarm/service/api_models.py); this
+            # never send one. The API refuses such units (swarm/api/models.py); this
             # guards work queued before that check existed.
             return ModelResult(succeeded=False, tokens=0, error="EmptyInput: no prompt text")
         from botocore.exceptions import ConnectionError as NotConnected

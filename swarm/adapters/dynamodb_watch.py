@@ -1,29 +1,9 @@
-"""The runs the sweeper watches, as a sparse index on the ledger's books items.
+"""The runs the sweeper watches: a sparse global secondary index (``OpenRuns``) on the ledger's
+books items.
 
-A run is *watched* from the moment its books are ready until its closure has been announced
-(results written, ``run.completed`` / ``run.exhausted`` published): open, exhausting, and also
-closed-but-unannounced, which is what a run looks like when the execution that should have
-announced it died after the last unit settled. Four attributes on the run's ``books`` item:
-
-=============  ====  ==========================================================================
-attribute      type  meaning
-=============  ====  ==========================================================================
-``watch``      S     ``"run"`` while watched: the partition key of the ``OpenRuns`` index
-``sweep_at``   N     when the sweeper should look at the run next: the index's sort key
-``execution``  S     the last execution that reached the finalize loop (its first poll)
-``repairs``    N     how many times the sweeper restarted the run's execution
-=============  ====  ==========================================================================
-
-The ``OpenRuns`` global secondary index (``watch`` / ``sweep_at``, projecting ``execution`` and
-``repairs``) holds only watched runs, so the sweeper Queries the runs that are due, oldest first,
-a page at a time, never Scanning the table. The hot writes (admission, settlement) never touch
-these attributes, so they cost the index nothing; the index is written when a run opens, when its
-execution's finalize loop starts, when the sweeper checks it and when its closure is announced.
-
-Who writes what: :meth:`DynamoDBLedger.open_run` starts watching (when the books become ready), a
-top-up that reopens a closed run watches it again (both in the ledger's own writes);
-:meth:`DynamoDBRunWatch.record` (the finalizer), :meth:`~DynamoDBRunWatch.check` (the sweeper)
-and :meth:`~DynamoDBRunWatch.release` (the finalizer, once it announced the closure).
+A run is watched from the moment its books are ready until its closure has been announced. The
+watch attributes, who writes them, and why the index costs the hot writes nothing:
+docs/ledger.md ("The sweeper's watch").
 """
 
 from __future__ import annotations
@@ -31,24 +11,18 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from swarm.adapters import (
+from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.adapters.dynamodb import (
     CONDITIONAL_CHECK_FAILED,
     PARTITION_KEY,
     SORT_KEY,
     call,
-    client_error_type,
     default_client,
-    error_code,
 )
+from swarm.contract import EXECUTION, OPEN_RUNS_INDEX, REPAIRS, SWEEP_AT, WATCH
 from swarm.core.ports import WatchedRun
 from swarm.core.records import RunState
 
-#: the sparse global secondary index of watched runs
-OPEN_RUNS_INDEX = "OpenRuns"
-WATCH = "watch"
-SWEEP_AT = "sweep_at"
-EXECUTION = "execution"
-REPAIRS = "repairs"
 #: the value of ``watch`` on every watched run (one partition: opens and closes are rare writes)
 WATCHED = "run"
 
@@ -67,8 +41,18 @@ WATCH_SET = "#watch = :watch, #sweep_at = :sweep_at"
 WATCH_NAMES = {"#watch": WATCH, "#sweep_at": SWEEP_AT}
 
 
+def _watched(run_id: str, item: dict[str, Any]) -> WatchedRun:
+    """A watched run from its books item (or its entry in the index)."""
+    return WatchedRun(
+        run_id=run_id,
+        sweep_at=float(item[SWEEP_AT]["N"]),
+        execution=item[EXECUTION]["S"] if EXECUTION in item else None,
+        repairs=int(item[REPAIRS]["N"]) if REPAIRS in item else 0,
+    )
+
+
 class DynamoDBRunWatch:
-    """The :class:`swarm.service.sweeper.RunWatch` port on the ledger table."""
+    """The :class:`swarm.core.ports.RunWatch` port on the ledger table."""
 
     def __init__(
         self,
@@ -128,14 +112,7 @@ class DynamoDBRunWatch:
         while len(found) < limit:
             page = call(self.client, "query", self._rng, Limit=limit - len(found), **kwargs)
             for item in page.get("Items", []):
-                found.append(
-                    WatchedRun(
-                        run_id=item[PARTITION_KEY]["S"].split("#", 1)[1],
-                        sweep_at=float(item[SWEEP_AT]["N"]),
-                        execution=item[EXECUTION]["S"] if EXECUTION in item else None,
-                        repairs=int(item[REPAIRS]["N"]) if REPAIRS in item else 0,
-                    )
-                )
+                found.append(_watched(item[PARTITION_KEY]["S"].split("#", 1)[1], item))
             if "LastEvaluatedKey" not in page:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -159,13 +136,7 @@ class DynamoDBRunWatch:
             request = page.get("UnprocessedKeys") or {}
         if not items or WATCH not in items[0] or SWEEP_AT not in items[0]:
             return None
-        item = items[0]
-        return WatchedRun(
-            run_id=run_id,
-            sweep_at=float(item[SWEEP_AT]["N"]),
-            execution=item[EXECUTION]["S"] if EXECUTION in item else None,
-            repairs=int(item[REPAIRS]["N"]) if REPAIRS in item else 0,
-        )
+        return _watched(run_id, items[0])
 
     def record(self, run_id: str, execution: str) -> bool:
         """``execution`` reached the finalize loop of the run (its first poll); False if the

@@ -7,8 +7,8 @@ draw unit-sized amounts with demand far above the governed rate, exactly as Lamb
 
 What it measures is the *algorithm's* efficiency, not moto's speed: moto serves ~150-300
 conditional writes/s, so the governed rate is chosen well below that (a unit-sized grant
-rate of ``--grants-per-s``); real DynamoDB serves ~1,000 writes/s per item (see the governor's
-docstring for the arithmetic). Reported:
+rate of ``--grants-per-s``); real DynamoDB serves ~1,000 writes/s per item (see docs/governor.md
+for the arithmetic). Reported:
 
 * tokens granted, and tokens *over-granted*, judged from outside the governor: every worker
   notes on its own clock (``time.time()``) when it called ``acquire()`` and when it returned
@@ -121,21 +121,9 @@ class BenchRun:
 
 
 def _client(endpoint: str, pool: int) -> Any:
-    import boto3
-    from botocore.config import Config
+    from swarm.local.clients import local_client
 
-    return boto3.client(
-        "dynamodb",
-        region_name="us-east-1",
-        endpoint_url=endpoint,
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-        config=Config(
-            max_pool_connections=pool,
-            retries={"max_attempts": 3, "mode": "standard"},
-            read_timeout=30,
-        ),
-    )
+    return local_client("dynamodb", endpoint, pool=pool, read_timeout=30)
 
 
 def governor_config(cfg: BenchConfig) -> Any:
@@ -399,7 +387,7 @@ def run_workers(
     cfg: BenchConfig, endpoint: str | None = None, factory: GovernorFactory | None = None
 ) -> BenchRun:
     """Run the workers and return what they reported (``run`` summarizes it)."""
-    from swarm.adapters import create_table
+    from swarm.adapters.dynamodb import create_table
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.local import server as moto_server
 

@@ -1,38 +1,9 @@
-"""The budget ledger: admission, settlement, retries, exhaustion and resume.
+"""The budget ledger: admission, settlement, retries, exhaustion and resume, as pure decisions.
 
-The decisions are pure functions over :class:`RunRecord` / :class:`UnitRecord`; :class:`Ledger`
-is the storage port every implementation (in memory here, DynamoDB in ``swarm.adapters``)
-provides with the same meaning, checked by one shared contract test suite.
-
-Semantics (the design sketch's invariants):
-
-* **Admission** reserves an attempt's projected cost only if ``spent + reserved + projected <=
-  budget``. The first refusal moves the run to ``exhausting``: every unit waiting for admission
-  (never admitted, or waiting to retry) joins the *remainder*.
-* **Settlement** replaces the reservation with the tokens actually spent, failed attempts
-  included, exactly once per ``(unit, attempt)``: a repeated settlement returns the first one's
-  result and changes nothing. A failed attempt is retried until ``max_attempts``, then the unit is
-  dead-lettered.
-* **Draining.** While exhausting, only units that were in flight when the budget ran out keep
-  going: a retry owed to an attempt that failed during the drain is admitted if the budget still
-  covers it, otherwise that unit joins the remainder too. When nothing is in flight or owed a
-  retry, the run closes as ``run.exhausted``.
-* **Resume.** A top-up raises the budget and reopens an exhausting/exhausted run; the remainder
-  becomes pending again (attempt counts kept) and is handed back to be enqueued.
-* **Claims and leases.** Admission may happen long before a worker starts (the fan-out admits a
-  unit, then it waits in its lane), so a reservation starts *unclaimed* with a long lease; the
-  worker that starts the attempt *claims* it with a lease of its visibility timeout. A second
-  delivery of the same message meanwhile finds it ``busy``. When a lease expires,
-  :meth:`Ledger.reclaim_expired` settles a *claimed* attempt as failed, charging its projected
-  tokens (the worker died; the provider billed the work), so a late settlement from that worker is
-  a duplicate and nothing is counted twice; an *unclaimed* reservation is simply released.
-* **Dead letters.** :meth:`Ledger.dead_letter` ends a unit the queue gave up on (a poison
-  message) whatever attempts it had left, settling a claimed attempt first.
-
-Remainder membership is derived, not stored: a ``pending`` unit of a run that is no longer open
-is in the remainder unless it is owed a drain retry (its attempt failed during the *current*
-exhaustion: ``unit.drain_epoch == run.exhaustions``, so flags from an earlier exhaustion that a
-top-up ended go stale by themselves). That keeps every operation O(1) in storage.
+The ``decide_*`` functions work on :class:`RunRecord` / :class:`UnitRecord`; the ``Ledger`` port
+(:mod:`swarm.core.ports`) is implemented in memory (:mod:`swarm.core.memory`) and on DynamoDB
+(:mod:`swarm.adapters.dynamodb_ledger`), checked by one shared contract suite. Semantics, the
+unit state machine and the DynamoDB items: docs/ledger.md.
 """
 
 from __future__ import annotations
@@ -307,6 +278,3 @@ def fresh_records(spec: RunSpec, now: float) -> tuple[RunRecord, list[UnitRecord
 
 def remainder_of(ledger: Ledger, run_id: str) -> list[str]:
     return [u.unit_id for u in ledger.units(run_id) if u.state is UnitState.REMAINDER]
-
-
-# ---------------------------------------------------------------- in memory

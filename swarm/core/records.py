@@ -13,7 +13,10 @@ from enum import StrEnum
 
 from swarm.core.errors import InvalidInput
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+#: A run, unit or tenant id (and a batch id in the API): the one pattern, used by the API's
+#: models, its OpenAPI document and API Gateway's request models too.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_ID = re.compile(ID_PATTERN)
 
 
 def check_id(field_name: str, value: str) -> str:

@@ -1,2 +1,3 @@
-"""Local emulation: patches that make moto faithful enough to test the control plane on, and
-helpers that run an embedded, patched moto server (see docs/local-aws.md)."""
+"""The whole stack without an AWS account: the synthesized template deployed into an embedded,
+patched moto server (:mod:`swarm.local.stack`), with the parts moto does not play (API Gateway,
+the Lambda pollers, EventBridge rules, the functions themselves). See docs/local.md."""

@@ -7,8 +7,7 @@ function through moto's Lambda API, and writes the function's status, headers an
 Identity, as API Gateway's ``AWS_IAM`` authorization does it: the request must be SigV4-signed
 (service ``execute-api``) with credentials the emulator's IAM knows (a tenant's or operator's
 assumed role, see :mod:`swarm.local.patches.iam`); the signature is verified, the caller must be
-allowed
-``execute-api:Invoke`` on the method's ARN (``arn:aws:execute-api:<region>:<account>:<api>/
+allowed ``execute-api:Invoke`` on the method's ARN (``arn:aws:execute-api:<region>:<account>:<api>/
 <stage>/<METHOD>/<path>``) by its own policies, and its ARN goes into the event's
 ``requestContext.identity.userArn``, where the handler's tenant logic reads it. An unsigned,
 wrongly signed, expired or unauthorized request is a 403 with API Gateway's message, before the

@@ -18,9 +18,10 @@ at a time, like a Lambda execution environment.
 
 Environment variables are process-global, so the host never writes a function's environment into
 ``os.environ``: it keeps the invocation's environment in a thread-local, and
-:meth:`swarm.wiring.Runtime.from_env` (which every handler calls on its cold start, with no
-arguments) is patched to read it from there and to use moto-backed clients signed with the
-function's own execution role (:mod:`swarm.local.patches.iam`). What stays
+:meth:`swarm.wiring.Wiring.from_env` (which every handler calls on its cold start, with no
+arguments) reads it from there, through the :class:`swarm.wiring.Host` this host installs, with
+moto-backed clients signed with the function's own execution role (:mod:`swarm.local.patches.iam`).
+What stays
 process-global: the Powertools variables, the same for every function of the stack (checked at
 start); Powertools ``Metrics`` (its metric set is class-level, shared by every instance), so
 metrics are disabled locally (moto does not ingest EMF anyway); and Powertools ``Logger`` keys

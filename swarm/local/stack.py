@@ -1,11 +1,9 @@
 """The whole stack on an embedded, patched moto server, in one process.
 
-:class:`LocalStack` starts moto (with the DynamoDB patch of :mod:`swarm.local.patches.dynamodb` and
-the
-patches of :mod:`swarm.local.patches.emulator` and :mod:`swarm.local.functions`), synthesizes the
-app
-and deploys its template through CloudFormation (:mod:`swarm.local.deploy`), then plays the parts
-moto does not: API Gateway (:mod:`swarm.local.apiserver`), the Lambda SQS pollers and the
+:class:`LocalStack` starts moto (:mod:`swarm.local.server`, with every patch of
+:mod:`swarm.local.patches`) and the function host (:mod:`swarm.local.functions`), synthesizes
+the app and deploys its template through CloudFormation (:mod:`swarm.local.deploy`), then plays
+the parts moto does not: API Gateway (:mod:`swarm.local.apiserver`), the Lambda SQS pollers and the
 EventBridge rule on the drain parameter (:mod:`swarm.local.poller`). The fan-out state machine
 runs on moto's Step Functions interpreter, whose ``lambda:invoke`` reaches the real handlers.
 
@@ -32,6 +30,7 @@ from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
 from swarm.contract import OUTPUT_DRAIN_PARAMETER
+from swarm.local.clients import client_factory
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
 from swarm.local.patches import iam
 from swarm.local.patches.iam import Credentials
@@ -47,33 +46,8 @@ STATE_DIR = LOCAL_TARGET_FILE.parent
 RUNTIME_FILE = "local-runtime.json"  # pid and endpoints of the running stack (not a Target)
 LOG_FILE = "local.log"
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-
-
-def _client_factory(endpoint: str, region: str, credentials: Credentials) -> Any:
-    """boto3 clients of the emulator, signed with ``credentials``, one per service."""
-    import boto3
-    from botocore.config import Config
-
-    cache: dict[str, Any] = {}
-    lock = threading.Lock()
-    session = boto3.session.Session(region_name=region, **credentials.boto())
-
-    def client(service: str) -> Any:
-        with lock:
-            if service not in cache:
-                if service == "lambda-invoke":  # one try, long read: an invoke is never retried
-                    config = Config(
-                        retries={"total_max_attempts": 1},
-                        read_timeout=900,
-                        max_pool_connections=64,
-                    )
-                    cache[service] = session.client("lambda", endpoint_url=endpoint, config=config)
-                else:
-                    config = Config(max_pool_connections=64, retries={"mode": "standard"})
-                    cache[service] = session.client(service, endpoint_url=endpoint, config=config)
-            return cache[service]
-
-    return client
+#: connections per client: the pollers, the API and the map's children call at once
+CLIENT_POOL = 64
 
 
 @dataclass
@@ -132,7 +106,7 @@ class LocalStack:
         iam.enforce()
         self.timings["moto_s"] = time.monotonic() - t0
         self.endpoint = endpoint
-        clients = _client_factory(endpoint, REGION, self.admin_credentials)
+        clients = client_factory(endpoint, self.admin_credentials, region=REGION, pool=CLIENT_POOL)
 
         t1 = time.monotonic()
         template = synthesize(self.state_dir / "cdk.out", self.options)
@@ -188,7 +162,9 @@ class LocalStack:
             "AWS::ApiGateway::RestApi",
         )
         before = {t: self.deployed.of_type(t) for t in wired}
-        clients = _client_factory(self.endpoint, REGION, self.admin_credentials)
+        clients = client_factory(
+            self.endpoint, self.admin_credentials, region=REGION, pool=CLIENT_POOL
+        )
         t0 = time.monotonic()
         template = synthesize(self.state_dir / "cdk.out", self.options)
         self.deployed = deploy(
@@ -217,7 +193,8 @@ class LocalStack:
 
     def role_clients(self, role_arn: str, service: str) -> Any:
         """Clients signed with STS credentials of ``role_arn``, as ``service`` assumes it."""
-        return _client_factory(self.endpoint, REGION, self.assume(role_arn, service))
+        credentials = self.assume(role_arn, service)
+        return client_factory(self.endpoint, credentials, region=REGION, pool=CLIENT_POOL)
 
     def add_tenant(self, tenant: str) -> str:
         """The IAM role of ``tenant`` (created if missing), allowed to invoke the API."""

@@ -1,4 +1,6 @@
-"""The batch API's behaviour: submit, status, resume, fleet view.
+"""The batch API's behaviour: submit (inline units or the tenant's uploaded manifest, the
+``Idempotency-Key``), status, resume, the fleet and drain views; every answer is built through
+the response models of :mod:`swarm.api.models`.
 
 Submission order is chosen so a failure leaves nothing half-written that a retry cannot finish:
 everything is validated first; then the manifest goes to S3 (an orphan object is harmless and
@@ -16,6 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from swarm.api.models import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    BatchStatus,
+    BatchSubmission,
+    Fleet,
+    GovernorState,
+    LaneDepthView,
+    TokenBook,
+    Unit,
+    UnitCounts,
+)
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied, SwarmError
 from swarm.core.governor import GovernorSnapshot
@@ -30,6 +43,8 @@ from swarm.core.ports import (
 )
 from swarm.core.records import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.report import healthy_line
+from swarm.service.api_models import check_manifest_key, parse_manifest_units
+from swarm.service.drain import drain_view
 
 DRAIN_RETRY_AFTER_S = 60
 
@@ -77,6 +92,8 @@ class Submitted:
 class BatchesConfig:
     shed_policy: ShedPolicy
     max_budget: int
+    default_budget: int = 0  # a submission that gives no budget
+    default_attempts: int = 3  # a submission that gives no max_attempts
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -127,6 +144,54 @@ class Batches:
     config: BatchesConfig
 
     # ------------------------------------------------------------------ submit
+
+    def submit_body(
+        self, tenant: str, body: BatchSubmission, idempotency_key: str | None, now: float
+    ) -> Submitted:
+        """``POST /batches``: the units inline or read from the tenant's uploaded manifest, the
+        deployment's defaults for what the body leaves out, then :meth:`submit`."""
+        if idempotency_key is not None and not (
+            1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS
+        ):
+            raise InvalidInput(
+                "Idempotency-Key", f"must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters"
+            )
+        if body.manifest is not None:
+            units = self._upload(tenant, body.manifest.key)
+        else:
+            units = body.units or []  # the model requires exactly one of the two
+        request = SubmitRequest(
+            lane=body.lane,
+            budget=self.config.default_budget if body.budget is None else body.budget,
+            max_attempts=(
+                self.config.default_attempts if body.max_attempts is None else body.max_attempts
+            ),
+            units=[UnitInput(u.unit_id, u.projected_tokens, u.input) for u in units],
+        )
+        return self.submit(tenant, request, idempotency_key, now)
+
+    def _upload(self, tenant: str, key: str) -> list[Unit]:
+        """The units of a manifest the tenant uploaded: every problem is a 400 on
+        ``manifest.key`` (nothing is written yet, so a 4xx is safe whatever S3 meant)."""
+        check_manifest_key(tenant, key)
+        try:
+            doc = self.blobs.get_json(key)
+        except NotFound:
+            raise InvalidInput(
+                "manifest.key", f"no object {key!r}: upload the manifest there, then submit"
+            ) from None
+        except ReadDenied:
+            # With the stack's s3:ListBucket grant on manifests/* a missing key is a 404
+            # (above), so this is an object the API may not read (e.g. uploaded with SSE-KMS
+            # under the tenant's own key); without that grant, S3 says 403 for a missing key.
+            raise InvalidInput(
+                "manifest.key",
+                f"cannot read {key!r}: it does not exist, or it was uploaded in a way this "
+                "service cannot read (upload it again with the bucket's default encryption)",
+            ) from None
+        except InvalidInput as e:  # the object is not JSON
+            raise InvalidInput("manifest.key", f"{key!r} is {e.message}") from None
+        return parse_manifest_units(doc)
 
     def submit(
         self, tenant: str, request: SubmitRequest, idempotency_key: str | None, now: float
@@ -199,36 +264,40 @@ class Batches:
 
     def describe(self, run: RunRecord, now: float) -> dict[str, Any]:
         """The status document of a run the caller already holds (and may see)."""
+        return _doc(self._status(run, now))
+
+    def _status(self, run: RunRecord, now: float) -> BatchStatus:
         elapsed = (run.closed_at if run.closed_at is not None else now) - run.opened_at
-        doc: dict[str, Any] = {
-            "batch_id": run.run_id,
-            "tenant": run.spec.tenant,
-            "lane": run.spec.lane.value,
-            "state": run.state.value,
-            "units": run.units_total,
-            "counts": {
-                "completed": run.completed,
-                "dead_lettered": run.dead_lettered,
-                "remainder": run.remainder,
-                "in_flight": run.in_flight,
-                "pending": run.pending,
-            },
-            "attempts": run.attempts,
-            "retries": run.retries,
-            "tokens": {
-                "budget": run.budget,
-                "spent": run.spent,
-                "reserved": run.reserved,
-                "available": run.available,
-            },
-            "elapsed_s": round(elapsed, 3),
-            "healthy_line": healthy_line(run, elapsed),
-        }
+        remainder = None
         if run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED):
-            doc["remainder"] = [
+            remainder = [
                 u.unit_id for u in self.ledger.units(run.run_id) if u.state is UnitState.REMAINDER
             ]
-        return doc
+        return BatchStatus(
+            batch_id=run.run_id,
+            tenant=run.spec.tenant,
+            lane=run.spec.lane,
+            state=run.state,
+            units=run.units_total,
+            counts=UnitCounts(
+                completed=run.completed,
+                dead_lettered=run.dead_lettered,
+                remainder=run.remainder,
+                in_flight=run.in_flight,
+                pending=run.pending,
+            ),
+            attempts=run.attempts,
+            retries=run.retries,
+            tokens=TokenBook(
+                budget=run.budget,
+                spent=run.spent,
+                reserved=run.reserved,
+                available=run.available,
+            ),
+            elapsed_s=round(elapsed, 3),
+            healthy_line=healthy_line(run, elapsed),
+            remainder=remainder,
+        )
 
     # ------------------------------------------------------------------ resume
 
@@ -264,30 +333,43 @@ class Batches:
             key = manifest_key(run_id, f"resume-{epoch}")
             self.blobs.put_json(key, items)
             self.executions.start(f"{run_id}-resume-{epoch}", execution_input(run_id, key))
-        doc = self.status(tenant, run_id, now)
-        doc["requeued"] = len(top.requeue)
-        return doc
+        status = self._status(self._run_for(tenant, run_id), now)
+        return _doc(status.model_copy(update={"requeued": len(top.requeue)}))
 
     # ------------------------------------------------------------------ fleet
 
     def fleet(self, now: float) -> dict[str, Any]:
         depths = self.queue.depths()
         snap: GovernorSnapshot = self.governor.snapshot(now)
-        return {
-            "draining": self.drain.draining(),
-            "governor": {
-                "available_tokens": round(snap.available),
-                "capacity_tokens": round(snap.capacity),
-                "governed_rate_tps": round(snap.governed_rate, 3),
-                "effective_rate_tps": round(snap.effective_rate, 3),
-                "throttles": snap.throttles,
-                "last_throttle_at": snap.last_throttle_at,
-            },
-            "lanes": {lane.value: _depth_doc(d) for lane, d in depths.items()},
-            "in_flight": sum(d.in_flight for d in depths.values()),
-            "queued": sum(d.queued for d in depths.values()),
-        }
+        return Fleet(
+            draining=self.drain.draining(),
+            governor=GovernorState(
+                available_tokens=round(snap.available),
+                capacity_tokens=round(snap.capacity),
+                governed_rate_tps=round(snap.governed_rate, 3),
+                effective_rate_tps=round(snap.effective_rate, 3),
+                throttles=snap.throttles,
+                last_throttle_at=snap.last_throttle_at,
+            ),
+            lanes={lane.value: _depth_view(d) for lane, d in depths.items()},
+            in_flight=sum(d.in_flight for d in depths.values()),
+            queued=sum(d.queued for d in depths.values()),
+        ).model_dump(mode="json")
+
+    # ------------------------------------------------------------------ drain
+
+    def drain_status(self) -> dict[str, Any]:
+        """``GET /drain``: the drain switch (an exact read, as an operator just flipped it) and
+        the lanes. The API cannot see the workers' event source mappings, so ``safe_to_deploy``
+        is :func:`swarm.service.drain.safe_to_deploy` without them (its docstring says why
+        that holds); the drain function's report adds them."""
+        return drain_view(self.drain.draining(fresh=True), self.queue.depths(), mappings=None)
 
 
-def _depth_doc(d: LaneDepth) -> dict[str, int]:
-    return {"visible": d.visible, "in_flight": d.in_flight, "delayed": d.delayed}
+def _doc(status: BatchStatus) -> dict[str, Any]:
+    # remainder and requeued are absent, not null, when they do not apply
+    return status.model_dump(mode="json", exclude_none=True)
+
+
+def _depth_view(d: LaneDepth) -> LaneDepthView:
+    return LaneDepthView(visible=d.visible, in_flight=d.in_flight, delayed=d.delayed)

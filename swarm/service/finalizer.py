@@ -1,4 +1,4 @@
-"""Fan-out, finalization, dead letters and the drain controller.
+"""Finalization and dead letters: how a run ends.
 
 How completion flows back to a batch: through the ledger's counters, not per-unit callbacks. Every
 settlement already updates the run's counts in the same atomic write that makes it exactly-once,

@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from swarm.adapters.simulated_model import attempt_fails, billed_tokens
 from swarm.cli.local import down, running_pid, up
 from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, Target
+from swarm.local.clients import credentials_of, local_client
 from swarm.local.deploy import LocalOptions
 from swarm.service.batches import batch_id_for
 
@@ -55,11 +55,11 @@ class Stack:
 
     def aws(self, service: str) -> Any:
         """A client of the emulator as its own admin (the tests' view of the books)."""
-        return boto3.client(
+        return local_client(
             service,
-            endpoint_url=self.target.aws_endpoint,
-            region_name=self.target.region,
-            **(self.target.local_credentials or {}),
+            self.target.aws_endpoint,
+            credentials=credentials_of(self.target.local_credentials),
+            region=self.target.region,
         )
 
     def local(self, method: str, path: str, body: Any = None) -> Any:

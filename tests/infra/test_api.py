@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+from swarm.api.models import BatchResume, BatchSubmission
+from swarm.api.openapi import ROUTES, gateway_schema
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import as_list
 
-ROUTES = {
+PATHS = {
     ("POST", "batches"),
     ("GET", "{batch_id}"),
     ("POST", "resume"),
@@ -32,7 +34,7 @@ def test_every_method_requires_iam_and_validates(synth: Synthesized) -> None:
         assert props["Integration"]["Type"] == "AWS_PROXY"
         path_part = resources[props["ResourceId"]["Ref"]]["Properties"]["PathPart"]
         seen.add((props["HttpMethod"], path_part))
-    assert seen == ROUTES
+    assert seen == PATHS == {(r.method, r.path.rsplit("/", 1)[-1]) for r in ROUTES}
 
 
 def test_submit_and_resume_bodies_have_models(synth: Synthesized) -> None:
@@ -45,11 +47,46 @@ def test_submit_and_resume_bodies_have_models(synth: Synthesized) -> None:
     assert submission["properties"]["units"]["items"]["required"] == [
         "unit_id",
         "projected_tokens",
+        "input",
     ]
-    assert models["BatchResume"]["properties"]["top_up"]["minimum"] == 0
+    assert models["BatchResume"]["properties"]["top_up"]["minimum"] == 1
     for method in synth.of_type("AWS::ApiGateway::Method").values():
         if method["Properties"]["HttpMethod"] == "POST":
             assert "application/json" in method["Properties"]["RequestModels"]
+
+
+def test_the_gateway_validates_with_the_handlers_own_models(synth: Synthesized) -> None:
+    """Each request model is exactly the JSON schema of the pydantic model the handler parses
+    the body with (draft 4, inlined), and each method carries its route's model."""
+    models = {
+        logical_id: m["Properties"]["Schema"]
+        for logical_id, m in synth.of_type("AWS::ApiGateway::Model").items()
+    }
+    assert sorted(schema["title"] for schema in models.values()) == [
+        "BatchResume",
+        "BatchSubmission",
+    ]
+    for schema in models.values():
+        model = BatchSubmission if schema["title"] == "BatchSubmission" else BatchResume
+        assert schema == gateway_schema(model)
+    resources = synth.of_type("AWS::ApiGateway::Resource")
+    for method in synth.of_type("AWS::ApiGateway::Method").values():
+        props = method["Properties"]
+        path_part = resources[props["ResourceId"]["Ref"]]["Properties"]["PathPart"]
+        (route,) = [
+            r
+            for r in ROUTES
+            if r.method == props["HttpMethod"] and r.path.rsplit("/", 1)[-1] == path_part
+        ]
+        if route.request is None:
+            assert "RequestModels" not in props
+        else:
+            (ref,) = props["RequestModels"].values()
+            assert models[ref["Ref"]]["title"] == route.request.__name__
+        expected = {f"method.request.path.{name}": True for name in route.path_params}
+        if route.idempotency_key:
+            expected["method.request.header.Idempotency-Key"] = False
+        assert props.get("RequestParameters", {}) == expected
 
 
 def test_stage_throttles_logs_and_traces(synth: Synthesized) -> None:

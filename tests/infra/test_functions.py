@@ -11,7 +11,7 @@ from infra.nag import STAR_ONLY_ACTIONS
 from swarm import contract as env
 from swarm.contract import API, DLQ, DRAIN, FANOUT, FINALIZER, FUNCTION_ENV, WORKER, FunctionName
 from swarm.core.records import LANES
-from swarm.settings import Settings, SettingsError
+from swarm.settings import GovernorSettings, Settings, SettingsError
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import (
     actions_on,
@@ -92,6 +92,7 @@ def test_environment_is_exactly_the_contract(synth: Synthesized, name: FunctionN
     settings = Settings.from_env(resolved)
     assert settings.function == name
     if name in (API, WORKER):
+        assert isinstance(settings, GovernorSettings)
         governor = settings.governor_config()
         assert governor.quota_tpm == synth.config.quota_tpm
         assert governor.share == synth.config.governor_share

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Match
 
-from swarm.adapters import PARTITION_KEY, SORT_KEY
+from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY
 from swarm.core.records import LANES
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import arn

@@ -58,7 +58,7 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:UpdateItem",
             }
         ),
-        # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, /fleet, /drain);
+        # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, GET /fleet);
         # a missing bucket reads as its initial state, so no PutItem (the workers create it)
         "governor table": frozenset({"dynamodb:Query"}),
         "manifests/*": frozenset(

@@ -1,89 +1,214 @@
-"""The control plane's resources on in-process moto, and its real handlers driven by events.
+"""The control plane as the synthesized template declares it, on in-process moto, with its real
+handlers driven by the events AWS would send them.
 
-``ControlPlane`` creates what the stack would (one table for the governor and the ledger, the
-lanes and their DLQs, the bucket, the drain parameter, the event bus, a state machine to start
-executions on), sets every function's environment from the contract in ``swarm.settings``, and
-plays the parts of API Gateway, the state machine and the SQS event source mappings.
+Nothing here types a resource or a variable by hand:
+
+- :func:`template` synthesizes the app once with :data:`OPTIONS` (the local stack's context with
+  this tier's knobs, :class:`TierOptions`) into ``.swarm/integration/cdk.out``, reused while the
+  sources are unchanged (:func:`swarm.local.deploy.synthesize`; xdist workers wait for one synth
+  under a file lock);
+- :func:`control_plane` deploys it into a fresh ``mock_aws`` through CloudFormation exactly as the
+  local stack does (:func:`swarm.local.deploy.deploy`): both tables, the lanes with their
+  attributes, redrive policies and DLQs, the bucket, the drain parameter, the event bus, the
+  state machine with its local definition, the functions, their roles and mappings;
+- each handler runs with its function's ``Environment.Variables`` as CloudFormation deployed them
+  (Refs and GetAtts resolved to the moto resources) and clients signed with its own execution
+  role, IAM enforced (:mod:`swarm.local.patches.iam`): the plane installs a
+  :class:`swarm.wiring.Host`, so the handler's ``Wiring.from_env()`` reads the invoking
+  function's environment and clients. A test's knob (a failure rate, a lease) overrides a
+  variable the template sets, on every function that has it.
+
+:class:`ControlPlane` then plays the parts of API Gateway, the state machine and the SQS event
+source mappings. The tests' own view of the books uses the emulator's admin clients
+(:meth:`ControlPlane.client`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import importlib
 import json
-import os
+import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
+from moto import mock_aws
 
-from swarm.adapters import create_table
+from swarm import wiring
 from swarm.adapters.aws import EventBridgeEvents
 from swarm.contract import (
     BUCKET_NAME,
-    DEFAULT_BUDGET_TOKENS,
     DRAIN_PARAMETER_NAME,
     EVENT_BUS_NAME,
-    GOVERNOR_CAPACITY,
-    GOVERNOR_MAX_WAIT_SECONDS,
-    GOVERNOR_SHARE,
-    GOVERNOR_TABLE_NAME,
     LEASE_SECONDS,
     LEDGER_TABLE_NAME,
-    MAX_ATTEMPTS,
-    MAX_BUDGET_TOKENS,
-    MODEL_ADAPTER,
-    POWERTOOLS_METRICS_NAMESPACE,
-    POWERTOOLS_SERVICE_NAME,
-    QUOTA_TPM,
-    SIM_MODEL_FAILURE_RATE,
-    SIM_MODEL_QUOTA_TPM,
-    SIM_MODEL_SEED,
-    STAGE,
-    STATE_MACHINE_ARN,
     SWARM_FUNCTION,
-    SWEEP_INTERVAL_SECONDS,
     TENANT_PRINCIPAL_PREFIX,
     dlq_url_var,
-    lane_reserve_var,
     queue_url_var,
-    shed_depth_var,
-    worker_mapping_var,
 )
+from swarm.core.ports import ModelPlane
 from swarm.core.records import LANES, Lane
+from swarm.local import patches
+from swarm.local.clients import REGION, ClientFactory, client_factory
+from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
 from swarm.local.events import LambdaContext, proxy_event, sqs_event
+from swarm.local.functions import PROCESS_WIDE
+from swarm.local.patches import emulator, iam
 
-REGION = "us-east-1"
-ACCOUNT = "123456789012"
-TABLE = "swarm-local"
-PREFIX = "swarm-tenant-"
+ACCOUNT = "123456789012"  # moto's default account
 
 
-def tenant_arn(tenant: str) -> str:
-    return f"arn:aws:sts::{ACCOUNT}:assumed-role/{PREFIX}{tenant}/session"
+@dataclass(frozen=True)
+class TierOptions(LocalOptions):
+    """The local stack's context (stage ``local``, bundling skipped, one-second finalizer poll)
+    at time scale 1, with this tier's knobs: a quota and a small bucket that refill in a blink
+    (the normal lane keeps 5% of 300,000 tokens), a model that never fails unless a test says so,
+    and a finalize loop that continues as a new execution after 2 polls."""
+
+    time_scale: float = 1.0
+    failure_rate: float | None = 0.0
+    quota_tpm: int = 6_000_000
+    model_quota_tpm: int = 6_500_000  # the model's own quota, above the governed rate
+    governor_capacity_tokens: int = 300_000
+    finalizer_polls_per_execution: int = 2
+
+    def context(self) -> dict[str, Any]:
+        context = super().context()
+        context["quota_tpm"] = self.quota_tpm
+        context["governor_capacity_tokens"] = self.governor_capacity_tokens
+        context["model"]["simulated"]["quota_tpm"] = self.model_quota_tpm
+        context["fanout"]["finalizer_polls_per_execution"] = self.finalizer_polls_per_execution
+        return context
+
+
+OPTIONS = TierOptions()
+STACK = f"Swarm-{OPTIONS.stage}"  # as the local stack names it
+ASSEMBLY = ROOT / ".swarm" / "integration" / "cdk.out"
+
+
+@functools.cache
+def template() -> Path:
+    """The tier's synthesized template (at most one synthesis at a time across processes)."""
+    ASSEMBLY.mkdir(parents=True, exist_ok=True)
+    with (ASSEMBLY.parent / "synth.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return synthesize(ASSEMBLY, OPTIONS)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@dataclass(frozen=True)
+class Function:
+    """A deployed function: its handler module (``functions.<module>``), the environment
+    CloudFormation gave it (with the test's overrides), and clients signed with its role."""
+
+    name: str
+    module: str
+    role_arn: str
+    env: dict[str, str]
+    clients: ClientFactory
+
+
+class PlaneHost:
+    """:class:`swarm.wiring.Host` for the plane: inside :meth:`ControlPlane.running` (every
+    invocation), ``Wiring.from_env()`` gets the running function's environment and clients; the
+    timers run on the real clock, and each worker builds its own simulated model from its
+    settings."""
+
+    time_scale = 1.0
+
+    def __init__(self, functions: Mapping[str, Function]) -> None:
+        self.functions = functions
+        self._local = threading.local()
+
+    def stack(self) -> list[str]:
+        running: list[str] | None = getattr(self._local, "running", None)
+        if running is None:
+            running = self._local.running = []
+        return running
+
+    def invocation(self) -> tuple[Mapping[str, str], ClientFactory] | None:
+        running = self.stack()
+        if not running:
+            return None
+        function = self.functions[running[-1]]
+        return function.env, function.clients
+
+    def model_plane(self) -> ModelPlane | None:
+        return None
 
 
 @dataclass
 class ControlPlane:
-    env: dict[str, str]
-    queue_urls: dict[Lane, str]
-    dlq_urls: dict[Lane, str]
-    state_machine_arn: str
+    deployed: Deployed
+    #: by handler module: ``api``, ``worker``, ``fanout``, ``finalizer``, ``dlq``, ...
+    functions: dict[str, Function]
+    host: PlaneHost
+    admin: ClientFactory
     processed_executions: set[str] = field(default_factory=set)
     events_url: str | None = None
     announced: list[dict[str, Any]] = field(default_factory=list)
 
+    # ------------------------------------------------------------------ what was deployed
+    def env(self, function: str) -> dict[str, str]:
+        """The environment of ``function`` (its handler module's name)."""
+        return self.functions[function].env
+
+    @property
+    def ledger_table(self) -> str:
+        return self.env("api")[LEDGER_TABLE_NAME]
+
+    @property
+    def bucket(self) -> str:
+        return self.env("api")[BUCKET_NAME]
+
+    @property
+    def state_machine_arn(self) -> str:
+        [arn] = self.deployed.of_type("AWS::StepFunctions::StateMachine").values()
+        return arn
+
+    @property
+    def queue_urls(self) -> dict[Lane, str]:
+        return {lane: self.env("api")[queue_url_var(lane)] for lane in LANES}
+
+    @property
+    def dlq_urls(self) -> dict[Lane, str]:
+        return {lane: self.env("api")[dlq_url_var(lane)] for lane in LANES}
+
+    def tenant_arn(self, tenant: str) -> str:
+        """The caller API Gateway reports for ``tenant``'s role (``<prefix><tenant>``)."""
+        prefix = self.env("api")[TENANT_PRINCIPAL_PREFIX]
+        return f"arn:aws:sts::{ACCOUNT}:assumed-role/{prefix}{tenant}/session"
+
     # ------------------------------------------------------------------ plumbing
-    @staticmethod
-    def client(service: str) -> Any:
-        return boto3.client(service, region_name=REGION)
+    def client(self, service: str) -> Any:
+        """A client signed as the emulator's admin: the tests' view of the books."""
+        return self.admin(service)
+
+    @contextlib.contextmanager
+    def running(self, function: str) -> Iterator[None]:
+        """Inside, a handler's ``Wiring.from_env()`` is ``function``'s (nested calls stack: an
+        invocation made from inside another one is its own, and the outer one resumes after)."""
+        stack = self.host.stack()
+        stack.append(function)
+        try:
+            yield
+        finally:
+            stack.pop()
 
     def invoke(self, function: str, event: Mapping[str, Any]) -> Any:
-        module = importlib.import_module(f"functions.{function}")
-        os.environ[SWARM_FUNCTION] = function
-        return module.handler(dict(event), LambdaContext(function))
+        module = importlib.import_module(self.functions[function].module)
+        with self.running(function):
+            return module.handler(dict(event), LambdaContext(self.functions[function].name))
 
     # ------------------------------------------------------------------ API Gateway
     def api(
@@ -102,7 +227,7 @@ class ControlPlane:
             path,
             body=text,
             headers={"Content-Type": "application/json", **(headers or {})},
-            user_arn=tenant_arn(tenant) if tenant else None,
+            user_arn=self.tenant_arn(tenant) if tenant else None,
         )
         response = self.invoke("api", event)
         headers = dict(response.get("headers") or {})
@@ -122,7 +247,7 @@ class ControlPlane:
                 continue
             self.processed_executions.add(arn)
             payload = json.loads(sfn.describe_execution(executionArn=arn)["input"])
-            body = s3.get_object(Bucket=self.env[BUCKET_NAME], Key=payload["manifest_key"])
+            body = s3.get_object(Bucket=self.bucket, Key=payload["manifest_key"])
             for index, item in enumerate(json.loads(body["Body"].read())):
                 events.append({"batch_id": payload["batch_id"], "index": index, "unit": item})
         return events
@@ -143,6 +268,7 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ the ESM pollers
     def receive(self, lane: Lane, max_messages: int = 10, dlq: bool = False) -> list[Any]:
+        """What the lane's mapping would poll, with the worker's lease as visibility timeout."""
         url = (self.dlq_urls if dlq else self.queue_urls)[lane]
         return list(
             self.client("sqs")
@@ -150,7 +276,7 @@ class ControlPlane:
                 QueueUrl=url,
                 MaxNumberOfMessages=max_messages,
                 AttributeNames=["All"],
-                VisibilityTimeout=int(self.env[LEASE_SECONDS]),
+                VisibilityTimeout=int(self.env("worker")[LEASE_SECONDS]),
             )
             .get("Messages", [])
         )
@@ -201,7 +327,7 @@ class ControlPlane:
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
             "QueueArn"
         ]
-        bus = self.env[EVENT_BUS_NAME]
+        bus = self.env("finalizer")[EVENT_BUS_NAME]
         events.put_rule(
             Name="observe-all",
             EventBusName=bus,
@@ -225,8 +351,9 @@ class ControlPlane:
                 sqs.delete_message(QueueUrl=self.events_url, ReceiptHandle=m["ReceiptHandle"])
 
     def set_drain(self, on: bool) -> None:
+        """The operator's switch (the admin writes it, as the operator role may)."""
         self.client("ssm").put_parameter(
-            Name=self.env[DRAIN_PARAMETER_NAME],
+            Name=self.env("api")[DRAIN_PARAMETER_NAME],
             Value="on" if on else "off",
             Type="String",
             Overwrite=True,
@@ -265,83 +392,114 @@ def freeze_sqs_clock(monkeypatch: pytest.MonkeyPatch) -> SqsClock:
     return clock
 
 
-def reset_handler_caches() -> None:
-    for name in ("api", "worker", "fanout", "finalizer", "dlq", "drain", "sweeper"):
-        module = importlib.import_module(f"functions.{name}")
-        module._cache.clear()
+def reset_handler_caches(functions: Mapping[str, Function]) -> None:
+    """Every handler's cached wiring dropped: the next invocation is a cold start."""
+    for function in functions.values():
+        importlib.import_module(function.module)._cache.clear()
 
 
-def build(monkeypatch: pytest.MonkeyPatch, **overrides: str) -> Iterator[ControlPlane]:
-    """Create the resources inside an active ``mock_aws`` and set the functions' environment."""
-    sqs = boto3.client("sqs", region_name=REGION)
-    dynamodb = boto3.client("dynamodb", region_name=REGION)
-    create_table(dynamodb, TABLE)
-    queue_urls, dlq_urls = {}, {}
-    for lane in LANES:
-        dlq = sqs.create_queue(QueueName=f"swarm-{lane.value}-dlq")["QueueUrl"]
-        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
-            "QueueArn"
-        ]
-        queue_urls[lane] = sqs.create_queue(
-            QueueName=f"swarm-{lane.value}",
-            Attributes={
-                "VisibilityTimeout": "60",
-                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}),
-            },
-        )["QueueUrl"]
-        dlq_urls[lane] = dlq
-    boto3.client("s3", region_name=REGION).create_bucket(Bucket="swarm-batches")
-    ssm = boto3.client("ssm", region_name=REGION)
-    ssm.put_parameter(Name="/swarm/test/drain", Value="off", Type="String")
-    boto3.client("events", region_name=REGION).create_event_bus(Name="swarm-test")
-    iam = boto3.client("iam", region_name=REGION)
-    role = iam.create_role(
-        RoleName="sfn",
-        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
-    )["Role"]["Arn"]
-    machine = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
-        name="fanout",
-        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
-        roleArn=role,
-    )["stateMachineArn"]
-    env = {
-        STAGE: "test",
-        POWERTOOLS_SERVICE_NAME: "swarm",
-        POWERTOOLS_METRICS_NAMESPACE: "Swarm",
-        "POWERTOOLS_TRACE_DISABLED": "1",
-        "POWERTOOLS_METRICS_DISABLED": "true",
-        "POWERTOOLS_LOG_LEVEL": "WARNING",
-        GOVERNOR_TABLE_NAME: TABLE,
-        LEDGER_TABLE_NAME: TABLE,
-        BUCKET_NAME: "swarm-batches",
-        STATE_MACHINE_ARN: machine,
-        EVENT_BUS_NAME: "swarm-test",
-        DRAIN_PARAMETER_NAME: "/swarm/test/drain",
-        QUOTA_TPM: "6000000",
-        GOVERNOR_SHARE: "0.95",
-        GOVERNOR_CAPACITY: "300000",  # 3 s of quota: a lane's reserve refills in a blink
-        GOVERNOR_MAX_WAIT_SECONDS: "10",
-        MAX_ATTEMPTS: "3",
-        LEASE_SECONDS: "60",
-        DEFAULT_BUDGET_TOKENS: "1000000",
-        MAX_BUDGET_TOKENS: "100000000",
-        TENANT_PRINCIPAL_PREFIX: PREFIX,
-        SWEEP_INTERVAL_SECONDS: "900",
-        MODEL_ADAPTER: "simulated",
-        SIM_MODEL_QUOTA_TPM: "6500000",
-        SIM_MODEL_FAILURE_RATE: "0",
-        SIM_MODEL_SEED: "7",
-    }
-    for lane in LANES:
-        env[queue_url_var(lane)] = queue_urls[lane]
-        env[dlq_url_var(lane)] = dlq_urls[lane]
-        env[lane_reserve_var(lane)] = {"high": "0", "normal": "0.05", "low": "0.1"}[lane.value]
-        env[shed_depth_var(lane)] = {"high": "5000", "normal": "2000", "low": "500"}[lane.value]
-        env[worker_mapping_var(lane)] = f"esm-{lane.value}"
-    env.update(overrides)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv(SWARM_FUNCTION, "api")
-    reset_handler_caches()
-    yield ControlPlane(env, queue_urls, dlq_urls, machine)
-    reset_handler_caches()
+def _parse_json_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto parses every template with PyYAML's pure-Python loader before it tries JSON (~0.5 s
+    for this one, per test); a synthesized template is JSON, which parses to the same dict."""
+    from moto.cloudformation.models import Stack
+
+    yaml_first = Stack.parse_template
+
+    def parse_template(text: str) -> dict[str, Any]:
+        try:
+            parsed: dict[str, Any] = json.loads(text)
+        except ValueError:
+            return yaml_first(text)
+        return parsed
+
+    monkeypatch.setattr(Stack, "parse_template", staticmethod(parse_template))
+
+
+def assume(role_arn: str, service: str) -> iam.Credentials:
+    """STS credentials of ``role_arn`` as the AWS service ``service`` gets them (the role must
+    trust it), as the local stack assumes them (swarm.local.stack)."""
+    session = f"local-{role_arn.rsplit('/', 1)[-1]}"[:64]
+    return iam.assume(ACCOUNT, REGION, role_arn, session, service)
+
+
+def _functions(
+    deployed: Deployed, admin: ClientFactory, overrides: Mapping[str, str]
+) -> dict[str, Function]:
+    """Every deployed function by handler module, with the environment CloudFormation gave it,
+    the overrides applied to the functions that have the variable, and its role's clients."""
+    lam = admin("lambda")
+    unused = set(overrides)
+    functions: dict[str, Function] = {}
+    for physical in deployed.of_type("AWS::Lambda::Function").values():
+        conf = lam.get_function(FunctionName=physical)["Configuration"]
+        env = dict(conf.get("Environment", {}).get("Variables", {}))
+        for name, value in overrides.items():
+            if name in env:
+                env[name] = value
+                unused.discard(name)
+        module = conf["Handler"].rpartition(".")[0]
+        functions[module.rpartition(".")[2]] = Function(
+            name=conf["FunctionName"],
+            module=module,
+            role_arn=conf["Role"],
+            env=env,
+            clients=client_factory(None, assume(conf["Role"], "lambda"), region=REGION),
+        )
+    if unused:
+        raise KeyError(f"no function of the template has {', '.join(sorted(unused))}")
+    return functions
+
+
+@contextlib.contextmanager
+def control_plane(
+    monkeypatch: pytest.MonkeyPatch,
+    moto_config: Mapping[str, Any] | None = None,
+    **overrides: str,
+) -> Iterator[ControlPlane]:
+    """The tier's template deployed into a fresh in-process moto (``moto_config``: moto's own
+    settings, e.g. to run state machines), IAM enforced, every handler wired to its function.
+    ``overrides``: variables of the functions' environments, set on every function that has
+    them (a name no function has is an error)."""
+    path = template()
+    patches.apply_all()
+    # what the local stack needs of moto to deploy the template (swarm.local.patches.emulator)
+    emulator.patch_event_bus_ref()
+    emulator.patch_state_machine_cfn()
+    emulator.patch_sqs_no_builtin_esm()
+    _parse_json_first(monkeypatch)
+    with mock_aws(config=dict(moto_config) if moto_config else None):  # type: ignore[arg-type]
+        admin = client_factory(None, iam.create_admin(ACCOUNT), region=REGION)
+        iam.enforce()
+        try:
+            with warnings.catch_warnings():
+                # moto skips the resource types it cannot create (listed in docs/local.md)
+                warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
+                deployed = deploy(admin, path, STACK, REGION)
+            functions = _functions(deployed, admin, overrides)
+            _process_environment(monkeypatch, functions)
+            host = PlaneHost(functions)
+            reset_handler_caches(functions)
+            wiring.run_on(host)
+            try:
+                yield ControlPlane(deployed, functions, host, admin)
+            finally:
+                wiring.run_on(None)
+                reset_handler_caches(functions)
+        finally:
+            iam.relax()
+
+
+def _process_environment(
+    monkeypatch: pytest.MonkeyPatch, functions: Mapping[str, Function]
+) -> None:
+    """What the local stack sets process-wide (swarm.local.stack): the Powertools variables every
+    function shares (checked), no tracing and no metrics; and no function name, so a handler
+    that builds its wiring outside an invocation fails loudly."""
+    for name in PROCESS_WIDE:
+        values = {f.env[name] for f in functions.values() if name in f.env}
+        assert len(values) <= 1, f"{name} differs between functions: {sorted(values)}"
+        if values:
+            monkeypatch.setenv(name, values.pop())
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    monkeypatch.delenv(SWARM_FUNCTION, raising=False)

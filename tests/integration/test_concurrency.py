@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from swarm.adapters import SORT_KEY
-from swarm.adapters.dynamodb_governor import DynamoDBGovernor, ShardState
+from swarm.adapters.dynamodb import SORT_KEY
+from swarm.adapters.dynamodb_governor import DynamoDBGovernor, shard_from_item
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.bench import governor as bench
 from swarm.core.errors import Conflict
-from swarm.core.governor import Draw, GovernorConfig, acquire
+from swarm.core.governor import Draw, GovernorConfig, ShardState, acquire
 from swarm.core.ledger import Fate
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
 from swarm.local import server as moto_server
@@ -222,7 +222,7 @@ def _shards(client: Any, table: str, name: str = AIMD_NAME) -> list[ShardState]:
         ExpressionAttributeValues={":pk": {"S": f"gov#{name}"}},
         ConsistentRead=True,
     )
-    return sorted((ShardState.from_item(it) for it in page["Items"]), key=lambda s: s.index)
+    return sorted((shard_from_item(it) for it in page["Items"]), key=lambda s: s.index)
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,12 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 import functions.api as api_handler
 import functions.fanout as fanout_handler
@@ -31,26 +29,12 @@ import functions.finalizer as finalizer_handler
 import functions.worker as worker_handler
 from swarm.adapters import dynamodb_ledger
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
-from swarm.contract import SWARM_FUNCTION
 from swarm.core.codec import parse_message_body
 from swarm.core.ports import ModelRequest, ModelResult
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
-from swarm.local import patches
 from swarm.service.worker import Worker
 from swarm.wiring import QUEUE_LEASE_S
-from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
-
-BUCKET = "swarm-batches"
-
-
-@pytest.fixture
-def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    patches.apply_all()
-    with mock_aws():
-        for control_plane in build(monkeypatch):
-            control_plane.observe_events()
-            yield control_plane
-
+from tests.integration.plane import ControlPlane, freeze_sqs_clock
 
 # ---------------------------------------------------------------------- helpers
 
@@ -62,22 +46,22 @@ def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any
     ]
 
 
-def ledger() -> DynamoDBLedger:
-    return DynamoDBLedger(TABLE, client=boto3.client("dynamodb", region_name=REGION))
+def ledger(plane: ControlPlane) -> DynamoDBLedger:
+    return DynamoDBLedger(plane.ledger_table, client=plane.client("dynamodb"))
 
 
-def objects(prefix: str = "") -> list[str]:
-    listing = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+def objects(plane: ControlPlane, prefix: str = "") -> list[str]:
+    listing = plane.client("s3").list_objects_v2(Bucket=plane.bucket, Prefix=prefix)
     return sorted(o["Key"] for o in listing.get("Contents", []))
 
 
-def read_json(key: str) -> Any:
-    body = boto3.client("s3", region_name=REGION).get_object(Bucket=BUCKET, Key=key)["Body"]
+def read_json(plane: ControlPlane, key: str) -> Any:
+    body = plane.client("s3").get_object(Bucket=plane.bucket, Key=key)["Body"]
     return json.loads(body.read())
 
 
 def executions(plane: ControlPlane) -> list[str]:
-    sfn = boto3.client("stepfunctions", region_name=REGION)
+    sfn = plane.client("stepfunctions")
     listing = sfn.list_executions(stateMachineArn=plane.state_machine_arn)["executions"]
     return sorted(e["name"] for e in listing)
 
@@ -105,7 +89,7 @@ def run_to_close(plane: ControlPlane, batch_id: str, rounds: int = 4) -> dict[st
         result = plane.finalize(batch_id)
         if result["closed"]:
             return result
-    raise AssertionError(f"run {batch_id} never closed: {ledger().run(batch_id)}")
+    raise AssertionError(f"run {batch_id} never closed: {ledger(plane).run(batch_id)}")
 
 
 def fan_out_events(plane: ControlPlane) -> list[dict[str, Any]]:
@@ -126,26 +110,11 @@ def unit_of(message: Any) -> str:
     return parse_message_body(message["Body"]).unit_id
 
 
-def nested(plane: ControlPlane, step: Callable[[], Any]) -> Callable[[], None]:
-    """``step`` as a hook: it runs inside another handler's invocation, so the function name
-    that :meth:`ControlPlane.invoke` sets in the environment is put back afterwards."""
-    import os
-
-    def run() -> None:
-        saved = os.environ[SWARM_FUNCTION]
-        try:
-            step()
-        finally:
-            os.environ[SWARM_FUNCTION] = saved
-
-    return run
-
-
 def run_before(
     monkeypatch: pytest.MonkeyPatch,
     target: object,
     method: str,
-    step: Callable[[], None],
+    step: Callable[[], object],
     when: Callable[..., bool] | None = None,
 ) -> list[bool]:
     """Run ``step`` once, the first time ``target.method`` is called (with arguments ``when``
@@ -163,18 +132,19 @@ def run_before(
     return fired
 
 
-def service(monkeypatch: pytest.MonkeyPatch, function: str) -> Any:
-    """The service a handler has cached (built now if it was not yet), to hook into."""
-    monkeypatch.setenv(SWARM_FUNCTION, function)
-    if function == "worker":
-        worker, _ = worker_handler._services()
-        return worker
-    if function == "api":
-        return api_handler.batches()
-    if function == "finalizer":
-        return finalizer_handler.finalizer()
-    if function == "fanout":
-        return fanout_handler.fanout()
+def service(plane: ControlPlane, function: str) -> Any:
+    """The service a handler has cached (built now, as ``function``, if it was not yet), to
+    hook into."""
+    with plane.running(function):
+        if function == "worker":
+            worker, _ = worker_handler._services()
+            return worker
+        if function == "api":
+            return api_handler.batches()
+        if function == "finalizer":
+            return finalizer_handler.finalizer()
+        if function == "fanout":
+            return fanout_handler.fanout()
     raise AssertionError(function)
 
 
@@ -207,8 +177,8 @@ class ModelLog:
         return [(u, a, t, ok) for r, u, a, t, ok in self.calls if r == run_id]
 
 
-def watch_model(monkeypatch: pytest.MonkeyPatch) -> ModelLog:
-    worker: Worker = service(monkeypatch, "worker")
+def watch_model(plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> ModelLog:
+    worker: Worker = service(plane, "worker")
     real = worker.model.invoke
     log = ModelLog()
 
@@ -229,11 +199,13 @@ def watch_model(monkeypatch: pytest.MonkeyPatch) -> ModelLog:
     return log
 
 
-def assert_books_exact(batch_id: str, model: ModelLog | None = None) -> RunRecord:
+def assert_books_exact(
+    plane: ControlPlane, batch_id: str, model: ModelLog | None = None
+) -> RunRecord:
     """spent = every attempt's tokens; every attempt settled once, in order; nothing ran after a
     unit's successful attempt; every unit counted in exactly one outcome; and (given the model's
     log) each attempt was run on the model once, billed what the ledger settled."""
-    books = ledger()
+    books = ledger(plane)
     run, attempts, unit_records = (
         books.run(batch_id),
         books.attempts(batch_id),
@@ -269,11 +241,11 @@ def announced(plane: ControlPlane, batch_id: str) -> list[dict[str, Any]]:
     return [e for e in plane.events() if e["detail"]["run_id"] == batch_id]
 
 
-def assert_results_match(event: dict[str, Any]) -> dict[str, Any]:
+def assert_results_match(plane: ControlPlane, event: dict[str, Any]) -> dict[str, Any]:
     """The results object an event names agrees with the event, and the remainder manifest
     lists exactly the results' remainder."""
     detail = event["detail"]
-    results = read_json(detail["results_key"])
+    results = read_json(plane, detail["results_key"])
     assert event["detail-type"] == f"run.{results['state']}" == f"run.{detail['state']}"
     for name in ("spent", "budget", "healthy_line"):
         assert results[name] == detail[name], name
@@ -287,14 +259,14 @@ def assert_results_match(event: dict[str, Any]) -> dict[str, Any]:
     assert sum(u["tokens"] for u in results["units"].values()) == detail["spent"]
     if results["state"] == "exhausted":
         epoch = detail["results_key"].rsplit("-", 1)[1].removesuffix(".json")
-        manifest = read_json(f"results/{detail['run_id']}/remainder-{epoch}.json")
+        manifest = read_json(plane, f"results/{detail['run_id']}/remainder-{epoch}.json")
         assert sorted(i["unit_id"] for i in manifest) == sorted(results["remainder"])
     return dict(results)
 
 
-def top_up_for(batch_id: str, available: int) -> int:
+def top_up_for(plane: ControlPlane, batch_id: str, available: int) -> int:
     """The top-up that leaves exactly ``available`` tokens to admit with."""
-    run = ledger().run(batch_id)
+    run = ledger(plane).run(batch_id)
     amount = available - run.available
     assert amount > 0, run
     return amount
@@ -318,8 +290,8 @@ def test_another_tenants_resume_is_refused_as_not_found_and_changes_nothing(
     run_to_close(plane, batch_id)
     _, status_doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert status_doc["state"] == "exhausted" and len(status_doc["remainder"]) == 4
-    books, unit_records = ledger().run(batch_id), ledger().units(batch_id)
-    keys, started, events = objects(), executions(plane), plane.events()
+    books, unit_records = ledger(plane).run(batch_id), ledger(plane).units(batch_id)
+    keys, started, events = objects(plane), executions(plane), plane.events()
     missing = "b-" + "0" * 24
 
     def as_missing(doc: dict[str, Any], missing_doc: dict[str, Any]) -> bool:
@@ -346,12 +318,12 @@ def test_another_tenants_resume_is_refused_as_not_found_and_changes_nothing(
     assert status == 404
     plane.set_drain(False)
     # and nothing of acme's changed: books, units, objects, executions, events
-    assert ledger().run(batch_id) == books and ledger().units(batch_id) == unit_records
-    assert objects() == keys and executions(plane) == started and plane.events() == events
+    assert ledger(plane).run(batch_id) == books and ledger(plane).units(batch_id) == unit_records
+    assert objects(plane) == keys and executions(plane) == started and plane.events() == events
     # while acme's own resume requeues its whole remainder and completes the batch
     assert resume(plane, batch_id, 1_000_000)["requeued"] == 4
     run_to_close(plane, batch_id)
-    assert assert_books_exact(batch_id).completed == 6
+    assert assert_books_exact(plane, batch_id).completed == 6
     # once completed, globex still learns nothing: 404, where acme gets 409
     status, doc, _ = plane.api(
         "POST", f"/batches/{batch_id}/resume", {"top_up": 1}, tenant="globex"
@@ -395,7 +367,7 @@ def test_one_idempotency_key_used_by_two_tenants_makes_two_batches(plane: Contro
     plane.work()
     for tenant, doc in (("acme", acme), ("globex", globex)):
         assert plane.finalize(doc["batch_id"])["closed"]
-        run = assert_books_exact(doc["batch_id"])
+        run = assert_books_exact(plane, doc["batch_id"])
         assert run.spec.tenant == tenant and run.completed == 3
 
 
@@ -405,11 +377,11 @@ def test_one_idempotency_key_used_by_two_tenants_makes_two_batches(plane: Contro
 def test_a_repeated_finalizer_announces_each_closure_once_with_consistent_results(
     plane: ControlPlane,
 ) -> None:
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    s3 = plane.client("s3")
+    s3.put_bucket_versioning(Bucket=plane.bucket, VersioningConfiguration={"Status": "Enabled"})
 
     def versions(key: str) -> int:
-        listing = s3.list_object_versions(Bucket=BUCKET, Prefix=key)
+        listing = s3.list_object_versions(Bucket=plane.bucket, Prefix=key)
         return len([v for v in listing.get("Versions", []) if v["Key"] == key])
 
     # Given a batch whose budget runs out twice before it completes
@@ -419,7 +391,7 @@ def test_a_repeated_finalizer_announces_each_closure_once_with_consistent_result
     closures = []
     for top_up in (None, ONE_MORE, 1_000_000):
         if top_up is not None:
-            amount = top_up_for(batch_id, top_up) if top_up == ONE_MORE else top_up
+            amount = top_up_for(plane, batch_id, top_up) if top_up == ONE_MORE else top_up
             resume(plane, batch_id, amount)
             plane.run_state_machine()
             plane.work()
@@ -432,7 +404,7 @@ def test_a_repeated_finalizer_announces_each_closure_once_with_consistent_result
         assert {r["results_key"] for r in again} == {first["results_key"]}
         assert all(r["closed"] and r["state"] == first["state"] for r in again)
         assert versions(first["results_key"]) == 1
-        closures.append((first["state"], first["results_key"], ledger().run(batch_id)))
+        closures.append((first["state"], first["results_key"], ledger(plane).run(batch_id)))
     assert [(state, key) for state, key, _ in closures] == [
         ("exhausted", f"results/{batch_id}/exhausted-1.json"),
         ("exhausted", f"results/{batch_id}/exhausted-2.json"),
@@ -443,13 +415,13 @@ def test_a_repeated_finalizer_announces_each_closure_once_with_consistent_result
     events = announced(plane, batch_id)
     assert [e["detail-type"] for e in events] == ["run.exhausted", "run.exhausted", "run.completed"]
     for event, (_, key, run) in zip(events, closures, strict=True):
-        results = assert_results_match(event)
+        results = assert_results_match(plane, event)
         assert event["detail"]["results_key"] == key
         assert (results["spent"], event["detail"]["remainder"]) == (run.spent, run.remainder)
-    assert len(read_json(f"results/{batch_id}/remainder-1.json")) == 4
-    assert len(read_json(f"results/{batch_id}/remainder-2.json")) == 3
-    assert all(versions(key) == 1 for key in objects(f"results/{batch_id}/"))
-    assert assert_books_exact(batch_id).completed == 6
+    assert len(read_json(plane, f"results/{batch_id}/remainder-1.json")) == 4
+    assert len(read_json(plane, f"results/{batch_id}/remainder-2.json")) == 3
+    assert all(versions(key) == 1 for key in objects(plane, f"results/{batch_id}/"))
+    assert assert_books_exact(plane, batch_id).completed == 6
 
 
 # ---------------------------------------------------------------------- 4. a retried fan-out item
@@ -463,7 +435,7 @@ def test_a_retried_fan_out_item_is_admitted_and_run_once(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, retry_lands: str
 ) -> None:
     clock = freeze_sqs_clock(monkeypatch)
-    model = watch_model(monkeypatch)
+    model = watch_model(plane, monkeypatch)
     model.fail = {("u0001", 0)} if retry_lands == "after_a_failure" else set()
     # Given a batch of 3 units, fanned out once
     batch_id = submit(plane, {"units": units(3)})
@@ -478,13 +450,13 @@ def test_a_retried_fan_out_item_is_admitted_and_run_once(
     u0001: list[tuple[UnitRecord, UnitRecord]] = []
 
     def retry() -> None:
-        run, unit = ledger().run(batch_id), ledger().unit(batch_id, "u0001")
+        run, unit = ledger(plane).run(batch_id), ledger(plane).unit(batch_id, "u0001")
         again.extend(plane.invoke("fanout", item) for item in items)
-        books.append((run, ledger().run(batch_id)))
-        u0001.append((unit, ledger().unit(batch_id, "u0001")))
+        books.append((run, ledger(plane).run(batch_id)))
+        u0001.append((unit, ledger(plane).unit(batch_id, "u0001")))
 
     if retry_lands == "while_the_unit_runs":
-        model.during[("u0001", 0)] = nested(plane, retry)
+        model.during[("u0001", 0)] = retry
     if retry_lands != "before_delivery":  # the first copies run, as one batch
         response = plane.deliver(Lane.NORMAL, receive_all(plane), fast_retry=False)
         assert len(response["batchItemFailures"]) == len(model.fail)
@@ -511,13 +483,13 @@ def test_a_retried_fan_out_item_is_admitted_and_run_once(
         assert after.spent == before.spent
     # and every copy left on the lane (the retried items', and a failed attempt's redelivery
     # once its backoff has passed) is delivered: none runs an attempt a second time
-    worker: Worker = service(monkeypatch, "worker")
+    worker: Worker = service(plane, "worker")
     clock.advance(math.ceil(worker.config.retry_backoff_s) + 1)
     for message in receive_all(plane):
         plane.deliver(Lane.NORMAL, [message], fast_retry=False)
     assert receive_all(plane) == []
     assert plane.finalize(batch_id)["closed"]
-    run = assert_books_exact(batch_id, model)
+    run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 3
     ran = sorted((u, a) for u, a, _, _ in model.of(batch_id))
     if retry_lands == "after_a_failure":
@@ -529,8 +501,8 @@ def test_a_retried_fan_out_item_is_admitted_and_run_once(
 # ---------------------------------------------------------------------- 5. expired queued leases
 
 
-def queued_lease(batch_id: str, unit_id: str) -> float:
-    reservation = ledger().unit(batch_id, unit_id).reservation
+def queued_lease(plane: ControlPlane, batch_id: str, unit_id: str) -> float:
+    reservation = ledger(plane).unit(batch_id, unit_id).reservation
     assert reservation is not None and not reservation.claimed
     return reservation.lease_expires
 
@@ -538,35 +510,37 @@ def queued_lease(batch_id: str, unit_id: str) -> float:
 def test_an_expired_queued_reservation_is_released_and_the_worker_readmits_the_unit(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = watch_model(monkeypatch)
+    model = watch_model(plane, monkeypatch)
     # Given 2 units admitted at fan-out, waiting in their lane with the queue lease
     batch_id = submit(plane, {"units": units(2)})
     plane.run_state_machine()
     reserved = sum(u["projected_tokens"] for u in units(2))
-    assert ledger().run(batch_id).reserved == reserved
-    expires = max(queued_lease(batch_id, u["unit_id"]) for u in units(2))
-    assert expires - ledger().run(batch_id).opened_at >= QUEUE_LEASE_S
+    assert ledger(plane).run(batch_id).reserved == reserved
+    expires = max(queued_lease(plane, batch_id, u["unit_id"]) for u in units(2))
+    assert expires - ledger(plane).run(batch_id).opened_at >= QUEUE_LEASE_S
     sweep = fake_time(monkeypatch, finalizer_handler, expires - 1)
     # When the finalizer sweeps a second before the leases end, nothing is released
     assert plane.finalize(batch_id)["closed"] is False
-    assert (ledger().run(batch_id).reserved, ledger().run(batch_id).in_flight) == (reserved, 2)
+    run = ledger(plane).run(batch_id)
+    assert (run.reserved, run.in_flight) == (reserved, 2)
     # When it sweeps as they end
     sweep.now = expires
     assert plane.finalize(batch_id)["closed"] is False
     # Then the reservations are given back, no attempt is charged, the run stays open
-    run = ledger().run(batch_id)
+    run = ledger(plane).run(batch_id)
     assert (run.reserved, run.in_flight, run.spent, run.state) == (0, 0, 0, RunState.OPEN)
-    assert {u.state for u in ledger().units(batch_id)} == {UnitState.PENDING}
-    assert ledger().attempts(batch_id) == []
+    assert {u.state for u in ledger(plane).units(batch_id)} == {UnitState.PENDING}
+    assert ledger(plane).attempts(batch_id) == []
     # and the units' own messages are still the only ones queued (the sweep sends none)
     messages = receive_all(plane)
     assert [unit_of(m) for m in messages] == ["u0000", "u0001"]
     # When a worker finally takes them, it admits each unit again and runs it once
     for message in messages:
         plane.deliver(Lane.NORMAL, [message])
-    run = assert_books_exact(batch_id, model)
+    run = assert_books_exact(plane, batch_id, model)
     assert (run.completed, run.state) == (2, RunState.COMPLETED)
-    assert sorted((a.unit_id, a.attempt, a.reclaimed) for a in ledger().attempts(batch_id)) == [
+    attempts = ledger(plane).attempts(batch_id)
+    assert sorted((a.unit_id, a.attempt, a.reclaimed) for a in attempts) == [
         ("u0000", 0, False),
         ("u0001", 0, False),
     ]
@@ -575,7 +549,7 @@ def test_an_expired_queued_reservation_is_released_and_the_worker_readmits_the_u
 def test_an_expired_queued_reservation_during_exhaustion_joins_the_remainder(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = watch_model(monkeypatch)
+    model = watch_model(plane, monkeypatch)
     # Given a run exhausting at fan-out: u0000 and u0001 admitted, u0002..u0005 the remainder
     batch_id = submit(plane, {"units": SIX, "budget": TIGHT})
     plane.run_state_machine()
@@ -583,26 +557,26 @@ def test_an_expired_queued_reservation_during_exhaustion_joins_the_remainder(
     assert sorted(messages) == ["u0000", "u0001"]
     # and u0001 done by a worker, while u0000 still waits in its lane
     plane.deliver(Lane.NORMAL, [messages["u0001"]])
-    assert ledger().run(batch_id).state is RunState.EXHAUSTING
+    assert ledger(plane).run(batch_id).state is RunState.EXHAUSTING
     # When u0000's queue lease expires and the finalizer sweeps
-    fake_time(monkeypatch, finalizer_handler, queued_lease(batch_id, "u0000"))
+    fake_time(monkeypatch, finalizer_handler, queued_lease(plane, batch_id, "u0000"))
     result = plane.finalize(batch_id)
     # Then u0000 joins the remainder (it was never started), which closes the run as exhausted
     assert (result["closed"], result["state"]) == (True, "exhausted")
     _, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert doc["remainder"] == ["u0000", "u0002", "u0003", "u0004", "u0005"]
     [event] = announced(plane, batch_id)
-    assert assert_results_match(event)["remainder"] == doc["remainder"]
+    assert assert_results_match(plane, event)["remainder"] == doc["remainder"]
     # and when its message reaches a worker, nothing runs and the message is dropped
     plane.deliver(Lane.NORMAL, [messages["u0000"]])
-    assert receive_all(plane) == [] and ledger().attempts(batch_id)[0].unit_id == "u0001"
+    assert receive_all(plane) == [] and ledger(plane).attempts(batch_id)[0].unit_id == "u0001"
     assert len(model.of(batch_id)) == 1
     # When the tenant tops up, the whole remainder runs, each unit once, with exact books
     assert resume(plane, batch_id, 1_000_000)["requeued"] == 5
     monkeypatch.setattr(finalizer_handler, "time", time)
     assert run_to_close(plane, batch_id)["state"] == "completed"
-    run = assert_books_exact(batch_id, model)
-    assert run.completed == 6 and len(ledger().attempts(batch_id)) == 6
+    run = assert_books_exact(plane, batch_id, model)
+    assert run.completed == 6 and len(ledger(plane).attempts(batch_id)) == 6
 
 
 @pytest.mark.parametrize("sweep_lands", ["before_the_claim", "while_the_model_runs"])
@@ -610,12 +584,12 @@ def test_a_worker_taking_an_expired_queued_reservation_as_the_sweep_runs(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, sweep_lands: str
 ) -> None:
     sqs_clock = freeze_sqs_clock(monkeypatch)
-    model = watch_model(monkeypatch)
+    model = watch_model(plane, monkeypatch)
     # Given a unit admitted at fan-out whose queue lease has expired when a worker takes it
     batch_id = submit(plane, {"units": units(1)})
     plane.run_state_machine()
-    late = queued_lease(batch_id, "u0000") + 1
-    worker: Worker = service(monkeypatch, "worker")
+    late = queued_lease(plane, batch_id, "u0000") + 1
+    worker: Worker = service(plane, "worker")
     worker.governor.snapshot(time.time())  # the fleet's bucket exists: a worker created it
     monkeypatch.setattr(worker, "now", Clock(late).time)
     fake_time(monkeypatch, finalizer_handler, late)
@@ -623,15 +597,15 @@ def test_a_worker_taking_an_expired_queued_reservation_as_the_sweep_runs(
 
     def sweep() -> None:
         plane.finalize(batch_id)
-        swept.append(ledger().run(batch_id))
+        swept.append(ledger(plane).run(batch_id))
 
     # When the finalizer's sweep runs after the worker read the unit, before it claims the
     # attempt (while it draws from the governor), or after the claim (while the model runs)
     if sweep_lands == "before_the_claim":
-        fired = run_before(monkeypatch, worker.governor, "draw", nested(plane, sweep))
+        fired = run_before(monkeypatch, worker.governor, "draw", sweep)
     else:
         fired = [True]
-        model.during[("u0000", 0)] = nested(plane, sweep)
+        model.during[("u0000", 0)] = sweep
     [message] = receive_all(plane)
     response = plane.deliver(Lane.NORMAL, [message])
     assert fired and swept and response["batchItemFailures"] == []
@@ -639,8 +613,8 @@ def test_a_worker_taking_an_expired_queued_reservation_as_the_sweep_runs(
         # Then the sweep released the reservation, the worker's claim is refused, nothing ran,
         # and the worker handed the unit back to its lane with a delayed copy
         assert (swept[0].reserved, swept[0].in_flight) == (0, 0)
-        assert model.of(batch_id) == [] and ledger().attempts(batch_id) == []
-        assert ledger().unit(batch_id, "u0000").state is UnitState.PENDING
+        assert model.of(batch_id) == [] and ledger(plane).attempts(batch_id) == []
+        assert ledger(plane).unit(batch_id, "u0000").state is UnitState.PENDING
         sqs_clock.advance(math.ceil(worker.config.requeue_delay_s))
         [copy] = receive_all(plane)
         assert parse_message_body(copy["Body"]) == parse_message_body(message["Body"])
@@ -649,9 +623,9 @@ def test_a_worker_taking_an_expired_queued_reservation_as_the_sweep_runs(
     else:
         # Then the claim's fresh lease protects the attempt from the sweep
         assert (swept[0].reserved, swept[0].in_flight) == (units(1)[0]["projected_tokens"], 1)
-    run = assert_books_exact(batch_id, model)
+    run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 1
-    assert [(a.attempt, a.succeeded, a.reclaimed) for a in ledger().attempts(batch_id)] == [
+    assert [(a.attempt, a.succeeded, a.reclaimed) for a in ledger(plane).attempts(batch_id)] == [
         (0, True, False)
     ]
     assert receive_all(plane) == []
@@ -673,7 +647,7 @@ def test_a_worker_taking_an_expired_queued_reservation_as_the_sweep_runs(
 def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, top_up_lands: str
 ) -> None:
-    model = watch_model(monkeypatch)
+    model = watch_model(plane, monkeypatch)
     # Given a run of 6 units whose budget admits u0000 and u0001 only
     batch_id = submit(plane, {"units": SIX, "budget": TIGHT})
     resumed: list[dict[str, Any]] = []
@@ -684,10 +658,9 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
         remainder_before.append(doc["remainder"])
         resumed.append(resume(plane, batch_id, 1_000_000))
 
-    step = nested(plane, top_up)
     fired: list[bool] = [True]
     if top_up_lands == "while_the_last_attempt_runs":
-        model.during[("u0001", 0)] = step
+        model.during[("u0001", 0)] = top_up
     elif top_up_lands == "between_the_closing_settlement_read_and_write":
         fired = []
         original = dynamodb_ledger.decide_settlement
@@ -697,25 +670,25 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
             new_run = decided[0]
             if not fired and new_run.state is RunState.EXHAUSTED:
                 fired.append(True)
-                step()
+                top_up()
             return decided
 
         monkeypatch.setattr(dynamodb_ledger, "decide_settlement", decide)
     elif top_up_lands == "between_the_finalizers_reads":
-        fin = service(monkeypatch, "finalizer")
-        fired = run_before(monkeypatch, fin.ledger, "units", step)
+        fin = service(plane, "finalizer")
+        fired = run_before(monkeypatch, fin.ledger, "units", top_up)
     # When the original execution fans the batch out (the top-up may land in between)
     for item in fan_out_events(plane):
         outcome = plane.invoke("fanout", item)
         refused = outcome["outcome"] == "remainder"
         if top_up_lands == "during_the_fan_out" and refused and not resumed:
-            step()
+            top_up()
     # and the workers run u0000 then u0001, the last in flight
     for message in receive_all(plane):
         plane.deliver(Lane.NORMAL, [message])
     if top_up_lands == "after_the_close_before_the_finalizer":
-        assert ledger().run(batch_id).state is RunState.EXHAUSTED
-        step()
+        assert ledger(plane).run(batch_id).state is RunState.EXHAUSTED
+        top_up()
     # and the original execution's finalizer polls
     first = plane.finalize(batch_id)
     # Then the top-up happened, and it reopened the run with every unit not yet run
@@ -725,7 +698,7 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
     # and the run finishes: every unit completed once, nothing ran after it completed
     final = first if first["state"] == "completed" else run_to_close(plane, batch_id)
     assert final["state"] == "completed"
-    run = assert_books_exact(batch_id, model)
+    run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 6 and run.budget == TIGHT + 1_000_000
     assert sorted(u for u, _, _, _ in model.of(batch_id)) == [u["unit_id"] for u in SIX]
     # and the closures were announced once each, consistently with their results
@@ -733,7 +706,7 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
     kinds = Counter(e["detail-type"] for e in events)
     assert kinds["run.completed"] == 1 and kinds["run.exhausted"] <= 1
     for event in events:
-        results = assert_results_match(event)
+        results = assert_results_match(plane, event)
         if event["detail-type"] == "run.exhausted":  # what the tenant saw and resumed
             assert sorted(results["remainder"]) == sorted(remainder_before[0])
     if top_up_lands == "between_the_finalizers_reads":
@@ -743,27 +716,25 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
 def test_a_second_resume_after_the_run_exhausted_again_requeues_the_new_remainder(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = watch_model(monkeypatch)
+    model = watch_model(plane, monkeypatch)
     # Given a run exhausted with u0002..u0005 in its remainder
     batch_id = submit(plane, {"units": SIX, "budget": TIGHT})
     assert run_to_close(plane, batch_id)["state"] == "exhausted"
     # and a first resume whose top-up covers one more unit only
-    assert resume(plane, batch_id, top_up_for(batch_id, ONE_MORE))["requeued"] == 4
+    assert resume(plane, batch_id, top_up_for(plane, batch_id, ONE_MORE))["requeued"] == 4
     # When a second resume (a client retrying, a second operator) reads the run while it is
     # open, and the first resume's fan-out exhausts it again before the second top-up lands
-    batches = service(monkeypatch, "api")
-    fired = run_before(
-        monkeypatch, batches.ledger, "top_up", nested(plane, plane.run_state_machine)
-    )
+    batches = service(plane, "api")
+    fired = run_before(monkeypatch, batches.ledger, "top_up", plane.run_state_machine)
     second = resume(plane, batch_id, 1_000_000)
     # Then the second resume requeues the new remainder (u0003..u0005) under its own name
     assert fired
-    assert ledger().run(batch_id).exhaustions == 2
+    assert ledger(plane).run(batch_id).exhaustions == 2
     assert second["requeued"] == 3 and second["state"] == "open"
     assert executions(plane) == sorted([batch_id, f"{batch_id}-resume-1", f"{batch_id}-resume-2"])
     resumes = {
-        key: sorted(i["unit_id"] for i in read_json(key))
-        for key in objects(f"manifests/{batch_id}/resume-")
+        key: sorted(i["unit_id"] for i in read_json(plane, key))
+        for key in objects(plane, f"manifests/{batch_id}/resume-")
     }
     assert resumes == {
         f"manifests/{batch_id}/resume-1.json": ["u0002", "u0003", "u0004", "u0005"],
@@ -771,6 +742,6 @@ def test_a_second_resume_after_the_run_exhausted_again_requeues_the_new_remainde
     }
     # and the run completes: nothing stuck open, every unit run once
     assert run_to_close(plane, batch_id)["state"] == "completed"
-    run = assert_books_exact(batch_id, model)
+    run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 6
     assert sorted(u for u, _, _, _ in model.of(batch_id)) == [u["unit_id"] for u in SIX]

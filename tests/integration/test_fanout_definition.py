@@ -6,64 +6,29 @@ its manifest ends the execution as ``FanOutFailed`` for the sweeper.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import threading
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
-from infra.config import load_config
-from infra.constants import FANOUT_ASL
-from infra.context import cdk_json_context
-from infra.fanout import definition_substitutions
-from infra.local_definition import LOCAL_REWRITES
 from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
-from swarm.local import patches
+from swarm.local.patches import emulator
 from swarm.local.patches import stepfunctions as sfn_patch
-from tests.integration.plane import REGION, TABLE, ControlPlane, build
+from tests.integration.plane import OPTIONS, ControlPlane, assume, control_plane
 
-POLLS_PER_EXECUTION = 2
-PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+#: the tier's template continues the finalize loop as a new execution after this many polls
+POLLS_PER_EXECUTION = OPTIONS.finalizer_polls_per_execution
 TIMEOUT_S = 90.0
 
 
-def _zip() -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("placeholder.py", "")  # the handlers run from this repository
-    return buffer.getvalue()
-
-
-def _definition(fanout_arn: str, finalizer_arn: str) -> str:
-    """The ASL file as the local stack deploys it, with a 1 s poll and a 2-poll limit."""
-    context = cdk_json_context()
-    fanout = {
-        **context["fanout"],
-        "finalizer_poll_seconds": 1,
-        "finalizer_polls_per_execution": POLLS_PER_EXECUTION,
-    }
-    config = load_config({**context, "fanout": fanout})
-    values = definition_substitutions(
-        config=config,
-        bucket_name="swarm-batches",
-        fanout_arn=fanout_arn,
-        finalizer_arn=finalizer_arn,
-    )
-    for name, rewrite in LOCAL_REWRITES.items():
-        values[name] = rewrite(values[name])
-    return PLACEHOLDER.sub(lambda m: values[m.group(1)], FANOUT_ASL.read_text())
-
-
 class Functions:
-    """moto's Lambda Invoke, as the interpreter calls it, runs the real handler (one at a time:
-    the handlers read their function name from the process environment)."""
+    """moto's Lambda Invoke, as the interpreter calls it, runs the deployed function's handler
+    through the plane (one at a time: the handler modules and their state are this process's
+    own, not a sandbox per invocation as on the local stack), and records each call."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
@@ -99,52 +64,41 @@ class Functions:
 def interpreter(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[ControlPlane, Functions]]:
+    """The tier's template deployed with moto running state machines: the state machine as the
+    local stack deploys it, its tasks calling the deployed functions with its own role."""
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
-    patches.apply_all()
     sfn_patch.patch_sfn_start_execution()
+    emulator.patch_sfn_client_cache()  # the interpreter's clients sign as INTERPRETER_CREDENTIALS
     config = {"lambda": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}
-    with mock_aws(config=config):  # type: ignore[arg-type]
-        for plane in build(monkeypatch):
-            plane.observe_events()
-            functions = Functions(plane)
+    with control_plane(monkeypatch, moto_config=config) as plane:
+        plane.observe_events()
+        functions = Functions(plane)
 
-            def invoke(backend: Any, *args: Any, _functions: Functions = functions) -> bytes:
-                return _functions.invoke(backend, *args)
+        def invoke(backend: Any, *args: Any, _functions: Functions = functions) -> bytes:
+            return _functions.invoke(backend, *args)
 
-            monkeypatch.setattr(LambdaSimpleBackend, "invoke", invoke)
-            role = boto3.client("iam", region_name=REGION).get_role(RoleName="sfn")["Role"]["Arn"]
-            lam = boto3.client("lambda", region_name=REGION)
-            arns = {}
-            for module in ("fanout", "finalizer"):
-                arns[module] = lam.create_function(
-                    FunctionName=f"swarm-{module}",
-                    Runtime="python3.11",
-                    Role=role,
-                    Handler=f"functions.{module}.handler",
-                    Code={"ZipFile": _zip()},
-                )["FunctionArn"]
-            boto3.client("stepfunctions", region_name=REGION).update_state_machine(
-                stateMachineArn=plane.state_machine_arn,
-                definition=_definition(arns["fanout"], arns["finalizer"]),
-            )
-            yield plane, functions
-            _stop_all(plane)
+        monkeypatch.setattr(LambdaSimpleBackend, "invoke", invoke)
+        machine = _sfn(plane).describe_state_machine(stateMachineArn=plane.state_machine_arn)
+        credentials = assume(machine["roleArn"], "states")
+        monkeypatch.setattr(emulator, "INTERPRETER_CREDENTIALS", credentials.boto())
+        yield plane, functions
+        _stop_all(plane)
 
 
-def _sfn() -> Any:
-    return boto3.client("stepfunctions", region_name=REGION)
+def _sfn(plane: ControlPlane) -> Any:
+    return plane.client("stepfunctions")
 
 
 def _executions(plane: ControlPlane) -> dict[str, dict[str, Any]]:
-    listing = _sfn().list_executions(stateMachineArn=plane.state_machine_arn)["executions"]
+    listing = _sfn(plane).list_executions(stateMachineArn=plane.state_machine_arn)["executions"]
     return {e["name"]: e for e in listing}
 
 
 def _stop_all(plane: ControlPlane) -> None:
     for found in _executions(plane).values():
         if found["status"] == "RUNNING":
-            _sfn().stop_execution(executionArn=found["executionArn"])
+            _sfn(plane).stop_execution(executionArn=found["executionArn"])
 
 
 def _wait(what: str, check: Callable[[], Any]) -> Any:
@@ -159,13 +113,13 @@ def _wait(what: str, check: Callable[[], Any]) -> Any:
 
 def _describe(plane: ControlPlane, name: str) -> dict[str, Any]:
     arn = plane.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
-    found: dict[str, Any] = _sfn().describe_execution(executionArn=arn)
+    found: dict[str, Any] = _sfn(plane).describe_execution(executionArn=arn)
     return found
 
 
 def _entered(plane: ControlPlane, name: str) -> list[str]:
     arn = _describe(plane, name)["executionArn"]
-    events = _sfn().get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    events = _sfn(plane).get_execution_history(executionArn=arn, maxResults=1000)["events"]
     return [
         e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
     ]
@@ -211,7 +165,7 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
         fanned = [event["unit"]["unit_id"] for name, event in functions.calls if name == "fanout"]
     assert sorted(fanned) == ["u0", "u1", "u2"]
     # and the first poll of each execution recorded it as the one finalizing the run
-    watch = DynamoDBRunWatch(TABLE, client=boto3.client("dynamodb", region_name=REGION))
+    watch = DynamoDBRunWatch(plane.ledger_table, client=plane.client("dynamodb"))
 
     def recorded() -> str | None:
         entry = watch.get(batch)
@@ -242,7 +196,7 @@ def test_a_map_that_cannot_read_its_manifest_ends_the_execution_for_the_sweeper(
 ) -> None:
     plane, functions = interpreter
     # When an execution's manifest is missing (the ItemReader fails)
-    _sfn().start_execution(
+    _sfn(plane).start_execution(
         stateMachineArn=plane.state_machine_arn,
         name="b-missing",
         input=json.dumps({"batch_id": "b-missing", "manifest_key": "manifests/b-missing/x.json"}),

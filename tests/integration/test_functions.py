@@ -5,29 +5,27 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
-import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
-from moto import mock_aws
+from botocore.exceptions import ClientError
 
 import functions.worker as worker_handler
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
-from swarm.contract import LEASE_SECONDS
+from swarm.contract import (
+    GOVERNOR_SHARE,
+    GOVERNOR_TABLE_NAME,
+    LEASE_SECONDS,
+    QUOTA_TPM,
+    worker_mapping_var,
+)
 from swarm.core.codec import parse_message_body
 from swarm.core.lanes import QueuedUnit
-from swarm.core.records import Lane, RunState, UnitState
-from swarm.local import patches
-from tests.integration.plane import REGION, TABLE, ControlPlane, build, freeze_sqs_clock
-
-
-@pytest.fixture
-def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    patches.apply_all()
-    with mock_aws():
-        yield from build(monkeypatch)
+from swarm.core.records import LANES, Lane, RunState, UnitState
+from swarm.local.patches import iam
+from tests.integration.plane import ControlPlane, control_plane, freeze_sqs_clock
 
 
 def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any]]:
@@ -37,14 +35,20 @@ def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any
     ]
 
 
-def ledger() -> DynamoDBLedger:
-    return DynamoDBLedger(TABLE, client=boto3.client("dynamodb", region_name=REGION))
+def ledger(plane: ControlPlane) -> DynamoDBLedger:
+    return DynamoDBLedger(plane.ledger_table, client=plane.client("dynamodb"))
 
 
-def objects(prefix: str = "") -> list[str]:
-    s3 = boto3.client("s3", region_name=REGION)
-    listing = s3.list_objects_v2(Bucket="swarm-batches", Prefix=prefix)
+def objects(plane: ControlPlane, prefix: str = "") -> list[str]:
+    listing = plane.client("s3").list_objects_v2(Bucket=plane.bucket, Prefix=prefix)
     return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def items(plane: ControlPlane) -> int:
+    """Every item of the ledger's and the governor's tables."""
+    dynamodb = plane.client("dynamodb")
+    tables = (plane.ledger_table, plane.env("worker")[GOVERNOR_TABLE_NAME])
+    return sum(dynamodb.scan(TableName=table)["Count"] for table in tables)
 
 
 def run_to_close(plane: ControlPlane, batch_id: str) -> dict[str, Any]:
@@ -66,11 +70,11 @@ def test_a_batch_runs_through_admission_workers_and_the_finalizer(plane: Control
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert status == 200
     assert doc["state"] == "completed" and doc["counts"]["completed"] == 60
-    attempts = ledger().attempts(batch_id)
+    attempts = ledger(plane).attempts(batch_id)
     assert doc["tokens"]["spent"] == sum(a.tokens for a in attempts)
     assert doc["tokens"]["reserved"] == 0
     assert doc["healthy_line"].startswith("run.completed: completed 60/60")
-    assert result["results_key"] in objects("results/")
+    assert result["results_key"] in objects(plane, "results/")
 
 
 def test_exhaustion_enumerates_the_remainder_and_resume_completes_it(plane: ControlPlane) -> None:
@@ -82,15 +86,17 @@ def test_exhaustion_enumerates_the_remainder_and_resume_completes_it(plane: Cont
     assert doc["tokens"]["spent"] <= 150_000
     remainder = doc["remainder"]
     assert len(remainder) == doc["counts"]["remainder"] == 30 - doc["counts"]["completed"]
-    assert f"results/{batch_id}/remainder-1.json" in objects("results/")
-    done_before = {u.unit_id for u in ledger().units(batch_id) if u.state is UnitState.COMPLETED}
+    assert f"results/{batch_id}/remainder-1.json" in objects(plane, "results/")
+    done_before = {
+        u.unit_id for u in ledger(plane).units(batch_id) if u.state is UnitState.COMPLETED
+    }
     # When the tenant tops up and resumes
     status, doc, _ = plane.api("POST", f"/batches/{batch_id}/resume", {"top_up": 500_000})
     assert status == 200 and doc["requeued"] == len(remainder) and doc["state"] == "open"
     run_to_close(plane, batch_id)
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert doc["state"] == "completed" and doc["counts"]["completed"] == 30
-    for attempt in ledger().attempts(batch_id):  # nothing completed ran again
+    for attempt in ledger(plane).attempts(batch_id):  # nothing completed ran again
         assert attempt.unit_id not in done_before or attempt.attempt == 0
     # resuming a completed batch is a conflict
     status, doc, _ = plane.api("POST", f"/batches/{batch_id}/resume", {"top_up": 1})
@@ -105,9 +111,9 @@ def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:
     assert len(messages) == 2
     plane.deliver(Lane.NORMAL, messages[:1] * 2)  # the same message twice in one batch
     plane.deliver(Lane.NORMAL, messages[1:])
-    attempts = ledger().attempts(batch_id)
+    attempts = ledger(plane).attempts(batch_id)
     assert sorted((a.unit_id, a.attempt) for a in attempts) == [("u0000", 0), ("u0001", 0)]
-    run = ledger().run(batch_id)
+    run = ledger(plane).run(batch_id)
     assert run.state is RunState.COMPLETED
     assert run.spent == sum(a.tokens for a in attempts)
 
@@ -115,45 +121,41 @@ def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:
 def test_failed_attempts_are_redelivered_and_their_tokens_counted(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    patches.apply_all()
-    with mock_aws():
-        for plane in build(monkeypatch, SIM_MODEL_FAILURE_RATE="0.3"):
-            _, doc, _ = plane.api("POST", "/batches", {"units": units(40)})
-            batch_id = doc["batch_id"]
-            run_to_close(plane, batch_id)
-            run = ledger().run(batch_id)
-            attempts = ledger().attempts(batch_id)
-            failed = [a for a in attempts if not a.succeeded]
-            assert failed and run.retries > 0
-            assert run.spent == sum(a.tokens for a in attempts)  # failed attempts billed too
-            assert run.completed + run.dead_lettered == 40
+    with control_plane(monkeypatch, SIM_MODEL_FAILURE_RATE="0.3") as plane:
+        _, doc, _ = plane.api("POST", "/batches", {"units": units(40)})
+        batch_id = doc["batch_id"]
+        run_to_close(plane, batch_id)
+        run = ledger(plane).run(batch_id)
+        attempts = ledger(plane).attempts(batch_id)
+        failed = [a for a in attempts if not a.succeeded]
+        assert failed and run.retries > 0
+        assert run.spent == sum(a.tokens for a in attempts)  # failed attempts billed too
+        assert run.completed + run.dead_lettered == 40
 
 
 def test_a_worker_dying_mid_unit_is_redelivered_and_the_lost_attempt_counted(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    patches.apply_all()
-    with mock_aws():
-        for plane in build(monkeypatch, LEASE_SECONDS="1"):
-            _, doc, _ = plane.api("POST", "/batches", {"units": units(1)})
-            batch_id = doc["batch_id"]
-            plane.run_state_machine()
-            [message] = plane.receive(Lane.NORMAL)
-            # the worker claimed the attempt, called the model, and died before settling
-            assert ledger().claim(batch_id, "u0000", 0, time.time(), 1.0).claimed
-            time.sleep(1.2)  # the visibility timeout and the claim's lease run out
-            [again] = plane.receive(Lane.NORMAL)
-            assert again["MessageId"] == message["MessageId"]
-            plane.deliver(Lane.NORMAL, [again])
-            attempts = ledger().attempts(batch_id)
-            assert [(a.attempt, a.succeeded, a.reclaimed) for a in attempts] == [
-                (0, False, True),
-                (1, True, False),
-            ]
-            # the lost attempt counts its whole reservation; the retry what the model billed
-            retry = next(a for a in attempts if a.attempt == 1)
-            assert 0 < retry.tokens <= 10_000
-            assert ledger().run(batch_id).spent == 10_000 + retry.tokens
+    with control_plane(monkeypatch, LEASE_SECONDS="1") as plane:
+        _, doc, _ = plane.api("POST", "/batches", {"units": units(1)})
+        batch_id = doc["batch_id"]
+        plane.run_state_machine()
+        [message] = plane.receive(Lane.NORMAL)
+        # the worker claimed the attempt, called the model, and died before settling
+        assert ledger(plane).claim(batch_id, "u0000", 0, time.time(), 1.0).claimed
+        time.sleep(1.2)  # the visibility timeout and the claim's lease run out
+        [again] = plane.receive(Lane.NORMAL)
+        assert again["MessageId"] == message["MessageId"]
+        plane.deliver(Lane.NORMAL, [again])
+        attempts = ledger(plane).attempts(batch_id)
+        assert [(a.attempt, a.succeeded, a.reclaimed) for a in attempts] == [
+            (0, False, True),
+            (1, True, False),
+        ]
+        # the lost attempt counts its whole reservation; the retry what the model billed
+        retry = next(a for a in attempts if a.attempt == 1)
+        assert 0 < retry.tokens <= 10_000
+        assert ledger(plane).run(batch_id).spent == 10_000 + retry.tokens
 
 
 def test_draining_gives_503_and_workers_take_nothing_new(
@@ -173,7 +175,7 @@ def test_draining_gives_503_and_workers_take_nothing_new(
     assert len(originals) == 4
     response = plane.deliver(Lane.NORMAL, originals)
     assert response["batchItemFailures"] == []
-    assert ledger().run(batch_id).spent == 0 and ledger().attempts(batch_id) == []
+    assert ledger(plane).run(batch_id).spent == 0 and ledger(plane).attempts(batch_id) == []
     status, body, _ = plane.api("GET", "/drain")
     assert body["draining"] is True
     # Then the lane holds exactly the worker's own copies, delayed: the originals are gone
@@ -186,7 +188,7 @@ def test_draining_gives_503_and_workers_take_nothing_new(
     assert lane_counts(plane, Lane.NORMAL) == {"visible": 4, "in_flight": 0, "delayed": 0}
     plane.set_drain(False)
     # past the originals' visibility timeout too (they would be back had they not been deleted)
-    clock.advance(int(plane.env[LEASE_SECONDS]))
+    clock.advance(int(plane.env("worker")[LEASE_SECONDS]))
     copies = plane.receive(Lane.NORMAL)
     assert len(copies) == 4
     assert not {m["MessageId"] for m in copies} & {m["MessageId"] for m in originals}
@@ -201,8 +203,8 @@ def test_draining_gives_503_and_workers_take_nothing_new(
     # and delivering those copies (not re-sent bodies) completes every unit, once
     plane.deliver(Lane.NORMAL, copies)
     assert plane.receive(Lane.NORMAL) == []
-    assert ledger().run(batch_id).completed == 4
-    assert sorted((a.unit_id, a.attempt) for a in ledger().attempts(batch_id)) == [
+    assert ledger(plane).run(batch_id).completed == 4
+    assert sorted((a.unit_id, a.attempt) for a in ledger(plane).attempts(batch_id)) == [
         (f"u{i:04d}", 0) for i in range(4)
     ]
 
@@ -213,7 +215,7 @@ def lane_counts(plane: ControlPlane, lane: Lane) -> dict[str, int]:
         "in_flight": "ApproximateNumberOfMessagesNotVisible",
         "delayed": "ApproximateNumberOfMessagesDelayed",
     }
-    attrs = boto3.client("sqs", region_name=REGION).get_queue_attributes(
+    attrs = plane.client("sqs").get_queue_attributes(
         QueueUrl=plane.queue_urls[lane], AttributeNames=list(names.values())
     )["Attributes"]
     return {key: int(attrs[name]) for key, name in names.items()}
@@ -222,18 +224,14 @@ def lane_counts(plane: ControlPlane, lane: Lane) -> dict[str, int]:
 def test_deep_lanes_shed_new_submissions_with_retry_after(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    patches.apply_all()
-    with mock_aws():
-        for plane in build(monkeypatch, SHED_DEPTH_LOW="10", SHED_DEPTH_NORMAL="50"):
-            plane.api("POST", "/batches", {"units": units(20), "lane": "normal"})
-            plane.run_state_machine()
-            status, body, headers = plane.api(
-                "POST", "/batches", {"units": units(2), "lane": "low"}
-            )
-            assert status == 429 and body["error"] == "shedding"
-            assert int(headers["Retry-After"]) >= 1
-            status, _, _ = plane.api("POST", "/batches", {"units": units(2), "lane": "high"})
-            assert status == 201  # higher lanes shed last
+    with control_plane(monkeypatch, SHED_DEPTH_LOW="10", SHED_DEPTH_NORMAL="50") as plane:
+        plane.api("POST", "/batches", {"units": units(20), "lane": "normal"})
+        plane.run_state_machine()
+        status, body, headers = plane.api("POST", "/batches", {"units": units(2), "lane": "low"})
+        assert status == 429 and body["error"] == "shedding"
+        assert int(headers["Retry-After"]) >= 1
+        status, _, _ = plane.api("POST", "/batches", {"units": units(2), "lane": "high"})
+        assert status == 201  # higher lanes shed last
 
 
 @pytest.mark.parametrize(
@@ -261,8 +259,8 @@ def test_malformed_submissions_get_400_naming_the_field_and_write_nothing(
     assert status == 400, doc
     assert doc["error"] == "invalid_request"
     assert doc["message"].startswith(f"{field}:"), doc["message"]
-    assert objects() == []
-    assert boto3.client("dynamodb", region_name=REGION).scan(TableName=TABLE)["Count"] == 0
+    assert objects(plane) == []
+    assert items(plane) == 0
 
 
 def test_not_json_oversize_and_unauthorised_requests(plane: ControlPlane) -> None:
@@ -278,7 +276,7 @@ def test_not_json_oversize_and_unauthorised_requests(plane: ControlPlane) -> Non
     response = plane.invoke("api", proxy_event("GET", "/fleet", user_arn=event_arn, headers={}))
     assert response["statusCode"] == 403
     assert json.loads(response["body"])["error"] == "forbidden"
-    assert objects() == []
+    assert objects(plane) == []
 
 
 def test_tenants_are_isolated_and_idempotency_keys_are_honoured(plane: ControlPlane) -> None:
@@ -293,33 +291,36 @@ def test_tenants_are_isolated_and_idempotency_keys_are_honoured(plane: ControlPl
 
 
 def test_manifest_submissions_read_the_tenants_upload(plane: ControlPlane) -> None:
-    s3 = boto3.client("s3", region_name=REGION)
     key = "manifests/uploads/acme/big.json"
-    s3.put_object(Bucket="swarm-batches", Key=key, Body=json.dumps(units(25)).encode())
+    plane.client("s3").put_object(Bucket=plane.bucket, Key=key, Body=json.dumps(units(25)).encode())
     status, doc, _ = plane.api("POST", "/batches", {"manifest": {"key": key}})
     assert status == 201 and doc["units"] == 25
     run_to_close(plane, doc["batch_id"])
-    assert ledger().run(doc["batch_id"]).completed == 25
+    assert ledger(plane).run(doc["batch_id"]).completed == 25
 
 
 def _remember_key(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
     context["test_object"] = (params["Bucket"], params["Key"])
 
 
-def _s3_without_list_bucket(context: dict[str, Any], **_: Any) -> Any:
-    """S3 as a role without s3:ListBucket sees it: 403 AccessDenied for a missing key."""
-    bucket, key = context["test_object"]
-    s3 = boto3.client("s3", region_name=REGION)
-    try:
-        s3.head_object(Bucket=bucket, Key=key)
-    except s3.exceptions.ClientError:
-        error = {"Code": "AccessDenied", "Message": "Access Denied"}
-        meta = {"HTTPStatusCode": 403}
-        return AWSResponse(f"https://s3/{key}", 403, {}, None), {
-            "Error": error,
-            "ResponseMetadata": meta,
-        }
-    return None
+def _without_list_bucket(s3: Any) -> Callable[..., Any]:
+    """S3 as a role without s3:ListBucket sees it: 403 AccessDenied for a missing key (``s3``:
+    a client that may look)."""
+
+    def before_call(context: dict[str, Any], **_: Any) -> Any:
+        bucket, key = context["test_object"]
+        try:
+            s3.head_object(Bucket=bucket, Key=key)
+        except s3.exceptions.ClientError:
+            error = {"Code": "AccessDenied", "Message": "Access Denied"}
+            meta = {"HTTPStatusCode": 403}
+            return AWSResponse(f"https://s3/{key}", 403, {}, None), {
+                "Error": error,
+                "ResponseMetadata": meta,
+            }
+        return None
+
+    return before_call
 
 
 @pytest.mark.parametrize("list_bucket", [True, False], ids=["404", "403"])
@@ -327,30 +328,30 @@ def test_a_missing_upload_is_a_400_naming_it_whatever_s3_answers(
     plane: ControlPlane, list_bucket: bool
 ) -> None:
     # Given S3 answering a missing key with 404 (s3:ListBucket granted) or 403 (not granted;
-    # the hook is on the session the handler's clients are made from, before they are made)
-    events = boto3._get_default_session().events
+    # the hook is on the API function's own S3 client)
+    events = plane.functions["api"].clients("s3").meta.events
+    denied = _without_list_bucket(plane.client("s3"))
     if not list_bucket:
         events.register("before-parameter-build.s3.GetObject", _remember_key)
-        events.register("before-call.s3.GetObject", _s3_without_list_bucket)
+        events.register("before-call.s3.GetObject", denied)
     try:
         # When a tenant submits a manifest key it never uploaded
         key = "manifests/uploads/acme/never-uploaded.json"
         status, doc, _ = plane.api("POST", "/batches", {"manifest": {"key": key}})
     finally:
         events.unregister("before-parameter-build.s3.GetObject", _remember_key)
-        events.unregister("before-call.s3.GetObject", _s3_without_list_bucket)
+        events.unregister("before-call.s3.GetObject", denied)
     # Then the caller gets a 400 naming the field and the key, and nothing is written
     assert status == 400, doc
     assert doc["error"] == "invalid_request"
     assert doc["message"].startswith("manifest.key: ") and key in doc["message"]
-    assert objects() == []
-    assert boto3.client("dynamodb", region_name=REGION).scan(TableName=TABLE)["Count"] == 0
+    assert objects(plane) == []
+    assert items(plane) == 0
 
 
 def test_an_upload_that_is_not_json_is_a_400(plane: ControlPlane) -> None:
     key = "manifests/uploads/acme/units.csv"
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.put_object(Bucket="swarm-batches", Key=key, Body=b"unit_id,projected_tokens\n")
+    plane.client("s3").put_object(Bucket=plane.bucket, Key=key, Body=b"unit_id,projected_tokens\n")
     status, doc, _ = plane.api("POST", "/batches", {"manifest": {"key": key}})
     assert status == 400 and doc["message"].startswith(f"manifest.key: {key!r} is not JSON"), doc
 
@@ -361,61 +362,58 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     plane.run_state_machine()
     status, fleet, _ = plane.api("GET", "/fleet")
     assert status == 200 and fleet["lanes"]["normal"]["visible"] == 2
-    assert fleet["governor"]["governed_rate_tps"] == pytest.approx(6_000_000 / 60 * 0.95)
+    env = plane.env("api")
+    rate = int(env[QUOTA_TPM]) / 60 * float(env[GOVERNOR_SHARE])
+    assert fleet["governor"]["governed_rate_tps"] == pytest.approx(rate)
     # a poison message that SQS moved to the DLQ ends its unit as dead-lettered
-    sqs = boto3.client("sqs", region_name=REGION)
+    sqs = plane.client("sqs")
     [m] = plane.receive(Lane.NORMAL, max_messages=1)
     sqs.send_message(QueueUrl=plane.dlq_urls[Lane.NORMAL], MessageBody=m["Body"])
     sqs.delete_message(QueueUrl=plane.queue_urls[Lane.NORMAL], ReceiptHandle=m["ReceiptHandle"])
     plane.deliver(Lane.NORMAL, plane.receive(Lane.NORMAL, dlq=True), dlq=True)
     plane.work()
-    run = ledger().run(batch_id)
+    run = ledger(plane).run(batch_id)
     assert (run.completed, run.dead_lettered, run.state) == (1, 1, RunState.COMPLETED)
 
 
-def test_drain_controller_disables_and_enables_the_worker_mappings(
-    aws_credentials: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import io
-    import zipfile
+def test_each_handler_runs_as_its_own_role_with_iam_enforced(plane: ControlPlane) -> None:
+    # Given IAM enforced, every function signing with its own execution role as deployed
+    refused_before = len(iam.AUDIT.report()["denied"])
+    # When a batch runs through the API, the fan-out, the workers and the finalizer
+    _, doc, _ = plane.api("POST", "/batches", {"units": units(2)})
+    run_to_close(plane, doc["batch_id"])
+    # Then nothing was refused, and each of them called as its own role
+    report = iam.AUDIT.report()
+    assert report["denied"][refused_before:] == []
+    callers = {iam.role_of(principal) for principal in report["used"]}
+    for function in ("api", "fanout", "worker", "finalizer"):
+        assert plane.functions[function].role_arn.rsplit("/", 1)[1] in callers, function
+    # and a function is refused what its role does not grant (the worker never writes S3)
+    s3 = plane.functions["worker"].clients("s3")
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=plane.bucket, Key="results/forged.json", Body=b"{}")
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
 
-    patches.apply_all()
-    with mock_aws():
-        # Given a worker function with one SQS mapping per lane
-        iam = boto3.client("iam", region_name=REGION)
-        role = iam.create_role(RoleName="worker", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-        code = io.BytesIO()
-        with zipfile.ZipFile(code, "w") as z:
-            z.writestr("index.py", "def handler(event, context):\n    return {}\n")
-        lam = boto3.client("lambda", region_name=REGION)
-        lam.create_function(
-            FunctionName="worker",
-            Runtime="python3.13",
-            Role=role,
-            Handler="index.handler",
-            Code={"ZipFile": code.getvalue()},
-        )
-        sqs = boto3.client("sqs", region_name=REGION)
-        uuids = {}
-        for lane in ("high", "normal", "low"):
-            url = sqs.create_queue(QueueName=f"esm-{lane}")["QueueUrl"]
-            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-                "QueueArn"
-            ]
-            uuids[lane] = lam.create_event_source_mapping(
-                EventSourceArn=arn, FunctionName="worker", BatchSize=1
-            )["UUID"]
-        overrides = {f"WORKER_MAPPING_ID_{lane.upper()}": uuid for lane, uuid in uuids.items()}
-        for plane in build(monkeypatch, **overrides):
-            # When the operator turns the drain switch on, EventBridge invokes the controller
-            plane.set_drain(True)
-            report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
-            # Then every worker mapping is disabled and it says whether it is safe to deploy
-            assert set(report["mappings"].values()) <= {"Disabled", "Disabling"}
-            assert report["draining"] and report["in_flight"] == 0 and report["safe_to_deploy"]
-            for uuid in uuids.values():
-                assert lam.get_event_source_mapping(UUID=uuid)["State"] in ("Disabled", "Disabling")
-            plane.set_drain(False)
-            report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
-            assert set(report["mappings"].values()) <= {"Enabled", "Enabling"}
-            assert not report["safe_to_deploy"]
+
+def test_drain_controller_disables_and_enables_the_worker_mappings(plane: ControlPlane) -> None:
+    # Given the worker's SQS mapping of each lane, as deployed
+    uuids = [plane.env("drain")[worker_mapping_var(lane)] for lane in LANES]
+    lam = plane.client("lambda")
+    worker = plane.functions["worker"].name
+    assert {
+        lam.get_event_source_mapping(UUID=u)["FunctionArn"].rsplit(":", 1)[1] for u in uuids
+    } == {worker}
+    # When the operator turns the drain switch on, EventBridge invokes the controller
+    plane.set_drain(True)
+    report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
+    # Then every worker mapping is disabled and it says whether it is safe to deploy
+    assert set(report["mappings"].values()) <= {"Disabled", "Disabling"}
+    assert report["draining"] and report["in_flight"] == 0 and report["safe_to_deploy"]
+    for uuid in uuids:
+        assert lam.get_event_source_mapping(UUID=uuid)["State"] in ("Disabled", "Disabling")
+    plane.set_drain(False)
+    report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
+    assert set(report["mappings"].values()) <= {"Enabled", "Enabling"}
+    assert not report["safe_to_deploy"]
+    for uuid in uuids:
+        assert lam.get_event_source_mapping(UUID=uuid)["State"] in ("Enabled", "Enabling")

@@ -1,7 +1,7 @@
 """The API reads the governor and never writes it (moto in-process): its role needs only Query.
 
-On AWS the API's role may only read the governor table (``infra/api.py``). ``POST /batches``,
-``GET /fleet`` and ``GET /drain`` read a snapshot of the bucket; on a fresh stack (or after a
+On AWS the API's role may only read the governor table (``infra/api.py``). ``POST /batches``
+and ``GET /fleet`` read a snapshot of the bucket; on a fresh stack (or after a
 change of quota, share or capacity, which names a fresh bucket) the shard items do not exist yet.
 The API must then answer with the bucket's configured initial state, without putting the items:
 the workers create them on their first draw.
@@ -138,7 +138,7 @@ def test_a_read_only_client_refuses_every_write(dynamodb: Any) -> None:
 
 
 def test_the_api_runtime_wires_a_governor_that_never_writes(dynamodb: Any) -> None:
-    """``POST /batches``, ``GET /fleet`` and ``GET /drain`` read ``Batches.governor``."""
+    """``POST /batches`` and ``GET /fleet`` read ``Batches.governor``."""
     # Given the API function's runtime on a fresh governor table, every write refused
     runtime = _api_runtime(ReadOnlyClient(dynamodb))
     governor = runtime.batches().governor

@@ -1,6 +1,5 @@
 """AWS service limits on the local emulator (swarm/local/patches/limits.py): each limit crossed
-through
-boto3 against moto answers AWS's error, and a request just under it succeeds. Limits moto
+through boto3 against moto answers AWS's error, and a request just under it succeeds. Limits moto
 already enforced are pinned here too (so an upgrade that drops one shows), marked "moto's own".
 """
 

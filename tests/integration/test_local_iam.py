@@ -1,7 +1,6 @@
 """IAM on the local stack (swarm.local.patches.iam, swarm.local.apiserver): a role may do exactly
-what its
-policies grant on the resources they name, and the local API admits only SigV4-signed callers
-allowed ``execute-api:Invoke``, as API Gateway's ``AWS_IAM`` authorization does."""
+what its policies grant on the resources they name, and the local API admits only SigV4-signed
+callers allowed ``execute-api:Invoke``, as API Gateway's ``AWS_IAM`` authorization does."""
 
 from __future__ import annotations
 

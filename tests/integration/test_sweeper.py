@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 import functions.sweeper as sweeper_handler
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
 from swarm.core.records import RunState
-from swarm.local import patches
 from swarm.service.batches import manifest_key
 from tests.integration.conftest import TABLE as CONTRACT_TABLE
-from tests.integration.plane import REGION, TABLE, ControlPlane, build
+from tests.integration.plane import ControlPlane
 from tests.ledger_contract import spec
 
 # ---------------------------------------------------------------------- the index
@@ -115,15 +111,6 @@ def test_due_runs_come_most_overdue_first_a_page_at_a_time(dynamodb: Any) -> Non
 # ---------------------------------------------------------------------- the handler
 
 
-@pytest.fixture
-def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    patches.apply_all()
-    with mock_aws():
-        for control_plane in build(monkeypatch):
-            control_plane.observe_events()
-            yield control_plane
-
-
 @dataclass
 class Later:
     """The sweeper handler's ``time`` module, ``ahead`` seconds in the future (runs are due)."""
@@ -156,13 +143,9 @@ def submit(plane: ControlPlane, units: int = 3) -> str:
     return batch_id
 
 
-def sfn() -> Any:
-    return boto3.client("stepfunctions", region_name=REGION)
-
-
 def execution(plane: ControlPlane, name: str) -> dict[str, Any]:
     arn = plane.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
-    found: dict[str, Any] = sfn().describe_execution(executionArn=arn)
+    found: dict[str, Any] = plane.client("stepfunctions").describe_execution(executionArn=arn)
     return found
 
 
@@ -173,13 +156,12 @@ def first_poll(plane: ControlPlane, batch_id: str) -> None:
 
 
 def stop(plane: ControlPlane, name: str) -> None:
-    sfn().stop_execution(executionArn=execution(plane, name)["executionArn"])
+    arn = execution(plane, name)["executionArn"]
+    plane.client("stepfunctions").stop_execution(executionArn=arn)
 
 
-def watched(batch_id: str) -> Any:
-    return DynamoDBRunWatch(TABLE, client=boto3.client("dynamodb", region_name=REGION)).get(
-        batch_id
-    )
+def watched(plane: ControlPlane, batch_id: str) -> Any:
+    return DynamoDBRunWatch(plane.ledger_table, client=plane.client("dynamodb")).get(batch_id)
 
 
 def test_a_run_whose_execution_is_running_is_left_alone(
@@ -192,9 +174,10 @@ def test_a_run_whose_execution_is_running_is_left_alone(
     report = sweep(plane, monkeypatch, ahead=3_600)
     # Then it is left alone: no execution started, looked at again next tick
     assert report["examined"] == 1 and report["running"] == 1 and report["restarted"] == []
-    listing = sfn().list_executions(stateMachineArn=plane.state_machine_arn)["executions"]
+    sfn = plane.client("stepfunctions")
+    listing = sfn.list_executions(stateMachineArn=plane.state_machine_arn)["executions"]
     assert [e["name"] for e in listing] == [batch_id]
-    entry = watched(batch_id)
+    entry = watched(plane, batch_id)
     assert entry.execution == batch_id and entry.sweep_at > time.time() + 3_600
 
 
@@ -215,9 +198,9 @@ def test_a_finished_run_whose_execution_was_stopped_is_announced(
     events = [e for e in plane.events() if e["detail"]["run_id"] == batch_id]
     assert [e["detail-type"] for e in events] == ["run.completed"]
     key = events[0]["detail"]["results_key"]
-    body = boto3.client("s3", region_name=REGION).get_object(Bucket="swarm-batches", Key=key)
+    body = plane.client("s3").get_object(Bucket=plane.bucket, Key=key)
     assert json.loads(body["Body"].read())["state"] == "completed"
-    assert watched(batch_id) is None
+    assert watched(plane, batch_id) is None
     assert sweep(plane, monkeypatch, ahead=7_200)["examined"] == 0
 
 
@@ -241,7 +224,7 @@ def test_a_run_whose_map_died_is_fanned_out_again(
         "batch_id": batch_id,
         "manifest_key": manifest_key(batch_id),
     }
-    entry = watched(batch_id)
+    entry = watched(plane, batch_id)
     assert entry.repairs == 1 and entry.execution is None
     # and while the restart is alive, the next sweep leaves the run alone
     assert sweep(plane, monkeypatch, ahead=2 * 3_600)["running"] == 1

@@ -2,8 +2,7 @@
 
 On AWS, SQS fair queues (MessageGroupId = tenant) do this; locally the fair receive patch
 emulates them (swarm/local/patches/emulator.py). This runs in `make test-scale`, not `make test`:
-the big
-batch is quota-bound for about ten minutes here.
+the big batch is quota-bound for about ten minutes here.
 """
 
 from __future__ import annotations

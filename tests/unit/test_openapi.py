@@ -1,16 +1,30 @@
-"""The OpenAPI document and the API handler's routes stay in sync."""
+"""docs/openapi.json is generated from swarm/api, is valid OpenAPI 3, and matches the handler."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import Any
+
+from openapi_spec_validator import validate
 
 from functions.api import app
-from swarm.core.records import LANES
-from swarm.service.api_models import MAX_INLINE_UNITS, MAX_INPUT_CHARS, UnitBody
+from swarm.api.models import MAX_INLINE_UNITS, MAX_INPUT_CHARS, Error, ErrorCode, Unit
+from swarm.api.openapi import ROUTES, render
+from swarm.core.records import ID_PATTERN, LANES
 
-SPEC = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())
+PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+SPEC = json.loads(PATH.read_text())
+
+
+def resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema object with its ``$ref`` (or a one-item ``allOf`` of one) followed."""
+    ref = schema.get("$ref") or (schema.get("allOf") or [{}])[0].get("$ref")
+    if ref is None:
+        return schema
+    target: dict[str, Any] = SPEC["components"]["schemas"][ref.rsplit("/", 1)[-1]]
+    return target
 
 
 def handler_routes() -> set[tuple[str, str]]:
@@ -18,15 +32,38 @@ def handler_routes() -> set[tuple[str, str]]:
     return {(method, re.sub(r"<(\w+)>", r"{\1}", path)) for method, path in routes}
 
 
+def test_the_committed_document_is_what_the_generator_produces() -> None:
+    assert PATH.read_text() == render(), (
+        "docs/openapi.json is not what swarm/api generates: run `make openapi` and commit it"
+    )
+
+
+def test_the_document_is_valid_openapi_3() -> None:
+    assert SPEC["openapi"].startswith("3.")
+    validate(SPEC)
+
+
 def test_every_route_is_documented_and_every_documented_route_exists() -> None:
     documented = {(method.upper(), path) for path, ops in SPEC["paths"].items() for method in ops}
-    assert documented == handler_routes()
+    assert documented == handler_routes() == {(r.method, r.path) for r in ROUTES}
 
 
 def test_documented_limits_match_the_code() -> None:
     submission = SPEC["components"]["schemas"]["BatchSubmission"]["properties"]
-    assert submission["lane"]["enum"] == [lane.value for lane in LANES]
+    assert resolve(submission["lane"])["enum"] == [lane.value for lane in LANES]
+    assert submission["lane"]["default"] == "normal"
     assert submission["units"]["maxItems"] == MAX_INLINE_UNITS
+    assert SPEC["components"]["schemas"]["BatchResume"]["properties"]["top_up"]["minimum"] == 1
+
+
+def test_every_batch_id_is_documented_with_the_one_id_pattern() -> None:
+    unit = SPEC["components"]["schemas"]["Unit"]
+    assert unit["properties"]["unit_id"]["pattern"] == ID_PATTERN
+    for path, ops in SPEC["paths"].items():
+        for op in ops.values():
+            for param in op.get("parameters", []):
+                if param["in"] == "path":
+                    assert param["schema"]["pattern"] == ID_PATTERN, (path, param)
 
 
 def test_every_operation_documents_auth_errors() -> None:
@@ -35,8 +72,22 @@ def test_every_operation_documents_auth_errors() -> None:
             assert {"401", "403"} <= set(op["responses"])
 
 
+def test_every_error_is_documented_with_the_error_model() -> None:
+    error = {"$ref": f"#/components/schemas/{Error.__name__}"}
+    for ops in SPEC["paths"].values():
+        for op in ops.values():
+            for status, response in op["responses"].items():
+                schema = response["content"]["application/json"]["schema"]
+                assert (schema == error) == (int(status) >= 400), (op["operationId"], status)
+                if status in ("429", "503"):
+                    assert "Retry-After" in response["headers"]
+    codes = SPEC["components"]["schemas"]["Error"]["properties"]["error"]["description"]
+    assert all(code.value in codes for code in ErrorCode)
+
+
 def test_the_documented_unit_is_the_one_the_api_validates() -> None:
     unit = SPEC["components"]["schemas"]["Unit"]
-    required = {name for name, field in UnitBody.model_fields.items() if field.is_required()}
+    required = {name for name, field in Unit.model_fields.items() if field.is_required()}
     assert set(unit["required"]) == required == {"unit_id", "projected_tokens", "input"}
     assert unit["properties"]["input"]["maxLength"] == MAX_INPUT_CHARS
+    assert unit["additionalProperties"] is False

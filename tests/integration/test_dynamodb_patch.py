@@ -2,8 +2,7 @@
 
 moto rolls a cancelled ``TransactWriteItems`` back from a deep copy of every table it names; the
 patch (swarm/local/patches/dynamodb.py) snapshots only the named items. These tests pin that a
-cancelled
-transaction still leaves nothing half-written, in every way moto cancels one.
+cancelled transaction still leaves nothing half-written, in every way moto cancels one.
 """
 
 from __future__ import annotations

@@ -1,0 +1,344 @@
+"""The ledger's DynamoDB items: attribute values, keys, records <-> items, and the conditional
+writes that move a books or unit item from one record to the next.
+
+Pure: no requests. Item layouts and the conditions' reasons: docs/ledger.md.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
+from swarm.core.codec import spec_from_doc, spec_to_doc
+from swarm.core.ledger import Fate
+from swarm.core.records import (
+    AttemptRecord,
+    Reservation,
+    RunRecord,
+    RunSpec,
+    RunState,
+    UnitRecord,
+    UnitState,
+)
+
+Item = dict[str, Any]
+
+SPEC = "spec"
+BOOKS = "books"
+
+#: the books' counters, changed by ADD; ``available`` and ``outstanding`` are derived from them
+COUNTERS = (
+    "budget", "spent", "reserved", "attempts", "retries", "completed", "dead_lettered",
+    "remainder", "in_flight", "exhaustions",
+)  # fmt: skip
+
+_RESERVATION = ("res_attempt", "res_projected", "res_lease", "res_claimed")
+
+
+# ------------------------------------------------------------------ attribute values
+def string(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def whole(value: int) -> dict[str, str]:
+    return {"N": str(int(value))}
+
+
+def real(value: float) -> dict[str, str]:
+    return {"N": repr(float(value))}
+
+
+def flag(value: bool) -> dict[str, bool]:
+    return {"BOOL": bool(value)}
+
+
+def real_of(item: Mapping[str, Any], name: str) -> float | None:
+    raw = item.get(name)
+    return None if raw is None or "N" not in raw else float(raw["N"])
+
+
+def whole_of(item: Mapping[str, Any], name: str) -> int:
+    raw = item.get(name)
+    return 0 if raw is None else int(raw["N"])
+
+
+def flag_of(item: Mapping[str, Any] | None, name: str) -> bool:
+    return item is not None and bool(item.get(name, {}).get("BOOL", False))
+
+
+# ------------------------------------------------------------------ keys
+def run_pk(run_id: str) -> str:
+    return f"run#{run_id}"
+
+
+def key(run_id: str, sk: str) -> Item:
+    return {PARTITION_KEY: string(run_pk(run_id)), SORT_KEY: string(sk)}
+
+
+def unit_sk(unit_id: str) -> str:
+    return f"unit#{unit_id}"
+
+
+def attempt_sk(unit_id: str, attempt: int) -> str:
+    return f"attempt#{unit_id}#{attempt:05d}"
+
+
+def run_id_of(item: Mapping[str, Any]) -> str:
+    return str(item[PARTITION_KEY]["S"].split("#", 1)[1])
+
+
+# ------------------------------------------------------------------ records <-> items
+def outstanding(run: RunRecord) -> int:
+    """Units in flight or pending: the run closes exactly when this reaches 0."""
+    return run.units_total - run.completed - run.dead_lettered - run.remainder
+
+
+def spec_item(spec: RunSpec) -> Item:
+    blob = zlib.compress(json.dumps(spec_to_doc(spec), separators=(",", ":")).encode())
+    return {**key(spec.run_id, SPEC), "spec": {"B": blob}}
+
+
+def spec_from(item: Mapping[str, Any]) -> RunSpec:
+    return spec_from_doc(json.loads(zlib.decompress(item["spec"]["B"])))
+
+
+def books_item(run: RunRecord, ready: bool) -> Item:
+    item: Item = {**key(run.run_id, BOOKS), "state": string(run.state.value)}
+    item.update({name: whole(getattr(run, name)) for name in COUNTERS})
+    item.update(
+        {
+            "available": whole(run.available),
+            "outstanding": whole(outstanding(run)),
+            "units_total": whole(run.units_total),
+            "opened_at": real(run.opened_at),
+            "ready": flag(ready),
+        }
+    )
+    if run.closed_at is not None:
+        item["closed_at"] = real(run.closed_at)
+    return item
+
+
+def run_from(books: Mapping[str, Any], spec: RunSpec) -> RunRecord:
+    return RunRecord(
+        spec=spec,
+        state=RunState(books["state"]["S"]),
+        opened_at=float(books["opened_at"]["N"]),
+        closed_at=real_of(books, "closed_at"),
+        **{name: whole_of(books, name) for name in COUNTERS},
+    )
+
+
+def unit_item(unit: UnitRecord) -> Item:
+    return {
+        **key(unit.run_id, unit_sk(unit.unit_id)),
+        "unit_id": string(unit.unit_id),
+        "projected": whole(unit.projected_tokens),
+        "state": string(unit.state.value),
+        "attempts": whole(unit.attempts),
+        "spent": whole(unit.spent),
+        "drain_epoch": whole(unit.drain_epoch),
+    }
+
+
+def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
+    lease = real_of(item, "res_lease")
+    reservation = None
+    if lease is not None:
+        reservation = Reservation(
+            attempt=whole_of(item, "res_attempt"),
+            projected=whole_of(item, "res_projected"),
+            lease_expires=lease,
+            claimed=flag_of(item, "res_claimed"),
+        )
+    return UnitRecord(
+        run_id=run_id,
+        unit_id=item["unit_id"]["S"],
+        projected_tokens=whole_of(item, "projected"),
+        state=UnitState(item["state"]["S"]),
+        attempts=whole_of(item, "attempts"),
+        spent=whole_of(item, "spent"),
+        reservation=reservation,
+        drain_epoch=whole_of(item, "drain_epoch"),
+    )
+
+
+def attempt_item(record: AttemptRecord, fate: Fate, expires_at: int) -> Item:
+    return {
+        **key(record.run_id, attempt_sk(record.unit_id, record.attempt)),
+        "unit_id": string(record.unit_id),
+        "attempt": whole(record.attempt),
+        "tokens": whole(record.tokens),
+        "succeeded": flag(record.succeeded),
+        "settled_at": real(record.settled_at),
+        "reclaimed": flag(record.reclaimed),
+        "fate": string(fate.value),
+        TTL_ATTRIBUTE: whole(expires_at),
+    }
+
+
+def attempt_from(run_id: str, item: Mapping[str, Any]) -> tuple[AttemptRecord, Fate]:
+    record = AttemptRecord(
+        run_id=run_id,
+        unit_id=item["unit_id"]["S"],
+        attempt=whole_of(item, "attempt"),
+        tokens=whole_of(item, "tokens"),
+        succeeded=bool(item["succeeded"]["BOOL"]),
+        settled_at=float(item["settled_at"]["N"]),
+        reclaimed=flag_of(item, "reclaimed"),
+    )
+    return record, Fate(item["fate"]["S"])
+
+
+# ------------------------------------------------------------------ conditional writes
+def put_new(table_name: str, item: Item) -> Item:
+    """A transaction's Put of an item that must not exist yet."""
+    return {
+        "Put": {
+            "TableName": table_name,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+    }
+
+
+def _update(
+    table_name: str,
+    item_key: Item,
+    expression: str,
+    conditions: list[str],
+    names: dict[str, str],
+    values: Item,
+) -> Item:
+    return {
+        "Update": {
+            "TableName": table_name,
+            "Key": item_key,
+            "UpdateExpression": expression,
+            "ConditionExpression": " AND ".join(conditions),
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+    }
+
+
+def run_update(
+    table_name: str,
+    old: RunRecord,
+    new: RunRecord,
+    extra: Iterable[tuple[str, str, int]] = (),
+    *,
+    watch_from: float | None = None,
+) -> Item:
+    """An Update of the books from ``old`` to ``new``: deltas by ADD, state by SET.
+
+    Conditions: the run is ready and still in ``old.state``; a write that closes the run
+    requires ``outstanding`` to be exactly what was read (so it reaches 0 now); one that
+    lowers it without closing requires it to stay above 0. ``extra`` adds conditions
+    ``(attribute, operator, value)``. ``watch_from``: the sweeper watches the run again
+    from then (a top-up reopening a closed run).
+    """
+    values: Item = {
+        ":old_state": string(old.state.value),
+        ":true": flag(True),
+        ":old_exh": whole(old.exhaustions),
+    }
+    names = {"#state": "state", "#exhaustions": "exhaustions"}
+    conditions = ["#state = :old_state", "ready = :true", "#exhaustions = :old_exh"]
+    adds: list[str] = []
+    for name in (*COUNTERS, "available", "outstanding"):
+        if name == "available":
+            delta = new.available - old.available
+        elif name == "outstanding":
+            delta = outstanding(new) - outstanding(old)
+        else:
+            delta = getattr(new, name) - getattr(old, name)
+        if delta:
+            names[f"#{name}"] = name
+            adds.append(f"#{name} :d_{name}")
+            values[f":d_{name}"] = whole(delta)
+    sets: list[str] = []
+    removes: list[str] = []
+    if new.state is not old.state:
+        sets.append("#state = :new_state")
+        values[":new_state"] = string(new.state.value)
+    if new.closed_at != old.closed_at:
+        if new.closed_at is None:
+            removes.append("closed_at")
+        else:
+            sets.append("closed_at = :closed_at")
+            values[":closed_at"] = real(new.closed_at)
+    if watch_from is not None:
+        sets.append(WATCH_SET)
+        names.update(WATCH_NAMES)
+        values.update(watch_values(watch_from))
+    closes = new.state.closed and not old.state.closed
+    drop = outstanding(old) - outstanding(new)
+    if closes:
+        names["#outstanding"] = "outstanding"
+        conditions.append("#outstanding = :o_now")
+        values[":o_now"] = whole(outstanding(old))
+    elif drop > 0 and not new.state.closed:
+        names["#outstanding"] = "outstanding"
+        conditions.append("#outstanding > :o_drop")
+        values[":o_drop"] = whole(drop)
+    for i, (attr, op, value) in enumerate(extra):
+        names[f"#{attr}"] = attr
+        conditions.append(f"#{attr} {op} :x{i}")
+        values[f":x{i}"] = whole(value)
+    parts = []
+    if sets:
+        parts.append("SET " + ", ".join(sets))
+    if adds:
+        parts.append("ADD " + ", ".join(adds))
+    if removes:
+        parts.append("REMOVE " + ", ".join(removes))
+    return _update(table_name, key(old.run_id, BOOKS), " ".join(parts), conditions, names, values)
+
+
+def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
+    """An Update of a unit from ``old`` to ``new``, conditional on ``old`` being current."""
+    names = {"#state": "state"}
+    values: Item = {
+        ":old_state": string(old.state.value),
+        ":old_attempts": whole(old.attempts),
+        ":old_de": whole(old.drain_epoch),
+        ":state": string(new.state.value),
+        ":attempts": whole(new.attempts),
+        ":spent": whole(new.spent),
+        ":de": whole(new.drain_epoch),
+    }
+    conditions = ["#state = :old_state", "attempts = :old_attempts", "drain_epoch = :old_de"]
+    old_res = old.reservation
+    if old_res is not None:
+        # the exact reservation read: a claim, unclaim or lease change meanwhile fails this
+        conditions += ["res_attempt = :old_ra", "res_claimed = :old_rc", "res_lease = :old_rl"]
+        values.update(
+            {
+                ":old_ra": whole(old_res.attempt),
+                ":old_rc": flag(old_res.claimed),
+                ":old_rl": real(old_res.lease_expires),
+            }
+        )
+    sets = ["#state = :state", "attempts = :attempts", "spent = :spent", "drain_epoch = :de"]
+    removes: tuple[str, ...] = ()
+    res = new.reservation
+    if res is not None:
+        sets += ["res_attempt = :ra", "res_projected = :rp", "res_lease = :rl", "res_claimed = :rc"]
+        values.update(
+            {
+                ":ra": whole(res.attempt),
+                ":rp": whole(res.projected),
+                ":rl": real(res.lease_expires),
+                ":rc": flag(res.claimed),
+            }
+        )
+    elif old_res is not None:
+        removes = _RESERVATION
+    expr = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    item_key = key(old.run_id, unit_sk(old.unit_id))
+    return _update(table_name, item_key, expr, conditions, names, values)

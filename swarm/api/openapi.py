@@ -1,0 +1,441 @@
+"""The batch API's routes, and what is generated from them and from :mod:`swarm.api.models`.
+
+* ``docs/openapi.json`` (OpenAPI 3.0): ``python -m swarm.api.openapi docs/openapi.json``, or
+  ``make openapi``; a unit test fails when the committed document is not what this produces.
+* API Gateway's request models (``infra/api.py``): :func:`gateway_schema`, the model's JSON schema
+  in the JSON Schema draft-4 subset API Gateway accepts, every ``$ref`` inlined.
+* ``infra/api.py`` builds its resources and methods from :data:`ROUTES`; a unit test checks that
+  the handler (``functions/api.py``) serves exactly these routes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from swarm.api.models import (
+    MAX_BODY_BYTES,
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_INLINE_UNITS,
+    MAX_MANIFEST_UNITS,
+    BatchResume,
+    BatchStatus,
+    BatchSubmission,
+    Drain,
+    Error,
+    Fleet,
+)
+from swarm.core.records import ID_PATTERN
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One documented response of a route."""
+
+    description: str
+    body: type[BaseModel] = Error
+    retry_after: bool = False  # with a Retry-After header (seconds)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # OpenAPI's form: /batches/{batch_id}
+    operation_id: str
+    summary: str
+    replies: Mapping[int, Reply]
+    request: type[BaseModel] | None = None
+    idempotency_key: bool = False  # takes the optional Idempotency-Key header
+
+    @property
+    def path_params(self) -> tuple[str, ...]:
+        return tuple(re.findall(r"\{(\w+)\}", self.path))
+
+
+_INVALID = Reply("invalid input; the message names the field")
+_AUTH = {
+    401: Reply(
+        "the request reached the function without a caller identity (behind IAM auth, API "
+        "Gateway answers an unsigned request with 403 before that)"
+    ),
+    403: Reply(
+        "API Gateway refused the request (not signed, signed with credentials IAM does not "
+        "accept, or not allowed execute-api:Invoke on the method), or the caller's role is not "
+        "a tenant of this deployment (forbidden)"
+    ),
+}
+_NO_BATCH = Reply("no such batch for this tenant")
+_THROTTLED = Reply(
+    "over the stage's throttle (THROTTLED): retry after Retry-After seconds", retry_after=True
+)
+_DRAINING = Reply("draining for a deploy: retry after Retry-After seconds", retry_after=True)
+_MISCONFIGURED = Reply("the service is misconfigured (misconfigured); its operators are alerted")
+_BODY_TOO_LARGE = f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB"
+
+#: Every route of the API: the handler serves these, the gateway routes these, the document
+#: describes these.
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/batches",
+        "submitBatch",
+        "Submit a batch (units inline or as an S3 manifest)",
+        {
+            201: Reply("the batch was created", BatchStatus),
+            200: Reply("an earlier submit with this Idempotency-Key created it", BatchStatus),
+            400: _INVALID,
+            **_AUTH,
+            409: Reply("conflict: this Idempotency-Key was used for a different batch"),
+            413: Reply(
+                f"over a size limit ({_BODY_TOO_LARGE}, more than {MAX_INLINE_UNITS:,} inline "
+                f"units, or a manifest of more than {MAX_MANIFEST_UNITS:,}): upload a manifest "
+                "instead"
+            ),
+            429: Reply(
+                "shedding load (shedding), or over the stage's throttle (THROTTLED): retry after "
+                "Retry-After seconds",
+                retry_after=True,
+            ),
+            500: _MISCONFIGURED,
+            503: _DRAINING,
+        },
+        request=BatchSubmission,
+        idempotency_key=True,
+    ),
+    Route(
+        "GET",
+        "/batches/{batch_id}",
+        "getBatch",
+        "State, counts per outcome, spend against budget, the healthy line, and the remainder "
+        "when exhausted",
+        {
+            200: Reply("the batch", BatchStatus),
+            **_AUTH,
+            404: _NO_BATCH,
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+    ),
+    Route(
+        "POST",
+        "/batches/{batch_id}/resume",
+        "resumeBatch",
+        "Top up the budget and resume the remainder",
+        {
+            200: Reply("the batch, with the number of units requeued", BatchStatus),
+            400: _INVALID,
+            **_AUTH,
+            404: _NO_BATCH,
+            409: Reply(
+                "conflict (the batch is completed, or its manifest has expired under the "
+                "bucket's lifecycle rule)"
+            ),
+            413: Reply(_BODY_TOO_LARGE),
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+            503: _DRAINING,
+        },
+        request=BatchResume,
+    ),
+    Route(
+        "GET",
+        "/fleet",
+        "getFleet",
+        "Governor state, lane depths, in flight, drain state",
+        {200: Reply("the fleet", Fleet), **_AUTH, 429: _THROTTLED, 500: _MISCONFIGURED},
+    ),
+    Route(
+        "GET",
+        "/drain",
+        "getDrain",
+        "Drain switch state and whether it is safe to deploy",
+        {200: Reply("drain status", Drain), **_AUTH, 429: _THROTTLED, 500: _MISCONFIGURED},
+    ),
+)
+
+#: Limits the handler answers with 413 and a hint to upload a manifest instead: the gateway's
+#: request models leave them to it rather than answer 400.
+HANDLER_ONLY = frozenset({"maxItems"})
+
+
+# ------------------------------------------------------------------ JSON schema conversions
+
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "type",
+        "description",
+        "default",
+        "enum",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "anyOf",
+        "allOf",
+        "oneOf",
+        "not",
+    }
+)
+_SUBSCHEMA = frozenset({"items", "not"})
+_SUBSCHEMAS = frozenset({"anyOf", "allOf", "oneOf"})
+_DROPPED = frozenset({"title"})  # pydantic's generated titles ("Unit Id"): noise
+#: the order of a schema's keywords in the output (pydantic sorts them alphabetically)
+_ORDER = (
+    "$schema",
+    "title",
+    "$ref",
+    "allOf",
+    "type",
+    "nullable",
+    "description",
+    "enum",
+    "default",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "items",
+    "properties",
+    "required",
+    "additionalProperties",
+    "anyOf",
+    "oneOf",
+    "not",
+)
+
+
+def _ordered(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(sorted(schema.items(), key=lambda item: _ORDER.index(item[0])))
+
+
+def _ref_name(ref: str) -> str:
+    return ref.rsplit("/", 1)[-1]
+
+
+def _nullable(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The non-null branch of pydantic's ``anyOf: [X, {"type": "null"}]`` (an optional field)."""
+    branches = node.get("anyOf")
+    if not isinstance(branches, list) or len(branches) != 2 or {"type": "null"} not in branches:
+        return None
+    other: Mapping[str, Any] = next(b for b in branches if b != {"type": "null"})
+    return other
+
+
+def _convert(
+    node: Mapping[str, Any], ref: Any, nullable: Any, omit: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """``node`` with every keyword checked against the subset both targets share.
+
+    ``ref(node, siblings)`` renders a ``$ref``; ``nullable(converted, siblings)`` an optional
+    field. A keyword outside the subset raises, so a model change cannot silently produce a
+    schema API Gateway or OpenAPI 3.0 does not accept.
+    """
+
+    def walk(n: Mapping[str, Any]) -> dict[str, Any]:
+        siblings = {k: v for k, v in n.items() if k not in ("$ref", "anyOf")}
+        if "$ref" in n:
+            return _ordered(ref(n["$ref"], walk(siblings)))
+        inner = _nullable(n)
+        if inner is not None:
+            return _ordered(nullable(walk(inner), walk(siblings)))
+        out: dict[str, Any] = {}
+        for key, value in n.items():
+            if key in _DROPPED or key in omit or (key == "default" and value is None):
+                continue
+            if key == "const":
+                out["enum"] = [value]
+            elif key == "description":
+                out[key] = " ".join(value.split())  # a docstring's line breaks
+            elif key not in _SCHEMA_KEYWORDS:
+                raise ValueError(f"JSON schema keyword {key!r} is not converted: {dict(n)}")
+            elif key == "properties":
+                out[key] = {name: walk(sub) for name, sub in value.items()}
+            elif key in _SUBSCHEMA or (key == "additionalProperties" and isinstance(value, dict)):
+                out[key] = walk(value)
+            elif key in _SUBSCHEMAS:
+                out[key] = [walk(sub) for sub in value]
+            else:
+                out[key] = value
+        return _ordered(out)
+
+    return walk(node)
+
+
+def gateway_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema as an API Gateway request model: JSON Schema draft 4, every
+    ``$ref`` inlined (API Gateway resolves a ``$ref`` only to another model's URL), an optional
+    field's null as a second type, without the limits the handler answers with 413
+    (:data:`HANDLER_ONLY`)."""
+    schema = model.model_json_schema()
+    defs: dict[str, Any] = schema.pop("$defs", {})
+
+    def ref(target: str, siblings: dict[str, Any]) -> dict[str, Any]:
+        return {**inline(defs[_ref_name(target)]), **siblings}
+
+    def nullable(inner: dict[str, Any], siblings: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(inner.get("type"), str):
+            raise ValueError(f"an optional field without one type: {inner}")
+        return {**inner, **siblings, "type": [inner["type"], "null"]}
+
+    def inline(node: Mapping[str, Any]) -> dict[str, Any]:
+        return _convert(node, ref, nullable, HANDLER_ONLY)
+
+    return {"$schema": DRAFT4, "title": model.__name__, **inline(schema)}
+
+
+def _openapi_schemas(models: list[type[BaseModel]]) -> dict[str, Any]:
+    """The models and every model they use, as OpenAPI 3.0 schema objects (``nullable``; a
+    ``$ref`` with siblings wrapped in ``allOf``, which 3.0 requires)."""
+    _, top = models_json_schema(
+        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+    )
+    defs: dict[str, Any] = top["$defs"]
+
+    def ref(target: str, siblings: dict[str, Any]) -> dict[str, Any]:
+        return {"allOf": [{"$ref": target}], **siblings} if siblings else {"$ref": target}
+
+    def nullable(inner: dict[str, Any], siblings: dict[str, Any]) -> dict[str, Any]:
+        if "allOf" in inner or "$ref" in inner:  # 3.0.3: nullable needs a type beside it
+            target = inner.get("$ref") or inner["allOf"][0]["$ref"]
+            kind = defs[_ref_name(target)]["type"]
+            return {"allOf": [{"$ref": target}], "type": kind, "nullable": True, **siblings}
+        return {**inner, **siblings, "nullable": True}
+
+    return {name: _convert(schema, ref, nullable) for name, schema in defs.items()}
+
+
+# ------------------------------------------------------------------ the document
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+
+
+def _operation(route: Route) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
+    params: list[dict[str, Any]] = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": ID_PATTERN},
+        }
+        for name in route.path_params
+    ]
+    if route.idempotency_key:
+        params.append(
+            {
+                "name": IDEMPOTENCY_KEY,
+                "in": "header",
+                "required": False,
+                "schema": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                },
+                "description": "A retried submit with the same key returns the same batch (200) "
+                "instead of creating another.",
+            }
+        )
+    if params:
+        op["parameters"] = params
+    if route.request is not None:
+        op["requestBody"] = {"required": True, "content": _json_body(route.request)}
+    responses: dict[str, Any] = {}
+    for status, reply in route.replies.items():
+        response: dict[str, Any] = {
+            "description": reply.description,
+            "content": _json_body(reply.body),
+        }
+        if reply.retry_after:
+            response["headers"] = {
+                "Retry-After": {
+                    "schema": {"type": "integer", "minimum": 1},
+                    "description": "seconds",
+                }
+            }
+        responses[str(status)] = response
+    op["responses"] = responses
+    return op
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.0 document of the API."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+    models: list[type[BaseModel]] = [Error]
+    for route in ROUTES:
+        for model in (route.request, *(reply.body for reply in route.replies.values())):
+            if model is not None and model not in models:
+                models.append(model)
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "swarm batch API",
+            "version": "1.0.0",
+            "description": "Submit batches of LLM agent work units and watch them run under the "
+            "fleet's token quota and the batch's budget. Every request is SigV4-signed (IAM "
+            "auth); the tenant is the caller's role name without the deployment's tenant "
+            'prefix, never a field of the body. Errors are JSON {"error": code, "message": '
+            "text}. Generated from swarm/api (make openapi): do not edit by hand.",
+        },
+        "security": [{"sigv4": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "sigv4": {
+                    "type": "apiKey",
+                    "name": "Authorization",
+                    "in": "header",
+                    "x-amazon-apigateway-authtype": "awsSigv4",
+                }
+            },
+            "schemas": _openapi_schemas(models),
+        },
+    }
+
+
+def render() -> str:
+    """The document as committed in ``docs/openapi.json``."""
+    return json.dumps(document(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m swarm.api.openapi [PATH]``: write the document to PATH, or to stdout."""
+    if len(argv) > 1:
+        print("usage: python -m swarm.api.openapi [PATH]", file=sys.stderr)
+        return 2
+    text = render()
+    if argv:
+        Path(argv[0]).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,306 @@
+"""One contract for the API: API Gateway's request models are the handler's models, the service
+reads manifests and keys, and there is one ``safe_to_deploy`` rule."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jsonschema import Draft4Validator  # type: ignore[import-untyped]
+
+from swarm.api.models import MAX_INLINE_UNITS, BatchResume, BatchSubmission
+from swarm.api.openapi import HANDLER_ONLY, ROUTES, gateway_schema
+from swarm.core.backpressure import ShedPolicy
+from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.governor import GovernorConfig
+from swarm.core.memory import (
+    InMemoryGovernor,
+    InMemoryLedger,
+    MemoryBlobs,
+    MemoryDrain,
+    MemoryExecutions,
+    MemoryMappings,
+    MemoryQueue,
+)
+from swarm.core.ports import MappingState
+from swarm.core.records import Lane
+from swarm.service.api_models import TooLarge, parse_resume, parse_submit
+from swarm.service.batches import Batches, BatchesConfig
+from swarm.service.drain import DrainController, safe_to_deploy
+
+#: The JSON Schema draft-4 keywords API Gateway's models accept (no $ref: it is inlined).
+DRAFT4_KEYWORDS = {
+    "$schema",
+    "title",
+    "type",
+    "description",
+    "default",
+    "enum",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "anyOf",
+    "allOf",
+    "oneOf",
+    "not",
+}
+
+
+def unit(unit_id: str = "u1", tokens: int = 5, text: str = "hi") -> dict[str, Any]:
+    return {"unit_id": unit_id, "projected_tokens": tokens, "input": text}
+
+
+VALID_SUBMISSIONS = [
+    {"units": [unit()]},
+    {"units": [unit("a.b_c:d-1", 10_000_000, "x" * 100_000)], "lane": "high"},
+    {"units": [unit()], "lane": "low", "budget": 0, "max_attempts": 100},
+    {"units": [unit()], "budget": None, "max_attempts": None, "manifest": None},
+    {"manifest": {"key": "manifests/uploads/acme/u.json"}, "units": None},
+    {"manifest": {"key": "k"}},  # the tenant's prefix is the service's check (400 too)
+]
+
+#: Refused by both the gateway and the handler (the gateway answers 400 first on AWS).
+INVALID_FOR_BOTH = [
+    {"units": [unit(tokens=0)]},
+    {"units": [unit(tokens=10_000_001)]},
+    {"units": [unit(tokens=True)]},
+    {"units": [unit("a b")]},
+    {"units": [unit("-a")]},
+    {"units": [unit("x" * 129)]},
+    {"units": [{"unit_id": "a", "projected_tokens": 5}]},
+    {"units": [unit(text="")]},
+    {"units": [unit(text=" \n\t")]},
+    {"units": [unit(text="x" * 100_001)]},
+    {"units": [{**unit(), "extra": 1}]},
+    {"units": []},
+    {"units": "u1"},
+    {"lane": "urgent", "units": [unit()]},
+    {"lane": None, "units": [unit()]},
+    {"units": [unit()], "budget": -1},
+    {"units": [unit()], "budget": "lots"},
+    {"units": [unit()], "budget": 1.5},
+    {"units": [unit()], "max_attempts": 0},
+    {"units": [unit()], "max_attempts": 101},
+    {"units": [unit()], "tenant": "someone-else"},
+    {"manifest": {"key": ""}},
+    {"manifest": {"key": "k" * 1025}},
+    {"manifest": {}},
+    {"manifest": {"key": "k", "bucket": "b"}},
+    [],
+    "units",
+]
+
+#: Valid in shape, refused by the handler alone: what a JSON schema cannot say.
+HANDLER_ONLY_REFUSALS = [
+    {},  # exactly one of units and manifest
+    {"units": [unit()], "manifest": {"key": "k"}},
+]
+
+
+def gateway_accepts(schema: dict[str, Any], body: Any) -> bool:
+    return bool(Draft4Validator(schema).is_valid(body))
+
+
+def handler_accepts(parse: Any, body: Any) -> bool:
+    try:
+        parse(json.dumps(body))
+    except SwarmError:
+        return False
+    return True
+
+
+def keywords(schema: Any) -> set[str]:
+    if isinstance(schema, list):
+        return set().union(*(keywords(s) for s in schema))
+    if not isinstance(schema, dict):
+        return set()
+    found = set(schema)
+    for key, value in schema.items():
+        if key == "properties":
+            found |= set().union(*(keywords(s) for s in value.values()))
+        elif key in ("items", "additionalProperties", "not", "anyOf", "allOf", "oneOf"):
+            found |= keywords(value)
+    return found
+
+
+@pytest.mark.parametrize("model", [BatchSubmission, BatchResume])
+def test_the_gateway_models_are_draft_4_with_nothing_to_resolve(model: Any) -> None:
+    schema = gateway_schema(model)
+    Draft4Validator.check_schema(schema)
+    assert schema["title"] == model.__name__
+    assert keywords(schema) <= DRAFT4_KEYWORDS
+    assert "$ref" not in json.dumps(schema) and "$defs" not in json.dumps(schema)
+
+
+def test_every_request_body_of_a_route_has_a_gateway_model() -> None:
+    assert {r.request for r in ROUTES if r.request} == {BatchSubmission, BatchResume}
+
+
+@pytest.mark.parametrize("body", VALID_SUBMISSIONS)
+def test_what_the_handler_accepts_the_gateway_accepts(body: Any) -> None:
+    assert handler_accepts(parse_submit, body)
+    assert gateway_accepts(gateway_schema(BatchSubmission), body)
+
+
+@pytest.mark.parametrize("body", INVALID_FOR_BOTH)
+def test_what_the_gateway_refuses_the_handler_refuses(body: Any) -> None:
+    assert not gateway_accepts(gateway_schema(BatchSubmission), body)
+    assert not handler_accepts(parse_submit, body)
+
+
+@pytest.mark.parametrize("body", HANDLER_ONLY_REFUSALS)
+def test_what_a_schema_cannot_say_is_left_to_the_handler(body: Any) -> None:
+    assert gateway_accepts(gateway_schema(BatchSubmission), body)
+    assert not handler_accepts(parse_submit, body)
+
+
+def test_too_many_inline_units_reach_the_handler_for_its_413() -> None:
+    body = {"units": [unit(f"u{i}") for i in range(MAX_INLINE_UNITS + 1)]}
+    assert {"maxItems"} == HANDLER_ONLY
+    assert gateway_accepts(gateway_schema(BatchSubmission), body)
+    with pytest.raises(TooLarge):
+        parse_submit(json.dumps(body))
+
+
+@pytest.mark.parametrize(
+    ("body", "valid"),
+    [
+        ({"top_up": 1}, True),
+        ({"top_up": 10**12}, True),
+        ({"top_up": 0}, False),
+        ({"top_up": -5}, False),
+        ({"top_up": "1000"}, False),
+        ({"top_up": 1.0}, False),
+        ({}, False),
+        ({"top_up": 1, "budget": 2}, False),
+    ],
+)
+def test_the_resume_model_is_the_same_on_both_sides(body: Any, valid: bool) -> None:
+    assert handler_accepts(parse_resume, body) is valid
+    # the gateway may be looser than the handler (1.0 is an integer to JSON Schema), never
+    # stricter
+    if valid:
+        assert gateway_accepts(gateway_schema(BatchResume), body)
+    elif body != {"top_up": 1.0}:
+        assert not gateway_accepts(gateway_schema(BatchResume), body)
+
+
+# ------------------------------------------------------------------ the service's side
+
+
+def batches(blobs: MemoryBlobs | None = None, drain: MemoryDrain | None = None) -> Batches:
+    return Batches(
+        InMemoryLedger(),
+        InMemoryGovernor(GovernorConfig(600_000, 0.95, initial_fill=1.0), now=0.0),
+        MemoryQueue(),
+        blobs or MemoryBlobs(),
+        MemoryExecutions(),
+        drain or MemoryDrain(),
+        BatchesConfig(ShedPolicy({}), max_budget=10**9, default_budget=123_456, default_attempts=7),
+    )
+
+
+def test_a_submission_takes_the_deployments_defaults_for_what_it_leaves_out() -> None:
+    service = batches()
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    run = service.submit_body("acme", body, None, 1.0).run
+    assert (run.budget, run.spec.max_attempts, run.spec.lane) == (123_456, 7, Lane.NORMAL)
+
+
+def test_the_service_reads_the_tenants_manifest() -> None:
+    blobs = MemoryBlobs()
+    key = "manifests/uploads/acme/m.json"
+    blobs.put_json(key, [unit("a"), unit("b")])
+    service = batches(blobs)
+    body = parse_submit(json.dumps({"manifest": {"key": key}, "budget": 10}))
+    submitted = service.submit_body("acme", body, None, 1.0)
+    assert submitted.created and submitted.run.units_total == 2
+    doc = service.describe(submitted.run, 1.0)
+    assert doc["units"] == 2 and "remainder" not in doc
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("manifests/uploads/other/m.json", "must be an object under manifests/uploads/acme/"),
+        ("manifests/uploads/acme/../other/m.json", "must be an object under"),
+        ("manifests/uploads/acme/missing.json", "no object"),
+    ],
+)
+def test_a_manifest_the_tenant_may_not_use_is_a_400_on_its_key(key: str, says: str) -> None:
+    body = parse_submit(json.dumps({"manifest": {"key": key}}))
+    with pytest.raises(InvalidInput, match=says) as refused:
+        batches().submit_body("acme", body, None, 1.0)
+    assert refused.value.field == "manifest.key"
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256])
+def test_an_idempotency_key_out_of_bounds_is_a_400(key: str) -> None:
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    with pytest.raises(InvalidInput, match="must be 1-255 characters"):
+        batches().submit_body("acme", body, key, 1.0)
+
+
+def test_the_same_idempotency_key_is_the_same_batch() -> None:
+    service = batches()
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    first = service.submit_body("acme", body, "k1", 1.0)
+    again = service.submit_body("acme", body, "k1", 2.0)
+    assert (first.created, again.created) == (True, False)
+    assert first.run.run_id == again.run.run_id
+
+
+def mappings(*states: str) -> list[MappingState]:
+    return [
+        MappingState(lane, f"esm-{lane.value}", s) for lane, s in zip(Lane, states, strict=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("draining", "in_flight", "states", "safe"),
+    [
+        (True, 0, ("Disabled", "Disabled", "Disabled"), True),
+        (True, 0, ("Disabled", "Disabling", "Disabled"), True),
+        (True, 0, ("Disabled", "Enabled", "Disabled"), False),
+        (True, 1, ("Disabled", "Disabled", "Disabled"), False),
+        (False, 0, ("Disabled", "Disabled", "Disabled"), False),
+        (True, 0, None, True),  # the API's view: the mappings are not visible to it
+        (True, 2, None, False),
+        (False, 0, None, False),
+    ],
+)
+def test_one_safe_to_deploy_rule(
+    draining: bool, in_flight: int, states: tuple[str, ...] | None, safe: bool
+) -> None:
+    seen = None if states is None else mappings(*states)
+    assert safe_to_deploy(draining, in_flight, seen) is safe
+
+
+def test_the_api_drain_view_and_the_drain_controller_answer_by_the_same_rule() -> None:
+    drain = MemoryDrain()
+    service = batches(drain=drain)
+    controller = DrainController(drain, MemoryMappings(), service.queue)
+    assert service.drain_status() == {
+        "draining": False,
+        "in_flight": 0,
+        "queued": 0,
+        "safe_to_deploy": False,
+    }
+    drain.set(True)
+    # the switch is on, nothing in flight: the API's view (no mappings) says safe; the
+    # controller, which sees the mappings still enabled, does not until it has applied it
+    assert service.drain_status()["safe_to_deploy"] is True
+    assert controller.status()["safe_to_deploy"] is False
+    report = controller.apply()
+    assert report["safe_to_deploy"] is True
+    assert {k: v for k, v in report.items() if k != "mappings"} == service.drain_status()

@@ -1,0 +1,126 @@
+"""One settings model per function: exactly the variables the contract gives it, each required
+unless optional, and a clear error for a missing, malformed or unconfigured variable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from swarm import contract as env
+from swarm.contract import FUNCTION_ENV, FUNCTIONS, OPTIONAL_VARS, FunctionName
+from swarm.settings import (
+    FUNCTION_SETTINGS,
+    ApiSettings,
+    FanoutSettings,
+    Settings,
+    SettingsError,
+    WorkerSettings,
+    variables,
+)
+from swarm.wiring import Wiring
+
+VALUES = {
+    env.STAGE: "dev",
+    env.POWERTOOLS_LOG_LEVEL: "INFO",
+    env.STATE_MACHINE_ARN: "arn:aws:states:us-east-1:123456789012:stateMachine:fanout",
+    env.QUOTA_TPM: "300000",
+    env.GOVERNOR_SHARE: "0.95",
+    env.GOVERNOR_MAX_WAIT_SECONDS: "20",
+    env.LEASE_SECONDS: "720",
+    env.MAX_ATTEMPTS: "3",
+    env.MAX_BUDGET_TOKENS: "1000000000",
+    env.DEFAULT_BUDGET_TOKENS: "6000000",
+    env.SWEEP_INTERVAL_SECONDS: "900",
+    env.MODEL_ADAPTER: "simulated",
+    env.SIM_MODEL_QUOTA_TPM: "300000",
+    env.SIM_MODEL_FAILURE_RATE: "0.04",
+    env.SIM_MODEL_SEED: "7",
+}
+
+
+def environment(function: FunctionName) -> dict[str, str]:
+    """The function's environment as the stack sets it, optional variables left empty."""
+    values: dict[str, str] = {}
+    for name in FUNCTION_ENV[function]:
+        if name in OPTIONAL_VARS:
+            values[name] = ""
+        elif name.startswith("LANE_RESERVE_"):
+            values[name] = "0.1"
+        elif name.startswith("SHED_DEPTH_"):
+            values[name] = "1000"
+        else:
+            values[name] = VALUES.get(name, f"value-of-{name.lower()}")
+    values[env.SWARM_FUNCTION] = function
+    return values
+
+
+def test_every_function_has_a_model() -> None:
+    assert set(FUNCTION_SETTINGS) == set(FUNCTIONS)
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_each_model_reads_exactly_its_functions_variables(function: FunctionName) -> None:
+    model = FUNCTION_SETTINGS[function]
+    assert len(set(FUNCTION_ENV[function])) == len(FUNCTION_ENV[function])
+    assert variables(model) == set(FUNCTION_ENV[function])
+    # every one required, but for the optional ones
+    for name, field in model.model_fields.items():
+        assert field.is_required() == (field.alias not in OPTIONAL_VARS), name
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_from_env_builds_the_named_functions_model(function: FunctionName) -> None:
+    settings = Settings.from_env(environment(function))
+    assert type(settings) is FUNCTION_SETTINGS[function]
+    assert settings.function == function
+    assert type(FUNCTION_SETTINGS[function].from_env(environment(function))) is type(settings)
+
+
+def test_a_functions_model_refuses_another_functions_environment() -> None:
+    with pytest.raises(SettingsError, match="SWARM_FUNCTION='fanout'"):
+        WorkerSettings.from_env(environment("fanout"))
+
+
+def test_missing_and_malformed_variables_are_named() -> None:
+    with pytest.raises(SettingsError, match="not a function name"):
+        Settings.from_env({env.SWARM_FUNCTION: "cron"})
+    missing = environment("worker") | {env.LEASE_SECONDS: ""}
+    with pytest.raises(SettingsError, match="for the worker function: LEASE_SECONDS"):
+        Settings.from_env(missing)
+    with pytest.raises(SettingsError, match="QUOTA_TPM='lots'"):
+        Settings.from_env(environment("api") | {env.QUOTA_TPM: "lots"})
+    bedrock = environment("worker") | {env.MODEL_ADAPTER: "bedrock"}
+    with pytest.raises(SettingsError, match="BEDROCK_MODEL_ID is required when MODEL_ADAPTER"):
+        Settings.from_env(bedrock)
+    with_id = Settings.from_env(bedrock | {env.BEDROCK_MODEL_ID: "anthropic.claude-test"})
+    assert isinstance(with_id, WorkerSettings) and with_id.bedrock_model_id
+
+
+def test_optional_variables_left_empty_are_unset() -> None:
+    api = ApiSettings.from_env(environment("api"))
+    assert api.governor_capacity is None
+    assert api.governor_config().capacity is None
+    sized = ApiSettings.from_env(environment("api") | {env.GOVERNOR_CAPACITY: "500000"})
+    assert sized.governor_config().capacity == 500_000
+
+
+def _wiring(function: FunctionName) -> Wiring:
+    def clients(service: str) -> Any:
+        return object()
+
+    return Wiring(Settings.from_env(environment(function)), clients)
+
+
+def test_the_wiring_names_what_a_function_was_not_given() -> None:
+    fanout = _wiring("fanout")
+    assert isinstance(fanout.settings, FanoutSettings)
+    with pytest.raises(SettingsError, match=r"the fanout function has no .*GOVERNOR_TABLE_NAME"):
+        fanout.governor()
+    with pytest.raises(SettingsError, match="the fanout function has no EVENT_BUS_NAME"):
+        fanout.events()
+    with pytest.raises(SettingsError, match="the dlq function has no QUEUE_URL_HIGH"):
+        _wiring("dlq").lanes()
+    with pytest.raises(SettingsError, match=r"the worker function has no .*SHED_DEPTH_HIGH"):
+        _wiring("worker").batches()
+    assert _wiring("api").settings_as(ApiSettings).tenant_principal_prefix
