@@ -7,6 +7,7 @@ cancelled transaction still leaves nothing half-written, in every way moto cance
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -86,3 +87,38 @@ def test_a_transaction_never_copies_a_whole_table(
     with pytest.raises(ClientError):
         seeded.transact_write_items(TransactItems=[_add("a", 1), _add("b", 5, "n > :n")])
     assert _items(seeded) == {"a": 2, "b": 2}
+
+
+def test_no_write_interleaves_inside_one_update_item_request(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto's UpdateItem handler reads the old item (and deep-copies it) before it updates: the
+    whole request holds the lock, so another writer waits instead of tearing the item mid-copy."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    dynamodb.put_item(TableName=TABLE, Item={**_key("a"), "n": {"N": "1"}})
+    locked_get_item = DynamoDBBackend.get_item
+    other_done: list[bool] = []
+
+    def get_item_then_race(self: Any, *args: Any, **kwargs: Any) -> Any:
+        item = locked_get_item(self, *args, **kwargs)
+        if not other_done and threading.current_thread() is threading.main_thread():
+            other = threading.Thread(
+                target=lambda: dynamodb.put_item(
+                    TableName=TABLE, Item={**_key("a"), "n": {"N": "100"}}
+                )
+            )
+            other.start()
+            other.join(0.5)  # long enough for an unlocked PutItem to finish
+            other_done.append(not other.is_alive())
+        return item
+
+    monkeypatch.setattr(DynamoDBBackend, "get_item", get_item_then_race)
+    dynamodb.update_item(
+        TableName=TABLE,
+        Key=_key("a"),
+        UpdateExpression="ADD n :one",
+        ExpressionAttributeValues={":one": {"N": "1"}},
+        ReturnValues="UPDATED_OLD",
+    )
+    assert other_done == [False], "a PutItem ran inside another request's UpdateItem"

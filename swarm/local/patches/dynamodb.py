@@ -150,7 +150,13 @@ def _transaction(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _responses_locked(original: Callable[..., Any]) -> Callable[..., Any]:
-    """TransactGetItems and BatchGetItem read the tables directly in moto's responses module."""
+    """A whole request under the lock: moto's responses module reads live items outside the
+    backend's methods. UpdateItem deep-copies the item it is about to update (for
+    ``ReturnValues``) after the backend's ``get_item`` returned it; GetItem, Query and Scan
+    serialise the items the backend returned; PutItem reads the old item for ``ALL_OLD``;
+    TransactGetItems and BatchGetItem read the tables directly. Outside the lock another
+    thread's write could tear the item mid-copy (seen: "dictionary changed size during
+    iteration" in a 16-thread throttle storm on UpdateItem)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -161,7 +167,17 @@ def _responses_locked(original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-_RESPONSE_METHODS: tuple[str, ...] = ("transact_get_items", "batch_get_item", "batch_write_item")
+_RESPONSE_METHODS: tuple[str, ...] = (
+    "get_item",
+    "put_item",
+    "update_item",
+    "delete_item",
+    "query",
+    "scan",
+    "transact_get_items",
+    "batch_get_item",
+    "batch_write_item",
+)
 
 
 def patch_dynamodb_atomicity() -> None:
