@@ -41,7 +41,14 @@ def record_handler(record: SQSRecord) -> None:
     try:
         item = parse_message_body(record.body)
     except InvalidInput as e:  # nothing to settle: keep the evidence in the logs and drop it
-        logger.error("malformed dead letter dropped", error=str(e), body=record.body[:1_000])
+        # never the body: it may carry a tenant's prompt; the message id finds it in the DLQ's
+        # own retention if someone must look
+        logger.error(
+            "malformed dead letter dropped",
+            error=str(e),
+            message_id=record.message_id,
+            body_bytes=len(record.body.encode()),
+        )
         return
     logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     try:

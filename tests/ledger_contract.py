@@ -170,6 +170,16 @@ class LedgerContract:
         with pytest.raises(InvalidInput):
             ledger.top_up("run-1", 0, now=2.0)
 
+    def test_top_ups_cannot_take_the_budget_past_the_ceiling(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2, budget=50), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=1.0)  # refused: the run is exhausted
+        ledger.top_up("run-1", 950, now=2.0, max_budget=1_000)  # exactly the ceiling: fine
+        with pytest.raises(InvalidInput, match="top up at most 0"):
+            ledger.top_up("run-1", 1, now=3.0, max_budget=1_000)
+        with pytest.raises(InvalidInput, match="top_up"):
+            ledger.top_up("run-1", 10**40, now=3.0, max_budget=1_000)
+        assert ledger.run("run-1").budget == 1_000  # nothing written by the refusals
+
     def test_a_completed_run_cannot_be_topped_up(self, ledger: Ledger) -> None:
         ledger.open_run(spec(units=1), now=0.0)
         ledger.admit("run-1", "u0", 0, now=0.0)

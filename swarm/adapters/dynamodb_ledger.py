@@ -415,10 +415,12 @@ class DynamoDBLedger:
         )
 
     # ------------------------------------------------------------------ top-up
-    def top_up(self, run_id: str, amount: int, now: float) -> TopUp:
+    def top_up(
+        self, run_id: str, amount: int, now: float, max_budget: int | None = None
+    ) -> TopUp:
         def step() -> TopUp | _Write[TopUp]:  # always a write (the union lets mypy infer T)
             before = self.run(run_id)
-            run = decide_top_up(before, amount, now)
+            run = decide_top_up(before, amount, now, max_budget)
             requeue: tuple[str, ...] = ()
             if before.state is not RunState.OPEN:
                 # read after the books: a unit joins or leaves the remainder only with a write
@@ -435,7 +437,8 @@ class DynamoDBLedger:
                 self.table_name,
                 before,
                 run,
-                [("remainder", "=", before.remainder)],
+                # the budget as read: two concurrent top-ups cannot both pass the ceiling
+                [("remainder", "=", before.remainder), ("budget", "=", before.budget)],
                 watch_from=rewatch,
             )
             top_up = TopUp(run, requeue if run.state is RunState.OPEN else ())

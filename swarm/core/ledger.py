@@ -256,11 +256,22 @@ def decide_dead_letter(
     return _close_if_done(run, now), unit
 
 
-def decide_top_up(run: RunRecord, amount: int, now: float) -> RunRecord:
-    if not isinstance(amount, int) or amount <= 0:
+def decide_top_up(
+    run: RunRecord, amount: int, now: float, max_budget: int | None = None
+) -> RunRecord:
+    """Add ``amount`` tokens to the run's budget (reopening an exhausted run). ``max_budget``: the
+    deployment's ceiling on a run's total budget, after any number of top-ups."""
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
         raise InvalidInput("top_up", f"must be a positive whole number of tokens, got {amount!r}")
     if run.state is RunState.COMPLETED:
         raise Conflict(f"run {run.run_id} is completed: there is nothing to resume")
+    if max_budget is not None and run.budget + amount > max_budget:
+        room = max(0, max_budget - run.budget)
+        raise InvalidInput(
+            "top_up",
+            f"the budget would be {run.budget + amount:,} tokens, above this deployment's "
+            f"maximum of {max_budget:,} for a batch: top up at most {room:,}",
+        )
     run = run.with_(budget=run.budget + amount)
     if run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED):
         run = run.with_(state=RunState.OPEN, remainder=0, closed_at=None)

@@ -107,14 +107,16 @@ class InMemoryLedger:
     ) -> Settlement:
         return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
 
-    def top_up(self, run_id: str, amount: int, now: float) -> TopUp:
+    def top_up(
+        self, run_id: str, amount: int, now: float, max_budget: int | None = None
+    ) -> TopUp:
         before = self.run(run_id)
         requeue = tuple(
             u.unit_id
             for u in self._units[run_id].values()
             if effective_state(before, u) is UnitState.REMAINDER
         )
-        run = decide_top_up(before, amount, now)
+        run = decide_top_up(before, amount, now, max_budget)
         self._runs[run_id] = run
         return TopUp(run, requeue if run.state is RunState.OPEN else ())
 

@@ -13,10 +13,27 @@ from enum import StrEnum
 
 from swarm.core.errors import InvalidInput
 
-#: A run, unit or tenant id (and a batch id in the API): the one pattern, used by the API's
+#: A run or unit id (and a batch id in the API): the one pattern, used by the API's
 #: models, its OpenAPI document and API Gateway's request models too.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _ID = re.compile(ID_PATTERN)
+
+
+#: A tenant: the caller's IAM role name without the deployment's tenant prefix, so every
+#: character an IAM role name may hold (letters, digits and ``+=,.@_-``), at most 64 of them.
+TENANT_PATTERN = r"^[A-Za-z0-9+=,.@_-]{1,64}$"
+_TENANT = re.compile(TENANT_PATTERN)
+
+
+def check_tenant(value: str) -> str:
+    """Tenants travel in SQS messages (``MessageGroupId``), S3 keys and the ledger's books."""
+    if not isinstance(value, str) or not _TENANT.match(value):
+        raise InvalidInput(
+            "tenant",
+            f"{value!r} is not a valid tenant: an IAM role name's characters (letters, digits "
+            "and +=,.@_-), 1-64 of them",
+        )
+    return value
 
 
 def check_id(field_name: str, value: str) -> str:
@@ -86,7 +103,7 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         check_id("run_id", self.run_id)
-        check_id("tenant", self.tenant)
+        check_tenant(self.tenant)
         if not isinstance(self.budget, int) or self.budget < 0:
             raise InvalidInput(
                 "budget", f"must be a whole number of tokens >= 0, got {self.budget!r}"

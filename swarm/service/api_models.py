@@ -68,6 +68,10 @@ def parse_json(body: str | None) -> Any:
         return json.loads(body)
     except json.JSONDecodeError as e:
         raise InvalidInput("body", f"not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError:  # an integer literal past Python's 4,300-digit conversion limit
+        raise InvalidInput("body", "a number in the body has too many digits") from None
+    except RecursionError:
+        raise InvalidInput("body", "the JSON is nested too deeply") from None
 
 
 def parse_submit(body: str | None) -> BatchSubmission:

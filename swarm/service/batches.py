@@ -12,6 +12,7 @@ failed one stopped and never creates a second batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
@@ -41,7 +42,15 @@ from swarm.core.ports import (
     LaneQueue,
     Ledger,
 )
-from swarm.core.records import Lane, RunRecord, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.records import (
+    Lane,
+    RunRecord,
+    RunSpec,
+    RunState,
+    UnitSpec,
+    UnitState,
+    check_id,
+)
 from swarm.core.report import healthy_line
 from swarm.service.api_models import check_manifest_key, parse_manifest_units
 from swarm.service.drain import drain_view
@@ -211,13 +220,15 @@ class Batches:
             units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
             max_attempts=request.max_attempts,
         )
+        inputs = {u.unit_id: u.input for u in request.units}
+        # a replay too: it may start the batch's execution (a first attempt that died before)
+        if self.drain.draining(fresh=True):  # exact: an operator just flipped it
+            raise Draining("the control plane is draining for a deploy; intake is stopped")
         if idempotency_key is not None:
-            existing = self._existing(spec)
+            existing = self._existing(spec, inputs)
             if existing is not None:
                 self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
                 return Submitted(existing, created=False)
-        if self.drain.draining(fresh=True):  # exact: an operator just flipped it
-            raise Draining("the control plane is draining for a deploy; intake is stopped")
         avg = spec.projected_total / len(spec.units)
         shed = shed_decision(
             self.config.shed_policy,
@@ -229,19 +240,27 @@ class Batches:
         )
         if shed is not None:
             raise Shedding(shed)
-        inputs = {u.unit_id: u.input for u in request.units}
         key = manifest_key(run_id)
         self.blobs.put_json(key, manifest_items(spec, inputs))
         run = self.ledger.open_run(spec, now)
         self.executions.start(run_id, execution_input(run_id, key))
         return Submitted(run, created=True)
 
-    def _existing(self, spec: RunSpec) -> RunRecord | None:
+    def _existing(self, spec: RunSpec, inputs: Mapping[str, str]) -> RunRecord | None:
+        """The batch this Idempotency-Key already made, if the request is the same one: the same
+        spec (lane, budget, units and their projections) and the same inputs (as its manifest
+        holds them); a different request under the key is a Conflict."""
         try:
             run = self.ledger.run(spec.run_id)
         except NotFound:
             return None
-        if run.spec != spec:
+        same = run.spec == spec
+        # a manifest expired by the bucket's lifecycle leaves the spec as all there is to compare
+        with contextlib.suppress(NotFound):
+            if same:
+                stored = self.blobs.get_json(manifest_key(spec.run_id))
+                same = stored == manifest_items(spec, inputs)
+        if not same:
             raise Conflict(
                 "this Idempotency-Key was used for a different batch; use a new key for new work"
             )
@@ -251,8 +270,10 @@ class Batches:
 
     def _run_for(self, tenant: str, run_id: str) -> RunRecord:
         try:
-            run: RunRecord | None = self.ledger.run(run_id)
-        except NotFound:
+            # a batch id from the path is checked before it reaches a key (DynamoDB refuses
+            # keys over 1,024 bytes with a server error): one that cannot exist is not found
+            run: RunRecord | None = self.ledger.run(check_id("batch_id", run_id))
+        except (NotFound, InvalidInput):
             run = None
         # never reveal another tenant's batch: the same error as for an id that does not exist
         if run is None or run.spec.tenant != tenant:
@@ -322,7 +343,7 @@ class Batches:
                 f"batch {run_id}'s manifest has expired (the bucket's lifecycle rule): it cannot "
                 "be resumed; submit the remainder as a new batch"
             ) from None
-        top = self.ledger.top_up(run_id, top_up, now)
+        top = self.ledger.top_up(run_id, top_up, now, self.config.max_budget)
         if top.requeue:
             # the exhaustion this top-up ended (read atomically with it, not before: the run may
             # have exhausted again meanwhile); each exhaustion is resumed at most once, so the

@@ -43,6 +43,7 @@ from moto import mock_aws
 
 from swarm import wiring
 from swarm.adapters.aws import EventBridgeEvents
+from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.contract import (
     BUCKET_NAME,
     DRAIN_PARAMETER_NAME,
@@ -503,3 +504,14 @@ def _process_environment(
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     monkeypatch.delenv(SWARM_FUNCTION, raising=False)
+
+
+def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any]]:
+    return [
+        {"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i, "input": f"unit {i}"}
+        for i in range(n)
+    ]
+
+
+def ledger(plane: ControlPlane) -> DynamoDBLedger:
+    return DynamoDBLedger(plane.ledger_table, client=plane.client("dynamodb"))

@@ -28,26 +28,14 @@ import functions.fanout as fanout_handler
 import functions.finalizer as finalizer_handler
 import functions.worker as worker_handler
 from swarm.adapters import dynamodb_ledger
-from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.core.codec import parse_message_body
 from swarm.core.ports import ModelRequest, ModelResult
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
 from swarm.service.worker import Worker
 from swarm.wiring import QUEUE_LEASE_S
-from tests.integration.plane import ControlPlane, freeze_sqs_clock
+from tests.integration.plane import ControlPlane, freeze_sqs_clock, ledger, units
 
 # ---------------------------------------------------------------------- helpers
-
-
-def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any]]:
-    return [
-        {"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i, "input": f"unit {i}"}
-        for i in range(n)
-    ]
-
-
-def ledger(plane: ControlPlane) -> DynamoDBLedger:
-    return DynamoDBLedger(plane.ledger_table, client=plane.client("dynamodb"))
 
 
 def objects(plane: ControlPlane, prefix: str = "") -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -13,7 +14,6 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 import functions.worker as worker_handler
-from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.contract import (
     GOVERNOR_SHARE,
     GOVERNOR_TABLE_NAME,
@@ -25,18 +25,13 @@ from swarm.core.codec import parse_message_body
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import LANES, Lane, RunState, UnitState
 from swarm.local.patches import iam
-from tests.integration.plane import ControlPlane, control_plane, freeze_sqs_clock
-
-
-def units(n: int, tokens: int = 10_000, prefix: str = "u") -> list[dict[str, Any]]:
-    return [
-        {"unit_id": f"{prefix}{i:04d}", "projected_tokens": tokens + 13 * i, "input": f"unit {i}"}
-        for i in range(n)
-    ]
-
-
-def ledger(plane: ControlPlane) -> DynamoDBLedger:
-    return DynamoDBLedger(plane.ledger_table, client=plane.client("dynamodb"))
+from tests.integration.plane import (
+    ControlPlane,
+    control_plane,
+    freeze_sqs_clock,
+    ledger,
+    units,
+)
 
 
 def objects(plane: ControlPlane, prefix: str = "") -> list[str]:
@@ -417,3 +412,32 @@ def test_drain_controller_disables_and_enables_the_worker_mappings(plane: Contro
     assert not report["safe_to_deploy"]
     for uuid in uuids:
         assert lam.get_event_source_mapping(UUID=uuid)["State"] in ("Enabled", "Enabling")
+
+
+def test_a_malformed_dead_letter_is_dropped_without_logging_its_body(
+    plane: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    sqs = plane.client("sqs")
+    secret = "the tenant's confidential prompt"
+    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody=f'{{"input": "{secret}"')
+    messages = plane.receive(Lane.LOW, dlq=True)
+    with caplog.at_level(logging.INFO):
+        response = plane.deliver(Lane.LOW, messages, dlq=True)
+    assert response["batchItemFailures"] == []  # dropped: nothing to settle, not retried
+    [dropped] = [r for r in caplog.records if r.getMessage() == "malformed dead letter dropped"]
+    logged = " ".join(repr(vars(r)) for r in caplog.records)
+    assert secret not in logged
+    assert vars(dropped)["message_id"] == messages[0]["MessageId"]  # how to find it in the DLQ
+
+
+@pytest.mark.parametrize("batch_id", ["b" * 3_000, "bad%20id"])
+def test_a_batch_id_that_cannot_exist_is_a_404_not_a_server_error(
+    plane: ControlPlane, batch_id: str
+) -> None:
+    """DynamoDB refuses a partition key over 2,048 bytes with a ValidationException (a 500)."""
+    for method, path, body in (
+        ("GET", f"/batches/{batch_id}", None),
+        ("POST", f"/batches/{batch_id}/resume", {"top_up": 10}),
+    ):
+        status, doc, _ = plane.api(method, path, body)
+        assert (status, doc["error"]) == (404, "not_found"), doc

@@ -109,6 +109,29 @@ def test_put_item_takes_an_item_of_400_kb_and_refuses_one_byte_more(dynamodb: An
     assert _items(dynamodb) == {"at": LIMIT}
 
 
+@pytest.mark.parametrize("operation", ["get_item", "delete_item", "update_item"])
+def test_a_key_past_the_key_size_limits_is_refused_by_every_keyed_request(
+    dynamodb: Any, operation: str
+) -> None:
+    extra = {"UpdateExpression": "SET n = :n", "ExpressionAttributeValues": {":n": {"N": "1"}}}
+    kwargs = extra if operation == "update_item" else {}
+    call = getattr(dynamodb, operation)
+    for pk, sk, says in (("p" * 2_049, "s", "hashkey"), ("p", "s" * 1_025, "rangekey")):
+        key = {"pk": {"S": pk}, "sk": {"S": sk}}
+        with pytest.raises(ClientError, match=f"Size of {says} has exceeded") as refused:
+            call(TableName=TABLE, Key=key, **kwargs)
+        assert refused.value.response["Error"]["Code"] == "ValidationException"
+    call(TableName=TABLE, Key={"pk": {"S": "p" * 2_048}, "sk": {"S": "s" * 1_024}}, **kwargs)
+
+
+def test_batch_and_transacted_reads_refuse_an_oversized_key_too(dynamodb: Any) -> None:
+    key = {"pk": {"S": "p" * 2_049}, "sk": {"S": "s"}}
+    with pytest.raises(ClientError, match="Size of hashkey has exceeded"):
+        dynamodb.batch_get_item(RequestItems={TABLE: {"Keys": [key]}})
+    with pytest.raises(ClientError, match="Size of hashkey has exceeded"):
+        dynamodb.transact_get_items(TransactItems=[{"Get": {"TableName": TABLE, "Key": key}}])
+
+
 def test_moto_refused_items_aws_accepts_and_no_longer_does(dynamodb: Any) -> None:
     # numbers as text and binaries as base64 made moto count this item over its 405,000 bytes
     item = {

@@ -72,6 +72,8 @@ DYNAMODB_MAX_ITEM_BYTES = 409_600  # 400 KB; an item of exactly this size is acc
 DYNAMODB_MAX_BATCH_WRITE_REQUESTS = 25
 DYNAMODB_MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
 DYNAMODB_MAX_NUMBER_DIGITS = 38
+DYNAMODB_MAX_HASH_KEY_BYTES = 2_048  # moto checks it on PutItem only
+DYNAMODB_MAX_RANGE_KEY_BYTES = 1_024
 DYNAMODB_MAX_NUMBER_EXPONENT = 125  # 9.99...E+125 is the largest magnitude
 DYNAMODB_MIN_NUMBER_EXPONENT = -130  # 1E-130 is the smallest non-zero magnitude
 
@@ -334,9 +336,52 @@ def _transaction_size(transact_items: list[Mapping[str, Any]]) -> int:
     return total
 
 
+def _named_keys(action: str, body: Mapping[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """The ``(table name, key)`` pairs a request names by key."""
+    if action in ("get_item", "update_item", "delete_item"):
+        yield body.get("TableName"), body.get("Key")
+    elif action == "batch_get_item":
+        for table, request in (body.get("RequestItems") or {}).items():
+            for key in (request or {}).get("Keys") or []:
+                yield table, key
+    elif action in ("transact_get_items", "transact_write_items"):
+        for item in body.get("TransactItems") or []:
+            for op in ("Get", "Update", "Delete", "ConditionCheck"):
+                if isinstance(item, Mapping) and op in item:
+                    yield item[op].get("TableName"), item[op].get("Key")
+
+
+def _check_keys(handler: Any, action: str, body: Mapping[str, Any]) -> None:
+    """AWS refuses a key over the key size limits (partition 2,048 bytes, sort 1,024) with a
+    ValidationException in every request that names one; moto checks them on PutItem only, and
+    would answer "not found" to a read."""
+    from moto.dynamodb.exceptions import MockValidationException
+
+    for table_name, key in _named_keys(action, body):
+        if not isinstance(key, Mapping):
+            continue
+        try:
+            table = handler.dynamodb_backend.get_table(table_name)
+        except Exception:  # moto answers a missing table itself
+            continue
+        limits = (
+            (table.hash_key_attr, DYNAMODB_MAX_HASH_KEY_BYTES, "hashkey"),
+            (table.range_key_attr, DYNAMODB_MAX_RANGE_KEY_BYTES, "rangekey"),
+        )
+        for attribute, limit, what in limits:
+            value = key.get(attribute) if attribute else None
+            if isinstance(value, Mapping) and attribute_size(value) > limit:
+                raise MockValidationException(
+                    f"One or more parameter values were invalid: Size of {what} has exceeded "
+                    f"the maximum size limit of {limit} bytes"
+                )
+
+
 def _handler(action: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def handler(self: Any) -> Any:
-        _check_request(action, getattr(self, "body", None) or {})
+        body = getattr(self, "body", None) or {}
+        _check_request(action, body)
+        _check_keys(self, action, body)
         if action != "transact_write_items":
             return original(self)
         _TRANSACTION.active = True

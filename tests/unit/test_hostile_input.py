@@ -1,0 +1,93 @@
+"""What a careless or hostile tenant sends gets a 4xx naming the field, and writes nothing:
+oversized numbers and nesting, a top-up past the deployment's ceiling, a replayed
+Idempotency-Key with another body or during a drain; and every IAM role name is a tenant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarm.core.errors import Conflict, InvalidInput
+from swarm.core.memory import MemoryBlobs, MemoryDrain
+from swarm.core.records import RunState
+from swarm.service.api_models import parse_resume, parse_submit, tenant_of
+from swarm.service.batches import Draining
+from tests.unit.test_api_contract import batches, unit
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ('{"units": [{"unit_id": "u", "projected_tokens": ' + "9" * 5_000 + "}]}", "digits"),
+        ("[" * 5_000 + "]" * 5_000, "nested too deeply"),
+    ],
+)
+def test_numbers_and_nesting_past_pythons_limits_are_a_400(body: str, says: str) -> None:
+    for parse in (parse_submit, parse_resume):
+        with pytest.raises(InvalidInput, match=says) as refused:
+            parse(body)
+        assert refused.value.field == "body"
+
+
+def test_a_top_up_past_the_deployments_ceiling_is_a_400_and_changes_nothing() -> None:
+    service = batches()  # max_budget 10**9
+    body = parse_submit(json.dumps({"units": [unit(tokens=50)], "budget": 10}))
+    run = service.submit_body("acme", body, None, 1.0).run
+    assert service.ledger.admit(run.run_id, "u1", 0, 2.0).reason == "budget"
+    for top_up in (10**9, 10**40):
+        with pytest.raises(InvalidInput, match="top up at most 999,999,990") as refused:
+            service.resume("acme", run.run_id, top_up, 3.0)
+        assert refused.value.field == "top_up"
+    after = service.ledger.run(run.run_id)
+    assert (after.budget, after.state) == (10, RunState.EXHAUSTED)
+    service.resume("acme", run.run_id, 10**9 - 10, 4.0)  # up to the ceiling exactly
+    assert service.ledger.run(run.run_id).budget == 10**9
+
+
+def test_a_replayed_key_with_other_inputs_is_a_conflict() -> None:
+    service = batches()
+    first = parse_submit(json.dumps({"units": [unit(text="summarise A")]}))
+    other = parse_submit(json.dumps({"units": [unit(text="summarise B")]}))
+    service.submit_body("acme", first, "k1", 1.0)
+    with pytest.raises(Conflict, match="Idempotency-Key was used for a different batch"):
+        service.submit_body("acme", other, "k1", 2.0)
+    assert service.submit_body("acme", first, "k1", 3.0).created is False
+
+
+def test_a_replay_during_a_drain_is_refused_like_new_work() -> None:
+    drain = MemoryDrain()
+    service = batches(drain=drain)
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    service.submit_body("acme", body, "k1", 1.0)
+    drain.set(True)
+    with pytest.raises(Draining):
+        service.submit_body("acme", body, "k1", 2.0)
+    drain.set(False)
+    assert service.submit_body("acme", body, "k1", 3.0).created is False
+
+
+def test_an_expired_manifest_leaves_the_spec_to_decide_a_replay() -> None:
+    blobs = MemoryBlobs()
+    service = batches(blobs)
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    run_id = service.submit_body("acme", body, "k1", 1.0).run.run_id
+    del blobs.objects[f"manifests/{run_id}/units.json"]  # the bucket's lifecycle expired it
+    assert service.submit_body("acme", body, "k1", 2.0).created is False
+
+
+@pytest.mark.parametrize("name", ["a+b", "a=b", "a,b", "a.b@example", "A_b-9", "x" * 64])
+def test_every_iam_role_name_character_makes_a_tenant(name: str) -> None:
+    arn = f"arn:aws:sts::123456789012:assumed-role/swarm-tenant-{name}/session"
+    assert tenant_of(arn, "swarm-tenant-") == name
+    service = batches()
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    run = service.submit_body(name, body, None, 1.0).run
+    assert service.status(name, run.run_id, 1.0)["batch_id"] == run.run_id
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65, "a/b", "a b", "a#b"])
+def test_a_tenant_no_role_name_could_have_is_refused(name: str) -> None:
+    body = parse_submit(json.dumps({"units": [unit()]}))
+    with pytest.raises(InvalidInput, match="not a valid tenant"):
+        batches().submit_body(name, body, None, 1.0)
