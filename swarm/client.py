@@ -10,13 +10,17 @@ request with it; the drain switch is flipped as the local operator role.
 
 from __future__ import annotations
 
+import http
 import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +30,91 @@ from swarm.core.errors import InvalidInput, SwarmError
 LOCAL_TARGET_FILE = Path(".swarm") / "local.json"
 DEFAULT_LOCAL_TENANT = "demo"
 LOCAL_OPERATOR_ROLE = "swarm-local-operator"  # swarm.local.patches.iam.OPERATOR_ROLE
+CREDENTIALS_HINT = (
+    "refresh or configure your AWS credentials (`aws sso login`, `aws configure`, or "
+    "AWS_PROFILE) and try again"
+)
 
 
 class ApiError(SwarmError):
-    def __init__(self, status: int, code: str, message: str, retry_after: int | None) -> None:
+    """The API (or the gateway in front of it) answered with an HTTP error status."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        retry_after: int | None,
+        advice: str | None = None,
+    ) -> None:
         hint = f" (retry after {retry_after}s)" if retry_after is not None else ""
-        super().__init__(f"{status} {code}: {message}{hint}")
+        more = f"; {advice}" if advice else ""
+        super().__init__(f"{status} {code}: {message}{hint}{more}")
         self.status = status
         self.code = code
         self.retry_after = retry_after
+
+
+class Unreachable(SwarmError):
+    """The API was not reached (connection refused, no such host): nothing was sent."""
+
+
+class NoAnswer(SwarmError):
+    """The request was sent but no whole answer came back (a read timeout, a dropped
+    connection): a request that changes something may have been applied anyway."""
+
+    def __init__(self, detail: str, advice: str) -> None:
+        super().__init__(f"{detail}; {advice}")
+        self.detail = detail  # what happened, without the advice
+        self.advice = advice
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def aws_failure(error: BaseException) -> str | None:
+    """One line for an error of boto3/botocore (missing or expired credentials, no region, an
+    endpoint out of reach, a refusal), with what to do; None for any other error."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        CredentialRetrievalError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+        SSOError,
+        TokenRetrievalError,
+    )
+
+    credentials = (
+        NoCredentialsError,
+        PartialCredentialsError,
+        CredentialRetrievalError,
+        TokenRetrievalError,
+        SSOError,
+    )
+    expired = {
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "RequestExpired",
+    }
+    text = one_line(str(error))
+    if isinstance(error, credentials):
+        return f"AWS credentials: {text}; {CREDENTIALS_HINT}"
+    if isinstance(error, NoRegionError):
+        return f"AWS: {text} (pass --region, or set AWS_REGION)"
+    if isinstance(error, ClientError):
+        if error.response.get("Error", {}).get("Code") in expired:
+            return f"AWS credentials: {text}; {CREDENTIALS_HINT}"
+        return f"AWS: {text}"
+    if isinstance(error, BotoCoreError):
+        return f"AWS: {text}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -77,11 +157,12 @@ class Target:
         """A deployed stack: its outputs name the API URL and the drain parameter."""
         import boto3
 
-        cfn = boto3.client("cloudformation", region_name=region)
         try:
+            cfn = boto3.client("cloudformation", region_name=region)
             described = cfn.describe_stacks(StackName=stack)["Stacks"][0]
         except Exception as e:
-            raise InvalidInput("--stack", f"cannot read stack {stack!r}: {e}") from None
+            reason = aws_failure(e) or one_line(str(e))
+            raise InvalidInput("--stack", f"cannot read stack {stack!r}: {reason}") from None
         outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
         missing = {OUTPUT_API_URL, OUTPUT_DRAIN_PARAMETER} - set(outputs)
         if missing:
@@ -135,7 +216,10 @@ class Client:
             raise SwarmError(f"cannot read role {role} in the local stack: {e}") from None
         except BotoCoreError as e:
             where = self.target.aws_endpoint
-            raise SwarmError(f"cannot reach the local stack at {where}: {e}") from None
+            raise SwarmError(
+                f"cannot reach the local stack at {where}: {one_line(str(e))}; is it up? "
+                "start it with `swarm local up`"
+            ) from None
         try:
             doc = self._local_aws("sts", admin).assume_role(
                 RoleArn=arn, RoleSessionName="swarm-cli"
@@ -163,35 +247,107 @@ class Client:
         return boto3.client(service, region_name=self.target.region)
 
     def request(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        *,
+        check: str | None = None,
     ) -> tuple[int, Any]:
+        """Send one request; return (status, the JSON answer). Every failure is a SwarmError
+        of one line saying what to do: :class:`Unreachable`, :class:`NoAnswer` (``check`` says
+        how to see whether a request that changes something was applied), :class:`ApiError`
+        (an HTTP error status), or a SwarmError for a 2xx answer that is not JSON."""
         url = self.target.api_url.rstrip("/") + path
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
         hdrs = self._signed(method, url, data, hdrs)  # SigV4, here and on AWS
         req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+        status, raw, answer_headers = self._exchange(req, method, url, check)
+        if status >= 400:
+            raise self._api_error(url, status, raw, answer_headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                doc = json.loads(raw)
-            except json.JSONDecodeError:
-                doc = {"error": "http_error", "message": raw.decode(errors="replace")[:500]}
-            retry = e.headers.get("Retry-After")
-            raise ApiError(
-                e.code,
-                str(doc.get("error", "error")),
-                str(doc.get("message", "")),
-                int(retry) if retry and retry.isdigit() else None,
-            ) from None
-        except urllib.error.URLError as e:
-            raise SwarmError(f"cannot reach {url}: {e.reason}") from None
-        except json.JSONDecodeError:
+            return status, json.loads(raw or b"null")
+        except ValueError:  # not JSON, or not UTF-8 text
             raise SwarmError(f"{url} did not answer with JSON: is it the swarm API?") from None
-        except (OSError, http.client.HTTPException) as e:  # closed or timed out mid-response
-            raise SwarmError(f"no answer from {url}: {e or type(e).__name__}") from None
+
+    def _exchange(
+        self, req: urllib.request.Request, method: str, url: str, check: str | None
+    ) -> tuple[int, bytes, Message]:
+        """The status, body and headers of the answer, an HTTP error status included."""
+        try:
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    return resp.status, resp.read(), resp.headers
+            except urllib.error.HTTPError as e:
+                try:
+                    return e.code, e.read(), e.headers
+                finally:
+                    e.close()
+        except urllib.error.URLError as e:  # raised before the request was sent, mostly
+            raise self._transport_error(method, url, e.reason, check) from None
+        except (OSError, http.client.HTTPException) as e:  # timed out or closed mid-answer
+            raise self._transport_error(method, url, e, check) from None
+
+    def _transport_error(
+        self, method: str, url: str, reason: object, check: str | None
+    ) -> SwarmError:
+        sent = isinstance(
+            reason,
+            TimeoutError | ConnectionResetError | BrokenPipeError | http.client.HTTPException,
+        )
+        if not sent:  # refused, no such host, no route: nothing reached the API
+            if self.target.local:
+                advice = "is the local stack up? start it with `swarm local up`"
+            else:
+                advice = (
+                    "check that the stack is deployed and its API URL is right (--stack, "
+                    "--api-url, --region), and your network"
+                )
+            return Unreachable(f"cannot reach {url}: {one_line(str(reason))}; {advice}")
+        if isinstance(reason, TimeoutError):
+            detail = f"no answer from {url}: timed out after {self.timeout_s:g}s"
+        else:
+            detail = f"no answer from {url}: {one_line(str(reason)) or type(reason).__name__}"
+        if method == "GET":
+            advice = "nothing was changed; try again (the service may be overloaded)"
+        else:
+            advice = "the request may still have been applied: " + (
+                check or "check its effect before sending it again"
+            )
+        return NoAnswer(detail, advice)
+
+    def _api_error(self, url: str, status: int, raw: bytes, headers: Message) -> ApiError:
+        retry = headers.get("Retry-After")
+        retry_after = int(retry) if retry and retry.isdigit() else None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        try:
+            phrase = http.HTTPStatus(status).phrase.lower().replace(" ", "_")
+        except ValueError:
+            phrase = "http_error"
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):  # the API's own answer
+            code, message, ours = doc["error"], one_line(str(doc.get("message", ""))), True
+        elif isinstance(doc, dict) and isinstance(doc.get("message"), str):  # API Gateway's
+            code, message, ours = phrase, one_line(doc["message"]), False
+        else:
+            snippet = one_line(raw.decode(errors="replace"), 80)
+            code, ours = phrase, False
+            message = f"{url} answered with a body that is not the API's JSON ({snippet!r})"
+        advice = None
+        if status >= 500 and retry_after is None:
+            advice = (
+                f"the service failed (HTTP {status}), not your request: try again later; if it "
+                "persists, check the stack's logs"
+            )
+        elif status in (401, 403) and not ours and not self.target.local:
+            advice = f"the gateway refused the request's signature: {CREDENTIALS_HINT}"
+        elif not ours:
+            advice = f"is {self.target.api_url} the swarm API?"
+        return ApiError(status, code, message, retry_after, advice)
 
     def _signed(
         self, method: str, url: str, data: bytes | None, headers: dict[str, str]
@@ -199,29 +355,70 @@ class Client:
         import boto3
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
+        from botocore.exceptions import BotoCoreError
 
+        request = AWSRequest(method=method, url=url, data=data, headers=headers)
         if self.target.local:
             tenant = self.target.tenant or DEFAULT_LOCAL_TENANT
             credentials = self._local_role(f"{self.target.tenant_prefix}{tenant}")
-        else:
+            SigV4Auth(credentials, "execute-api", self.target.region).add_auth(request)
+            return dict(request.headers.items())
+        try:  # a profile that does not exist, an SSO token or a role session that expired...
             credentials = boto3.Session().get_credentials()
-        if credentials is None:
-            raise SwarmError("no AWS credentials to sign the request with (SigV4)")
-        request = AWSRequest(method=method, url=url, data=data, headers=headers)
-        SigV4Auth(credentials, "execute-api", self.target.region).add_auth(request)
+            if credentials is None:
+                raise SwarmError(
+                    f"no AWS credentials to sign the request with (SigV4): {CREDENTIALS_HINT}"
+                )
+            SigV4Auth(credentials, "execute-api", self.target.region).add_auth(request)
+        except BotoCoreError as e:
+            raise SwarmError(aws_failure(e) or str(e)) from None
         return dict(request.headers.items())
 
     # -- the API
-    def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> Any:
+    def submit(
+        self,
+        body: dict[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        retries: int = 0,
+        backoff_s: float = 1.0,
+        on_retry: Callable[[NoAnswer, int, float], None] | None = None,
+    ) -> Any:
+        """``POST /batches``. With an ``idempotency_key``, a submit that got no answer (timed
+        out, connection dropped) is sent again with the same key up to ``retries`` times,
+        waiting ``backoff_s``, then twice as long each time (``on_retry(error, retry, wait)``
+        is called first): the API answers the same key and body with the same batch, so it is
+        created once."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self.request("POST", "/batches", body, headers)[1]
+        if idempotency_key:
+            check = (
+                f"submit it again with --idempotency-key {idempotency_key} (the same key and "
+                "body are the same batch, created once)"
+            )
+        else:
+            check = "a submit repeated without an Idempotency-Key makes a second batch"
+        attempt = 0
+        while True:
+            try:
+                return self.request("POST", "/batches", body, headers, check=check)[1]
+            except NoAnswer as e:
+                if not idempotency_key or attempt >= retries:
+                    if attempt:
+                        raise NoAnswer(f"{e.detail} ({attempt + 1} attempts)", e.advice) from None
+                    raise
+                attempt += 1
+                wait = backoff_s * 2 ** (attempt - 1)
+                if on_retry is not None:
+                    on_retry(e, attempt, wait)
+                time.sleep(wait)
 
     def status(self, batch_id: str) -> Any:
         return self.request("GET", f"/batches/{_segment(batch_id)}")[1]
 
     def resume(self, batch_id: str, top_up: int) -> Any:
         path = f"/batches/{_segment(batch_id)}/resume"
-        return self.request("POST", path, {"top_up": top_up})[1]
+        check = f"see `swarm status {batch_id}` before resuming again (each resume tops up)"
+        return self.request("POST", path, {"top_up": top_up}, check=check)[1]
 
     def fleet(self) -> Any:
         return self.request("GET", "/fleet")[1]
@@ -241,7 +438,12 @@ class Client:
                 Type="String",
                 Overwrite=True,
             )
-        except (BotoCoreError, ClientError, SwarmError) as e:  # unreachable, denied, no role
+        except (BotoCoreError, ClientError) as e:  # unreachable, denied, no credentials
+            reason = one_line(str(e)) if self.target.local else aws_failure(e)
+            raise SwarmError(
+                f"cannot set the drain switch {self.target.drain_parameter}: {reason}"
+            ) from None
+        except SwarmError as e:  # locally: the emulator is out of reach, or has no such role
             raise SwarmError(
                 f"cannot set the drain switch {self.target.drain_parameter}: {e}"
             ) from None

@@ -415,9 +415,7 @@ class DynamoDBLedger:
         )
 
     # ------------------------------------------------------------------ top-up
-    def top_up(
-        self, run_id: str, amount: int, now: float, max_budget: int | None = None
-    ) -> TopUp:
+    def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         def step() -> TopUp | _Write[TopUp]:  # always a write (the union lets mypy infer T)
             before = self.run(run_id)
             run = decide_top_up(before, amount, now, max_budget)

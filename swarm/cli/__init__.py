@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from swarm.cli import bench, deploy, local, ops, sim
+from swarm.client import aws_failure
 from swarm.core.errors import SwarmError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -52,6 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"swarm: error: {e}\n")
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # boto3's own errors (no credentials, no region...) are expected too
+        message = aws_failure(e)
+        if message is None:
+            raise
+        parser.exit(2, f"swarm: error: {message}\n")
 
 
 if __name__ == "__main__":

@@ -11,19 +11,25 @@ import json
 import random
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from swarm.cli.argtypes import positive_int
-from swarm.client import Client, target_from_args
+from swarm.client import Client, NoAnswer, Unreachable, target_from_args
 from swarm.core.errors import InvalidInput, SwarmError
 
 TERMINAL = ("completed", "exhausted")
+REQUEST_TIMEOUT_S = 30.0  # one request's wait for its answer
+SUBMIT_RETRIES = 3  # a submit that got no answer is sent again (same Idempotency-Key) this often
+RETRY_BACKOFF_S = 1.0  # the wait before the first retry; it doubles each time
+WATCH_TOLERATED_ERRORS = 3  # status checks in a row a watch survives (timeouts, resets)
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(target_from_args(args.api_url, args.stack, args.region, args.tenant))
+    target = target_from_args(args.api_url, args.stack, args.region, args.tenant)
+    return Client(target, timeout_s=REQUEST_TIMEOUT_S)
 
 
 def _target_options(p: argparse.ArgumentParser) -> None:
@@ -77,13 +83,30 @@ def watch(
     out: TextIO | None = None,
 ) -> Any:
     """Print progress (on ``out``, default stdout) until the batch closes; returns its final
-    status."""
+    status. Up to ``WATCH_TOLERATED_ERRORS`` checks in a row that get no answer are reported
+    and tried again."""
     out = out or sys.stdout
     tty = out.isatty()
     deadline = time.monotonic() + timeout_s
     last = ""
+    failures = 0
     while True:
-        doc = client.status(batch_id)
+        try:
+            doc = client.status(batch_id)
+        except (NoAnswer, Unreachable) as e:
+            failures += 1
+            if failures > WATCH_TOLERATED_ERRORS:
+                raise SwarmError(
+                    f"{e} (the batch runs on: follow it with `swarm status {batch_id} --watch`)"
+                ) from None
+            detail = e.detail if isinstance(e, NoAnswer) else str(e)
+            if tty:
+                print(file=out)
+            print(f"status check failed ({detail}); trying again", flush=True, file=out)
+            last = ""
+            time.sleep(interval_s)
+            continue
+        failures = 0
         line = progress_line(doc)
         if tty:
             print("\r" + line.ljust(len(last)), end="", flush=True, file=out)
@@ -158,11 +181,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.budget is not None:
         body["budget"] = args.budget
     client = _client(args)
-    doc = client.submit(body, args.idempotency_key)
+    log = sys.stderr if args.json else sys.stdout  # --json: stdout is only the JSON
+
+    def retrying(error: NoAnswer, retry: int, wait: float) -> None:
+        print(
+            f"{error.detail}; sending the submit again with the same Idempotency-Key in "
+            f"{wait:g}s (retry {retry} of {SUBMIT_RETRIES})",
+            file=log,
+            flush=True,
+        )
+
+    # a key of this invocation's own, unless given: its retries are the same batch
+    key = args.idempotency_key or f"cli-{uuid.uuid4()}"
+    doc = client.submit(
+        body, key, retries=SUBMIT_RETRIES, backoff_s=RETRY_BACKOFF_S, on_retry=retrying
+    )
     if args.json and not args.watch:
         print(json.dumps(doc, indent=2))
         return 0
-    log = sys.stderr if args.json else sys.stdout  # --json --watch: stdout is the final JSON
     print(
         f"batch {doc['batch_id']}: {doc['units']} units on the {doc['lane']} lane, "
         f"budget {doc['tokens']['budget']:,} tokens",
@@ -311,7 +347,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for --generate (0)")
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
     p.add_argument("--budget", type=positive_int, help="token budget")
-    p.add_argument("--idempotency-key", help="a retried submit with this key is the same batch")
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="a submit repeated with this key and body is the same batch (default: a new key "
+        "per invocation; a submit that gets no answer is retried with it)",
+    )
     p.add_argument("--watch", action="store_true", help="show progress until the batch closes")
     p.add_argument(
         "--json",

@@ -107,9 +107,7 @@ class InMemoryLedger:
     ) -> Settlement:
         return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
 
-    def top_up(
-        self, run_id: str, amount: int, now: float, max_budget: int | None = None
-    ) -> TopUp:
+    def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         before = self.run(run_id)
         requeue = tuple(
             u.unit_id

@@ -91,9 +91,7 @@ class Ledger(Protocol):
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement: ...
 
-    def top_up(
-        self, run_id: str, amount: int, now: float, max_budget: int | None = None
-    ) -> TopUp:
+    def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         """Add to the run's budget, refusing (InvalidInput) a total above ``max_budget``; the
         check and the write are one atomic step."""
         ...
