@@ -7,16 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.cli import main
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(args)
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.unit.helpers import run_cli
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,9 @@ import pytest
 from botocore.credentials import Credentials
 from botocore.exceptions import NoCredentialsError, TokenRetrievalError
 
-from swarm.cli import main, ops
+from swarm.cli import ops
 from swarm.client import Client, Target
+from tests.unit.helpers import run_cli
 
 Answer = Callable[[BaseHTTPRequestHandler], None]
 
@@ -131,15 +132,6 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)  # no .swarm/local.json of the checkout
     monkeypatch.setattr(ops, "REQUEST_TIMEOUT_S", 0.3)
     monkeypatch.setattr(ops, "RETRY_BACKOFF_S", 0.01)
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(args)
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_error_line(result: tuple[int, str, str], status: int = 2) -> str:

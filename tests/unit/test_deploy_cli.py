@@ -12,7 +12,6 @@ from typing import Any, TextIO
 import pytest
 
 from swarm.cli import deploy as deploy_cmd
-from swarm.cli import main
 from swarm.cli.deploy import (
     CdkDeployer,
     DeployFailed,
@@ -23,6 +22,7 @@ from swarm.cli.deploy import (
 from swarm.cli.ops import wait_for_drain
 from swarm.client import ApiError, Target
 from swarm.core.errors import InvalidInput, SwarmError
+from tests.unit.helpers import run_cli
 
 WHERE = Where(
     name="Swarm-prod",
@@ -294,15 +294,6 @@ def test_a_local_stack_without_the_route_says_it_cannot_redeploy_yet() -> None:
 
 
 # ------------------------------------------------------------------ the command line
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(args)
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_command_wires_the_plan_and_passes_the_exit_status(
