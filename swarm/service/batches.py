@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,31 @@ def manifest_items(spec: RunSpec, inputs: Mapping[str, str]) -> list[dict[str, A
     ]
 
 
+#: Step Functions' limit on a state's input: the UTF-8 of its compact JSON
+STATE_INPUT_MAX_BYTES = 262_144
+
+
+def map_child_input(run_id: str, index: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    """What one Distributed Map child starts with (the ``ItemSelector`` of
+    statemachines/fanout.asl.json): the unit's manifest item, wrapped."""
+    return {"batch_id": run_id, "index": index, "unit": dict(item)}
+
+
+def check_fits_the_fan_out(items: Sequence[Mapping[str, Any]]) -> None:
+    """Every unit must fit a map child's input (256 KiB), or it could never be admitted: refuse
+    the batch with the unit's field named, before anything is written."""
+    for index, item in enumerate(items):
+        child = map_child_input(str(item["run_id"]), index, item)
+        size = len(json.dumps(child, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > STATE_INPUT_MAX_BYTES:
+            raise InvalidInput(
+                f"units[{index}].input",
+                f"unit {item['unit_id']!r} is {size:,} bytes as the fan-out carries it (its "
+                f"JSON in UTF-8, where a non-ASCII character takes 2-4 bytes); the limit is "
+                f"{STATE_INPUT_MAX_BYTES:,}: shorten its input",
+            )
+
+
 def execution_input(run_id: str, key: str) -> dict[str, Any]:
     return {"batch_id": run_id, "manifest_key": key}
 
@@ -221,11 +247,13 @@ class Batches:
             max_attempts=request.max_attempts,
         )
         inputs = {u.unit_id: u.input for u in request.units}
+        items = manifest_items(spec, inputs)
+        check_fits_the_fan_out(items)
         # a replay too: it may start the batch's execution (a first attempt that died before)
         if self.drain.draining(fresh=True):  # exact: an operator just flipped it
             raise Draining("the control plane is draining for a deploy; intake is stopped")
         if idempotency_key is not None:
-            existing = self._existing(spec, inputs)
+            existing = self._existing(spec, items)
             if existing is not None:
                 self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
                 return Submitted(existing, created=False)
@@ -241,12 +269,12 @@ class Batches:
         if shed is not None:
             raise Shedding(shed)
         key = manifest_key(run_id)
-        self.blobs.put_json(key, manifest_items(spec, inputs))
+        self.blobs.put_json(key, items)
         run = self.ledger.open_run(spec, now)
         self.executions.start(run_id, execution_input(run_id, key))
         return Submitted(run, created=True)
 
-    def _existing(self, spec: RunSpec, inputs: Mapping[str, str]) -> RunRecord | None:
+    def _existing(self, spec: RunSpec, items: list[dict[str, Any]]) -> RunRecord | None:
         """The batch this Idempotency-Key already made, if the request is the same one: the same
         spec (lane, budget, units and their projections) and the same inputs (as its manifest
         holds them); a different request under the key is a Conflict."""
@@ -259,7 +287,7 @@ class Batches:
         with contextlib.suppress(NotFound):
             if same:
                 stored = self.blobs.get_json(manifest_key(spec.run_id))
-                same = stored == manifest_items(spec, inputs)
+                same = stored == items
         if not same:
             raise Conflict(
                 "this Idempotency-Key was used for a different batch; use a new key for new work"

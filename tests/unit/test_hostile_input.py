@@ -5,14 +5,21 @@ Idempotency-Key with another body or during a drain; and every IAM role name is 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from infra.constants import FANOUT_ASL
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.memory import MemoryBlobs, MemoryDrain
 from swarm.core.records import RunState
 from swarm.service.api_models import parse_resume, parse_submit, tenant_of
-from swarm.service.batches import Draining
+from swarm.service.batches import (
+    STATE_INPUT_MAX_BYTES,
+    Draining,
+    batch_id_for,
+    map_child_input,
+)
 from tests.unit.test_api_contract import batches, unit
 
 
@@ -91,3 +98,43 @@ def test_a_tenant_no_role_name_could_have_is_refused(name: str) -> None:
     body = parse_submit(json.dumps({"units": [unit()]}))
     with pytest.raises(InvalidInput, match="not a valid tenant"):
         batches().submit_body(name, body, None, 1.0)
+
+
+def _child_bytes(run_id: str, text: str) -> int:
+    item = {"run_id": run_id, "unit_id": "u1", "tenant": "acme", "lane": "normal"}
+    child = map_child_input(run_id, 0, {**item, "attempt": 0, "tokens": 5, "input": text})
+    return len(json.dumps(child, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def test_a_unit_too_big_for_a_map_child_is_refused_before_anything_is_written() -> None:
+    blobs = MemoryBlobs()
+    service = batches(blobs)
+    text = "漢" * 88_000  # within the 100,000 characters, but 264,000 bytes of UTF-8
+    body = parse_submit(json.dumps({"units": [unit(), unit("u2", text=text)]}))
+    with pytest.raises(InvalidInput, match="'u2' is 264,") as refused:
+        service.submit_body("acme", body, "k1", 1.0)
+    assert refused.value.field == "units[1].input"
+    assert blobs.objects == {}
+
+
+def test_the_fan_out_limit_is_the_state_input_limit_to_the_byte() -> None:
+    run_id = batch_id_for("acme", "k1")
+    overhead = _child_bytes(run_id, "")
+    room = STATE_INPUT_MAX_BYTES - overhead
+    fits = "漢" * (room // 3) + "x" * (room % 3)  # 3 bytes each: within the 100,000 characters
+    assert _child_bytes(run_id, fits) == STATE_INPUT_MAX_BYTES
+    for text, accepted in ((fits, True), (fits + "x", False)):
+        body = parse_submit(json.dumps({"units": [unit(text=text)]}))
+        if accepted:
+            assert batches().submit_body("acme", body, "k1", 1.0).created
+        else:
+            with pytest.raises(InvalidInput, match="the limit is 262,144"):
+                batches().submit_body("acme", body, "k1", 1.0)
+
+
+def test_the_map_child_input_is_what_the_state_machine_builds() -> None:
+    # the placeholders CDK substitutes (some unquoted) read as 0
+    definition = json.loads(re.sub(r"\$\{\w+\}", "0", FANOUT_ASL.read_text()))
+    selector = definition["States"]["FanOut"]["ItemSelector"]
+    assert {k.removesuffix(".$") for k in selector} == set(map_child_input("b", 0, {}))
+    assert selector["unit.$"] == "$$.Map.Item.Value"
