@@ -33,7 +33,7 @@ from swarm.api.models import (
 )
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied, SwarmError
-from swarm.core.governor import GovernorSnapshot
+from swarm.core.governor import GovernorSnapshot, check_amount
 from swarm.core.ports import (
     BlobStore,
     DrainSwitch,
@@ -246,6 +246,12 @@ class Batches:
             units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
             max_attempts=request.max_attempts,
         )
+        # a unit the governor can never grant would retry until its dead letter
+        for index, u in enumerate(request.units):
+            try:
+                check_amount(self.governor.config, u.projected_tokens, request.lane)
+            except InvalidInput as e:
+                raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
         inputs = {u.unit_id: u.input for u in request.units}
         items = manifest_items(spec, inputs)
         check_fits_the_fan_out(items)

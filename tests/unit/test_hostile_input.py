@@ -12,7 +12,7 @@ import pytest
 from infra.constants import FANOUT_ASL
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.memory import MemoryBlobs, MemoryDrain
-from swarm.core.records import RunState
+from swarm.core.records import Lane, RunState
 from swarm.service.api_models import parse_resume, parse_submit, tenant_of
 from swarm.service.batches import (
     STATE_INPUT_MAX_BYTES,
@@ -138,3 +138,16 @@ def test_the_map_child_input_is_what_the_state_machine_builds() -> None:
     selector = definition["States"]["FanOut"]["ItemSelector"]
     assert {k.removesuffix(".$") for k in selector} == set(map_child_input("b", 0, {}))
     assert selector["unit.$"] == "$$.Map.Item.Value"
+
+
+def test_a_unit_the_governor_can_never_grant_is_refused_at_submit() -> None:
+    service = batches()  # a bucket of 570,000 tokens
+    config = service.governor.config
+    most = int(config.bucket_capacity - config.reserve(Lane.NORMAL))
+    assert service.submit_body(
+        "acme", parse_submit(json.dumps({"units": [unit(tokens=most)]})), None, 1.0
+    ).created
+    body = parse_submit(json.dumps({"units": [unit(), unit("u2", tokens=most + 1)]}))
+    with pytest.raises(InvalidInput, match="can never be granted") as refused:
+        service.submit_body("acme", body, None, 1.0)
+    assert refused.value.field == "units[1].projected_tokens"
