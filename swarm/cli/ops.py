@@ -7,6 +7,7 @@ They work the same against the local stack (``swarm local up``) and a deployed o
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -25,6 +26,22 @@ REQUEST_TIMEOUT_S = 30.0  # one request's wait for its answer
 SUBMIT_RETRIES = 3  # a submit that got no answer is sent again (same Idempotency-Key) this often
 RETRY_BACKOFF_S = 1.0  # the wait before the first retry; it doubles each time
 WATCH_TOLERATED_ERRORS = 3  # status checks in a row a watch survives (timeouts, resets)
+
+
+def _expecting_the_api(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """A command reads the API's answers by their fields: an answer without them (``--api-url``
+    pointing at another JSON service) is one line saying so, not a traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (KeyError, TypeError) as e:
+            raise SwarmError(
+                f"the answer is not the swarm API's (no {e}): check --api-url / --stack"
+            ) from None
+
+    return run
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -360,7 +377,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="print the API's JSON (with --watch: the final status; progress goes to stderr)",
     )
     _target_options(p)
-    p.set_defaults(handler=cmd_submit)
+    p.set_defaults(handler=_expecting_the_api(cmd_submit))
 
     p = sub.add_parser("status", help="a batch's state, counts and spend")
     p.add_argument("batch", metavar="BATCH")
@@ -371,19 +388,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="print the API's JSON (with --watch: progress on stderr)",
     )
     _target_options(p)
-    p.set_defaults(handler=cmd_status)
+    p.set_defaults(handler=_expecting_the_api(cmd_status))
 
     p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
     p.add_argument("batch", metavar="BATCH")
     p.add_argument("--top-up", type=positive_int, required=True, metavar="TOKENS")
     p.add_argument("--watch", action="store_true")
     _target_options(p)
-    p.set_defaults(handler=cmd_resume)
+    p.set_defaults(handler=_expecting_the_api(cmd_resume))
 
     p = sub.add_parser("fleet", help="governor, lanes, in flight, drain state")
     p.add_argument("--json", action="store_true")
     _target_options(p)
-    p.set_defaults(handler=cmd_fleet)
+    p.set_defaults(handler=_expecting_the_api(cmd_fleet))
 
     p = sub.add_parser("drain", help="the drain switch: on [--wait], off, status")
     p.add_argument("action", choices=["on", "off", "status"])
@@ -392,4 +409,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--interval", type=_interval, default=2.0, help="seconds between checks (2)")
     p.add_argument("--json", action="store_true")
     _target_options(p)
-    p.set_defaults(handler=cmd_drain)
+    p.set_defaults(handler=_expecting_the_api(cmd_drain))

@@ -276,6 +276,17 @@ def test_an_answer_that_is_not_json_is_one_line(
     assert line == f"swarm: error: {api.url}/fleet did not answer with JSON: is it the swarm API?"
 
 
+@pytest.mark.parametrize(
+    "command", [["fleet"], ["status", "b1"], ["drain", "status"], ["submit", "--generate", "2"]]
+)
+def test_json_that_is_not_the_swarm_apis_is_one_line(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    api.answers = [raw_answer(200, b'{"hello": "world"}', "application/json")] * 4
+    line = one_error_line(run_cli([*command, "--api-url", api.url], capsys))
+    assert line.startswith("swarm: error: the answer is not the swarm API's (no "), line
+
+
 # ------------------------------------------------------------------ AWS credentials
 
 
