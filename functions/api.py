@@ -130,7 +130,9 @@ def _tenant() -> str:
     if not identity.user_arn:
         raise Unauthenticated("sign the request with AWS credentials (SigV4)")
     prefix = runtime().settings_as(ApiSettings).tenant_principal_prefix
-    tenant = tenant_of(identity.user_arn, prefix)
+    # the deployment's account: this function's own (arn:aws:lambda:<region>:<account>:...)
+    account = app.lambda_context.invoked_function_arn.split(":")[4]
+    tenant = tenant_of(identity.user_arn, prefix, account)
     logger.append_keys(tenant=tenant)
     return tenant
 

@@ -105,19 +105,31 @@ def parse_resume(body: str | None) -> BatchResume:
     return _validate(BatchResume, parse_json(body))
 
 
-_ROLE = re.compile(r"^arn:aws[a-z-]*:(?:iam::\d+:role/(?:.*/)?|sts::\d+:assumed-role/)([^/]+)")
+_ROLE = re.compile(
+    r"^arn:aws[a-z-]*:(?:iam::(?P<iam>\d+):role/(?:.*/)?|sts::(?P<sts>\d+):assumed-role/)"
+    r"(?P<role>[^/]+)"
+)
 
 
-def tenant_of(user_arn: str | None, prefix: str) -> str:
+def tenant_of(user_arn: str | None, prefix: str, account: str | None = None) -> str:
     """The tenant is the caller's IAM role name without the deployment's tenant prefix.
 
     ``arn:aws:sts::123:assumed-role/swarm-tenant-acme/session`` with prefix ``swarm-tenant-``
-    is tenant ``acme``. Anything else is authenticated but not a tenant: 403.
+    is tenant ``acme``. ``account``: the deployment's own account; a role of another account
+    is not a tenant, whatever its name (another account may name its roles as it likes).
+    Anything else is authenticated but not a tenant: 403.
     """
     match = _ROLE.match(user_arn or "")
-    if match is None or not match.group(1).startswith(prefix) or match.group(1) == prefix:
+    role = match.group("role") if match else ""
+    if match is None or not role.startswith(prefix) or role == prefix:
         raise Forbidden(
             f"the caller is not a tenant of this deployment: call with a role named "
             f"'{prefix}<tenant>'"
         )
-    return match.group(1)[len(prefix) :]
+    caller_account = match.group("iam") or match.group("sts")
+    if account is not None and caller_account != account:
+        raise Forbidden(
+            f"the caller's account {caller_account} is not this deployment's: call with a "
+            "tenant role of the account the stack runs in"
+        )
+    return role[len(prefix) :]

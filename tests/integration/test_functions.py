@@ -271,6 +271,13 @@ def test_not_json_oversize_and_unauthorised_requests(plane: ControlPlane) -> Non
     response = plane.invoke("api", proxy_event("GET", "/fleet", user_arn=event_arn, headers={}))
     assert response["statusCode"] == 403
     assert json.loads(response["body"])["error"] == "forbidden"
+    # a role named like a tenant's, in another account, is not a tenant
+    foreign = plane.tenant_arn("acme").replace(":123456789012:", ":210987654321:")
+    body = json.dumps({"units": units(1)})
+    event = proxy_event("POST", "/batches", body=body, user_arn=foreign, headers={})
+    response = plane.invoke("api", event)
+    assert response["statusCode"] == 403, response["body"]
+    assert "not this deployment's" in json.loads(response["body"])["message"]
     assert objects(plane) == []
 
 

@@ -13,7 +13,7 @@ from infra.constants import FANOUT_ASL
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.memory import MemoryBlobs, MemoryDrain
 from swarm.core.records import Lane, RunState
-from swarm.service.api_models import parse_resume, parse_submit, tenant_of
+from swarm.service.api_models import Forbidden, parse_resume, parse_submit, tenant_of
 from swarm.service.batches import (
     STATE_INPUT_MAX_BYTES,
     Draining,
@@ -151,3 +151,16 @@ def test_a_unit_the_governor_can_never_grant_is_refused_at_submit() -> None:
     with pytest.raises(InvalidInput, match="can never be granted") as refused:
         service.submit_body("acme", body, None, 1.0)
     assert refused.value.field == "units[1].projected_tokens"
+
+
+@pytest.mark.parametrize(
+    "arn",
+    [
+        "arn:aws:sts::123456789012:assumed-role/swarm-tenant-acme/session",
+        "arn:aws:iam::123456789012:role/team/swarm-tenant-acme",
+    ],
+)
+def test_a_tenant_role_of_another_account_is_not_a_tenant(arn: str) -> None:
+    assert tenant_of(arn, "swarm-tenant-", account="123456789012") == "acme"
+    with pytest.raises(Forbidden, match="account 123456789012 is not this deployment's"):
+        tenant_of(arn, "swarm-tenant-", account="210987654321")
