@@ -9,6 +9,7 @@ service answers, built through these models so the document cannot drift from th
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
@@ -27,6 +28,9 @@ MAX_BODY_BYTES = 5 * 1024 * 1024  # under Lambda's 6 MB synchronous payload limi
 MAX_INLINE_UNITS = 10_000
 MAX_MANIFEST_UNITS = 50_000  # the ledger stores a run's spec in one item
 MAX_INPUT_CHARS = 100_000
+#: the remainder ids a status lists: a large batch's whole remainder would pass Lambda's 6 MB
+#: response (128-character ids: ~130 KB listed)
+MAX_REMAINDER_LISTED = 1_000
 MAX_PROJECTED_TOKENS = 10_000_000
 MAX_ATTEMPTS = 100
 MAX_MANIFEST_KEY_CHARS = 1024  # S3's longest key
@@ -158,8 +162,14 @@ class BatchStatus(BaseModel):
     elapsed_s: float
     healthy_line: str
     # absent, never null, when not given (the service dumps it with exclude_none)
-    remainder: list[str] | SkipJsonSchema[None] = Field(
-        default=None, description="the remainder's unit ids: present while exhausting or exhausted"
+    remainder: (
+        Annotated[list[str], Field(max_length=MAX_REMAINDER_LISTED)] | SkipJsonSchema[None]
+    ) = Field(
+        default=None,
+        description=(
+            f"the remainder's unit ids, the first {MAX_REMAINDER_LISTED:,} in the ledger's order "
+            "(counts.remainder is the whole count): present while exhausting or exhausted"
+        ),
     )
     requeued: int | SkipJsonSchema[None] = Field(
         default=None, description="units requeued: present in a resume's answer only"

@@ -241,8 +241,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(doc["healthy_line"])
     if doc.get("remainder"):
         print(
-            f"remainder ({len(doc['remainder'])}): {', '.join(doc['remainder'][:10])}"
-            + (" ..." if len(doc["remainder"]) > 10 else "")
+            f"remainder ({doc['counts']['remainder']}): {', '.join(doc['remainder'][:10])}"
+            + (" ..." if doc["counts"]["remainder"] > 10 else "")
         )
     return 0
 

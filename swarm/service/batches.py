@@ -22,6 +22,7 @@ from typing import Any
 
 from swarm.api.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_REMAINDER_LISTED,
     BatchStatus,
     BatchSubmission,
     Fleet,
@@ -327,7 +328,7 @@ class Batches:
         if run.state in (RunState.EXHAUSTING, RunState.EXHAUSTED):
             remainder = [
                 u.unit_id for u in self.ledger.units(run.run_id) if u.state is UnitState.REMAINDER
-            ]
+            ][:MAX_REMAINDER_LISTED]
         return BatchStatus(
             batch_id=run.run_id,
             tenant=run.spec.tenant,

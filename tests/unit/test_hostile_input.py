@@ -10,6 +10,7 @@ import re
 import pytest
 
 from infra.constants import FANOUT_ASL
+from swarm.api.models import MAX_REMAINDER_LISTED
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.memory import MemoryBlobs, MemoryDrain
 from swarm.core.records import Lane, RunState
@@ -164,3 +165,14 @@ def test_a_tenant_role_of_another_account_is_not_a_tenant(arn: str) -> None:
     assert tenant_of(arn, "swarm-tenant-", account="123456789012") == "acme"
     with pytest.raises(Forbidden, match="account 123456789012 is not this deployment's"):
         tenant_of(arn, "swarm-tenant-", account="210987654321")
+
+
+def test_a_big_exhausted_batch_lists_a_bounded_remainder() -> None:
+    service = batches()
+    many = [unit(f"u{i:04d}", tokens=100) for i in range(1_500)]
+    body = parse_submit(json.dumps({"units": many, "budget": 50}))
+    run = service.submit_body("acme", body, None, 1.0).run
+    assert service.ledger.admit(run.run_id, "u0000", 0, 2.0).reason == "budget"  # exhausted
+    doc = service.status("acme", run.run_id, 3.0)
+    assert doc["counts"]["remainder"] == 1_500
+    assert doc["remainder"] == [f"u{i:04d}" for i in range(MAX_REMAINDER_LISTED)]
