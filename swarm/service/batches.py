@@ -305,8 +305,9 @@ class Batches:
 
     def _run_for(self, tenant: str, run_id: str) -> RunRecord:
         try:
-            # a batch id from the path is checked before it reaches a key (DynamoDB refuses
-            # keys over 1,024 bytes with a server error): one that cannot exist is not found
+            # a batch id from the path is checked before it reaches a key (DynamoDB refuses a
+            # partition key over 2,048 bytes with a ValidationException): one that cannot exist
+            # is not found
             run: RunRecord | None = self.ledger.run(check_id("batch_id", run_id))
         except (NotFound, InvalidInput):
             run = None
