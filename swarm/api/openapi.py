@@ -171,30 +171,6 @@ HANDLER_ONLY = frozenset({"maxItems"})
 
 # ------------------------------------------------------------------ JSON schema conversions
 
-_SCHEMA_KEYWORDS = frozenset(
-    {
-        "type",
-        "description",
-        "default",
-        "enum",
-        "properties",
-        "required",
-        "additionalProperties",
-        "items",
-        "minimum",
-        "maximum",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "anyOf",
-        "allOf",
-        "oneOf",
-        "not",
-    }
-)
 _SUBSCHEMA = frozenset({"items", "not"})
 _SUBSCHEMAS = frozenset({"anyOf", "allOf", "oneOf"})
 _DROPPED = frozenset({"title"})  # pydantic's generated titles ("Unit Id"): noise
@@ -225,6 +201,11 @@ _ORDER = (
     "oneOf",
     "not",
 )
+
+
+#: the JSON Schema keywords a model's schema may use (the rest of _ORDER is what the conversion
+#: itself writes: the draft's $schema, the inlined $ref's title, OpenAPI's nullable)
+_SCHEMA_KEYWORDS = frozenset(_ORDER) - {"$schema", "title", "$ref", "nullable"}
 
 
 def _ordered(schema: Mapping[str, Any]) -> dict[str, Any]:
