@@ -1,4 +1,4 @@
-"""The batch API (API Gateway REST proxy): submit, status, resume, fleet, drain status.
+"""The batch API (API Gateway REST proxy): submit, status, results, resume, fleet, drain status.
 
 Routing and translation only: authenticate the caller, parse the body into its model
 (:mod:`swarm.service.api_models`), call :mod:`swarm.service.batches`, and answer its result as
@@ -26,11 +26,13 @@ from swarm.service.api_models import (
     Forbidden,
     TooLarge,
     Unauthenticated,
+    parse_results_query,
     parse_resume,
     parse_submit,
     tenant_of,
 )
 from swarm.service.batches import Batches, Draining, Shedding
+from swarm.service.results import Results
 from swarm.settings import ApiSettings, SettingsError
 from swarm.wiring import Wiring
 
@@ -54,6 +56,13 @@ def batches() -> Batches:
         _cache["batches"] = runtime().batches()
     service: Batches = _cache["batches"]
     return service
+
+
+def results_reader() -> Results:
+    if "results" not in _cache:
+        _cache["results"] = runtime().results()
+    reader: Results = _cache["results"]
+    return reader
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response[str]:
@@ -161,6 +170,16 @@ def status(batch_id: str) -> Response[str]:
     tenant = _tenant()
     logger.append_keys(batch_id=batch_id)
     return _json(200, batches().status(tenant, batch_id, time.time()))
+
+
+@app.get("/batches/<batch_id>/results")
+@tracer.capture_method
+def results(batch_id: str) -> Response[str]:
+    tenant = _tenant()
+    logger.append_keys(batch_id=batch_id)
+    query = parse_results_query(app.current_event.query_string_parameters)
+    run = batches().run_for(tenant, batch_id)
+    return _json(200, results_reader().page(run, query))
 
 
 @app.post("/batches/<batch_id>/resume")

@@ -26,7 +26,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import MANIFEST_PREFIX
+from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
@@ -104,7 +104,7 @@ class FrontDoor(Construct):
         ledger.grant(
             role,
             "dynamodb:BatchGetItem",  # every read (run, spec, unit)
-            "dynamodb:Query",  # a run's units (status remainder, resume)
+            "dynamodb:Query",  # a run's units (status remainder, resume, results pages)
             "dynamodb:PutItem",  # open_run: spec and books (TransactWriteItems Puts)
             "dynamodb:BatchWriteItem",  # open_run: the unit items
             "dynamodb:UpdateItem",  # open_run marks the books ready; resume tops up
@@ -116,8 +116,12 @@ class FrontDoor(Construct):
         governor.grant(role, "dynamodb:Query")
         # manifests/<batch>/units.json and resume-<n>.json; reads manifests/uploads/<tenant>/...
         storage.grant_objects(role, MANIFEST_PREFIX, "s3:PutObject", "s3:GetObject")
-        # so S3 answers a missing upload (submit) or an expired manifest (resume) with 404
-        storage.grant_list(role, MANIFEST_PREFIX)
+        # a results page reads attempt records; a download URL it signs reads a results file
+        # (a presigned GET carries the signer's rights: exactly s3:GetObject on results/*)
+        storage.grant_objects(role, RESULTS_PREFIX, "s3:GetObject")
+        # so S3 answers a missing upload (submit), an expired manifest (resume), an attempt not
+        # recorded or a results file not written yet with 404
+        storage.grant_list(role, MANIFEST_PREFIX, RESULTS_PREFIX)
         # submit and resume start executions named after the batch (idempotent); the API never
         # describes, redrives or stops one (resume starts <batch>-resume-<n>)
         state_machine.grant_start_execution(role)
@@ -184,6 +188,8 @@ class FrontDoor(Construct):
             params = {f"method.request.path.{name}": True for name in route.path_params}
             if route.idempotency_key:
                 params[f"method.request.header.{IDEMPOTENCY_KEY}"] = False
+            for name in route.query.model_fields if route.query is not None else ():
+                params[f"method.request.querystring.{name}"] = False
             request_models = None
             if route.request is not None:
                 name = route.request.__name__

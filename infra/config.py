@@ -14,7 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from swarm.contract import BEDROCK_DEFAULT_READ_TIMEOUT_S, bedrock_call_bound_s
+from swarm.contract import (
+    BEDROCK_CONNECT_TIMEOUT_S,
+    BEDROCK_DEFAULT_READ_TIMEOUT_S,
+    bedrock_call_bound_s,
+)
 from swarm.core.records import LANES, Lane
 
 #: CloudWatch Logs accepts only these retention periods (days).
@@ -139,6 +143,16 @@ class ApiConfig(_Strict):
     create_cloudwatch_role: bool  # account-wide API Gateway logging role; see the README
 
 
+class ResultsConfig(_Strict):
+    """What the stack keeps of the work's product (results/<batch>/ in the batch bucket)."""
+
+    # every unit's outcome and the results files are deleted this long after they are written
+    retention_days: int = Field(default=90, ge=1, le=3650)
+    # a results download URL's lifetime (a presigned GET of one object; signed with the API
+    # function's session credentials, so it can end sooner, never later)
+    download_url_seconds: int = Field(default=300, ge=30, le=3600)
+
+
 class SimulatedModelConfig(_Strict):
     quota_tpm: int = Field(ge=1)
     failure_rate: float = Field(ge=0, le=1)
@@ -161,8 +175,9 @@ class ModelConfig(_Strict):
     simulated: SimulatedModelConfig
 
     def call_bound_s(self) -> float:
-        """The longest a worker's model call can take on AWS: the Bedrock client's connect and
-        read timeouts (no SDK retries); the simulated model answers at once there."""
+        """The longest a worker's model call can take on AWS: the Bedrock clients' connect and
+        read timeouts, CountTokens' and Converse's (no SDK retries); the simulated model answers
+        at once there."""
         if self.adapter == "bedrock":
             return bedrock_call_bound_s(self.bedrock.read_timeout_seconds)
         return 0.0
@@ -215,6 +230,7 @@ class SwarmConfig(_Strict):
     budget: BudgetConfig
     fanout: FanoutConfig
     api: ApiConfig
+    results: ResultsConfig = ResultsConfig()
     model: ModelConfig
     observability: ObservabilityConfig
 
@@ -305,7 +321,9 @@ def worker_timing_problem(config: SwarmConfig) -> str | None:
     terms = [f"worker.governor_max_wait_seconds={wait:g}"]
     if model.adapter == "bedrock":
         terms.append(f"model.bedrock.read_timeout_seconds={model.bedrock.read_timeout_seconds}")
-        terms.append(f"{call - model.bedrock.read_timeout_seconds:g} s to connect")
+        terms.append(f"{BEDROCK_CONNECT_TIMEOUT_S:g} s to connect")
+        count = call - model.bedrock.read_timeout_seconds - BEDROCK_CONNECT_TIMEOUT_S
+        terms.append(f"{count:g} s to count the input's tokens")
     terms.append(f"{WORKER_MESSAGE_OVERHEAD_S:g} s of ledger and governor calls")
     problem = (
         f"worker.batch_size={worker.batch_size} x ({' + '.join(terms)}) = {worst:,.0f} s does "

@@ -191,7 +191,11 @@ class FanOutMachine(Construct):
         )
         # Writes results and the remainder manifest (read from the batch's manifest); checks
         # whether its results object exists (HeadObject, authorized as s3:GetObject).
-        self._storage.grant_objects(role, RESULTS_PREFIX, "s3:GetObject", "s3:PutObject")
+        # The results file is a multipart upload past 8 MiB (PutObject authorizes its parts;
+        # a failed one is aborted).
+        self._storage.grant_objects(
+            role, RESULTS_PREFIX, "s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"
+        )
         self._storage.grant_objects(role, MANIFEST_PREFIX, "s3:GetObject")
         # so the results check (HeadObject) sees 404 for a key not written yet, not 403
         self._storage.grant_list(role, RESULTS_PREFIX, MANIFEST_PREFIX)

@@ -9,6 +9,7 @@ from constructs import IConstruct
 
 from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 from infra.stack import SwarmStack
+from infra.storage import ATTEMPT_RECORDS
 from infra.workers import CROSS_REGION_PREFIXES
 
 #: Actions that have no resource-level permissions, so IAM requires ``Resource: "*"``.
@@ -101,10 +102,23 @@ def acknowledge_findings(stack: SwarmStack) -> None:
         "resume, and reads the tenant's upload under manifests/uploads/<tenant>/",
     )
     _ack(
+        stack.front_door.handler.role,
+        results,
+        "A results page reads results/<batch id>/attempts/<unit>/<n>.json of the caller's own "
+        "batch (checked in the ledger first) and signs a download of its results file",
+    )
+    _ack(
+        stack.workers.worker.role,
+        f"IAM5[Resource::{bucket}/{ATTEMPT_RECORDS}*]",
+        "A worker writes each attempt's outcome once, results/<batch id>/attempts/<unit>/<n>.json:"
+        " keys per batch, unit and attempt (PutObject only)",
+    )
+    _ack(
         stack.fanout.finalizer.role,
         results,
-        "The finalizer writes results/<batch id>/<state>-<epoch>.json and remainder-<epoch>.json "
-        "and checks (HeadObject) whether the first exists: keys per batch and closure",
+        "The finalizer writes results/<batch id>/<state>-<epoch>.json, its .jsonl results file "
+        "and remainder-<epoch>.json, checks (HeadObject) whether the first exists and reads the "
+        "attempt records: keys per batch and closure",
     )
     _ack(
         stack.fanout.finalizer.role,
@@ -117,8 +131,9 @@ def acknowledge_findings(stack: SwarmStack) -> None:
         sweeper_role,
         results,
         "The sweeper finalizes a run whose execution died (the finalizer's code): it writes "
-        "results/<batch id>/<state>-<epoch>.json and remainder-<epoch>.json and checks whether "
-        "the first exists: keys per batch and closure",
+        "results/<batch id>/<state>-<epoch>.json, its .jsonl results file and "
+        "remainder-<epoch>.json, checks whether the first exists and reads the attempt records: "
+        "keys per batch and closure",
     )
     _ack(
         sweeper_role,

@@ -59,6 +59,7 @@ class SwarmStack(cdk.Stack):
             governor=self.tables.governor,
             ledger=self.tables.ledger,
             drain_parameter=self.drain.parameter,
+            storage=self.storage,
         )
         environment.update(self.workers.mapping_ids())
         self.drain_controller = self.drain.add_controller(
@@ -140,6 +141,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.DEFAULT_BUDGET_TOKENS: str(config.budget.default_tokens),
         env.MAX_BUDGET_TOKENS: str(config.budget.max_tokens),
         env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,
+        env.RESULTS_URL_SECONDS: str(config.results.download_url_seconds),
         env.MODEL_ADAPTER: config.model.adapter,
         env.BEDROCK_MODEL_ID: config.model.bedrock_model_id,
         env.BEDROCK_READ_TIMEOUT_SECONDS: str(config.model.bedrock.read_timeout_seconds),

@@ -10,6 +10,9 @@ from constructs import Construct
 from infra.config import SwarmConfig
 from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 
+#: the attempt records under every run's results (results/<run>/attempts/<unit>/<n>.json)
+ATTEMPT_RECORDS = f"{RESULTS_PREFIX}*/attempts/"
+
 
 class BatchStorage(Construct):
     """Encrypted, private, TLS-only buckets that clean up after themselves (lifecycle rules)."""
@@ -48,7 +51,7 @@ class BatchStorage(Construct):
                 s3.LifecycleRule(
                     id="expire-results",
                     prefix=RESULTS_PREFIX,
-                    expiration=cdk.Duration.days(90),
+                    expiration=cdk.Duration.days(config.results.retention_days),
                 ),
                 s3.LifecycleRule(
                     id="abort-incomplete-uploads",

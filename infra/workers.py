@@ -13,6 +13,7 @@ from infra.config import SwarmConfig
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
 from infra.queues import LaneQueues
+from infra.storage import ATTEMPT_RECORDS, BatchStorage
 from swarm.contract import DLQ, WORKER, worker_mapping_var
 from swarm.core.records import LANES, Lane
 
@@ -35,6 +36,7 @@ class Workers(Construct):
         governor: dynamodb.ITable,
         ledger: dynamodb.ITable,
         drain_parameter: ssm.IStringParameter,
+        storage: BatchStorage,
     ) -> None:
         super().__init__(scope, construct_id)
         worker_config = config.worker
@@ -63,6 +65,9 @@ class Workers(Construct):
             "dynamodb:PutItem",  # settlement's attempt item (inside TransactWriteItems)
         )
         grant_get_parameter(drain_parameter, role)
+        # each attempt's outcome, written once (a conditional PutObject, If-None-Match: *), and
+        # only attempt records: a worker can neither read outcomes nor touch a results file
+        storage.grant_objects(role, ATTEMPT_RECORDS, "s3:PutObject")
         if config.model.adapter == "bedrock":
             role.add_to_principal_policy(_bedrock_statement(self, config.model.bedrock_model_id))
 
@@ -130,8 +135,10 @@ class Workers(Construct):
 
 
 def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
-    """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls; the
-    adapter never streams (no ConverseStream), so no InvokeModelWithResponseStream."""
+    """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls, and
+    CountTokens (the input's tokens, to bound the answer by the unit's reservation)
+    bedrock:CountTokens on the same; the adapter never streams (no ConverseStream), so no
+    InvokeModelWithResponseStream."""
     stack = cdk.Stack.of(scope)
     prefix, _, base_id = model_id.partition(".")
     if prefix in CROSS_REGION_PREFIXES and base_id:
@@ -155,6 +162,6 @@ def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
             )
         ]
     return iam.PolicyStatement(
-        actions=["bedrock:InvokeModel"],
+        actions=["bedrock:InvokeModel", "bedrock:CountTokens"],
         resources=resources,
     )

@@ -415,6 +415,25 @@ class Client:
     def status(self, batch_id: str) -> Any:
         return self.request("GET", f"/batches/{_segment(batch_id)}")[1]
 
+    def results(
+        self, batch_id: str, *, state: str | None, limit: int, next_token: str | None
+    ) -> Any:
+        """One page of ``GET /batches/{id}/results``."""
+        query = {"state": state, "limit": str(limit), "next_token": next_token}
+        given = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        return self.request("GET", f"/batches/{_segment(batch_id)}/results?{given}")[1]
+
+    def fetch(self, url: str) -> bytes:
+        """A presigned URL's object (a results file, or an answer too long for a page)."""
+        req = urllib.request.Request(url, method="GET")
+        status, raw, _ = self._exchange(req, "GET", url.split("?", 1)[0], None)
+        if status >= 400:
+            raise SwarmError(
+                f"the download link answered HTTP {status} (it expires quickly): run the "
+                "command again for a fresh one"
+            )
+        return raw
+
     def resume(self, batch_id: str, top_up: int) -> Any:
         path = f"/batches/{_segment(batch_id)}/resume"
         check = f"see `swarm status {batch_id}` before resuming again (each resume tops up)"

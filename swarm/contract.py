@@ -37,12 +37,17 @@ REPAIRS: Final = "repairs"  # projected: how many times the sweeper restarted th
 BEDROCK_DEFAULT_READ_TIMEOUT_S: Final = 180
 #: to open the HTTPS connection; nothing reaches the model before it
 BEDROCK_CONNECT_TIMEOUT_S: Final = 10
+#: CountTokens (the input's tokens, when the reservation is tight) has a client of its own with
+#: short timeouts: it answers without generating, and a slow count falls back to an upper bound
+BEDROCK_COUNT_CONNECT_TIMEOUT_S: Final = 2
+BEDROCK_COUNT_READ_TIMEOUT_S: Final = 3
 
 
 def bedrock_call_bound_s(read_timeout_s: float) -> float:
-    """The longest one Converse call can take (no SDK retries): the connection, then the wait for
-    the answer (sent whole when the generation ends)."""
-    return BEDROCK_CONNECT_TIMEOUT_S + read_timeout_s
+    """The longest one model call can take (no SDK retries): counting the input's tokens, then
+    Converse's connection and the wait for its answer (sent whole when the generation ends)."""
+    count = BEDROCK_COUNT_CONNECT_TIMEOUT_S + BEDROCK_COUNT_READ_TIMEOUT_S
+    return count + BEDROCK_CONNECT_TIMEOUT_S + read_timeout_s
 
 
 # --- stack outputs the CLI and the local stack read ---------------------------------------------
@@ -87,6 +92,8 @@ LEDGER_TABLE_NAME: Final = "LEDGER_TABLE_NAME"
 
 
 BUCKET_NAME: Final = "BUCKET_NAME"
+#: how long a results download URL is valid (cdk.json results.download_url_seconds)
+RESULTS_URL_SECONDS: Final = "RESULTS_URL_SECONDS"
 
 
 STATE_MACHINE_ARN: Final = "STATE_MACHINE_ARN"
@@ -345,6 +352,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         DEFAULT_BUDGET_TOKENS,
         MAX_BUDGET_TOKENS,
         TENANT_PRINCIPAL_PREFIX,
+        RESULTS_URL_SECONDS,
     ),
     "fanout": (
         *_COMMON,
@@ -357,6 +365,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         *_COMMON,
         LEDGER_TABLE_NAME,
         GOVERNOR_TABLE_NAME,
+        BUCKET_NAME,  # each attempt's outcome goes to results/<run>/attempts/
         DRAIN_PARAMETER_NAME,
         EVENT_BUS_NAME,
         *QUEUE_URL_VARS,

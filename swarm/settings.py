@@ -52,6 +52,7 @@ from swarm.contract import (
     QUEUE_URL_LOW,
     QUEUE_URL_NORMAL,
     QUOTA_TPM,
+    RESULTS_URL_SECONDS,
     SHED_DEPTH_HIGH,
     SHED_DEPTH_LOW,
     SHED_DEPTH_NORMAL,
@@ -240,6 +241,7 @@ class ApiSettings(
     default_budget_tokens: int = Field(alias=DEFAULT_BUDGET_TOKENS, ge=0)
     max_budget_tokens: int = Field(alias=MAX_BUDGET_TOKENS, ge=1)
     tenant_principal_prefix: str = Field(alias=TENANT_PRINCIPAL_PREFIX)
+    results_url_seconds: int = Field(alias=RESULTS_URL_SECONDS, ge=1, le=3600)
 
     def shed_depth(self, lane: Lane) -> int:
         """The lane's depth past which new submissions are shed."""
@@ -256,6 +258,7 @@ class WorkerSettings(
     LedgerSettings,
     GovernorSettings,
     QueueSettings,
+    BucketSettings,
     DrainSwitchSettings,
     EventSettings,
     AttemptSettings,

@@ -25,6 +25,7 @@ from swarm.adapters.aws import (
     SsmDrainSwitch,
     StepFunctionsExecutions,
 )
+from swarm.adapters.s3_results import S3Results
 from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
@@ -34,6 +35,7 @@ from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
+from swarm.service.results import Results
 from swarm.service.sweeper import SweepConfig, Sweeper
 from swarm.service.worker import Worker, WorkerTimings
 from swarm.settings import (
@@ -103,14 +105,19 @@ def boto3_clients(configs: Mapping[str, Any] | None = None) -> ClientFactory:
 
 
 def client_configs(settings: Settings) -> dict[str, Any]:
-    """Per-service client configuration. Bedrock: the configured read timeout (boto3's 60 s is
-    short for a long answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
+    """Per-service client configuration. S3: Signature Version 4, which presigned URLs (results
+    downloads) must use (boto3 may still sign them with version 2, which S3 no longer accepts
+    in newer regions). Bedrock: the configured read timeout (boto3's 60 s is short for a long
+    answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
+    from swarm.adapters.s3_results import S3_SIGV4
+
+    configs: dict[str, Any] = {"s3": S3_SIGV4}
     if not isinstance(settings, ModelSettings) or settings.model_adapter != "bedrock":
-        return {}
+        return configs
     from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, client_config
 
     read_timeout = settings.bedrock_read_timeout_seconds or DEFAULT_READ_TIMEOUT_S
-    return {"bedrock-runtime": client_config(read_timeout)}
+    return {**configs, "bedrock-runtime": client_config(read_timeout)}
 
 
 def governor_name(config: GovernorConfig) -> str:
@@ -222,6 +229,15 @@ class Wiring:
         bucket = self.settings_as(BucketSettings).bucket_name
         return S3Blobs(self.clients("s3"), bucket)
 
+    def result_store(self) -> S3Results:
+        bucket = self.settings_as(BucketSettings).bucket_name
+        return S3Results(self.clients("s3"), bucket)
+
+    def results(self) -> Results:
+        """The results reader of the API (a page of outcomes, the download URL)."""
+        s = self.settings_as(ApiSettings)
+        return Results(self.ledger(), self.result_store(), s.results_url_seconds)
+
     def drain_switch(self) -> SsmDrainSwitch:
         name = self.settings_as(DrainSwitchSettings).drain_parameter
         return SsmDrainSwitch(self.clients("ssm"), name, ttl_s=self.seconds(SsmDrainSwitch.ttl_s))
@@ -235,10 +251,14 @@ class Wiring:
         if s.model_adapter == "simulated" and self.shared_model is not None:
             return self.shared_model
         if s.model_adapter == "bedrock":
-            from swarm.adapters.bedrock import BedrockModelPlane
+            from swarm.adapters.bedrock import BedrockModelPlane, count_client_config
 
+            # CountTokens on a client of its own: its short timeouts, not Converse's long read
+            counter = boto3_clients({"bedrock-runtime": count_client_config()})("bedrock-runtime")
             # ModelSettings refuses bedrock without a model id
-            return BedrockModelPlane(self.clients("bedrock-runtime"), str(s.bedrock_model_id))
+            return BedrockModelPlane(
+                self.clients("bedrock-runtime"), str(s.bedrock_model_id), counter=counter
+            )
         return SimulatedModelPlane(
             quota_tpm=s.sim_model_quota_tpm,
             failure_rate=s.sim_model_failure_rate,
@@ -282,6 +302,7 @@ class Wiring:
             self.ledger(),
             self.governor(),
             self.model(),
+            self.result_store(),
             self.drain_switch(),
             config,
             time.time,
@@ -290,7 +311,12 @@ class Wiring:
 
     def finalizer(self) -> Finalizer:
         return Finalizer(
-            self.ledger(), self.lanes(), self.blobs(), self.events(), watch=self.run_watch()
+            self.ledger(),
+            self.lanes(),
+            self.blobs(),
+            self.events(),
+            Results(self.ledger(), self.result_store()),
+            watch=self.run_watch(),
         )
 
     def sweeper(self) -> Sweeper:

@@ -65,6 +65,31 @@ class LedgerContract:
         assert [u.unit_id for u in ledger.units("run-1")] == ["u0", "u1", "u2", "u3"]
         assert first.state is RunState.OPEN and first.opened_at == 1.0
 
+    def test_units_page_through_every_unit_once_in_id_order_with_effective_states(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(units=7, budget=250), now=0.0)
+        assert ledger.admit("run-1", "u3", 0, now=1.0).admitted
+        ledger.settle("run-1", "u3", 0, 100, True, now=2.0)
+        assert ledger.admit("run-1", "u5", 0, now=3.0).admitted
+        assert ledger.admit("run-1", "u6", 0, now=3.0).reason == "budget"  # exhausting
+        seen: list[tuple[str, UnitState]] = []
+        after: str | None = None
+        for _ in range(10):
+            page = ledger.units_page("run-1", after, 3)
+            assert len(page.units) <= 3
+            seen += [(u.unit_id, u.state) for u in page.units]
+            if page.last is None:
+                break
+            after = page.last
+        assert [uid for uid, _ in seen] == [f"u{i}" for i in range(7)]
+        states = dict(seen)
+        assert states["u3"] is UnitState.COMPLETED and states["u5"] is UnitState.IN_FLIGHT
+        assert states["u0"] is UnitState.REMAINDER  # the effective state, as units() says
+        assert ledger.units_page("run-1", "u6", 3).units == []
+        with pytest.raises(NotFound):
+            ledger.units_page("nope", None, 3)
+
     def test_unknown_runs_and_units_are_not_found(self, ledger: Ledger) -> None:
         with pytest.raises(NotFound):
             ledger.run("nope")

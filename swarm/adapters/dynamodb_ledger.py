@@ -49,6 +49,7 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
+from swarm.core.ports import UnitsPage
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -259,6 +260,30 @@ class DynamoDBLedger:
     def units(self, run_id: str) -> list[UnitRecord]:
         run = self.run(run_id)
         return [u.with_(state=effective_state(run, u)) for u in self._raw_units(run_id)]
+
+    def units_page(self, run_id: str, after: str | None, limit: int) -> UnitsPage:
+        """One Query of up to ``limit`` unit items, in sort key (unit id) order."""
+        run = self.run(run_id)
+        pk = items.string(items.run_pk(run_id))
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":pk": pk, ":prefix": items.string("unit#")},
+            "ConsistentRead": True,
+            "Limit": limit,
+        }
+        if after is not None:
+            kwargs["ExclusiveStartKey"] = {
+                PARTITION_KEY: pk,
+                SORT_KEY: items.string(items.unit_sk(after)),
+            }
+        page = self._call("query", **kwargs)
+        units = [items.unit_from(run_id, it) for it in page.get("Items", [])]
+        more = "LastEvaluatedKey" in page and units
+        return UnitsPage(
+            [u.with_(state=effective_state(run, u)) for u in units],
+            units[-1].unit_id if more else None,
+        )
 
     def attempts(self, run_id: str) -> list[AttemptRecord]:
         """Every settled attempt (while its record is retained), in settlement order."""

@@ -9,11 +9,23 @@ failures are functions of ``(seed, unit id, attempt)`` alone (:func:`simulated_u
 what makes "zero throttles caused by our own fleet", backpressure and honest settlement
 measurable without an account. A *storm* lowers its quota for a while (a bystander on the same
 account). It counts calls, throttles and tokens per run and keeps a log of every call it
-received, with the time it received it.
+received, with the time it received it and what it answered.
+
+Its answers are functions of the prompt, the unit id and the attempt
+(:func:`simulated_output`), so a test can compute what each unit's output must be. It treats a
+prompt as Bedrock's adapter does: a Converse-shaped request that breaks Converse's rules, or an
+input the reservation cannot pay for (its input tokens, :func:`simulated_input_tokens`, plus one
+token of answer), fails the attempt at no cost without a call; the answer is bounded by the
+reservation minus the input and by the request's own ``maxTokens``. A plain string is taken as
+it is, even empty (the simulator and the in-memory tests run units without prompts; the API
+refuses empty ones on every plane).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import random
 import threading
 import time
@@ -21,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from swarm.core import prompts
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import BucketState, GovernorConfig
 from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
@@ -28,6 +41,12 @@ from swarm.core.records import Lane
 
 #: the simulated usage is the projection times a factor drawn uniformly from this range
 USAGE_SPREAD: Final = (0.6, 1.25)
+#: the model id its results carry
+MODEL_ID: Final = "simulated"
+#: the simulated tokenizer: a token per this many bytes of UTF-8 text (rounded up)
+BYTES_PER_INPUT_TOKEN: Final = 4
+#: the first characters of the last user text an answer quotes
+ANSWER_QUOTES_CHARS: Final = 60
 
 
 def attempt_fails(seed: int, unit_id: str, attempt: int, failure_rate: float) -> bool:
@@ -43,10 +62,36 @@ def simulated_usage(seed: int, unit_id: str, attempt: int, projected: int) -> in
     return max(1, round(projected * factor))
 
 
-def billed_tokens(seed: int, unit_id: str, attempt: int, projected: int, cap: int | None) -> int:
-    """What the simulated model bills: its usage, cut at the request's cap."""
-    used = simulated_usage(seed, unit_id, attempt, projected)
+def billed_tokens(
+    seed: int, unit_id: str, attempt: int, projected: int, cap: int | None, input_tokens: int = 0
+) -> int:
+    """What the simulated model bills: its usage (at least the input and one token of answer),
+    cut at ``cap`` (the reservation, or less when the request asks for a shorter answer)."""
+    used = max(simulated_usage(seed, unit_id, attempt, projected), input_tokens + 1)
     return used if cap is None else min(used, cap)
+
+
+def simulated_input_tokens(prompt: prompts.Prompt) -> int:
+    """The input tokens the simulated model counts: one per :data:`BYTES_PER_INPUT_TOKEN` bytes
+    of the prompt's text (:func:`swarm.core.prompts.prompt_text`), rounded up."""
+    return math.ceil(len(prompts.prompt_text(prompt).encode()) / BYTES_PER_INPUT_TOKEN)
+
+
+def simulated_output(prompt: prompts.Prompt, unit_id: str, attempt: int) -> str:
+    """The simulated model's answer to an attempt that succeeds, a pure function of its
+    arguments: ``answer to <unit id> (attempt <n>), prompt <digest>: <quote>``, where the digest
+    is the first 16 hex digits of the SHA-256 of the prompt's JSON (keys sorted, compact, ASCII)
+    and the quote the first :data:`ANSWER_QUOTES_CHARS` characters of its last user text."""
+    canonical = json.dumps(prompt, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    last = prompt if isinstance(prompt, str) else _last_user_text(prompt)
+    return f"answer to {unit_id} (attempt {attempt}), prompt {digest}: {last[:ANSWER_QUOTES_CHARS]}"
+
+
+def _last_user_text(request: dict[str, Any]) -> str:
+    users = [m for m in request.get("messages") or [] if m.get("role") == "user"]
+    blocks = (users[-1].get("content") or []) if users else []
+    return "\n".join(str(block.get("text", "")) for block in blocks)
 
 
 @dataclass(frozen=True)
@@ -62,6 +107,10 @@ class ModelCall:
     throttled: bool
     succeeded: bool
     truncated: bool  # the usage reached the cap
+    output: str = ""  # the answer it returned ("" when the attempt failed or was throttled)
+    stop_reason: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,9 +221,22 @@ class SimulatedModelPlane:
 
     def invoke(self, request: ModelRequest) -> ModelResult:
         r = request
-        tokens = billed_tokens(self.seed, r.unit_id, r.attempt, r.projected_tokens, r.max_tokens)
+        try:
+            prompt = r.input if isinstance(r.input, str) else prompts.normalise(r.input)
+            input_tokens = simulated_input_tokens(prompt)
+            asked = prompts.settings(prompt).get("maxTokens")
+            limit = prompts.output_limit(input_tokens, r.max_tokens, asked, "simulated count")
+        except (InvalidInput, prompts.InputExceedsReservation) as e:  # Bedrock's adapter: the same
+            kind = type(e).__name__
+            return ModelResult(succeeded=False, tokens=0, error=f"{kind}: {e}", model_id=MODEL_ID)
+        cap = None if limit is None else input_tokens + limit
+        tokens = billed_tokens(
+            self.seed, r.unit_id, r.attempt, r.projected_tokens, cap, input_tokens
+        )
         failed = attempt_fails(self.seed, r.unit_id, r.attempt, self.failure_rate)
-        truncated = r.max_tokens is not None and tokens >= r.max_tokens
+        truncated = cap is not None and tokens >= cap
+        output = "" if failed else simulated_output(prompt, r.unit_id, r.attempt)
+        stop = "" if failed else "max_tokens" if truncated else "end_turn"
         now = self._clock()
         with self._lock:
             self._end_storm(now)
@@ -183,6 +245,7 @@ class SimulatedModelPlane:
             except InvalidInput:  # larger than the whole (storm) quota
                 draw = None
             throttled = draw is None or not draw.granted
+            answered = not throttled
             self._record(
                 ModelCall(
                     r.run_id,
@@ -190,10 +253,14 @@ class SimulatedModelPlane:
                     r.attempt,
                     r.projected_tokens,
                     now,
-                    0 if throttled else tokens,
+                    tokens if answered else 0,
                     throttled,
-                    not throttled and not failed,
-                    truncated and not throttled,
+                    answered and not failed,
+                    truncated and answered,
+                    output=output if answered else "",
+                    stop_reason=stop if answered else "",
+                    input_tokens=input_tokens if answered else 0,
+                    output_tokens=tokens - input_tokens if answered else 0,
                 )
             )
             if throttled:
@@ -203,6 +270,10 @@ class SimulatedModelPlane:
         return ModelResult(
             succeeded=not failed,
             tokens=tokens,
-            output="" if failed else f"simulated output for {r.unit_id}",
+            output=output,
             error="simulated failure" if failed else "",
+            stop_reason=stop,
+            input_tokens=input_tokens,
+            output_tokens=tokens - input_tokens,
+            model_id=MODEL_ID,
         )

@@ -9,25 +9,38 @@ service answers, built through these models so the document cannot drift from th
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StrictInt,
     StrictStr,
+    TypeAdapter,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from swarm.core.records import ID_PATTERN, Lane, RunState
+from swarm.core import prompts
+from swarm.core.records import ID_PATTERN, Lane, RunState, UnitState
 
 MAX_BODY_BYTES = 5 * 1024 * 1024  # under Lambda's 6 MB synchronous payload limit
 MAX_INLINE_UNITS = 10_000
 MAX_MANIFEST_UNITS = 50_000  # the ledger stores a run's spec in one item
+#: a unit's input: the characters of its text in all (a string, or every text of a request).
+#: Its JSON must also fit a Distributed Map item (swarm.service.batches.check_fits_the_fan_out)
 MAX_INPUT_CHARS = 100_000
+#: a Converse-shaped input's shape: turns, text blocks per turn, system blocks, stop sequences
+MAX_MESSAGES = 100
+MAX_CONTENT_BLOCKS = 20
+MAX_SYSTEM_BLOCKS = 10
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCE_CHARS = 100
 #: the remainder ids a status lists: a large batch's whole remainder would pass Lambda's 6 MB
 #: response (128-character ids: ~130 KB listed)
 MAX_REMAINDER_LISTED = 1_000
@@ -36,6 +49,140 @@ MAX_ATTEMPTS = 100
 MAX_MANIFEST_KEY_CHARS = 1024  # S3's longest key
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 UPLOADS_PREFIX = "manifests/uploads/"
+#: units per page of results: a page's answer stays under Lambda's 6 MB (answers are inlined up
+#: to swarm.core.results.MAX_INLINE_OUTPUT_BYTES, and a page stops early when it grows past
+#: MAX_RESULTS_PAGE_BYTES)
+DEFAULT_RESULTS_PAGE = 100
+MAX_RESULTS_PAGE = 1_000
+MAX_RESULTS_PAGE_BYTES = 4 * 1024 * 1024
+MAX_NEXT_TOKEN_CHARS = 512
+
+
+# ------------------------------------------------------------------ a unit's input
+
+
+def _has_text(value: str) -> str:
+    # Bedrock's Converse API refuses an empty or whitespace-only text block (the unit would fail
+    # every attempt, tokens billed for nothing): refused here, on the simulated model too, so a
+    # batch green locally is green on Bedrock. The schema says the same (minLength, pattern).
+    problem = prompts.text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+_TEXT_SCHEMA: dict[str, Any] = {"minLength": 1, "pattern": r"\S"}
+
+#: a text the model reads (a string input, or a text block): at least one character that is not
+#: whitespace, and at most a whole input's characters
+Text = Annotated[
+    StrictStr,
+    Field(max_length=MAX_INPUT_CHARS, json_schema_extra=_TEXT_SCHEMA),
+    AfterValidator(_has_text),
+]
+StopSequence = Annotated[
+    StrictStr,
+    Field(max_length=MAX_STOP_SEQUENCE_CHARS, json_schema_extra=_TEXT_SCHEMA),
+    AfterValidator(_has_text),
+]
+Probability = Annotated[float, Field(strict=True, ge=0, le=1, allow_inf_nan=False)]
+
+
+def _by_json_type(forms: tuple[tuple[type, TypeAdapter[Any]], ...], refusal: str) -> WrapValidator:
+    """Validate a value of a union with the one form its JSON type selects, so an error names
+    that form's own field (``input.messages[0].content[0].text``), not every form's; a value of
+    no form's type is refused with ``refusal``."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        for kind, adapter in forms:
+            if isinstance(value, kind):
+                return adapter.validate_python(value)
+        raise ValueError(refusal)
+
+    return WrapValidator(validate)
+
+
+class TextBlock(BaseModel):
+    """A block of text (a Converse content block holding text)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Text
+
+
+class Message(BaseModel):
+    """One turn of the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: list[TextBlock] = Field(min_length=1, max_length=MAX_CONTENT_BLOCKS)
+
+
+class InferenceConfig(BaseModel):
+    """Inference settings (Converse's inferenceConfig), each optional: the model's default
+    otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    maxTokens: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PROJECTED_TOKENS,
+        description=(
+            "the longest answer wanted, in tokens. The answer is also bounded by the unit's "
+            "reservation: the model is asked for at most the smaller of this and projected_tokens "
+            "minus the input's tokens"
+        ),
+    )
+    temperature: Probability | None = None
+    topP: Probability | None = None
+    stopSequences: list[StopSequence] | None = Field(
+        default=None,
+        max_length=MAX_STOP_SEQUENCES,
+        description="texts that end the answer when the model writes them",
+    )
+
+
+SystemBlocks = Annotated[list[TextBlock], Field(min_length=1, max_length=MAX_SYSTEM_BLOCKS)]
+SYSTEM_FORMS = "must be a string or a list of text blocks (leave system out for none)"
+
+
+class ConverseInput(BaseModel):
+    """A Converse-shaped request: the conversation (user and assistant turns, from the user first
+    and last, alternating), an optional system prompt and inference settings. Its texts together
+    hold at most the characters of a string input."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # no null (the schema has none: an explicit null is refused, like any other type)
+    system: Annotated[
+        Text | SystemBlocks | SkipJsonSchema[None],
+        _by_json_type(((str, TypeAdapter(Text)), (list, TypeAdapter(SystemBlocks))), SYSTEM_FORMS),
+    ] = Field(default=None, description="instructions for the model: a string, or text blocks")
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    inferenceConfig: InferenceConfig | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _turns(cls, value: list[Message]) -> list[Message]:
+        problem = prompts.turns_problem([m.role for m in value])
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _size(self) -> ConverseInput:
+        chars = sum(len(text) for text in prompts.texts(self.prompt()))
+        if chars > MAX_INPUT_CHARS:
+            raise ValueError(
+                f"its texts hold {chars:,} characters in all; the limit is {MAX_INPUT_CHARS:,}"
+            )
+        return self
+
+    def prompt(self) -> prompts.Prompt:
+        """The request in the core's normal form (:mod:`swarm.core.prompts`)."""
+        return prompts.normalise(self.model_dump(exclude_none=True))
 
 
 # ---------------------------------------------------------------------------------- requests
@@ -49,30 +196,30 @@ class Unit(BaseModel):
 
     unit_id: StrictStr = Field(pattern=ID_PATTERN)
     projected_tokens: StrictInt = Field(
-        ge=1, le=MAX_PROJECTED_TOKENS, description="what admission reserves"
-    )
-    # required, with text: it is the model's prompt, and Bedrock's Converse API refuses an
-    # empty or whitespace-only text block (the unit would fail every attempt, tokens billed
-    # for nothing); checked here, on the simulated model too, so a batch green locally is
-    # green on Bedrock. The schema says the same (minLength, pattern) for API Gateway.
-    input: StrictStr = Field(
-        max_length=MAX_INPUT_CHARS,
+        ge=1,
+        le=MAX_PROJECTED_TOKENS,
         description=(
-            "the unit's prompt for the model: required, with at least one character that is "
-            "not whitespace (the model refuses an empty or whitespace-only prompt)"
+            "what admission reserves: the most one attempt may bill, input and answer together"
         ),
-        json_schema_extra={"minLength": 1, "pattern": r"\S"},
+    )
+    input: Annotated[
+        Text | ConverseInput,
+        _by_json_type(
+            ((str, TypeAdapter(Text)), (dict, TypeAdapter(ConverseInput))),
+            prompts.NOT_A_PROMPT,
+        ),
+    ] = Field(
+        description=(
+            "the unit's prompt for the model: a string (sent as one user message), or a "
+            "Converse-shaped request. Every text needs a character that is not whitespace (the "
+            f"model refuses an empty or whitespace-only text); {MAX_INPUT_CHARS:,} characters "
+            "of text at most in all"
+        ),
     )
 
-    @field_validator("input")
-    @classmethod
-    def _has_text(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError(
-                "must contain text: it is the model's prompt, and the model refuses an empty "
-                "or whitespace-only prompt"
-            )
-        return value
+    def prompt(self) -> prompts.Prompt:
+        """The input as the control plane carries it (:mod:`swarm.core.prompts`)."""
+        return self.input if isinstance(self.input, str) else self.input.prompt()
 
 
 class ManifestRef(BaseModel):
@@ -173,6 +320,77 @@ class BatchStatus(BaseModel):
     )
     requeued: int | SkipJsonSchema[None] = Field(
         default=None, description="units requeued: present in a resume's answer only"
+    )
+
+
+class UnitResult(BaseModel):
+    """One unit's outcome: the ledger's state, attempts and tokens, and its last settled
+    attempt's answer (completed units) or error."""
+
+    unit_id: str
+    state: UnitState
+    attempts: int = Field(description="attempts settled")
+    tokens: int = Field(description="tokens billed over every attempt")
+    attempt: int | SkipJsonSchema[None] = Field(
+        default=None, description="the last settled attempt (numbered from 0); absent before one"
+    )
+    output: str | SkipJsonSchema[None] = Field(
+        default=None, description="the model's answer: present for completed units only"
+    )
+    output_url: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "instead of output, when the answer is too long to inline in a page: a short-lived "
+            "URL of the attempt's stored record (JSON, the answer whole)"
+        ),
+    )
+    error: str | SkipJsonSchema[None] = Field(
+        default=None, description="why the last attempt failed (units not completed)"
+    )
+    stop_reason: str | SkipJsonSchema[None] = None
+    input_tokens: int | SkipJsonSchema[None] = None
+    output_tokens: int | SkipJsonSchema[None] = None
+    model_id: str | SkipJsonSchema[None] = None
+
+
+class ResultsDownload(BaseModel):
+    """The whole results file of a closed batch (JSON lines, one unit per line, the fields of
+    a unit's result)."""
+
+    url: str = Field(description="a presigned GET of exactly this file")
+    expires_in_s: int
+    location: str = Field(description="where the file is (s3://bucket/key)")
+
+
+class ResultsPage(BaseModel):
+    """A page of a batch's unit outcomes, in unit id order."""
+
+    batch_id: str
+    state: RunState
+    units: list[UnitResult]
+    next_token: str | SkipJsonSchema[None] = Field(
+        default=None, description="pass as next_token for the next page; absent on the last"
+    )
+    download: ResultsDownload | SkipJsonSchema[None] = Field(
+        default=None,
+        description="present once the batch is closed and its results file is written",
+    )
+
+
+class ResultsQuery(BaseModel):
+    """The query of ``GET /batches/{batch_id}/results``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: UnitState | None = Field(default=None, description="only units in this state")
+    limit: int = Field(
+        default=DEFAULT_RESULTS_PAGE, ge=1, le=MAX_RESULTS_PAGE, description="units per page"
+    )
+    next_token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NEXT_TOKEN_CHARS,
+        description="the previous page's next_token",
     )
 
 

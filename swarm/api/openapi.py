@@ -32,6 +32,8 @@ from swarm.api.models import (
     Drain,
     Error,
     Fleet,
+    ResultsPage,
+    ResultsQuery,
 )
 from swarm.core.records import ID_PATTERN
 
@@ -57,6 +59,7 @@ class Route:
     replies: Mapping[int, Reply]
     request: type[BaseModel] | None = None
     idempotency_key: bool = False  # takes the optional Idempotency-Key header
+    query: type[BaseModel] | None = None  # its fields are the query string's parameters
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -126,6 +129,23 @@ ROUTES: tuple[Route, ...] = (
             429: _THROTTLED,
             500: _MISCONFIGURED,
         },
+    ),
+    Route(
+        "GET",
+        "/batches/{batch_id}/results",
+        "getBatchResults",
+        "A page of the batch's unit outcomes (state, tokens, attempts, the model's answer or the "
+        "error), filterable by state; once the batch is closed, a short-lived download of its "
+        "whole results file",
+        {
+            200: Reply("a page of results", ResultsPage),
+            400: _INVALID,
+            **_AUTH,
+            404: _NO_BATCH,
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+        query=ResultsQuery,
     ),
     Route(
         "POST",
@@ -326,6 +346,8 @@ def _operation(route: Route) -> dict[str, Any]:
         }
         for name in route.path_params
     ]
+    if route.query is not None:
+        params += _query_params(route.query)
     if route.idempotency_key:
         params.append(
             {
@@ -361,6 +383,35 @@ def _operation(route: Route) -> dict[str, Any]:
         responses[str(status)] = response
     op["responses"] = responses
     return op
+
+
+def _query_params(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A query model's fields as optional query parameters (their schemas made draft-4 plain:
+    a parameter is a string, an integer or an enum, never null)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    params = []
+    for name, prop in schema["properties"].items():
+        description = prop.pop("description", None)
+        prop.pop("title", None)
+        if prop.get("default", 0) is None:
+            del prop["default"]
+        options = [p for p in prop.pop("anyOf", []) if p.get("type") != "null"]
+        if options:
+            (only,) = options
+            prop.update(only)
+        if "$ref" in prop:
+            prop = _resolve(schema, prop["$ref"])
+        param: dict[str, Any] = {"name": name, "in": "query", "required": False}
+        param["schema"] = {k: v for k, v in prop.items() if k != "title"}
+        if description:
+            param["description"] = description
+        params.append(param)
+    return params
+
+
+def _resolve(schema: Mapping[str, Any], ref: str) -> dict[str, Any]:
+    name = ref.rsplit("/", 1)[-1]
+    return dict(schema["$defs"][name])
 
 
 def document() -> dict[str, Any]:

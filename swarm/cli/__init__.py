@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from swarm.cli import bench, deploy, local, ops, sim
+from swarm.cli import bench, deploy, local, ops, results, sim
 from swarm.client import aws_failure
 from swarm.core.errors import SwarmError
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim.register(sub)
     ops.register(sub)
+    results.register(sub)
     deploy.register(sub)
     local.register(sub)
     bench.register(sub)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarm.client import LOCAL_TARGET_FILE, Client, Target
+from swarm.client import LOCAL_TARGET_FILE, Client, Target, one_line
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.local.deploy import LocalOptions
 
@@ -183,6 +183,7 @@ def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_
             f"({tokens['spent'] / max(1, tokens['budget']):.1%}); attempts {final['attempts']}, "
             f"retries {final['retries']}, dead letters {final['counts']['dead_lettered']}"
         )
+        show_results(client, doc["batch_id"], state_dir / "results", timeout_s=60.0)
         model = client.request("GET", "/_local/model")[1]
         print(
             f"simulated model plane: {model['calls']} calls, {model['throttles']} throttles; "
@@ -191,6 +192,29 @@ def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_
         return 0 if final["state"] == "completed" else 1
     finally:
         down(state_dir)
+
+
+def show_results(client: Client, batch: str, directory: Path, timeout_s: float) -> None:
+    """Where the batch's outputs are, and a sample of them: every unit's result written to
+    DIRECTORY/<batch>.jsonl, and the results file the finalizer wrote (once it has)."""
+    from swarm.cli.results import units
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{batch}.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        written = sum(
+            f.write(json.dumps(u, ensure_ascii=False) + "\n") > 0
+            for u in units(client, batch, None)
+        )
+    deadline = time.monotonic() + timeout_s
+    page = client.results(batch, state="completed", limit=3, next_token=None)
+    while "download" not in page and time.monotonic() < deadline:
+        time.sleep(1.0)
+        page = client.results(batch, state="completed", limit=3, next_token=None)
+    where = page["download"]["location"] if "download" in page else "not written yet"
+    print(f"results: {written} units in {path} (`swarm results {batch}`); results file: {where}")
+    for unit in page["units"]:
+        print(f"  {unit['unit_id']}: {one_line(unit['output'], 100)}")
 
 
 # ------------------------------------------------------------------ argparse

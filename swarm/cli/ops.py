@@ -28,7 +28,7 @@ RETRY_BACKOFF_S = 1.0  # the wait before the first retry; it doubles each time
 WATCH_TOLERATED_ERRORS = 3  # status checks in a row a watch survives (timeouts, resets)
 
 
-def _expecting_the_api(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+def expecting_the_api(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
     """A command reads the API's answers by their fields: an answer without them (``--api-url``
     pointing at another JSON service) is one line saying so, not a traceback."""
 
@@ -44,12 +44,12 @@ def _expecting_the_api(command: Callable[[argparse.Namespace], int]) -> Callable
     return run
 
 
-def _client(args: argparse.Namespace) -> Client:
+def client_of(args: argparse.Namespace) -> Client:
     target = target_from_args(args.api_url, args.stack, args.region, args.tenant)
     return Client(target, timeout_s=REQUEST_TIMEOUT_S)
 
 
-def _target_options(p: argparse.ArgumentParser) -> None:
+def target_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("where (default: the local stack from `swarm local up`)")
     g.add_argument("--stack", help="a deployed stack's name, e.g. Swarm-prod (reads its outputs)")
     g.add_argument("--api-url", help="the API's base URL")
@@ -197,7 +197,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["lane"] = args.lane
     if args.budget is not None:
         body["budget"] = args.budget
-    client = _client(args)
+    client = client_of(args)
     log = sys.stderr if args.json else sys.stdout  # --json: stdout is only the JSON
 
     def retrying(error: NoAnswer, retry: int, wait: float) -> None:
@@ -228,7 +228,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_of(args)
     if args.watch:  # with --json, progress goes to stderr: stdout is the final JSON
         doc = watch(client, args.batch, out=sys.stderr if args.json else sys.stdout)
     else:
@@ -248,7 +248,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_of(args)
     doc = client.resume(args.batch, args.top_up)
     print(
         f"batch {args.batch}: topped up by {args.top_up:,} tokens, "
@@ -260,7 +260,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    doc = _client(args).fleet()
+    doc = client_of(args).fleet()
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -329,7 +329,7 @@ def wait_for_drain(
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_of(args)
     if args.action in ("on", "off"):
         client.set_drain(args.action == "on")
         print(f"drain {args.action}: {client.target.drain_parameter}")
@@ -376,8 +376,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print the API's JSON (with --watch: the final status; progress goes to stderr)",
     )
-    _target_options(p)
-    p.set_defaults(handler=_expecting_the_api(cmd_submit))
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_submit))
 
     p = sub.add_parser("status", help="a batch's state, counts and spend")
     p.add_argument("batch", metavar="BATCH")
@@ -387,20 +387,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print the API's JSON (with --watch: progress on stderr)",
     )
-    _target_options(p)
-    p.set_defaults(handler=_expecting_the_api(cmd_status))
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_status))
 
     p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
     p.add_argument("batch", metavar="BATCH")
     p.add_argument("--top-up", type=positive_int, required=True, metavar="TOKENS")
     p.add_argument("--watch", action="store_true")
-    _target_options(p)
-    p.set_defaults(handler=_expecting_the_api(cmd_resume))
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_resume))
 
     p = sub.add_parser("fleet", help="governor, lanes, in flight, drain state")
     p.add_argument("--json", action="store_true")
-    _target_options(p)
-    p.set_defaults(handler=_expecting_the_api(cmd_fleet))
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_fleet))
 
     p = sub.add_parser("drain", help="the drain switch: on [--wait], off, status")
     p.add_argument("action", choices=["on", "off", "status"])
@@ -408,5 +408,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=positive_int, default=1800, help="seconds to wait (1800)")
     p.add_argument("--interval", type=_interval, default=2.0, help="seconds between checks (2)")
     p.add_argument("--json", action="store_true")
-    _target_options(p)
-    p.set_defaults(handler=_expecting_the_api(cmd_drain))
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_drain))

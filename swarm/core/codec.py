@@ -8,6 +8,7 @@ from typing import Any
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import BucketState
 from swarm.core.lanes import QueuedUnit
+from swarm.core.prompts import from_json
 from swarm.core.records import (
     AttemptRecord,
     Lane,
@@ -157,7 +158,7 @@ def queued_from_doc(doc: Doc) -> QueuedUnit:
             lane=Lane.parse(str(doc["lane"])),
             attempt=int(doc["attempt"]),
             tokens=int(doc["tokens"]),
-            input=str(doc.get("input", "")),
+            input=from_json(doc.get("input", "")),  # a message of any version: str or object
         )
     except KeyError as missing:
         raise InvalidInput(str(missing.args[0]), "missing from the queue message") from None

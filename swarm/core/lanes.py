@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from swarm.core.errors import InvalidInput
+from swarm.core.prompts import Prompt
 from swarm.core.records import Lane
 
 
@@ -38,4 +39,6 @@ class QueuedUnit:
     lane: Lane
     attempt: int
     tokens: int  # the projected cost: what the governor is asked for
-    input: str = ""  # the unit's input for the model (the prompt); empty in the simulator
+    #: the unit's input for the model (swarm.core.prompts): a prompt text or a Converse-shaped
+    #: request; empty in the simulator
+    input: Prompt = ""

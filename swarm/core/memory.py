@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
-from swarm.core.ports import LaneDepth, MappingState, WatchedRun
+from swarm.core.ports import LaneDepth, MappingState, UnitsPage, WatchedRun
 from swarm.core.records import (
     LANES,
     AttemptRecord,
@@ -48,6 +48,7 @@ from swarm.core.records import (
     UnitRecord,
     UnitState,
 )
+from swarm.core.results import AttemptOutcome, attempt_key, results_file_key
 
 
 class InMemoryLedger:
@@ -76,6 +77,15 @@ class InMemoryLedger:
     def units(self, run_id: str) -> list[UnitRecord]:
         run = self.run(run_id)
         return [u.with_(state=effective_state(run, u)) for u in self._units[run_id].values()]
+
+    def units_page(self, run_id: str, after: str | None, limit: int) -> UnitsPage:
+        run = self.run(run_id)
+        ids = sorted(u for u in self._units[run_id] if after is None or u > after)
+        page = [self._units[run_id][u] for u in ids[:limit]]
+        return UnitsPage(
+            [u.with_(state=effective_state(run, u)) for u in page],
+            page[-1].unit_id if len(ids) > limit else None,
+        )
 
     def attempts(self, run_id: str) -> list[AttemptRecord]:
         self.run(run_id)
@@ -406,6 +416,40 @@ class MemoryBlobs:
 
     def exists(self, key: str) -> bool:
         return key in self.objects
+
+
+@dataclass
+class MemoryResults:
+    """The results store in memory: the same keys and write-once rule as the S3 adapter."""
+
+    objects: dict[str, bytes] = field(default_factory=dict)
+
+    def record(self, outcome: AttemptOutcome) -> bool:
+        key = attempt_key(outcome.run_id, outcome.unit_id, outcome.attempt)
+        if key in self.objects:
+            return False
+        self.objects[key] = json.dumps(outcome.as_doc()).encode()
+        return True
+
+    def outcomes(
+        self, run_id: str, attempts: Sequence[tuple[str, int]]
+    ) -> list[AttemptOutcome | None]:
+        found = (self.objects.get(attempt_key(run_id, u, a)) for u, a in attempts)
+        return [None if b is None else AttemptOutcome.from_doc(json.loads(b)) for b in found]
+
+    def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
+        key = results_file_key(run_id, name)
+        self.objects[key] = b"".join(lines)
+        return key
+
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def download_url(self, key: str, expires_s: int) -> str:
+        return f"memory://{key}?expires={expires_s}"
+
+    def location(self, key: str) -> str:
+        return f"memory://{key}"
 
 
 @dataclass

@@ -8,7 +8,7 @@ EventBridge, Lambda and Bedrock, and :mod:`swarm.core.memory` implements every o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,7 +16,9 @@ from swarm.core.errors import SwarmError
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Settlement, TopUp
+from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
+from swarm.core.results import AttemptOutcome
 
 
 @dataclass(frozen=True)
@@ -25,17 +27,23 @@ class ModelRequest:
     unit_id: str
     attempt: int
     projected_tokens: int
-    input: str = ""
+    input: Prompt = ""  # swarm.core.prompts: a prompt text or a Converse-shaped request
     #: the most the call may bill (a provider's maxTokens): the unit's reservation. None: no cap
     max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class ModelResult:
+    """What one model call gave: the answer and what the provider counted for it."""
+
     succeeded: bool
     tokens: int  # billed tokens (input + output), failed calls included
-    output: str = ""
-    error: str = ""
+    output: str = ""  # the answer's text (empty when the call failed)
+    error: str = ""  # why the call failed (empty when it succeeded)
+    stop_reason: str = ""  # the provider's, e.g. end_turn, max_tokens
+    input_tokens: int = 0  # the provider's usage, when it reports it
+    output_tokens: int = 0
+    model_id: str = ""  # the model that answered
 
 
 class ModelThrottled(SwarmError):
@@ -66,6 +74,12 @@ class Governor(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class UnitsPage:
+    units: list[UnitRecord]
+    last: str | None  # the last unit id read, when there may be more; None at the end
+
+
 class Ledger(Protocol):
     """The run books. Every method is atomic with respect to every other caller."""
 
@@ -79,6 +93,11 @@ class Ledger(Protocol):
 
     def units(self, run_id: str) -> list[UnitRecord]:
         """Every unit with its *effective* state (remainder included), in spec order."""
+        ...
+
+    def units_page(self, run_id: str, after: str | None, limit: int) -> UnitsPage:
+        """Up to ``limit`` units with their effective state, in unit id order, starting after
+        the unit id ``after`` (None: from the first)."""
         ...
 
     def attempts(self, run_id: str) -> list[AttemptRecord]: ...
@@ -168,6 +187,36 @@ class BlobStore(Protocol):
 
     def exists(self, key: str) -> bool:
         """Raises ReadDenied when the store will not say (never reads a 403 as "no")."""
+        ...
+
+
+class ResultStore(Protocol):
+    """Where attempts' outcomes and a closed run's results file are kept (the batch bucket,
+    under ``results/<run>/``)."""
+
+    def record(self, outcome: AttemptOutcome) -> bool:
+        """Keep the attempt's outcome, once: False (and nothing written) if the attempt already
+        has one."""
+        ...
+
+    def outcomes(
+        self, run_id: str, attempts: Sequence[tuple[str, int]]
+    ) -> list[AttemptOutcome | None]:
+        """The recorded outcomes of ``(unit id, attempt)`` pairs, None where there is none."""
+        ...
+
+    def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
+        """Write a run's results file from its lines (any size: streamed in parts); its key."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def download_url(self, key: str, expires_s: int) -> str:
+        """A URL that reads exactly this object, valid for ``expires_s`` seconds."""
+        ...
+
+    def location(self, key: str) -> str:
+        """Where the object is, for people and events (e.g. ``s3://bucket/key``)."""
         ...
 
 

@@ -116,6 +116,9 @@ def _client(
     if service == LAMBDA_INVOKE:
         invoke = config(pool, retries=0, read_timeout=LAMBDA_INVOKE_READ_TIMEOUT_S)
         return session.client("lambda", endpoint_url=endpoint, config=invoke)
-    return session.client(
-        service, endpoint_url=endpoint, config=config(pool, read_timeout=read_timeout)
-    )
+    settings = config(pool, read_timeout=read_timeout)
+    if service == "s3":  # as on Lambda (swarm.wiring.client_configs): presigned URLs are SigV4
+        from botocore.config import Config
+
+        settings = settings.merge(Config(signature_version="s3v4"))
+    return session.client(service, endpoint_url=endpoint, config=settings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -20,6 +21,7 @@ from swarm.api.models import (
     UPLOADS_PREFIX,
     BatchResume,
     BatchSubmission,
+    ResultsQuery,
     Unit,
 )
 from swarm.core.errors import InvalidInput, SwarmError
@@ -103,6 +105,11 @@ def check_manifest_key(tenant: str, key: str) -> None:
 
 def parse_resume(body: str | None) -> BatchResume:
     return _validate(BatchResume, parse_json(body))
+
+
+def parse_results_query(params: Mapping[str, str] | None) -> ResultsQuery:
+    """``GET /batches/{id}/results``'s query string (``state``, ``limit``, ``next_token``)."""
+    return _validate(ResultsQuery, dict(params or {}))
 
 
 _ROLE = re.compile(

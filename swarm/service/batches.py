@@ -44,6 +44,7 @@ from swarm.core.ports import (
     LaneQueue,
     Ledger,
 )
+from swarm.core.prompts import Prompt
 from swarm.core.records import (
     Lane,
     RunRecord,
@@ -82,7 +83,7 @@ class Shedding(SwarmError):
 class UnitInput:
     unit_id: str
     projected_tokens: int
-    input: str = ""
+    input: Prompt = ""  # swarm.core.prompts: a prompt text or a Converse-shaped request
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def batch_id_for(tenant: str, idempotency_key: str | None) -> str:
     return f"b-{digest[:24]}"
 
 
-def manifest_items(spec: RunSpec, inputs: Mapping[str, str]) -> list[dict[str, Any]]:
+def manifest_items(spec: RunSpec, inputs: Mapping[str, Prompt]) -> list[dict[str, Any]]:
     """The Distributed Map's items: one per unit, everything the fan-out step needs."""
     return [
         {
@@ -202,7 +203,7 @@ class Batches:
             max_attempts=(
                 self.config.default_attempts if body.max_attempts is None else body.max_attempts
             ),
-            units=[UnitInput(u.unit_id, u.projected_tokens, u.input) for u in units],
+            units=[UnitInput(u.unit_id, u.projected_tokens, u.prompt()) for u in units],
         )
         return self.submit(tenant, request, idempotency_key, now)
 
@@ -303,7 +304,8 @@ class Batches:
 
     # ------------------------------------------------------------------ status
 
-    def _run_for(self, tenant: str, run_id: str) -> RunRecord:
+    def run_for(self, tenant: str, run_id: str) -> RunRecord:
+        """The tenant's run ``run_id``; NotFound for an id that is not one of its batches."""
         try:
             # a batch id from the path is checked before it reaches a key (DynamoDB refuses a
             # partition key over 2,048 bytes with a ValidationException): one that cannot exist
@@ -317,7 +319,7 @@ class Batches:
         return run
 
     def status(self, tenant: str, run_id: str, now: float) -> dict[str, Any]:
-        return self.describe(self._run_for(tenant, run_id), now)
+        return self.describe(self.run_for(tenant, run_id), now)
 
     def describe(self, run: RunRecord, now: float) -> dict[str, Any]:
         """The status document of a run the caller already holds (and may see)."""
@@ -359,7 +361,7 @@ class Batches:
     # ------------------------------------------------------------------ resume
 
     def resume(self, tenant: str, run_id: str, top_up: int, now: float) -> dict[str, Any]:
-        run = self._run_for(tenant, run_id)
+        run = self.run_for(tenant, run_id)
         if run.state is RunState.COMPLETED:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
         if self.drain.draining(fresh=True):
@@ -390,7 +392,7 @@ class Batches:
             key = manifest_key(run_id, f"resume-{epoch}")
             self.blobs.put_json(key, items)
             self.executions.start(f"{run_id}-resume-{epoch}", execution_input(run_id, key))
-        status = self._status(self._run_for(tenant, run_id), now)
+        status = self._status(self.run_for(tenant, run_id), now)
         return _doc(status.model_copy(update={"requeued": len(top.requeue)}))
 
     # ------------------------------------------------------------------ fleet

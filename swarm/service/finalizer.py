@@ -23,9 +23,11 @@ from swarm.core.ports import (
     LaneQueue,
     Ledger,
 )
+from swarm.core.prompts import Prompt
 from swarm.core.records import UnitState
 from swarm.core.report import healthy_line
 from swarm.service.batches import manifest_key, results_key
+from swarm.service.results import Results
 
 if TYPE_CHECKING:
     from swarm.core.ports import RunWatch
@@ -37,6 +39,7 @@ class Finalizer:
     queue: LaneQueue
     blobs: BlobStore
     events: Events
+    results: Results
     #: the sweeper's watch list (swarm.service.sweeper): the execution that reaches the finalize
     #: loop is recorded there, and a run whose closure is announced leaves it
     watch: RunWatch | None = None
@@ -53,7 +56,7 @@ class Finalizer:
             self.watch.record(run_id, execution)
         retries = [s for s in self.ledger.reclaim_expired(run_id, now) if s.fate is Fate.RETRY]
         if retries:  # the dead workers' messages may be gone: requeue them, input included
-            inputs = {
+            inputs: dict[str, Prompt] = {  # as the manifest holds it: text or a request
                 item["unit_id"]: item.get("input", "")
                 for item in self.blobs.get_json(manifest_key(run_id))
             }
@@ -95,6 +98,8 @@ class Finalizer:
                     [i for i in original if i["unit_id"] in wanted],
                 )
             elapsed = (run.closed_at or now) - run.opened_at
+            # the results file first: the summary written last is what marks the closure done
+            results_file = self.results.write_file(run)
             self.blobs.put_json(
                 key,
                 {
@@ -112,6 +117,7 @@ class Finalizer:
                         for u in units
                     },
                     "remainder": remainder,
+                    "results_file": results_file,
                 },
             )
             self.events.publish(
@@ -129,6 +135,14 @@ class Finalizer:
                     "elapsed_s": elapsed,
                     "healthy_line": healthy_line(run, elapsed),
                     "results_key": key,
+                    # where every unit's outcome is (JSON lines), so a consumer fetches them
+                    # without polling the API
+                    "results": {
+                        "location": self.results.store.location(results_file),
+                        "key": results_file,
+                        "units": run.units_total,
+                        "completed": run.completed,
+                    },
                 },
             )
             announced = True

@@ -33,8 +33,10 @@ from swarm.core.ports import (
     ModelPlane,
     ModelRequest,
     ModelThrottled,
+    ResultStore,
 )
 from swarm.core.records import UnitState
+from swarm.core.results import outcome_of
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Worker:
     ledger: Ledger
     governor: Governor
     model: ModelPlane
+    results: ResultStore
     drain: DrainSwitch
     config: WorkerTimings
     now: Callable[[], float]
@@ -162,6 +165,10 @@ class Worker:
                 waited_s=got.waited_s,
                 throttled=True,
             )
+        # the outcome is kept before the settlement that may complete the unit, so a completed
+        # unit always has its output; a write refused as a second one changes nothing (the
+        # first record of this attempt stands, see swarm/core/results.py)
+        self.results.record(outcome_of(item.run_id, item.unit_id, attempt, result, self.now()))
         settlement = self.ledger.settle(
             item.run_id, item.unit_id, attempt, result.tokens, result.succeeded, self.now()
         )

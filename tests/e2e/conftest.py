@@ -81,8 +81,9 @@ class Stack:
         deadline = time.monotonic() + 30
         while True:
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-            if listed:
-                key = max((o["Key"] for o in listed), key=lambda k: int(k[len(prefix) : -5]))
+            summaries = [o["Key"] for o in listed if o["Key"].endswith(".json")]  # not .jsonl
+            if summaries:
+                key = max(summaries, key=lambda k: int(k[len(prefix) : -5]))
                 doc: dict[str, Any] = json.loads(
                     s3.get_object(Bucket=bucket, Key=key)["Body"].read()
                 )

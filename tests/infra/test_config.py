@@ -287,14 +287,15 @@ def test_the_shipped_defaults_fit_the_worker_timeout() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        # Bedrock with the shipped worker: 5 x (20 + 180 + 10 + 2) = 1,060 s in 120 s
+        # Bedrock with the shipped worker: 5 x (20 + 180 + 10 + 5 + 2) = 1,085 s in 120 s
         (
             {"model": _bedrock()},
             (
                 "worker.batch_size=5 x (worker.governor_max_wait_seconds=20 + "
-                "model.bedrock.read_timeout_seconds=180 + 10 s to connect + 2 s of ledger and "
-                "governor calls) = 1,060 s does not fit worker.timeout_seconds=120",
-                "set worker.batch_size to 1 and worker.timeout_seconds to 212 or more",
+                "model.bedrock.read_timeout_seconds=180 + 10 s to connect + 5 s to count the "
+                "input's tokens + 2 s of ledger and governor calls) = 1,085 s does not fit "
+                "worker.timeout_seconds=120",
+                "set worker.batch_size to 1 and worker.timeout_seconds to 217 or more",
                 "raise worker.timeout_seconds to 900 (Lambda's most) with worker.batch_size 4",
             ),
         ),
@@ -307,14 +308,14 @@ def test_the_shipped_defaults_fit_the_worker_timeout() -> None:
                 "set worker.batch_size to 5 or less, or raise worker.timeout_seconds to 220",
             ),
         ),
-        # one call longer than Lambda allows: 20 + 900 + 10 + 2 = 932 s
+        # one call longer than Lambda allows: 20 + 900 + 10 + 5 + 2 = 937 s
         (
             {
                 "model": _bedrock(read_timeout_seconds=900),
                 "worker": _worker(batch_size=1, timeout_seconds=900),
             },
             (
-                "one message alone needs 932 s, more than Lambda's 900 s",
+                "one message alone needs 937 s, more than Lambda's 900 s",
                 "lower worker.governor_max_wait_seconds or model.bedrock.read_timeout_seconds",
             ),
         ),
@@ -333,12 +334,12 @@ def test_a_worker_batch_that_cannot_fit_its_timeout_fails_synth_with_the_numbers
 @pytest.mark.parametrize(
     "overrides",
     [
-        # one Converse call per invocation (README): 20 + 10 + 180 + 2 = 212 s in 240 s
+        # one model call per invocation (README): 20 + 10 + 5 + 180 + 2 = 217 s in 240 s
         {"model": _bedrock(), "worker": _worker(batch_size=1, timeout_seconds=240)},
-        # four per invocation: 848 s in 900 s
+        # four per invocation: 868 s in 900 s
         {"model": _bedrock(), "worker": _worker(batch_size=4, timeout_seconds=900)},
-        # a faster model's shorter read timeout: 5 x (20 + 10 + 60 + 2) = 460 s in 480 s
-        {"model": _bedrock(read_timeout_seconds=60), "worker": _worker(timeout_seconds=480)},
+        # a faster model's shorter read timeout: 5 x (20 + 10 + 5 + 60 + 2) = 485 s in 490 s
+        {"model": _bedrock(read_timeout_seconds=60), "worker": _worker(timeout_seconds=490)},
     ],
 )
 def test_bedrock_configurations_that_fit_are_accepted(overrides: dict[str, Any]) -> None:

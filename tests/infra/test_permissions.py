@@ -69,10 +69,14 @@ EXPECTED: dict[FunctionName, Table] = {
                 "s3:GetObject",
             }
         ),
+        # Results.page: S3Results.outcomes reads the attempt records of the caller's batch;
+        # its download URL is a GetObject signed with this role (S3Results.download_url)
+        "results/*": frozenset({"s3:GetObject"}),
         # S3Blobs.get_json in api.submit (a missing upload: 400 naming it) and Batches.resume
         # (an expired manifest: 409) must see 404 for a missing key, which S3 only says to a
-        # caller with ListBucket (infra/storage.py grant_list)
-        "bucket if s3:prefix manifests/*": frozenset({"s3:ListBucket"}),
+        # caller with ListBucket (infra/storage.py grant_list); so must a results page for an
+        # attempt not recorded and a results file not written yet (S3Results.exists)
+        "bucket if s3:prefix manifests/* | results/*": frozenset({"s3:ListBucket"}),
         # StepFunctionsExecutions.start (submit, idempotent resubmit, resume)
         "state machine": frozenset({"states:StartExecution"}),
         # SsmDrainSwitch.draining (submit, resume, fleet, drain)
@@ -117,6 +121,8 @@ EXPECTED: dict[FunctionName, Table] = {
         ),
         # SsmDrainSwitch.draining: once per batch (functions/worker.py) and cached per message
         "drain parameter": frozenset({"ssm:GetParameter"}),
+        # S3Results.record: each attempt's outcome, a conditional PutObject (If-None-Match)
+        "results/*/attempts/*": frozenset({"s3:PutObject"}),
         **_each(
             "lane",
             {
@@ -168,10 +174,14 @@ EXPECTED: dict[FunctionName, Table] = {
         "manifests/*": frozenset({"s3:GetObject"}),
         "results/*": frozenset(
             {
-                # S3Blobs.exists: HeadObject of results/<batch>/<state>-<epoch>.json
+                # S3Blobs.exists: HeadObject of results/<batch>/<state>-<epoch>.json;
+                # Results.write_file reads the attempt records (S3Results.outcomes)
                 "s3:GetObject",
-                # S3Blobs.put_json: the results and remainder objects
+                # S3Blobs.put_json: the results and remainder objects; S3Results.write_file:
+                # the results file (PutObject, or a multipart upload's parts)
                 "s3:PutObject",
+                # S3Results.write_file aborts a multipart upload that failed
+                "s3:AbortMultipartUpload",
             }
         ),
         # Finalizer.finalize: S3Blobs.exists of the results object (absent until the closure
@@ -203,7 +213,7 @@ EXPECTED: dict[FunctionName, Table] = {
         "open runs index": frozenset({"dynamodb:Query"}),
         # Finalizer.finalize (as the finalizer's row): manifest inputs, results, their checks
         "manifests/*": frozenset({"s3:GetObject"}),
-        "results/*": frozenset({"s3:GetObject", "s3:PutObject"}),
+        "results/*": frozenset({"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"}),
         "bucket if s3:prefix manifests/* | results/*": frozenset({"s3:ListBucket"}),
         # Finalizer.finalize: EventBridgeEvents.publish of a closure no execution announced
         "event bus": frozenset({"events:PutEvents"}),
@@ -242,7 +252,7 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         return "fanout executions"
     bucket = synth.logical_id(stack.storage.bucket)
     if references(resource, bucket):
-        for prefix in ("manifests/*", "results/*"):
+        for prefix in ("manifests/*", "results/*", "results/*/attempts/*"):
             if text.endswith(json.dumps("/" + prefix) + "]]}"):
                 return prefix
         if resource == {"Fn::GetAtt": [bucket, "Arn"]}:
@@ -307,10 +317,11 @@ def test_the_table_covers_every_function(synth: Synthesized) -> None:
 
 
 def test_bedrock_worker_may_only_converse_with_its_model(prod_synth: Synthesized) -> None:
-    """BedrockModelPlane calls Converse (bedrock:InvokeModel) only: no streaming grant."""
+    """BedrockModelPlane calls Converse (bedrock:InvokeModel) and CountTokens
+    (bedrock:CountTokens) only: no streaming grant."""
     table = dict(granted(prod_synth, WORKER))
     bedrock = {label: actions for label, actions in table.items() if label.startswith("unknown")}
-    assert set(bedrock.values()) == {frozenset({"bedrock:InvokeModel"})}
+    assert set(bedrock.values()) == {frozenset({"bedrock:InvokeModel", "bedrock:CountTokens"})}
     assert len(bedrock) == 2  # the inference profile and its foundation model in any region
     assert all("bedrock" in label for label in bedrock)
     rest = {label: actions for label, actions in table.items() if label not in bedrock}

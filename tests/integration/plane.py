@@ -221,6 +221,7 @@ class ControlPlane:
         tenant: str | None = "acme",
         headers: Mapping[str, str] | None = None,
         raw: str | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         text = raw if raw is not None else (None if body is None else json.dumps(body))
         event = proxy_event(
@@ -229,6 +230,7 @@ class ControlPlane:
             body=text,
             headers={"Content-Type": "application/json", **(headers or {})},
             user_arn=self.tenant_arn(tenant) if tenant else None,
+            query=query,
         )
         response = self.invoke("api", event)
         headers = dict(response.get("headers") or {})

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import requests
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
@@ -96,6 +97,66 @@ def test_exhaustion_enumerates_the_remainder_and_resume_completes_it(plane: Cont
     # resuming a completed batch is a conflict
     status, doc, _ = plane.api("POST", f"/batches/{batch_id}/resume", {"top_up": 1})
     assert status == 409 and doc["error"] == "conflict"
+
+
+def results(plane: ControlPlane, batch_id: str, **query: str) -> list[dict[str, Any]]:
+    """Every unit of ``GET /batches/{id}/results``, page after page."""
+    units: list[dict[str, Any]] = []
+    while True:
+        status, doc, _ = plane.api("GET", f"/batches/{batch_id}/results", query=query)
+        assert status == 200, doc
+        units += doc["units"]
+        if "next_token" not in doc:
+            return units
+        query = {**query, "next_token": doc["next_token"]}
+
+
+def test_outputs_are_kept_once_read_by_page_and_downloadable_by_their_tenant_only(
+    aws_credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with control_plane(monkeypatch, SIM_MODEL_FAILURE_RATE="0.3") as plane:
+        plane.observe_events()
+        _, doc, _ = plane.api("POST", "/batches", {"units": units(12)})
+        batch_id = doc["batch_id"]
+        plane.run_state_machine()
+        plane.work()
+        # readable before the finalizer has closed anything: no download yet
+        status, page, _ = plane.api("GET", f"/batches/{batch_id}/results", query={"limit": "5"})
+        assert status == 200 and len(page["units"]) == 5 and "download" not in page
+        plane.finalize(batch_id)
+        # the workers wrote each attempt's outcome under the run's prefix, as their own role
+        records = objects(plane, f"results/{batch_id}/attempts/")
+        assert len(records) == ledger(plane).run(batch_id).attempts
+        got = results(plane, batch_id, limit="4")
+        assert [u["unit_id"] for u in got] == [f"u{i:04d}" for i in range(12)]
+        for unit in got:
+            assert ("output" in unit) == (unit["state"] == "completed")
+            assert "model_id" in unit  # TEMP
+        completed = results(plane, batch_id, state="completed")
+        assert completed == [u for u in got if u["state"] == "completed"]
+        # the download: a presigned GET of exactly the closure's results file
+        _, page, _ = plane.api("GET", f"/batches/{batch_id}/results")
+        download = page["download"]
+        key = f"results/{batch_id}/completed-0.jsonl"
+        assert download["location"] == f"s3://{plane.bucket}/{key}"
+        assert f"/{key}?" in download["url"] and "X-Amz-Expires=300" in download["url"]
+        body = requests.get(download["url"], timeout=10).content  # the URL, as a tenant uses it
+        assert [json.loads(line) for line in body.splitlines()] == got
+        # scoped to the one object, and signed: another key or a changed signature is refused
+        other = download["url"].replace("completed-0.jsonl", "completed-1.jsonl")
+        assert requests.get(other, timeout=10).status_code == 403
+        forged = download["url"][:-1] + ("0" if download["url"][-1] != "0" else "1")
+        assert requests.get(forged, timeout=10).status_code == 403
+        # the closure's event says where they are
+        (event,) = [e for e in plane.events() if e["detail"]["run_id"] == batch_id]
+        assert event["detail"]["results"]["location"] == download["location"]
+        # another tenant: the same 404 as for a batch that does not exist
+        status, doc, _ = plane.api("GET", f"/batches/{batch_id}/results", tenant="globex")
+        assert status == 404 and doc["error"] == "not_found"
+        status, doc, _ = plane.api(
+            "GET", f"/batches/{batch_id}/results", query={"state": "finished"}
+        )
+        assert status == 400 and doc["message"].startswith("state:")
 
 
 def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:

@@ -60,8 +60,86 @@ def unit(unit_id: str = "u1", tokens: int = 5, text: str = "hi") -> dict[str, An
     return {"unit_id": unit_id, "projected_tokens": tokens, "input": text}
 
 
+def turns(*texts: str, **request: Any) -> dict[str, Any]:
+    """A Converse-shaped input: the texts as alternating user and assistant turns."""
+    roles = ("user", "assistant")
+    messages = [{"role": roles[i % 2], "content": [{"text": t}]} for i, t in enumerate(texts)]
+    return {"messages": messages, **request}
+
+
+#: Converse-shaped inputs the API accepts
+VALID_REQUESTS = [
+    turns("hi"),
+    turns("a", "b", "c", system="be terse"),
+    turns("a", system=[{"text": "x"}, {"text": "y"}], inferenceConfig={}),
+    turns("a", inferenceConfig={"maxTokens": 1, "temperature": 0, "topP": 1}),
+    turns("a", inferenceConfig={"temperature": 0.5, "topP": 0.25, "stopSequences": ["END", "x"]}),
+    turns("a", inferenceConfig={"maxTokens": None, "temperature": None, "stopSequences": None}),
+    turns("a", inferenceConfig=None),
+    turns("x" * 50_000, "y" * 10_000, "z" * 40_000),  # 100,000 characters in all
+    turns(*["t"] * 99),  # 99 turns: user, assistant, ..., user
+    {"messages": [{"role": "user", "content": [{"text": "a"}] * 20}]},
+]
+
+#: Converse-shaped inputs both refuse
+INVALID_REQUESTS = [
+    turns(" "),
+    turns("a", "\n"),
+    turns(""),
+    turns("a", system=""),
+    turns("a", system=" "),
+    turns("a", system=[]),
+    turns("a", system=[{"text": "\t"}]),
+    turns("a", system=None),
+    turns("a", system=5),
+    turns("a", system=[{"text": "x", "cachePoint": {}}]),
+    {"messages": []},
+    {"messages": [{"role": "user", "content": []}]},
+    {"messages": [{"role": "system", "content": [{"text": "a"}]}]},
+    {"messages": [{"role": "user"}]},
+    {"messages": [{"role": "user", "content": [{"image": {}}]}]},
+    {"messages": "hi"},
+    {"messages": None},
+    {"system": "s"},
+    {},
+    turns("a", toolConfig={"tools": []}),
+    turns("a", inferenceConfig={"temperature": 1.5}),
+    turns("a", inferenceConfig={"temperature": -0.1}),
+    turns("a", inferenceConfig={"topP": "0.5"}),
+    turns("a", inferenceConfig={"topP": True}),
+    turns("a", inferenceConfig={"maxTokens": 0}),
+    turns("a", inferenceConfig={"maxTokens": 10_000_001}),
+    turns("a", inferenceConfig={"maxTokens": "5"}),
+    turns("a", inferenceConfig={"stopSequences": [""]}),
+    turns("a", inferenceConfig={"stopSequences": [" "]}),
+    turns("a", inferenceConfig={"stopSequences": ["x" * 101]}),
+    turns("a", inferenceConfig={"stopSequences": "END"}),
+    turns("a", inferenceConfig={"topK": 5}),
+    turns("x" * 100_001),
+    [],
+    5,
+    None,
+    True,
+]
+
+#: Converse-shaped inputs only the handler can refuse (a JSON schema cannot say it, or the
+#: gateway leaves maxItems to the handler)
+HANDLER_ONLY_REQUESTS = [
+    turns("a", "b"),  # ends with the assistant
+    {"messages": [{"role": "assistant", "content": [{"text": "a"}]}]},
+    {"messages": [{"role": "user", "content": [{"text": t}]} for t in "ab"]},  # not alternating
+    turns("x" * 60_000, "y", "z" * 40_000),  # 100,001 characters in all
+    turns(*["t"] * 101),  # 101 turns
+    {"messages": [{"role": "user", "content": [{"text": "a"}] * 21}]},
+    turns("a", system=[{"text": "s"}] * 11),
+    turns("a", inferenceConfig={"stopSequences": ["a", "b", "c", "d", "e"]}),
+    turns("an unpaired surrogate: \ud800"),  # JSON can say it, UTF-8 (and the model) cannot
+    "an unpaired surrogate: \udfff",
+]
+
 VALID_SUBMISSIONS = [
     {"units": [unit()]},
+    *({"units": [unit(), {**unit("u2"), "input": request}]} for request in VALID_REQUESTS),
     {"units": [unit("a.b_c:d-1", 10_000_000, "x" * 100_000)], "lane": "high"},
     {"units": [unit()], "lane": "low", "budget": 0, "max_attempts": 100},
     {"units": [unit()], "budget": None, "max_attempts": None, "manifest": None},
@@ -98,12 +176,14 @@ INVALID_FOR_BOTH = [
     {"manifest": {"key": "k", "bucket": "b"}},
     [],
     "units",
+    *({"units": [unit(), {**unit("u2"), "input": request}]} for request in INVALID_REQUESTS),
 ]
 
 #: Valid in shape, refused by the handler alone: what a JSON schema cannot say.
 HANDLER_ONLY_REFUSALS = [
     {},  # exactly one of units and manifest
     {"units": [unit()], "manifest": {"key": "k"}},
+    *({"units": [{**unit(), "input": request}]} for request in HANDLER_ONLY_REQUESTS),
 ]
 
 

@@ -329,7 +329,7 @@ def test_a_botocore_error_reaching_main_is_one_line(
     def no_keys(args: Any) -> Any:
         raise NoCredentialsError()
 
-    monkeypatch.setattr(ops, "_client", no_keys)
+    monkeypatch.setattr(ops, "client_of", no_keys)
     line = one_error_line(run_cli(["fleet"], capsys))
     assert "Unable to locate credentials" in line and "aws sso login" in line, line
 

@@ -10,7 +10,17 @@ from typing import Any
 from openapi_spec_validator import validate
 
 from functions.api import app
-from swarm.api.models import MAX_INLINE_UNITS, MAX_INPUT_CHARS, Error, ErrorCode, Unit
+from swarm.api.models import (
+    MAX_CONTENT_BLOCKS,
+    MAX_INLINE_UNITS,
+    MAX_INPUT_CHARS,
+    MAX_MESSAGES,
+    MAX_STOP_SEQUENCE_CHARS,
+    MAX_STOP_SEQUENCES,
+    Error,
+    ErrorCode,
+    Unit,
+)
 from swarm.api.openapi import ROUTES, render
 from swarm.core.records import ID_PATTERN, LANES
 
@@ -89,5 +99,28 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
     unit = SPEC["components"]["schemas"]["Unit"]
     required = {name for name, field in Unit.model_fields.items() if field.is_required()}
     assert set(unit["required"]) == required == {"unit_id", "projected_tokens", "input"}
-    assert unit["properties"]["input"]["maxLength"] == MAX_INPUT_CHARS
     assert unit["additionalProperties"] is False
+    # the input: a string, or a Converse-shaped request, each with the documented limits
+    text, request = unit["properties"]["input"]["anyOf"]
+    assert text == {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_INPUT_CHARS,
+        "pattern": r"\S",
+    }
+    converse = resolve(request)
+    assert set(converse["properties"]) == {"system", "messages", "inferenceConfig"}
+    assert converse["required"] == ["messages"] and converse["additionalProperties"] is False
+    assert converse["properties"]["messages"]["maxItems"] == MAX_MESSAGES
+    message = resolve(converse["properties"]["messages"]["items"])
+    assert message["properties"]["role"]["enum"] == ["user", "assistant"]
+    assert message["properties"]["content"]["maxItems"] == MAX_CONTENT_BLOCKS
+    block = resolve(message["properties"]["content"]["items"])
+    assert block["properties"]["text"] == text
+    settings = resolve(converse["properties"]["inferenceConfig"])["properties"]
+    assert set(settings) == {"maxTokens", "temperature", "topP", "stopSequences"}
+    for name in ("temperature", "topP"):
+        assert (settings[name]["minimum"], settings[name]["maximum"]) == (0, 1)
+    assert settings["maxTokens"]["minimum"] == 1
+    assert settings["stopSequences"]["maxItems"] == MAX_STOP_SEQUENCES
+    assert settings["stopSequences"]["items"]["maxLength"] == MAX_STOP_SEQUENCE_CHARS

@@ -21,6 +21,7 @@ from swarm.core.memory import (
     MemoryExecutions,
     MemoryMappings,
     MemoryQueue,
+    MemoryResults,
 )
 from swarm.core.records import Lane, RunState, UnitState
 from swarm.service.batches import (
@@ -34,6 +35,7 @@ from swarm.service.batches import (
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer, dead_letter
+from swarm.service.results import Results
 from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerTimings
 
 QUOTA = 600_000  # the model plane's TPM; the governor takes 95% of it
@@ -59,6 +61,7 @@ class Plane:
     executions: MemoryExecutions = field(default_factory=MemoryExecutions)
     drain: MemoryDrain = field(default_factory=MemoryDrain)
     events: MemoryEvents = field(default_factory=MemoryEvents)
+    results: MemoryResults = field(default_factory=MemoryResults)
     failure_rate: float = 0.0
     shed_limits: dict[Lane, int] = field(default_factory=dict)
 
@@ -83,12 +86,15 @@ class Plane:
             self.ledger,
             self.governor,
             self.model,
+            self.results,
             self.drain,
             WorkerTimings(lease_s=300, max_wait_s=20),
             self.clock.now,
             self.clock.sleep,
         )
-        self.finalizer = Finalizer(self.ledger, self.queue, self.blobs, self.events)
+        self.finalizer = Finalizer(
+            self.ledger, self.queue, self.blobs, self.events, Results(self.ledger, self.results)
+        )
         self.outcomes: Counter[str] = Counter()
 
     def submit(self, units: int, budget: int = 10**8, tenant: str = "acme", **kw: object) -> str:

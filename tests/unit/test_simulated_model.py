@@ -1,16 +1,21 @@
-"""The simulated model plane: outcomes that tests can compute, and honest billing."""
+"""The simulated model plane: outcomes and answers that tests can compute, and honest billing."""
 
 from __future__ import annotations
 
 import pytest
 
 from swarm.adapters.simulated_model import (
+    MODEL_ID,
     USAGE_SPREAD,
     SimulatedModelPlane,
     attempt_fails,
+    billed_tokens,
+    simulated_input_tokens,
+    simulated_output,
     simulated_usage,
 )
 from swarm.core.ports import ModelRequest, ModelThrottled
+from swarm.core.prompts import Prompt
 
 
 class Clock:
@@ -70,3 +75,108 @@ def test_counters_and_the_call_log_are_kept_per_run_with_the_time_received() -> 
     [call] = plane.log("b")
     assert call.received_at == 1_002.0 and call.throttled and call.tokens == 0
     assert plane.log("nobody") == []
+
+
+# -- answers derived from the prompt --------------------------------------------------------
+
+CONVERSATION = {
+    "system": [{"text": "You are terse."}],
+    "messages": [
+        {"role": "user", "content": [{"text": "Summarise the incident."}]},
+        {"role": "assistant", "content": [{"text": "Which one?"}]},
+        {"role": "user", "content": [{"text": "The outage of 3 May."}]},
+    ],
+}
+
+
+def ask(
+    prompt: Prompt, unit: str = "u-1", attempt: int = 0, projected: int = 10_000, cap: int = 10_000
+) -> ModelRequest:
+    return ModelRequest("run-1", unit, attempt, projected, prompt, max_tokens=cap)
+
+
+def test_answers_are_a_function_of_the_prompt_the_unit_and_the_attempt() -> None:
+    plane = SimulatedModelPlane(10**9, seed=1)
+    result = plane.invoke(ask(CONVERSATION))
+    assert result.succeeded
+    assert result.output == simulated_output(CONVERSATION, "u-1", 0)
+    assert result.output.endswith(": The outage of 3 May.")  # it quotes the last user turn
+    # another prompt, unit or attempt: another answer; the same again: the same answer
+    others = [
+        plane.invoke(ask("Summarise the incident.")).output,
+        plane.invoke(ask(CONVERSATION, unit="u-2")).output,
+        plane.invoke(ask(CONVERSATION, attempt=1)).output,
+        plane.invoke(ask({**CONVERSATION, "system": "Be verbose."})).output,
+    ]
+    assert len({result.output, *others}) == 5
+    assert SimulatedModelPlane(10**9, seed=9).invoke(ask(CONVERSATION)).output == result.output
+    # a request is answered in its normal form: a string system prompt is one text block
+    as_string = {**CONVERSATION, "system": "You are terse."}
+    assert plane.invoke(ask(as_string)).output == result.output
+
+
+def test_a_result_splits_the_billed_tokens_into_input_and_answer() -> None:
+    plane = SimulatedModelPlane(10**9, seed=1)
+    assert simulated_usage(1, "u-2", 0, 10_000) == 6_166  # under the reservation
+    result = plane.invoke(ask(CONVERSATION, unit="u-2"))
+    text = "You are terse.\nSummarise the incident.\nWhich one?\nThe outage of 3 May."
+    assert simulated_input_tokens(CONVERSATION) == -(-len(text) // 4) == 18
+    assert (result.tokens, result.input_tokens, result.output_tokens) == (6_166, 18, 6_148)
+    assert result.tokens == billed_tokens(1, "u-2", 0, 10_000, 10_000, 18)
+    assert (result.stop_reason, result.model_id) == ("end_turn", MODEL_ID)
+
+
+def test_the_answer_is_bounded_by_the_reservation_and_the_requests_max_tokens() -> None:
+    plane = SimulatedModelPlane(10**9, seed=1)
+    assert simulated_usage(1, "u-1", 0, 10_000) == 11_701  # over a reservation of 10,000
+    capped = plane.invoke(ask(CONVERSATION))
+    assert (capped.tokens, capped.output_tokens, capped.stop_reason) == (
+        10_000,
+        9_982,
+        "max_tokens",
+    )
+    short = {**CONVERSATION, "inferenceConfig": {"maxTokens": 300}}
+    asked = plane.invoke(ask(short))
+    assert (asked.tokens, asked.output_tokens, asked.stop_reason) == (318, 300, "max_tokens")
+    assert [call.truncated for call in plane.log("run-1")] == [True, True]
+    # the unit's own maxTokens without a reservation still bounds the answer
+    free = plane.invoke(ModelRequest("run-2", "u-1", 0, 10_000, short))
+    assert free.tokens == 318
+
+
+def test_an_input_the_reservation_cannot_pay_for_fails_at_no_cost_and_is_not_a_call() -> None:
+    plane = SimulatedModelPlane(10**9, seed=1)
+    result = plane.invoke(ask(CONVERSATION, cap=18))  # 18 input tokens, no room for an answer
+    assert not result.succeeded and result.tokens == 0 and result.output == ""
+    assert result.error.startswith(
+        "InputExceedsReservation: the input is 18 tokens (simulated count) and the unit's "
+        "reservation is 18 tokens"
+    )
+    assert plane.log("run-1") == [] and plane.calls == 0
+    assert plane.invoke(ask(CONVERSATION, cap=19)).tokens == 19  # one token of answer
+
+
+def test_a_request_converse_would_refuse_fails_at_no_cost() -> None:
+    plane = SimulatedModelPlane(10**9, seed=1)
+    alone = {"messages": CONVERSATION["messages"][:2]}  # ends with the assistant
+    result = plane.invoke(ask(alone))
+    assert not result.succeeded and result.tokens == 0
+    assert result.error.startswith("InvalidInput: input.messages: must end with a user message")
+    assert plane.calls == 0
+
+
+def test_the_call_log_keeps_what_the_model_returned() -> None:
+    plane = SimulatedModelPlane(10**9, 0.3, seed=5)
+    results = [plane.invoke(ask(f"prompt {i}", unit=f"u-{i}")) for i in range(40)]
+    log = plane.log("run-1")
+    assert [c.output for c in log] == [r.output for r in results]
+    assert [(c.input_tokens, c.output_tokens, c.stop_reason) for c in log] == [
+        (r.input_tokens, r.output_tokens, r.stop_reason) for r in results
+    ]
+    failed = [r for r in results if not r.succeeded]
+    assert failed and all(r.output == "" and r.tokens > 0 for r in failed)  # billed, no answer
+    assert all(
+        r.output == simulated_output(f"prompt {i}", f"u-{i}", 0)
+        for i, r in enumerate(results)
+        if r.succeeded
+    )

@@ -18,6 +18,7 @@ from swarm.core.memory import (
     MemoryEvents,
     MemoryExecutions,
     MemoryQueue,
+    MemoryResults,
     MemoryRunWatch,
 )
 from swarm.core.ports import WatchedRun
@@ -25,6 +26,7 @@ from swarm.core.records import Lane, RunState, UnitState
 from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
+from swarm.service.results import Results
 from swarm.service.sweeper import (
     MAX_EXECUTION_NAME,
     SweepConfig,
@@ -64,7 +66,12 @@ class Plane:
         )
         self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=86_400)
         self.finalizer = Finalizer(
-            self.ledger, self.queue, self.blobs, self.events, watch=self.watch
+            self.ledger,
+            self.queue,
+            self.blobs,
+            self.events,
+            Results(self.ledger, MemoryResults()),
+            watch=self.watch,
         )
         self.sweeper = Sweeper(
             self.ledger,

@@ -317,9 +317,85 @@ def enforce() -> None:
                     f"the {iam_action} action",
                 ) from None
 
+    original_s3 = ActionAuthenticatorMixin._authenticate_and_authorize_s3_action
+
+    def authorize_s3(
+        self: Any, bucket_name: str | None = None, key_name: str | None = None
+    ) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.uri).query)
+        if (
+            settings.INITIAL_NO_AUTH_ACTION_COUNT != 0
+            or "Authorization" in self.headers
+            or "X-Amz-Signature" not in query
+        ):
+            original_s3(self, bucket_name, key_name)
+            return
+        resource = f"arn:{PARTITION}:s3:::{bucket_name}" + (f"/{key_name}" if key_name else "")
+        authorize_presigned(self, {k: v[0] for k, v in query.items()}, resource)
+
     IAMRequestBase.check_action_permitted = check_action_permitted  # type: ignore[method-assign]
     BaseResponse._authenticate_and_authorize_normal_action = authorize  # type: ignore[method-assign]
+    ActionAuthenticatorMixin._authenticate_and_authorize_s3_action = authorize_s3  # type: ignore[method-assign]
     _PATCHED.append(True)
+
+
+def authorize_presigned(response: Any, query: dict[str, str], resource: str) -> None:
+    """A presigned S3 URL (SigV4 query authentication), judged as S3 does: not expired, signed
+    by a key the emulator issued (the signature recomputed with its secret), and the signer
+    allowed the action on the object. moto itself reads only an ``Authorization`` header."""
+    import datetime
+    import hmac
+
+    from botocore.auth import S3SigV4QueryAuth
+    from botocore.awsrequest import AWSRequest
+    from moto.iam.access_control import S3IAMRequest
+    from moto.s3.exceptions import S3AccessDeniedError
+
+    try:
+        credential = query["X-Amz-Credential"]
+        signed_at = query["X-Amz-Date"]
+        expires = int(query["X-Amz-Expires"])
+        signature = query["X-Amz-Signature"]
+        issued = datetime.datetime.strptime(signed_at, "%Y%m%dT%H%M%SZ").replace(
+            tzinfo=datetime.UTC
+        )
+    except (KeyError, ValueError):
+        raise S3AccessDeniedError() from None
+    if datetime.datetime.now(datetime.UTC) > issued + datetime.timedelta(seconds=expires):
+        raise S3AccessDeniedError()  # S3 says "Request has expired" (403)
+    headers = dict(response.headers)
+    headers["Authorization"] = f"AWS4-HMAC-SHA256 Credential={credential}, Signature={signature}"
+    if "X-Amz-Security-Token" in query:
+        headers["X-Amz-Security-Token"] = query["X-Amz-Security-Token"]
+    request = S3IAMRequest(
+        account_id=response.current_account,
+        method=response.method,
+        path=response.raw_path,
+        data={},
+        body=b"",
+        headers=headers,
+        action=response._get_action(),
+    )
+    # the signature, recomputed from the request as sent (its auth parameters aside)
+    parts = urllib.parse.urlsplit(response.uri)
+    kept = [
+        (k, v)
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if not k.startswith("X-Amz-")
+    ]
+    url = urllib.parse.urlunsplit(
+        ("https", headers.get("Host") or parts.netloc, parts.path, urllib.parse.urlencode(kept), "")
+    )
+    bare = AWSRequest(method=response.method, url=url)
+    bare.context["timestamp"] = signed_at
+    signer = S3SigV4QueryAuth(
+        request._access_key.create_credentials(), "s3", request._region, expires=expires
+    )
+    signer._modify_request_before_signing(bare)
+    expected = signer.signature(signer.string_to_sign(bare, signer.canonical_request(bare)), bare)
+    if not hmac.compare_digest(expected, signature):
+        raise S3AccessDeniedError()  # S3 says SignatureDoesNotMatch (403)
+    request.check_action_permitted(resource)
 
 
 # ---------------------------------------------------------------- principals

@@ -1,0 +1,147 @@
+"""The results store on S3: each attempt's outcome once, and a closed run's results file.
+
+Objects live in the batch bucket under ``results/<run>/`` (encrypted at rest by the bucket's
+default encryption, expired by its lifecycle rule):
+
+* ``attempts/<unit>/<attempt>.json``: one attempt's outcome, written with ``If-None-Match: *``
+  so S3 itself refuses a second write of the same attempt (412): the first record stands;
+* the results file, streamed: one ``PutObject`` up to :data:`PART_BYTES`, a multipart upload
+  beyond it (S3 takes up to 10,000 parts), so its size is bounded by S3 (5 TB), not by the
+  function's memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+from botocore.config import Config
+
+from swarm.adapters.aws import S3_DENIED_CODES, S3_MISSING_CODES, S3Blobs
+from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.core.errors import ReadDenied
+from swarm.core.results import AttemptOutcome, attempt_key, results_file_key
+
+#: the S3 client's configuration for presigned URLs: Signature Version 4 (every region takes it)
+S3_SIGV4: Final = Config(signature_version="s3v4")
+#: a results file is written in parts of this size (S3's minimum part is 5 MiB)
+PART_BYTES: Final = 8 * 1024 * 1024
+#: parallel reads of attempt records (a page of results reads one object per unit)
+READERS: Final = 16
+#: S3 answers a conditional write that races another one for the same key with 409: try again
+CONDITIONAL_RACE_TRIES: Final = 3
+
+
+@dataclass
+class S3Results:
+    client: Any  # an s3 client
+    bucket: str
+
+    def record(self, outcome: AttemptOutcome) -> bool:
+        key = attempt_key(outcome.run_id, outcome.unit_id, outcome.attempt)
+        body = json.dumps(outcome.as_doc(), separators=(",", ":"), ensure_ascii=False).encode()
+        for _ in range(CONDITIONAL_RACE_TRIES):
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType="application/json",
+                    IfNoneMatch="*",
+                )
+                return True
+            except client_error_type() as e:
+                code = error_code(e)
+                if code in ("PreconditionFailed", "412"):
+                    return False
+                if code != "ConditionalRequestConflict":
+                    raise
+        return False  # the racing write won and holds the key
+
+    def _outcome(self, key: str) -> AttemptOutcome | None:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except client_error_type() as e:
+            code = error_code(e)
+            if code in S3_MISSING_CODES:
+                return None
+            if code in S3_DENIED_CODES:
+                raise ReadDenied(key, str(code)) from None
+            raise
+        return AttemptOutcome.from_doc(json.loads(body))
+
+    def outcomes(
+        self, run_id: str, attempts: Sequence[tuple[str, int]]
+    ) -> list[AttemptOutcome | None]:
+        keys = [attempt_key(run_id, unit_id, attempt) for unit_id, attempt in attempts]
+        if len(keys) <= 1:
+            return [self._outcome(k) for k in keys]
+        with ThreadPoolExecutor(max_workers=min(READERS, len(keys))) as pool:
+            return list(pool.map(self._outcome, keys))
+
+    def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
+        key = results_file_key(run_id, name)
+        target = {"Bucket": self.bucket, "Key": key}
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        buffer = bytearray()
+
+        def flush() -> None:
+            nonlocal upload_id, buffer
+            if upload_id is None:
+                upload_id = self.client.create_multipart_upload(
+                    **target, ContentType="application/x-ndjson"
+                )["UploadId"]
+            number = len(parts) + 1
+            etag = self.client.upload_part(
+                **target, UploadId=upload_id, PartNumber=number, Body=bytes(buffer)
+            )["ETag"]
+            parts.append({"ETag": etag, "PartNumber": number})
+            buffer = bytearray()
+
+        try:
+            for line in lines:
+                buffer += line
+                if len(buffer) >= PART_BYTES:
+                    flush()
+            if upload_id is None:
+                self.client.put_object(
+                    **target, Body=bytes(buffer), ContentType="application/x-ndjson"
+                )
+                return key
+            if buffer:
+                flush()
+            self.client.complete_multipart_upload(
+                **target, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            if upload_id is not None:  # the bucket's lifecycle rule also aborts it after a day
+                try:
+                    self.client.abort_multipart_upload(**target, UploadId=upload_id)
+                except client_error_type():
+                    pass
+            raise
+        return key
+
+    def exists(self, key: str) -> bool:
+        return S3Blobs(self.client, self.bucket).exists(key)
+
+    def download_url(self, key: str, expires_s: int) -> str:
+        name = key.rsplit("/", 2)
+        filename = f"{name[-2]}-{name[-1]}" if len(name) == 3 else name[-1]
+        url: str = self.client.generate_presigned_url(
+            "get_object",
+            Params={
+                "Bucket": self.bucket,
+                "Key": key,
+                "ResponseContentDisposition": f'attachment; filename="{filename}"',
+            },
+            ExpiresIn=expires_s,
+        )
+        return url
+
+    def location(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"

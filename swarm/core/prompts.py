@@ -1,0 +1,288 @@
+"""A unit's prompt: a plain text, or a Converse-shaped request.
+
+A prompt is JSON either way: it travels as JSON in the batch's manifest, in each Distributed Map
+item and in each lane message.
+
+* ``str``: the whole prompt, sent to the model as one user message.
+* ``dict``: a request in *normal form*, the part of Bedrock's Converse request a unit may set::
+
+    {"system": [{"text": "You are terse."}],                       # optional
+     "messages": [{"role": "user", "content": [{"text": "..."}]},  # required: from the user
+                  {"role": "assistant", "content": [...]},         # first and last, roles
+                  {"role": "user", "content": [...]}],             # alternating
+     "inferenceConfig": {"maxTokens": 512, "temperature": 0.2,     # optional, and so is each
+                         "topP": 0.9, "stopSequences": ["END"]}}   # setting
+
+:func:`normalise` checks a prompt against the rules Converse itself enforces (what Bedrock would
+refuse with a ValidationException) and brings a request to normal form (a string ``system``
+becomes one text block, absent and null settings are left out). The API's size limits live in
+:mod:`swarm.api.models`, whose validators use the rules here; the model planes check every prompt
+again before a call (:func:`converse_request`), so a message queued by another version is never
+sent blind.
+
+The output of an attempt is bounded by its reservation (:func:`output_limit`): the model may
+write at most what the unit's reserved tokens leave after its input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from swarm.core.errors import InvalidInput, SwarmError
+
+#: a unit's input for the model: the prompt text, or a Converse-shaped request in normal form
+Prompt = str | dict[str, Any]
+
+ROLES: Final = ("user", "assistant")
+REQUEST_FIELDS: Final = ("system", "messages", "inferenceConfig")
+#: the inference settings a unit may give (Converse's InferenceConfiguration)
+SETTINGS: Final = ("maxTokens", "temperature", "topP", "stopSequences")
+#: the settings Converse bounds to [0, 1]
+UNIT_INTERVAL_SETTINGS: Final = ("temperature", "topP")
+
+TEXT_REQUIRED: Final = (
+    "must contain text: the model refuses an empty or whitespace-only text (give at least one "
+    "character that is not whitespace)"
+)
+NOT_A_PROMPT: Final = (
+    "must be a string (the prompt) or an object (a Converse request with messages, and "
+    "optionally system and inferenceConfig)"
+)
+
+
+class InputExceedsReservation(SwarmError):
+    """The unit's reservation cannot pay for its input plus one output token: the model is not
+    called (the attempt fails at no cost)."""
+
+    def __init__(self, input_tokens: int, reservation: int, how: str) -> None:
+        super().__init__(
+            f"the input is {input_tokens:,} tokens ({how}) and the unit's reservation is "
+            f"{reservation:,} tokens, which leaves no room for an answer: raise the unit's "
+            "projected_tokens above its input"
+        )
+        self.input_tokens = input_tokens
+        self.reservation = reservation
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be sent to the model, or None."""
+    if not text.strip():
+        return TEXT_REQUIRED
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON may carry an unpaired "\\ud800"; UTF-8 cannot
+        return (
+            f"is not valid Unicode text: an unpaired surrogate (U+{ord(text[e.start]):04X}) at "
+            f"character {e.start:,}"
+        )
+    return None
+
+
+def turns_problem(roles: Sequence[str]) -> str | None:
+    """Why these message roles, in order, are not a conversation Converse accepts, or None: it
+    starts and ends with the user (the turn the model answers) and alternates."""
+    if not roles:
+        return "must hold at least one message"
+    if roles[0] != "user":
+        return f"must start with a user message; messages[0] is from the {roles[0]}"
+    for index in range(1, len(roles)):
+        if roles[index] == roles[index - 1]:
+            return (
+                f"user and assistant messages must alternate: messages[{index}] is a second "
+                f"{roles[index]} message in a row (put both texts in one message's content)"
+            )
+    if roles[-1] != "user":
+        return (
+            f"must end with a user message (the turn the model answers); messages[{len(roles) - 1}]"
+            f" is from the {roles[-1]}"
+        )
+    return None
+
+
+def setting_problem(name: str, value: Any) -> str | None:
+    """Why an inference setting's value is not one Converse accepts, or None."""
+    if name == "maxTokens":
+        if not _is_int(value) or value < 1:
+            return "must be an integer of at least 1"
+    elif name in UNIT_INTERVAL_SETTINGS:
+        if not _is_number(value) or not 0 <= value <= 1:
+            return "must be a number from 0 to 1"
+    elif name == "stopSequences" and not isinstance(value, list):
+        return "must be a list of strings"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)
+
+
+# ------------------------------------------------------------------ checking and normal form
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(field, "must be a string")
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidInput(field, problem)
+    return value
+
+
+def _blocks(value: Any, field: str) -> list[dict[str, Any]]:
+    """A list of text blocks (``[{"text": ...}]``), each checked."""
+    if not isinstance(value, list) or not value:
+        raise InvalidInput(field, 'must be a non-empty list of text blocks ({"text": ...})')
+    blocks: list[dict[str, Any]] = []
+    for index, block in enumerate(value):
+        where = f"{field}[{index}]"
+        if not isinstance(block, Mapping) or set(block) != {"text"}:
+            raise InvalidInput(where, 'must be a text block: an object with one field, "text"')
+        blocks.append({"text": _text(block["text"], f"{where}.text")})
+    return blocks
+
+
+def _messages(value: Any, field: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise InvalidInput(field, "must be a list of messages")
+    messages: list[dict[str, Any]] = []
+    for index, message in enumerate(value):
+        where = f"{field}[{index}]"
+        if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
+            raise InvalidInput(where, 'must be an object with "role" and "content"')
+        role = message["role"]
+        if role not in ROLES:
+            raise InvalidInput(f"{where}.role", "must be 'user' or 'assistant'")
+        messages.append({"role": role, "content": _blocks(message["content"], f"{where}.content")})
+    problem = turns_problem([m["role"] for m in messages])
+    if problem is not None:
+        raise InvalidInput(field, problem)
+    return messages
+
+
+def _settings(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field, f"must be an object with any of {', '.join(SETTINGS)}")
+    unknown = sorted(set(value) - set(SETTINGS))
+    if unknown:
+        raise InvalidInput(
+            f"{field}.{unknown[0]}", f"is not a setting a unit may give; use {', '.join(SETTINGS)}"
+        )
+    settings: dict[str, Any] = {}
+    for name in SETTINGS:
+        setting = value.get(name)
+        if setting is None:
+            continue
+        problem = setting_problem(name, setting)
+        if problem is not None:
+            raise InvalidInput(f"{field}.{name}", problem)
+        if name == "stopSequences":
+            setting = [_text(s, f"{field}.{name}[{i}]") for i, s in enumerate(setting)]
+        settings[name] = setting
+    return settings
+
+
+def normalise(value: Any, field: str = "input") -> Prompt:
+    """``value`` checked against Converse's rules and in normal form; InvalidInput names the
+    field that breaks a rule, like ``input.messages[0].content[0].text``."""
+    if isinstance(value, str):
+        return _text(value, field)
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field, NOT_A_PROMPT)
+    unknown = sorted(set(value) - set(REQUEST_FIELDS))
+    if unknown:
+        raise InvalidInput(
+            f"{field}.{unknown[0]}",
+            f"is not a field of a unit's request; use {', '.join(REQUEST_FIELDS)}",
+        )
+    request: dict[str, Any] = {}
+    system = value.get("system")
+    if isinstance(system, str):
+        request["system"] = [{"text": _text(system, f"{field}.system")}]
+    elif system is not None:
+        request["system"] = _blocks(system, f"{field}.system")
+    if "messages" not in value:
+        raise InvalidInput(f"{field}.messages", "is required: the conversation the model answers")
+    request["messages"] = _messages(value["messages"], f"{field}.messages")
+    settings = value.get("inferenceConfig")
+    if settings is not None:
+        checked = _settings(settings, f"{field}.inferenceConfig")
+        if checked:
+            request["inferenceConfig"] = checked
+    return request
+
+
+def from_json(value: Any) -> Prompt:
+    """A prompt as a queue message or a manifest item carries it, not yet checked (the model
+    plane checks it before a call, so a bad prompt fails its attempt instead of poisoning the
+    message); a value that is neither form is an InvalidInput naming ``input``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise InvalidInput("input", NOT_A_PROMPT)
+
+
+# ------------------------------------------------------------------ reading a prompt
+
+
+def converse_request(prompt: Prompt) -> dict[str, Any]:
+    """The prompt as a checked Converse request in normal form: a string is one user message."""
+    if isinstance(prompt, str):
+        return {"messages": [{"role": "user", "content": [{"text": _text(prompt, "input")}]}]}
+    request = normalise(prompt)
+    assert isinstance(request, dict)  # normalise keeps the form it was given
+    return request
+
+
+def texts(prompt: Prompt) -> list[str]:
+    """Every text of the prompt in order: the system's blocks, then each message's."""
+    if isinstance(prompt, str):
+        return [prompt]
+    found = [str(block.get("text", "")) for block in _system_blocks(prompt.get("system"))]
+    for message in prompt.get("messages") or []:
+        found += [str(block.get("text", "")) for block in message.get("content") or []]
+    return found
+
+
+def _system_blocks(system: Any) -> list[dict[str, Any]]:
+    if isinstance(system, str):
+        return [{"text": system}]
+    return list(system or [])
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """All the prompt's text (its texts joined by newlines): a string prompt is itself."""
+    return "\n".join(texts(prompt))
+
+
+def settings(prompt: Prompt) -> dict[str, Any]:
+    """The request's inference settings (none for a string prompt)."""
+    if isinstance(prompt, str):
+        return {}
+    return dict(prompt.get("inferenceConfig") or {})
+
+
+def output_limit(
+    input_tokens: int, reservation: int | None, asked: int | None, how: str = "counted"
+) -> int | None:
+    """The most tokens the answer may have: what the unit asked for (``maxTokens``, None: no
+    limit of its own), within what its reservation leaves after the input (None: no
+    reservation). InputExceedsReservation when that leaves not even one token; ``how`` says
+    where ``input_tokens`` came from, for its message."""
+    if reservation is None:
+        return asked
+    room = reservation - input_tokens
+    if room < 1:
+        raise InputExceedsReservation(input_tokens, reservation, how)
+    return room if asked is None else min(asked, room)
