@@ -8,6 +8,7 @@ delayed copy (backpressure, draining, a throttle: the unit did not run, so no at
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -87,8 +88,10 @@ def record_handler(record: SQSRecord) -> None:
     match outcome:
         case Ack():
             return
-        case Requeue(delay_s=delay):
-            lanes.send(item, delay)  # a fresh copy; this delivery is deleted as a success
+        case Requeue(delay_s=delay, ticket=ticket):
+            # a fresh copy (with the governor booking the outcome names, if any; never the one
+            # this delivery carried and spent); this delivery is deleted as a success
+            lanes.send(replace(item, ticket=ticket), delay)
         case RetryLater(after_s=after):
             lanes.change_visibility(item.lane, record.receipt_handle, after)
             raise AttemptFailed(outcome.reason)

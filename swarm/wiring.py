@@ -29,7 +29,7 @@ from swarm.adapters.s3_results import S3Results
 from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
-from swarm.core.ports import Governor, LaneQueue, Ledger, ModelPlane, RunWatch
+from swarm.core.ports import MAX_SQS_DELAY_S, Governor, LaneQueue, Ledger, ModelPlane, RunWatch
 from swarm.core.records import LANES
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
@@ -202,16 +202,14 @@ class Wiring:
         """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its
         role may only Query it): a bucket the workers have not created yet reads as its
         configured initial state instead of being created by the front door."""
-        from swarm.adapters.dynamodb_governor import DynamoDBGovernor
+        from swarm.adapters.dynamodb_governor import FULL_GRID_S, WRITE_MARGIN_S, DynamoDBGovernor
 
         config = self.governor_config()
         table = self.settings_as(GovernorSettings).governor_table
-        # Workers book their tokens ahead (tickets) for up to their bounded wait: one request
-        # per grant under contention instead of every waiter waking up to collide.
-        s = self.settings
-        horizon = self.seconds(
-            s.governor_max_wait_seconds if isinstance(s, WorkerSettings) else 0.0
-        )
+        # Workers book their tokens ahead (tickets) as far as one requeue's delay reaches: a
+        # unit goes back to its lane with its ticket and is granted, without a request, when it
+        # comes back (docs/governor.md)
+        horizon = self.seconds(MAX_SQS_DELAY_S if isinstance(self.settings, WorkerSettings) else 0)
         return DynamoDBGovernor(
             config,
             table,
@@ -219,6 +217,8 @@ class Wiring:
             name=governor_name(config),
             horizon_s=horizon,
             read_only=read_only,
+            margin_s=self.seconds(WRITE_MARGIN_S),
+            full_grid_s=self.seconds(FULL_GRID_S),
         )
 
     def lanes(self) -> LaneQueue:
@@ -297,6 +297,7 @@ class Wiring:
             max_wait_s=self.seconds(s.governor_max_wait_seconds),
             retry_backoff_s=self.seconds(WorkerTimings.retry_backoff_s),
             requeue_delay_s=self.seconds(WorkerTimings.requeue_delay_s),
+            max_hold_s=self.seconds(WorkerTimings.max_hold_s),
         )
         return Worker(
             self.ledger(),

@@ -1,8 +1,10 @@
 """The fleet-wide token governor on DynamoDB: one conditional ``UpdateItem`` per grant.
 
-The bucket's arithmetic (:class:`~swarm.core.governor.ShardState`, :func:`plan_draw`) is in
-:mod:`swarm.core.governor`; this adapter keeps the shard items, the requests and their retries,
-and each worker's ticket. Design, item layout and arithmetic: docs/governor.md.
+The bucket's arithmetic (:class:`~swarm.core.governor.ShardState`,
+:func:`~swarm.core.governor.plan_write`) is in :mod:`swarm.core.governor`; this adapter keeps
+the shard items, the requests and their retries, and each worker's pending refund. Tickets are
+the caller's (:class:`~swarm.core.governor.Ticket`): any client of the bucket grants one.
+Design, item layout and arithmetic: docs/governor.md.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -29,15 +31,22 @@ from swarm.core.governor import (
     Draw,
     GovernorConfig,
     GovernorSnapshot,
+    Grant,
+    Refund,
     ShardState,
+    ShardWrite,
+    Ticket,
+    TrueUp,
+    booking_ahead,
     check_amount,
     cut_rate,
     initial_shard,
     micro,
-    plan_draw,
+    plan_write,
     predicted_wait,
     rebase,
     shard_shape,
+    ticket_ready_at,
     view_of,
 )
 from swarm.core.records import Lane
@@ -66,6 +75,7 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
         return value
 
     last = _n(item, "last_throttle_at")
+    lost, refunded, solvent = _n(item, "lost"), _n(item, "refunded"), _n(item, "solvent")
     return ShardState(
         index=int(item[SORT_KEY]["S"].split("#", 1)[1]),
         drawn=need("drawn"),
@@ -78,6 +88,10 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
         cut_at=_n(item, "cut_at") or ZERO,
         throttles=int(_n(item, "throttles") or 0),
         last_throttle_at=None if last is None else float(last),
+        lost=lost or ZERO,
+        refunded=refunded or ZERO,
+        solvent=int(solvent or 0),
+        legacy=lost is None or refunded is None or solvent is None,
     )
 
 
@@ -86,18 +100,6 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
 
 class GovernorReadOnly(RuntimeError):
     """A write through a read-only governor client (the API's role may not write the table)."""
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """Tokens booked ahead on one shard: the caller's at ``ready_at``."""
-
-    amount: int
-    lane: Lane
-    shard: int
-    ready_at: float
-    base_time: Decimal
-    booked_at: float
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,35 @@ class GovernorStats:
     requests: int = 0
     condition_failures: int = 0
     grants: int = 0
-    abandoned: int = 0  # tickets given up before they matured (their tokens go unused)
+    ticket_grants: int = 0  # grants of a ticket presented ready: no request
+    refused_in_view: int = 0  # draws refused from the cached view: no request
+    expired: int = 0  # tickets presented after their grace: drawn afresh, their tokens unused
+    refunded: int = 0  # unused tokens given back (with a write that drew at least as many)
+    refund_dropped: int = 0  # unused tokens that could not go back soundly
+    debited: int = 0  # tokens the model used beyond its grants, drawn after the call
+    by_op: dict[str, int] = field(default_factory=dict)  # requests by DynamoDB operation
+
+
+#: a debit's conditional write is retried this often before it lands unconditionally
+DEBIT_TRIES = 12
+#: defaults of the writes' timing (see DynamoDBGovernor): how late a write may land after its
+#: client's clock, and the grid a full bucket is drawn on
+WRITE_MARGIN_S = 30.0
+FULL_GRID_S = 0.5
 
 
 class DynamoDBGovernor:
-    """The Governor port on DynamoDB. One instance per worker (it holds that worker's ticket);
-    the boto3 client may be shared by every instance of a process (it is thread-safe).
+    """The Governor port on DynamoDB. One instance per worker (it holds that worker's cached
+    view of the shards and its pending refund); the boto3 client may be shared by every
+    instance of a process (it is thread-safe).
+
+    ``horizon_s``: how far past the refill a lane without a reserve may book (a ticket);
+    ``margin_s``: how late after its client's clock a write may land and still be judged
+    right (a refund's bound and a write's certificate that the bucket is in debt use it);
+    ``full_grid_s``: a full bucket is drawn as if at the next multiple of it, so that workers
+    seeing the same full bucket write the same value; ``ticket_grace_s``: how long after its
+    ready time a ticket is still honoured (default: the time the bucket takes to fill, so late
+    tickets never add more than a full bucket's worth at once).
     """
 
     def __init__(
@@ -139,6 +164,9 @@ class DynamoDBGovernor:
         rng: random.Random | None = None,
         recent_waits: int = 256,
         read_only: bool = False,
+        margin_s: float = WRITE_MARGIN_S,
+        full_grid_s: float = FULL_GRID_S,
+        ticket_grace_s: float | None = None,
     ) -> None:
         if not isinstance(shards, int) or not 1 <= shards <= 1000:
             raise InvalidInput("shards", f"must be a whole number in 1..1000, got {shards!r}")
@@ -146,11 +174,21 @@ class DynamoDBGovernor:
             raise InvalidInput("horizon_s", f"must be >= 0 seconds, got {horizon_s!r}")
         if max_requests_per_draw < 1:
             raise InvalidInput("max_requests_per_draw", "must be >= 1")
+        for label, value in (("margin_s", margin_s), ("full_grid_s", full_grid_s)):
+            if value < 0:
+                raise InvalidInput(label, f"must be >= 0 seconds, got {value!r}")
+        if ticket_grace_s is not None and ticket_grace_s < 0:
+            raise InvalidInput("ticket_grace_s", f"must be >= 0 seconds, got {ticket_grace_s!r}")
         self.config = config
         self.table_name = table_name
         self.name = name
         self.shards = shards
         self.horizon_s = horizon_s
+        self.margin_s = margin_s
+        self.full_grid_s = full_grid_s
+        self.ticket_grace_s = (
+            config.bucket_capacity / config.rate if ticket_grace_s is None else ticket_grace_s
+        )
         #: never write: a missing shard reads as its initial state (docs/governor.md, "Read-only
         #: clients")
         self.read_only = read_only
@@ -163,11 +201,7 @@ class DynamoDBGovernor:
         # a shard's view of the config: capacity and reserves checked per shard
         self._shard_config = replace(config, capacity=config.bucket_capacity / shards)
         self._cache: dict[int, ShardState] = {}
-        # shards last seen in debt (tickets booked ahead): other workers are drawing from them,
-        # so a cached view that looks full is just old; guess "below capacity" (a wrong guess
-        # costs one failed write, which returns the item and corrects the next try)
-        self._busy: set[int] = set()
-        self._ticket: Ticket | None = None
+        self._pending: Refund | None = None  # unused tokens waiting for the next write
         # when the tokens of the last grant became the caller's (a ticket's ready time)
         self.last_grant_at: float | None = None
         self._waits: deque[float] = deque(maxlen=recent_waits)
@@ -190,6 +224,7 @@ class DynamoDBGovernor:
     def _call(self, op: str, **kwargs: Any) -> dict[str, Any]:
         """One DynamoDB request, counted (retryable throttling is retried with backoff)."""
         self.stats.requests += 1
+        self.stats.by_op[op] = self.stats.by_op.get(op, 0) + 1
         return call(self.client, op, self._rng, **kwargs)
 
     # -- shard items
@@ -199,6 +234,9 @@ class DynamoDBGovernor:
         return {
             **self._key(index),
             "drawn": _num(s.drawn),
+            "lost": _num(s.lost),
+            "refunded": _num(s.refunded),
+            "solvent": _num(Decimal(s.solvent)),
             "base_credit": _num(s.base_credit),
             "base_time": _num(s.base_time),
             "rate": _num(s.rate),
@@ -287,25 +325,39 @@ class DynamoDBGovernor:
         return self._cache[index]
 
     # -- the port
-    def draw(self, amount: int, lane: Lane, now: float) -> Draw:
+    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
         self._writable("draw")
         check_amount(self._shard_config, amount, lane)
         with self._lock:
-            held = self._ticket
-            if held is not None:
-                if held.amount == amount and held.lane == lane:
-                    if now >= held.ready_at:
-                        self._ticket = None
-                        self.stats.grants += 1
-                        self.last_grant_at = held.ready_at
-                        return Draw(True, 0.0, self._shard_tokens(held.shard, now))
-                    return Draw(False, held.ready_at - now, self._shard_tokens(held.shard, now))
-                self._cancel_locked(now)
+            if ticket is not None and self._honours(ticket, amount, lane):
+                ready = ticket_ready_at(ticket, self._cache.get(ticket.shard))
+                left = self._shard_tokens(ticket.shard, now)
+                if now < ready:
+                    seen = self._cache.get(ticket.shard)
+                    if ready > ticket.ready_at and seen is not None:  # re-timed after a rate cut
+                        ticket = replace(ticket, ready_at=ready, base_time=seen.base_time)
+                    return Draw(False, ready - now, left, ticket=ticket)
+                if now - ready <= self.ticket_grace_s:
+                    self.stats.grants += 1
+                    self.stats.ticket_grants += 1
+                    self.last_grant_at = ready
+                    return Draw(True, 0.0, left, grant=ticket.grant())
+                self.stats.expired += 1  # too late to be honoured: its tokens went unused
             return self._draw_locked(amount, lane, now)
+
+    def _honours(self, ticket: Ticket, amount: int, lane: Lane) -> bool:
+        """A ticket of this bucket, for this draw."""
+        return (
+            ticket.governor == self.name
+            and 0 <= ticket.shard < self.shards
+            and ticket.amount == amount
+            and ticket.lane == lane
+        )
 
     def _draw_locked(self, amount: int, lane: Lane, now: float) -> Draw:
         t = micro(now)
         reserve = self.config.reserves.get(lane, 0.0)
+        # a lane with a reserve never books: its booked tickets would delay a higher lane's draw
         book = self.horizon_s > 0 and reserve == 0
         requests = 0
         best_wait: float | None = None
@@ -313,53 +365,188 @@ class DynamoDBGovernor:
         for index in self._shard_order(amount, reserve, t, now):
             while requests < self._max_requests:
                 s = self._shard(index, now)
-                plan = plan_draw(
+                ahead = booking_ahead(s, t, self.horizon_s) if book else ZERO
+                plan = plan_write(
                     s,
                     t,
-                    amount,
-                    reserve,
-                    horizon_s=self.horizon_s,
-                    book=book,
-                    busy=index in self._busy,
+                    add=amount,
+                    reserve=reserve,
+                    ahead=ahead,
+                    refund=self._refund_for(s),
+                    margin_s=self.margin_s,
+                    grid_s=self.full_grid_s,
                 )
                 if plan.wait_s is not None:
                     if best_wait is None or plan.wait_s < best_wait:
-                        best_wait, best_tokens = plan.wait_s, plan.tokens
+                        best_wait, best_tokens = plan.wait_s, s.tokens(t)
                     break  # this shard cannot serve it now: try the next one
-                values: dict[str, Decimal]
-                if plan.full:
-                    # full: the refill above capacity is lost, so reset drawn instead of adding
-                    update = "SET drawn = :newd"
-                    condition = "drawn <= :full AND base_time = :bt"
-                    values = {":newd": plan.reset_to, ":full": plan.full_mark}
-                else:
-                    update = "SET drawn = drawn + :a"
-                    condition = "drawn <= :limit AND drawn > :full AND base_time = :bt"
-                    values = {":a": plan.amount, ":limit": plan.limit, ":full": plan.full_mark}
-                values[":bt"] = s.base_time
                 requests += 1
-                written, s = self._update_shard(index, update, condition, values, now)
-                self._cache[index] = s
-                self._observe(index, t)
+                written, s = self._write(index, plan, now)
                 if not written:
                     self.stats.condition_failures += 1
                     continue
-                left = float(plan.credit - s.drawn)
+                left = float(plan.credit - s.position)
                 ready_at = plan.ready_at(s)
                 if ready_at is None:
                     self.stats.grants += 1
                     self.last_grant_at = now
                     self._waits.append(0.0)
-                    return Draw(True, 0.0, left)
+                    grant = Grant(amount, lane, now, index, s.refunded, s.solvent)
+                    return Draw(True, 0.0, left, grant=grant)
                 ready = float(ready_at)
-                self._ticket = Ticket(amount, lane, index, ready, s.base_time, now)
+                ticket = Ticket(
+                    governor=self.name,
+                    shard=index,
+                    amount=amount,
+                    lane=lane,
+                    ready_at=ready,
+                    position=s.position + plan.floor,
+                    base_time=s.base_time,
+                    booked_at=now,
+                    refunded=s.refunded,
+                    solvent=s.solvent,
+                )
                 self._waits.append(ready - now)
-                return Draw(False, ready - now, left)
+                return Draw(False, ready - now, left, ticket=ticket)
             if requests >= self._max_requests:
                 break
         if best_wait is None:  # every try collided: back off briefly, with jitter
             best_wait = 0.005 + 0.02 * self._rng.random()
+        elif requests == 0:
+            self.stats.refused_in_view += 1
         return Draw(False, best_wait, float(best_tokens))
+
+    def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+        """Settle ``grant`` with the ``used`` tokens the model counted (docs/governor.md,
+        "True-up"). What it did not use waits to go back with this client's next write to the
+        shard (no request of its own); what it used beyond the grant is drawn at once, with one
+        conditional write that always lands (and carries the pending refund, if it can)."""
+        self._writable("true_up")
+        if used < 0:
+            raise InvalidInput("used", f"must be >= 0 tokens, got {used!r}")
+        with self._lock:
+            if used < grant.amount:
+                unused = grant.amount - used
+                self._add_refund(
+                    Refund(grant.shard, Decimal(unused), grant.refunded, grant.solvent)
+                )
+                return TrueUp(pending=unused)
+            if used == grant.amount:
+                return TrueUp()
+            over = used - grant.amount
+            back = self._debit(grant.shard, over, now)
+            return TrueUp(refunded=back, debited=over)
+
+    def _add_refund(self, refund: Refund) -> None:
+        held = self._pending
+        if held is not None and held.shard == refund.shard and held.solvent == refund.solvent:
+            # one refund of both: bounded from the earlier grant's marks, so sound for both
+            refund = replace(
+                refund,
+                amount=held.amount + refund.amount,
+                refunded=min(held.refunded, refund.refunded),
+            )
+        elif held is not None:
+            self.stats.refund_dropped += int(held.amount)  # one pending refund at a time
+        self._pending = refund
+
+    def _refund_for(self, s: ShardState) -> Refund | None:
+        """The pending refund, if it may go with a write to ``s``; dropped once a write has seen
+        the bucket out of debt since its grant (it can never go back soundly then)."""
+        held = self._pending
+        if held is None or held.shard != s.index:
+            return None
+        if held.solvent != s.solvent:
+            self.stats.refund_dropped += int(held.amount)
+            self._pending = None
+            return None
+        return held
+
+    def _debit(self, index: int, over: int, now: float) -> int:
+        """Draw ``over`` tokens, into debt if need be; returns the refund that went with it."""
+        t = micro(now)
+        for _ in range(DEBIT_TRIES):
+            s = self._shard(index, now)
+            plan = plan_write(
+                s,
+                t,
+                add=over,
+                ahead=None,
+                refund=self._refund_for(s),
+                margin_s=self.margin_s,
+                grid_s=self.full_grid_s,
+            )
+            written, _ = self._write(index, plan, now)
+            if written:
+                self.stats.debited += over
+                return int(plan.refund)
+            self.stats.condition_failures += 1
+        # every try collided (a storm of writes on this shard): land it without conditions. Exact
+        # unless the bucket is over capacity at that instant, when the refill it was losing
+        # absorbs part of the debit; counted as a solvent sighting, so no refund relies on it.
+        self._call(
+            "update_item",
+            TableName=self.table_name,
+            Key=self._key(index),
+            UpdateExpression="SET drawn = drawn + :add ADD solvent :one",
+            ExpressionAttributeValues={":add": _num(Decimal(over)), ":one": _num(Decimal(1))},
+        )
+        self._cache.pop(index, None)
+        self.stats.debited += over
+        return 0
+
+    def _write(self, index: int, plan: ShardWrite, now: float) -> tuple[bool, ShardState]:
+        """The plan's conditional UpdateItem (see :class:`~swarm.core.governor.ShardWrite`)."""
+        if self._cache[index].legacy:
+            self._upgrade(index, now)
+        sets = ["drawn = drawn + :add", "lost = :lost"]
+        conditions = ["lost <= :lost", "refunded <= :refunded_max"]
+        values: dict[str, Decimal] = {
+            ":add": plan.add,
+            ":lost": plan.lost,
+            ":refunded_max": plan.refunded_max,
+        }
+        if plan.refund > 0:
+            sets.append("refunded = refunded + :refund")
+            values[":refund"] = plan.refund
+        if plan.drawn_max is not None:
+            conditions.append("drawn <= :drawn_max")
+            values[":drawn_max"] = plan.drawn_max
+        if plan.base_time is not None:
+            conditions.append("base_time = :bt")
+            values[":bt"] = plan.base_time
+        if plan.solvent_is is not None:
+            conditions.append("solvent = :solvent_is")
+            values[":solvent_is"] = Decimal(plan.solvent_is)
+        update = "SET " + ", ".join(sets)
+        if plan.observed_solvent:
+            update += " ADD solvent :one"
+            values[":one"] = Decimal(1)
+        written, s = self._update_shard(index, update, " AND ".join(conditions), values, now)
+        self._cache[index] = s
+        if written and plan.refund > 0:
+            self.stats.refunded += int(plan.refund)
+            held = self._pending
+            if held is not None:
+                left = held.amount - plan.refund
+                self._pending = replace(held, amount=left) if left > 0 else None
+        return written, s
+
+    def _upgrade(self, index: int, now: float) -> None:
+        """Add the attributes a shard stored by an earlier version lacks (once, idempotent)."""
+        result = self._call(
+            "update_item",
+            TableName=self.table_name,
+            Key=self._key(index),
+            UpdateExpression=(
+                "SET lost = if_not_exists(lost, :zero), "
+                "refunded = if_not_exists(refunded, :zero), "
+                "solvent = if_not_exists(solvent, :zero)"
+            ),
+            ExpressionAttributeValues={":zero": _num(ZERO)},
+            ReturnValues="ALL_NEW",
+        )
+        self._cache[index] = shard_from_item(result["Attributes"])
 
     def _update_shard(
         self, index: int, update: str, condition: str, values: Mapping[str, Decimal], now: float
@@ -384,13 +571,6 @@ class DynamoDBGovernor:
             return False, shard_from_item(item) if item else self._load(now)[index]
         return True, shard_from_item(result["Attributes"])
 
-    def _observe(self, index: int, t: Decimal) -> None:
-        """Remember whether the shard was in debt when this client last saw it."""
-        if self._cache[index].tokens(t) < 0:
-            self._busy.add(index)
-        else:
-            self._busy.discard(index)
-
     def _shard_order(self, amount: int, reserve: float, t: Decimal, now: float) -> list[int]:
         """Best of two (home and a random other) by cached wait, then the rest, shuffled."""
         n = self.shards
@@ -412,30 +592,6 @@ class DynamoDBGovernor:
     def _shard_tokens(self, index: int, now: float) -> float:
         s = self._cache.get(index)
         return 0.0 if s is None else float(s.tokens(micro(now)))
-
-    # -- tickets
-    @property
-    def ticket(self) -> Ticket | None:
-        return self._ticket
-
-    def cancel(self, now: float) -> bool:
-        """Forget a booked ticket the caller gave up on. Its tokens are *not* refunded.
-
-        A refund (``drawn -= amount``) would be exact only if DynamoDB applied it before the
-        ticket matured, and no condition can compare with the server's clock: a refund delayed
-        past maturity, after the bucket refilled to capacity, mints tokens the bucket never held
-        (seen as over-grants in the 64-worker concurrency test under load). The booked tokens
-        are left unused instead: a small under-grant, never an over-grant. Callers avoid it by
-        waiting at least ``horizon_s`` (the worker's bounded wait is the horizon). Returns False.
-        """
-        with self._lock:
-            self._cancel_locked(now)
-            return False
-
-    def _cancel_locked(self, now: float) -> None:
-        if self._ticket is not None and now < self._ticket.ready_at:
-            self.stats.abandoned += 1
-        self._ticket = None
 
     # -- throttle feedback
     def report_throttle(self, now: float) -> None:

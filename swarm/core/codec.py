@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from swarm.core.errors import InvalidInput
-from swarm.core.governor import BucketState
+from swarm.core.governor import BucketState, ticket_from_doc, ticket_to_doc
 from swarm.core.lanes import QueuedUnit
 from swarm.core.prompts import from_json
 from swarm.core.records import (
@@ -145,6 +145,7 @@ def queued_to_doc(q: QueuedUnit) -> Doc:
         "attempt": q.attempt,
         "tokens": q.tokens,
         "input": q.input,
+        **({"ticket": ticket_to_doc(q.ticket)} if q.ticket is not None else {}),
     }
 
 
@@ -159,6 +160,7 @@ def queued_from_doc(doc: Doc) -> QueuedUnit:
             attempt=int(doc["attempt"]),
             tokens=int(doc["tokens"]),
             input=from_json(doc.get("input", "")),  # a message of any version: str or object
+            ticket=ticket_from_doc(doc.get("ticket")),
         )
     except KeyError as missing:
         raise InvalidInput(str(missing.args[0]), "missing from the queue message") from None

@@ -2,7 +2,9 @@
 with priority lanes and AIMD throttle feedback.
 
 Pure arithmetic: :class:`BucketState` (the bucket in memory) and :class:`ShardState` (the same
-bucket in the cumulative form the DynamoDB adapter updates with conditional writes); and
+bucket in the cumulative form the DynamoDB adapter updates with conditional writes,
+:func:`plan_write`); :class:`Ticket` (tokens booked ahead, which a unit carries back to its lane);
+:class:`Grant` and :class:`TrueUp` (settling a grant with the model's real count); and
 :func:`acquire`, a worker's bounded wait on the :class:`~swarm.core.ports.Governor` port. The
 design and its arithmetic: docs/governor.md.
 """
@@ -10,10 +12,11 @@ design and its arithmetic: docs/governor.md.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal, localcontext
-from typing import TYPE_CHECKING
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal, InvalidOperation, localcontext
+from typing import TYPE_CHECKING, Any
 
 from swarm.core.errors import InvalidInput
 from swarm.core.records import Lane
@@ -73,11 +76,114 @@ class GovernorConfig:
         return self.reserves.get(lane, 0.0) * self.bucket_capacity
 
 
+MICRO = Decimal("0.000001")  # tokens and seconds are stored with micro resolution
+_CTX = Context(prec=34)
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Tokens a draw gave: what :meth:`~swarm.core.ports.Governor.true_up` needs to settle them
+    with what the model really counted (docs/governor.md, "True-up")."""
+
+    amount: int
+    lane: Lane
+    since: float  # when the tokens left the bucket's account (a ticket's: when it was booked)
+    shard: int = 0
+    # the shard's refunded total and solvency count right after the write that drew the tokens
+    # (DynamoDB): a refund is sound only while every write since certified the bucket in debt
+    refunded: Decimal = ZERO
+    solvent: int = 0
+    seq: int = 0  # in memory: the change the grant was (LevelHistory)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Tokens booked ahead of the refill: the holder's from ``ready_at``.
+
+    Portable: nothing of it lives in the governor client that booked it, so a unit carries it
+    back to its lane in its message and any worker's client grants it, without a request, once
+    it is ready (and not more than the governor's grace after). ``tag`` is the holder's label (the
+    worker binds a ticket to the attempt it was booked for); the governor ignores it.
+    """
+
+    governor: str  # the bucket's name: a ticket of another bucket is not honoured
+    shard: int
+    amount: int
+    lane: Lane
+    ready_at: float
+    position: Decimal  # the shard's position after the booking: ready when the credit reaches it
+    base_time: Decimal  # the credit function ``ready_at`` was computed with
+    booked_at: float
+    refunded: Decimal = ZERO  # as in Grant: the shard's marks right after the booking
+    solvent: int = 0
+    tag: str = ""
+
+    def grant(self) -> Grant:
+        return Grant(
+            self.amount, self.lane, self.booked_at, self.shard, self.refunded, self.solvent
+        )
+
+
+def ticket_to_doc(ticket: Ticket) -> dict[str, Any]:
+    """A ticket as the JSON a queue message carries."""
+    return {
+        "governor": ticket.governor,
+        "shard": ticket.shard,
+        "amount": ticket.amount,
+        "lane": ticket.lane.value,
+        "ready_at": ticket.ready_at,
+        "position": format(ticket.position, "f"),
+        "base_time": format(ticket.base_time, "f"),
+        "booked_at": ticket.booked_at,
+        "refunded": format(ticket.refunded, "f"),
+        "solvent": ticket.solvent,
+        "tag": ticket.tag,
+    }
+
+
+def ticket_from_doc(doc: object) -> Ticket | None:
+    """The ticket a queue message carries; None when it carries none or one that cannot be read
+    (the unit then draws afresh: its booked tokens go unused, an under-grant, never more)."""
+    if not isinstance(doc, dict):
+        return None
+    try:
+        return Ticket(
+            governor=str(doc["governor"]),
+            shard=int(doc["shard"]),
+            amount=int(doc["amount"]),
+            lane=Lane(str(doc["lane"])),
+            ready_at=float(doc["ready_at"]),
+            position=Decimal(str(doc["position"])),
+            base_time=Decimal(str(doc["base_time"])),
+            booked_at=float(doc["booked_at"]),
+            refunded=Decimal(str(doc.get("refunded", "0"))),
+            solvent=int(doc.get("solvent", 0)),
+            tag=str(doc.get("tag", "")),
+        )
+    except (KeyError, TypeError, ValueError, InvalidOperation):
+        return None
+
+
 @dataclass(frozen=True)
 class Draw:
     granted: bool
-    wait_s: float  # 0 when granted; else seconds until the deficit refills at the current rate
+    # 0 when granted; else seconds until the tokens are there for this draw (the queue booked
+    # ahead included), or until ``ticket`` is ready
+    wait_s: float
     available: float  # tokens in the bucket after the decision
+    grant: Grant | None = None  # granted: what a true-up needs
+    ticket: Ticket | None = None  # refused: tokens booked for the caller, theirs at its ready_at
+
+
+@dataclass(frozen=True)
+class TrueUp:
+    """What a true-up did with a grant's tokens, against what the model really counted."""
+
+    refunded: int = 0  # unused tokens back in the bucket now
+    pending: int = 0  # unused tokens that go back with this client's next write to the shard
+    dropped: int = 0  # unused tokens that cannot go back without risking an over-grant
+    debited: int = 0  # tokens the model used beyond the grant, drawn now
 
 
 @dataclass(frozen=True)
@@ -166,7 +272,7 @@ class GovernorSnapshot:
 
 def snapshot_of(state: BucketState, config: GovernorConfig, now: float) -> GovernorSnapshot:
     return GovernorSnapshot(
-        available=state.available(config, now),
+        available=max(0.0, state.available(config, now)),  # in debt after an overrun's debit
         capacity=config.bucket_capacity,
         governed_rate=config.rate,
         effective_rate=state.effective_rate(config, now),
@@ -175,11 +281,52 @@ def snapshot_of(state: BucketState, config: GovernorConfig, now: float) -> Gover
     )
 
 
-# ---------------------------------------------------------------- shards: the cumulative form
+class LevelHistory:
+    """The in-memory bucket's refund bound (docs/governor.md, "True-up").
 
-MICRO = Decimal("0.000001")  # tokens and seconds are stored with micro resolution
-_CTX = Context(prec=34)
-ZERO = Decimal(0)
+    A refund of ``R`` unused tokens of a grant is sound when, at every instant since the grant,
+    the bucket's level plus the refunds given back after that instant plus ``R`` stayed within
+    capacity: then a bucket debited with what the model really used would never have overflowed
+    either, and the refund makes this bucket exactly that one. Between two changes the level
+    only rises (refill), so it is enough to remember the level just before each change (and
+    just after each grant), net of the refunds so far (the *gross* level), as a stack of suffix
+    maxima numbered by change. Entries older than ``keep_s`` are forgotten; a grant older than
+    what is remembered gets no refund.
+    """
+
+    def __init__(self, keep_s: float = 3_600.0) -> None:
+        self.keep_s = keep_s
+        self.refunded = 0.0  # refunds given back so far
+        self.seq = 0  # changes seen so far
+        self._peaks: deque[tuple[int, float, float]] = deque()  # (seq, time, gross), decreasing
+        self._forgotten = -1  # entries up to this seq were forgotten
+
+    def observe(self, t: float, level: float) -> int:
+        """Remember the level at ``t`` (just before a change, or just after a grant); returns
+        the change's number."""
+        self.seq += 1
+        gross = level - self.refunded
+        while self._peaks and self._peaks[-1][2] <= gross:
+            self._peaks.pop()
+        self._peaks.append((self.seq, t, gross))
+        while len(self._peaks) > 1 and self._peaks[0][1] < t - self.keep_s:
+            self._forgotten = self._peaks.popleft()[0]
+        return self.seq
+
+    def room(self, since: int, level_now: float, capacity: float) -> float:
+        """The most of a refund for the grant observed as change ``since`` (its level just after)
+        that may go back now."""
+        if since <= self._forgotten:
+            return 0.0
+        highest = level_now - self.refunded
+        for seq, _, gross in self._peaks:  # the first entry from ``since`` on dominates the rest
+            if seq >= since:
+                highest = max(highest, gross)
+                break
+        return max(0.0, capacity - self.refunded - highest)
+
+
+# ---------------------------------------------------------------- shards: the cumulative form
 
 
 def micro(value: float | int | Decimal, rounding: str = ROUND_FLOOR) -> Decimal:
@@ -191,7 +338,13 @@ def micro(value: float | int | Decimal, rounding: str = ROUND_FLOOR) -> Decimal:
 
 @dataclass(frozen=True)
 class ShardState:
-    """One shard of the bucket, with the credit function C(t) it defines (docs/governor.md)."""
+    """One shard of the bucket, with the credit function C(t) it defines (docs/governor.md).
+
+    Its position ``drawn + lost - refunded`` is what the bucket has given out: ``drawn`` (tokens
+    drawn, debits included), ``lost`` (refill lost to the capacity), ``refunded`` (unused tokens
+    given back); the first two only grow, and ``solvent`` counts the writes that saw the bucket
+    out of debt (a refund needs none since its grant).
+    """
 
     index: int
     drawn: Decimal
@@ -204,6 +357,16 @@ class ShardState:
     cut_at: Decimal = ZERO
     throttles: int = 0
     last_throttle_at: float | None = None
+    lost: Decimal = ZERO
+    refunded: Decimal = ZERO
+    solvent: int = 0
+    legacy: bool = False  # stored before lost/refunded/solvent existed: add them before a write
+
+    @property
+    def position(self) -> Decimal:
+        """Tokens the shard has given out (net of refunds and of refill lost to capacity)."""
+        with localcontext(_CTX):
+            return self.drawn + self.lost - self.refunded
 
     def _full_at(self) -> Decimal | None:
         """When a cut rate has recovered to the governed rate (None: not cut)."""
@@ -241,7 +404,7 @@ class ShardState:
     def tokens(self, t: Decimal) -> Decimal:
         """Tokens in the bucket at t; negative while tickets are booked ahead (debt)."""
         with localcontext(_CTX):
-            return min(self.capacity, self.credit(t) - self.drawn)
+            return min(self.capacity, self.credit(t) - self.position)
 
     def time_for_credit(self, target: Decimal) -> Decimal:
         """The earliest t with C(t) >= target (rounded up, then checked exactly)."""
@@ -299,66 +462,142 @@ def initial_shard(config: GovernorConfig, shards: int, index: int, t: Decimal) -
 
 
 @dataclass(frozen=True)
-class ShardDraw:
-    """How to draw ``amount`` from a shard as last seen, at ``t`` (docs/governor.md).
+class Refund:
+    """Unused tokens of a grant, waiting to go back to its shard with the next write there."""
 
-    ``wait_s`` set: the shard cannot serve the draw now (no write). Else one conditional write:
-    ``full``: the bucket is full, so ``drawn`` becomes ``reset_to`` if ``drawn <= full_mark``;
-    otherwise ``drawn`` grows by the amount if ``full_mark < drawn <= limit``.
+    shard: int
+    amount: Decimal
+    refunded: Decimal  # the grant's marks (Grant.refunded, Grant.solvent)
+    solvent: int
+
+
+@dataclass(frozen=True)
+class ShardWrite:
+    """One conditional ``UpdateItem`` of a shard as last seen, at ``t`` (docs/governor.md)::
+
+        SET drawn = drawn + :add, lost = :lost [, refunded = refunded + :refund]
+            [ADD solvent 1]
+        IF lost <= :lost AND refunded <= :refunded_max [AND drawn <= :drawn_max]
+           [AND base_time = :base_time] [AND solvent = :solvent_is]
+
+    ``wait_s`` set: the shard cannot serve the draw now; no write.
     """
 
-    amount: Decimal
-    floor: Decimal  # the lane's reserve on this shard, in tokens
+    add: Decimal  # tokens drawn (a draw, or a debit)
+    lost: Decimal
+    refund: Decimal
+    refunded_max: Decimal
+    drawn_max: Decimal | None  # a draw's limit; None: a debit, which lands in any case
+    base_time: Decimal | None  # a draw's credit function
+    solvent_is: int | None  # a refund's: no write saw the bucket out of debt since its grant
+    observed_solvent: bool  # this write saw the bucket out of debt: count it
     credit: Decimal  # C(t)
-    tokens: Decimal  # in the bucket at t, as last seen
-    full: bool
-    full_mark: Decimal  # drawn <= this: the bucket is full
-    limit: Decimal
+    floor: Decimal  # the lane's reserve on this shard, in tokens
     wait_s: float | None = None
-
-    @property
-    def reset_to(self) -> Decimal:
-        return self.full_mark + self.amount
 
     def ready_at(self, after: ShardState) -> Decimal | None:
         """When the drawn tokens are the caller's, from the shard the write left: None if now
         (granted), else a ticket's time."""
-        target = after.drawn + self.floor
+        target = after.position + self.floor
         return None if self.credit >= target else after.time_for_credit(target)
 
 
-def plan_draw(
+def _grid_after(t: Decimal, grid_s: float) -> Decimal:
+    """The first multiple of ``grid_s`` at or after ``t``."""
+    if grid_s <= 0:
+        return t
+    with localcontext(_CTX):
+        g = micro(grid_s)
+        return (t / g).to_integral_value(rounding=ROUND_CEILING) * g
+
+
+def plan_write(
     s: ShardState,
     t: Decimal,
-    amount: int,
-    reserve: float,
     *,
-    horizon_s: float,
-    book: bool,
-    busy: bool,
-) -> ShardDraw:
-    """A draw of ``amount`` from a lane keeping ``reserve`` (a fraction of capacity).
+    add: int,
+    reserve: float = 0.0,
+    ahead: Decimal | None = ZERO,
+    refund: Refund | None = None,
+    margin_s: float = 0.0,
+    grid_s: float = 0.0,
+) -> ShardWrite:
+    """The write that draws ``add`` tokens at ``t`` from a lane keeping ``reserve`` (a fraction
+    of capacity), booking up to ``ahead`` tokens past the refill (a ticket); ``ahead=None``: a
+    debit, drawn whatever the bucket holds. It carries as much of ``refund`` as is sound.
 
-    ``book``: the lane may draw into debt up to ``horizon_s`` of refill ahead (a ticket).
-    ``busy``: the shard was last seen in debt, so a view that looks full is old: draw as below
-    capacity (a wrong guess costs one failed write).
+    * ``lost``: a view that shows the bucket over capacity raises ``lost`` so that it holds
+      exactly its capacity, at the next multiple of ``grid_s`` (a little early: an under-grant
+      of at most ``grid_s`` of refill), so every worker that saw the same full bucket writes the
+      same value and none of them fails; ``refunded <= :refunded_max`` keeps that value right
+      against refunds that landed meanwhile.
+    * solvency: a write certifies (by a condition) that the bucket was in debt just before it,
+      ``margin_s`` of clock included, or counts ``solvent`` if it cannot.
+    * a refund is sound while no write since its grant counted ``solvent`` (then the bucket was
+      in debt at every write since) and the present cannot overflow, refunds landed since
+      included (docs/governor.md, "True-up"); it never exceeds ``add``, so a request the SDK
+      repeats after a lost answer takes back at least what it gives.
     """
-    a = Decimal(amount)
-    floor = micro(reserve * float(s.capacity), ROUND_CEILING)
-    credit = s.credit(t)
-    tokens = min(s.capacity, credit - s.drawn)
-    ahead = micro(float(s.rate_at(t)) * horizon_s) if book else ZERO
-    full_mark = credit - s.capacity
-    if tokens >= s.capacity and not busy:
-        return ShardDraw(a, floor, credit, tokens, True, full_mark, full_mark + a)
-    limit = credit - a - floor + ahead
-    plan = ShardDraw(a, floor, credit, tokens, False, full_mark, limit)
-    if s.drawn <= limit:
-        return plan
-    # + 2 us: ``now`` and the credit are rounded down to micro units, so a caller that sleeps
-    # exactly this long finds the tokens there
-    short = s.drawn - limit if book else a + floor - tokens
-    return replace(plan, wait_s=float(short) / float(s.rate_at(t)) + 2e-6)
+    a = Decimal(add)
+    with localcontext(_CTX):
+        cap = s.capacity
+        floor = micro(reserve * float(cap), ROUND_CEILING)
+        credit = s.credit(t)
+        late = s.credit(t + micro(margin_s, ROUND_CEILING))
+        lost = s.lost
+        if credit - cap - s.drawn + s.refunded > s.lost:  # over capacity as last seen
+            lost = max(s.lost, s.credit(_grid_after(t, grid_s)) - cap - s.drawn + s.refunded)
+        # ``lost`` must keep the level at most capacity however many refunds landed meanwhile
+        refunded_max = s.drawn + lost - credit + cap
+        back = ZERO
+        solvent_is: int | None = None
+        if refund is not None and refund.shard == s.index and refund.solvent == s.solvent:
+            room = min(refund.refunded + cap, cap - late + s.drawn + s.lost) - s.refunded
+            back = max(ZERO, min(refund.amount, room, a))
+            if back > 0:
+                solvent_is = s.solvent
+                refunded_max = min(
+                    refunded_max, refund.refunded + cap - back, cap - back - late + s.drawn + s.lost
+                )
+        observed_solvent = late - s.position > -MICRO
+        if not observed_solvent:  # the bucket is in debt until t + margin: certify it
+            refunded_max = min(refunded_max, s.drawn + s.lost - late - MICRO)
+        drawn_max: Decimal | None = None
+        wait_s: float | None = None
+        if ahead is not None:
+            drawn_max = credit - floor + ahead - a - lost + s.refunded + back
+            if s.drawn > drawn_max:
+                # until the tokens are there for it, the queue booked ahead included; + 2 us:
+                # ``now`` and the credit are rounded down to micro units, so a caller that sleeps
+                # exactly this long finds the tokens there
+                short = s.drawn + lost - s.refunded + a + floor - credit
+                wait_s = max(0.0, float(short) / float(s.rate_at(t))) + 2e-6
+    return ShardWrite(
+        add=a,
+        lost=lost,
+        refund=back,
+        refunded_max=refunded_max,
+        drawn_max=drawn_max,
+        base_time=s.base_time if ahead is not None else None,
+        solvent_is=solvent_is,
+        observed_solvent=observed_solvent,
+        credit=credit,
+        floor=floor,
+        wait_s=wait_s,
+    )
+
+
+def ticket_ready_at(ticket: Ticket, seen: ShardState | None) -> float:
+    """When a ticket's tokens are its holder's: the time it was booked with, or later if the
+    shard's rate was cut since (the holder's client has seen a newer credit function)."""
+    if seen is None or seen.base_time <= ticket.base_time:
+        return ticket.ready_at
+    return max(ticket.ready_at, float(seen.time_for_credit(ticket.position)))
+
+
+def booking_ahead(s: ShardState, t: Decimal, horizon_s: float) -> Decimal:
+    """How far past the refill a booking may go: ``horizon_s`` of the shard's rate at ``t``."""
+    return micro(float(s.rate_at(t)) * horizon_s)
 
 
 def predicted_wait(s: ShardState, t: Decimal, amount: int, reserve: float) -> float:
@@ -413,8 +652,13 @@ def view_of(states: Iterable[ShardState], config: GovernorConfig, t: Decimal) ->
 @dataclass(frozen=True)
 class Acquired:
     granted: bool
-    waited_s: float
+    waited_s: float  # how long the caller held on for the tokens
     draws: int
+    grant: Grant | None = None  # granted: what the true-up after the call needs
+    # refused: tokens booked for the caller (it carries them back to its lane), and when it
+    # should try again: when its tokens will really be there, the queue booked ahead included
+    ticket: Ticket | None = None
+    retry_after_s: float = 0.0
 
 
 def acquire(
@@ -424,32 +668,41 @@ def acquire(
     now: Callable[[], float],
     sleep: Callable[[float], None],
     max_wait_s: float,
+    ticket: Ticket | None = None,
 ) -> Acquired:
-    """Draw ``amount``, sleeping exactly as long as the governor says, for at most ``max_wait_s``.
+    """Draw ``amount`` (with the ``ticket`` the caller already holds for it, if any), sleeping
+    exactly as long as the governor says, for at most ``max_wait_s``.
 
     A ``granted=False`` result is backpressure, not failure: the caller puts the unit back on its
-    queue (with a delay) instead of calling the model.
+    queue for ``retry_after_s``, with the result's ``ticket`` (tokens booked for it), instead of
+    calling the model; the ticket makes its next try a grant without a request.
     """
     start = now()
     draws = 0
     while True:
         draws += 1
         asked_at = now()
-        result = governor.draw(amount, lane, asked_at)
+        result = governor.draw(amount, lane, asked_at, ticket=ticket)
         current = now()
         waited = current - start
         if result.granted:
-            return Acquired(True, waited, draws)
+            return Acquired(True, waited, draws, grant=result.grant)
+        ticket = result.ticket
         # the wait runs from the instant the draw was decided at, not from its return: a draw
         # that made a DynamoDB round trip has already spent part of it (sleeping the whole wait
         # after the round trip picked a ticket up late by the request's latency, and, under
         # load, a whole queue of them at once: a burst above the rate at the model). And the
         # bound is on when the tokens are ours, not on how long the answer took: a ticket that
-        # matured while a slow answer was on its way is picked up, not abandoned unused.
+        # matured while a slow answer was on its way is picked up, not handed back.
         ready_at = asked_at + result.wait_s
         if ready_at - start > max_wait_s:
-            governor.cancel(current)  # a ticket booked for us is abandoned
-            return Acquired(False, waited, draws)
+            return Acquired(
+                False,
+                waited,
+                draws,
+                ticket=ticket,
+                retry_after_s=max(0.0, ready_at - current),
+            )
         # never sleep zero (a float rounding could leave a tiny deficit): at least 1 ms
         sleep(max(ready_at - current, 0.001))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from swarm.core.errors import InvalidInput
+from swarm.core.governor import Ticket
 from swarm.core.prompts import Prompt
 from swarm.core.records import Lane
 
@@ -42,3 +43,5 @@ class QueuedUnit:
     #: the unit's input for the model (swarm.core.prompts): a prompt text or a Converse-shaped
     #: request; empty in the simulator
     input: Prompt = ""
+    #: tokens the governor booked for this attempt on an earlier try (docs/governor.md)
+    ticket: Ticket | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,10 @@ from swarm.core.governor import (
     Draw,
     GovernorConfig,
     GovernorSnapshot,
+    Grant,
+    LevelHistory,
+    Ticket,
+    TrueUp,
     snapshot_of,
 )
 from swarm.core.lanes import Policy, QueuedUnit
@@ -245,24 +250,45 @@ class InMemoryLedger:
 
 
 class InMemoryGovernor:
-    """One bucket in one process: the simulator's governor and the reference for the adapters."""
+    """One bucket in one process: the simulator's governor and the reference for the adapters.
+    It never books ahead (a ticket presented to it is ignored) and settles a true-up at once."""
 
     def __init__(self, config: GovernorConfig, now: float = 0.0) -> None:
         self.config = config
         self.state = BucketState.fresh(config, now)
+        self.history = LevelHistory()  # what bounds a refund (docs/governor.md, "True-up")
 
-    def draw(self, amount: int, lane: Lane, now: float) -> Draw:
+    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+        before = self.state.available(self.config, now)
         self.state, result = self.state.draw(self.config, amount, lane, now)
-        return result
+        if not result.granted:
+            return result
+        self.history.observe(now, before)
+        seq = self.history.observe(now, result.available)
+        return replace(result, grant=Grant(amount, lane, now, seq=seq))
+
+    def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+        """Give back what the model did not use, as far as that is sound; draw what it used
+        beyond the grant, into debt if need be."""
+        level = self.state.available(self.config, now)
+        if used > grant.amount:
+            self.history.observe(now, level)
+            self.state = replace(self.state, tokens=level - (used - grant.amount), updated_at=now)
+            return TrueUp(debited=used - grant.amount)
+        unused = grant.amount - used
+        room = self.history.room(grant.seq, level, self.config.bucket_capacity)
+        back = min(unused, math.floor(room))
+        if back > 0:
+            self.history.observe(now, level)
+            self.history.refunded += back
+            self.state = replace(self.state, tokens=level + back, updated_at=now)
+        return TrueUp(refunded=back, dropped=unused - back)
 
     def report_throttle(self, now: float) -> None:
         self.state = self.state.throttled(self.config, now)
 
     def snapshot(self, now: float) -> GovernorSnapshot:
         return snapshot_of(self.state, self.config, now)
-
-    def cancel(self, now: float) -> bool:
-        return False  # never books ahead
 
 
 class _Lane:

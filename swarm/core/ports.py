@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swarm.core.errors import SwarmError
-from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot
+from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, Grant, Ticket, TrueUp
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Settlement, TopUp
 from swarm.core.prompts import Prompt
@@ -60,18 +60,23 @@ class Governor(Protocol):
 
     config: GovernorConfig
 
-    def draw(self, amount: int, lane: Lane, now: float) -> Draw: ...
+    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+        """Draw ``amount`` for ``lane``. Granted: ``Draw.grant`` is what the true-up after the
+        call needs. Refused: ``Draw.wait_s`` is when the tokens will really be there for it (the
+        queue booked ahead included); an implementation that books ahead returns the booking
+        as ``Draw.ticket``, which the caller keeps (a unit carries it back to its lane) and
+        presents to any client of the same bucket: granted without a request once ready."""
+        ...
+
+    def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+        """Settle a grant with what the model really counted: give back what it did not use
+        (never so much that the bucket could give out more than capacity plus refill of what
+        the model really used), draw what it used beyond the grant (that debit always lands)."""
+        ...
 
     def report_throttle(self, now: float) -> None: ...
 
     def snapshot(self, now: float) -> GovernorSnapshot: ...
-
-    def cancel(self, now: float) -> bool:
-        """The caller stops waiting: forget any tokens a refused draw booked ahead for it
-        (implementations that book tickets, see ``swarm.adapters.dynamodb_governor``). True only
-        if tokens went back to the bucket; they may not, which under-grants but never over-grants.
-        """
-        ...
 
 
 @dataclass(frozen=True)

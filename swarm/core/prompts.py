@@ -27,7 +27,7 @@ write at most what the unit's reserved tokens leave after its input.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 from swarm.core.errors import InvalidInput, SwarmError
@@ -130,25 +130,32 @@ def _is_number(value: Any) -> bool:
 # ------------------------------------------------------------------ checking and normal form
 
 
+def _text_problem(value: Any) -> str | None:
+    return "must be a string" if not isinstance(value, str) else text_problem(value)
+
+
 def _text(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidInput(field, "must be a string")
-    problem = text_problem(value)
+    problem = _text_problem(value)
     if problem is not None:
         raise InvalidInput(field, problem)
-    return value
+    return str(value)
 
 
 def _blocks(value: Any, field: str) -> list[dict[str, Any]]:
-    """A list of text blocks (``[{"text": ...}]``), each checked."""
+    """A list of text blocks (``[{"text": ...}]``), each checked (a block's path is formatted
+    only for its error: a request may hold thousands)."""
     if not isinstance(value, list) or not value:
         raise InvalidInput(field, 'must be a non-empty list of text blocks ({"text": ...})')
     blocks: list[dict[str, Any]] = []
     for index, block in enumerate(value):
-        where = f"{field}[{index}]"
-        if not isinstance(block, Mapping) or set(block) != {"text"}:
-            raise InvalidInput(where, 'must be a text block: an object with one field, "text"')
-        blocks.append({"text": _text(block["text"], f"{where}.text")})
+        if not isinstance(block, dict) or block.keys() != {"text"}:
+            raise InvalidInput(
+                f"{field}[{index}]", 'must be a text block: an object with one field, "text"'
+            )
+        problem = _text_problem(block["text"])
+        if problem is not None:
+            raise InvalidInput(f"{field}[{index}].text", problem)
+        blocks.append({"text": block["text"]})
     return blocks
 
 
@@ -157,13 +164,13 @@ def _messages(value: Any, field: str) -> list[dict[str, Any]]:
         raise InvalidInput(field, "must be a list of messages")
     messages: list[dict[str, Any]] = []
     for index, message in enumerate(value):
-        where = f"{field}[{index}]"
-        if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
-            raise InvalidInput(where, 'must be an object with "role" and "content"')
+        if not isinstance(message, dict) or message.keys() != {"role", "content"}:
+            raise InvalidInput(f"{field}[{index}]", 'must be an object with "role" and "content"')
         role = message["role"]
         if role not in ROLES:
-            raise InvalidInput(f"{where}.role", "must be 'user' or 'assistant'")
-        messages.append({"role": role, "content": _blocks(message["content"], f"{where}.content")})
+            raise InvalidInput(f"{field}[{index}].role", "must be 'user' or 'assistant'")
+        content = _blocks(message["content"], f"{field}[{index}].content")
+        messages.append({"role": role, "content": content})
     problem = turns_problem([m["role"] for m in messages])
     if problem is not None:
         raise InvalidInput(field, problem)
@@ -171,7 +178,7 @@ def _messages(value: Any, field: str) -> list[dict[str, Any]]:
 
 
 def _settings(value: Any, field: str) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise InvalidInput(field, f"must be an object with any of {', '.join(SETTINGS)}")
     unknown = sorted(set(value) - set(SETTINGS))
     if unknown:
@@ -197,7 +204,7 @@ def normalise(value: Any, field: str = "input") -> Prompt:
     field that breaks a rule, like ``input.messages[0].content[0].text``."""
     if isinstance(value, str):
         return _text(value, field)
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise InvalidInput(field, NOT_A_PROMPT)
     unknown = sorted(set(value) - set(REQUEST_FIELDS))
     if unknown:
@@ -228,7 +235,7 @@ def from_json(value: Any) -> Prompt:
     message); a value that is neither form is an InvalidInput naming ``input``."""
     if isinstance(value, str):
         return value
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         return dict(value)
     raise InvalidInput("input", NOT_A_PROMPT)
 

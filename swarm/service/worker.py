@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from swarm.core.governor import acquire
+from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import (
@@ -45,6 +45,10 @@ class WorkerTimings:
     max_wait_s: float  # the governor's bounded wait before the unit goes back to its lane
     retry_backoff_s: float = 10.0  # a failed attempt is redelivered after this long
     requeue_delay_s: float = 30.0  # draining / throttled / busy: try again after this long
+    # the longest the invocation holds on for tokens (and at most max_wait_s): a unit requeued
+    # with its ticket comes back when its tokens are there, in whole seconds (SQS's delays), so
+    # holding on longer only bills Lambda-seconds (docs/governor.md, "Waiting")
+    max_hold_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class RetryLater:
 class Requeue:
     delay_s: int
     reason: str
+    # the governor booking the copy carries (tokens booked for this attempt); None: none, and a
+    # ticket a grant spent never travels
+    ticket: Ticket | None = None
 
 
 Outcome = Ack | RetryLater | Requeue
@@ -100,7 +107,8 @@ class Worker:
         # cached for a few seconds: the handler refreshes it once per batch, so a fleet of
         # hundreds of workers does not read the parameter once per message
         if self.drain.draining():
-            return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "draining"))
+            delay = _delay(self.config.requeue_delay_s)
+            return WorkReport(Requeue(delay, "draining", ticket=item.ticket))
         lost_tokens = 0
         # Bring the unit to "in flight, unclaimed" (or find out there is nothing to do).
         for _ in range(4):
@@ -129,18 +137,24 @@ class Worker:
             return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "unsettled unit state"))
 
         attempt = res.attempt
+        # tokens booked for this attempt on an earlier try come back with the unit (a ticket of
+        # an earlier attempt was spent or abandoned with it)
+        held = item.ticket if item.ticket is not None and item.ticket.tag == str(attempt) else None
+        hold_s = min(self.config.max_wait_s, self.config.max_hold_s)
         got = acquire(
-            self.governor, res.projected, item.lane, self.now, self.sleep, self.config.max_wait_s
+            self.governor, res.projected, item.lane, self.now, self.sleep, hold_s, ticket=held
         )
         if not got.granted:
-            snapshot = self.governor.snapshot(self.now())
-            deficit = max(0.0, res.projected - snapshot.available)
+            # back to the lane until its tokens will really be there (the queue booked ahead
+            # included), with the tokens booked for it
+            ticket = None if got.ticket is None else replace(got.ticket, tag=str(attempt))
             return WorkReport(
-                Requeue(_delay(deficit / snapshot.effective_rate), "governor: wait bound reached"),
+                Requeue(_delay(got.retry_after_s), "governor: tokens not there yet", ticket),
                 attempt=attempt,
                 waited_s=got.waited_s,
                 lost_attempt_tokens=lost_tokens,
             )
+        assert got.grant is not None
         claim = self.ledger.claim(
             item.run_id, item.unit_id, attempt, self.now(), self.config.lease_s
         )
@@ -172,6 +186,9 @@ class Worker:
         settlement = self.ledger.settle(
             item.run_id, item.unit_id, attempt, result.tokens, result.succeeded, self.now()
         )
+        # the governor learns what the model really counted: unused tokens go back, an overrun
+        # is drawn (after the books, so a failed debit cannot cost the settlement)
+        self.governor.true_up(got.grant, result.tokens, self.now())
         outcome: Outcome
         if settlement.fate is Fate.RETRY:
             outcome = RetryLater(_delay(self.config.retry_backoff_s), "attempt failed: retry")

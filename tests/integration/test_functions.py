@@ -131,7 +131,7 @@ def test_outputs_are_kept_once_read_by_page_and_downloadable_by_their_tenant_onl
         assert [u["unit_id"] for u in got] == [f"u{i:04d}" for i in range(12)]
         for unit in got:
             assert ("output" in unit) == (unit["state"] == "completed")
-            assert "model_id" in unit  # TEMP
+            assert unit["model_id"]
         completed = results(plane, batch_id, state="completed")
         assert completed == [u for u in got if u["state"] == "completed"]
         # the download: a presigned GET of exactly the closure's results file

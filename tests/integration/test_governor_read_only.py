@@ -75,6 +75,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.MAX_ATTEMPTS: "3",
             env.DEFAULT_BUDGET_TOKENS: "1000",
             env.MAX_BUDGET_TOKENS: "1000000",
+            env.RESULTS_URL_SECONDS: "300",
             env.TENANT_PRINCIPAL_PREFIX: "swarm-tenant-",
         }
     )
