@@ -206,6 +206,24 @@ def test_submit_a_units_file_and_watch_it_then_status_shows_the_same_books(here:
     )
     assert watched_doc["state"] == "completed" and watched_doc["batch_id"] == bid
 
+    # And `results` writes every unit's outcome: as JSON lines, one file per unit, or stdout
+    jsonl = here / "out" / "results.jsonl"
+    (here / "out").mkdir()
+    done = swarm(here, "results", bid, "--tenant", tenant, "--jsonl", str(jsonl))
+    assert ok(done) == [] and done.stderr.strip().endswith(f"-> {jsonl}"), done.stderr
+    lines_out = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert sorted(u["unit_id"] for u in lines_out) == [f"f-{i:03d}" for i in range(8)]
+    completed = [u for u in lines_out if u["state"] == "completed"]
+    assert len(completed) == doc["counts"]["completed"] and all(u["output"] for u in completed)
+    ok(swarm(here, "results", bid, "--tenant", tenant, "--out", str(here / "units")))
+    for unit in lines_out:
+        assert json.loads((here / "units" / f"{unit['unit_id']}.json").read_text()) == unit
+    only = ok(swarm(here, "results", bid, "--tenant", tenant, "--state", "completed"))
+    assert [json.loads(line) for line in only] == completed
+    # another tenant: the batch is not theirs, a one-line error
+    line = error_line(swarm(here, "results", bid, "--tenant", "cli-other"))
+    assert f"no batch '{bid}'" in line, line
+
 
 def test_submit_generated_units_on_a_lane_with_a_budget_and_an_idempotency_key(
     here: Path,
@@ -512,6 +530,7 @@ def test_without_a_local_stack_every_command_says_to_run_swarm_local_up(tmp_path
     for args in (
         ["submit", "--generate", "1"],
         ["status", "b-1"],
+        ["results", "b-1"],
         ["resume", "b-1", "--top-up", "10"],
         ["fleet"],
         ["drain", "status"],
