@@ -202,7 +202,7 @@ def fleet() -> Response[str]:
 @tracer.capture_method
 def drain() -> Response[str]:
     _tenant()
-    return _json(200, batches().drain_status())
+    return _json(200, batches().drain_status(time.time()))
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)

@@ -3,6 +3,7 @@ workers' event source mappings, and report what is still in flight (safe to depl
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
@@ -25,6 +26,6 @@ def controller() -> DrainController:
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    report = controller().apply()
+    report = controller().apply(time.time())
     logger.info("drain applied", **report)
     return report

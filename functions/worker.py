@@ -101,6 +101,5 @@ def record_handler(record: SQSRecord) -> None:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    worker, _ = _services()
-    worker.drain.draining(fresh=True)  # one exact read per batch; messages use it cached
+    # the drain switch is read per message, cached (SsmDrainSwitch): a batch costs no SSM read
     return dict(process_partial_response(event, record_handler, processor, context))

@@ -19,7 +19,9 @@ from swarm.contract import (
     BEDROCK_DEFAULT_READ_TIMEOUT_S,
     bedrock_call_bound_s,
 )
+from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, Lane
+from swarm.core.scheduling import UNRESERVED_MINIMUM, FleetSizing, UnitProfile, size_fleet
 
 #: CloudWatch Logs accepts only these retention periods (days).
 RETENTION_DAYS = (
@@ -37,7 +39,8 @@ class _Strict(BaseModel):
 
 
 class LaneConfig(_Strict):
-    max_concurrency: int = Field(ge=2, le=1000)  # the ESM's MaximumConcurrency (2..1000)
+    # the ESM's MaximumConcurrency (2..1000); required, unless worker.concurrency is "auto"
+    max_concurrency: int | None = Field(default=None, ge=2, le=1000)
     # units queued on this lane and every higher one (the work ahead of a new unit) past which
     # the API sheds submissions to this lane with 429; must not increase towards lower lanes,
     # so that a higher lane never sheds while a lower one still admits
@@ -55,7 +58,8 @@ class LanesConfig(_Strict):
 
     @model_validator(mode="after")
     def _higher_lanes_get_more(self) -> LanesConfig:
-        if not self.high.max_concurrency >= self.normal.max_concurrency >= self.low.max_concurrency:
+        given = [c for c in (self.of(lane).max_concurrency for lane in LANES) if c is not None]
+        if len(given) == len(LANES) and given != sorted(given, reverse=True):
             raise ValueError(
                 "max_concurrency must not increase from high to normal to low "
                 f"(got {self.high.max_concurrency}, {self.normal.max_concurrency}, "
@@ -89,11 +93,25 @@ class LaneReserves(_Strict):
         return self
 
 
+class UnitProfileConfig(_Strict):
+    """``worker.unit_profile``: the units ``worker.concurrency: "auto"`` sizes the fleet for
+    (:class:`swarm.core.scheduling.UnitProfile`; ``swarm plan`` prints it for a workload)."""
+
+    mean_tokens: float = Field(gt=0)  # a unit's projected tokens, on average
+    mean_seconds: float = Field(ge=0)  # a unit's wall clock on a worker, on average
+    small_tokens: int = Field(ge=1)  # a small unit (the smallest that matter in bulk)...
+    small_seconds: float = Field(ge=0)  # ...and its wall clock
+
+
 class WorkerConfig(_Strict):
     timeout_seconds: int = Field(ge=10, le=900)
     memory_mb: int = Field(ge=128, le=10240)
     # null (default): unreserved. A reservation must fit account_concurrency_limit (see below).
     reserved_concurrency: int | None = Field(default=None, ge=2)
+    # "auto": every lane's max_concurrency and the reserved concurrency are derived at synth from
+    # quota_tpm, governor_share and unit_profile (SwarmConfig.sizing); null: given by hand
+    concurrency: Literal["auto"] | None = None
+    unit_profile: UnitProfileConfig | None = None
     batch_size: int = Field(ge=1, le=10)
     governor_max_wait_seconds: float = Field(ge=0)
 
@@ -199,8 +217,6 @@ class ObservabilityConfig(_Strict):
         return self
 
 
-#: Lambda keeps this much of an account's concurrency unreserved, whatever functions reserve.
-UNRESERVED_MINIMUM = 100
 #: A worker's own time per message besides the governor wait and the model call: the ledger's
 #: reads and conditional writes, the governor's requests, a requeue; tens of milliseconds each
 #: on AWS, seconds when DynamoDB conflicts make swarm.adapters.dynamodb.call back off.
@@ -251,6 +267,7 @@ class SwarmConfig(_Strict):
                 f"max_receive_count={self.max_receive_count} must be >= max_attempts="
                 f"{self.max_attempts}: a governor wait returns a message without an attempt"
             )
+        self._concurrency_given_or_derived()
         self._concurrency_fits_the_account()
         if self.worker.governor_max_wait_seconds >= self.worker.timeout_seconds:
             raise ValueError(
@@ -260,6 +277,73 @@ class SwarmConfig(_Strict):
         if self.budget.default_tokens > self.budget.max_tokens:
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
         return self
+
+    def sizing(self) -> FleetSizing | None:
+        """The fleet ``worker.concurrency: "auto"`` derives (None when it is given by hand):
+        :func:`swarm.core.scheduling.size_fleet`, the arithmetic ``swarm plan`` prints."""
+        profile = self.worker.unit_profile
+        if self.worker.concurrency != "auto" or profile is None:
+            return None
+        rate = GovernorConfig(self.quota_tpm, self.governor_share).rate
+        return size_fleet(rate, UnitProfile(**profile.model_dump()))
+
+    def lane_concurrency(self, lane: Lane) -> int:
+        """The lane's event source mapping's ``MaximumConcurrency``, given or derived."""
+        sizing = self.sizing()
+        if sizing is not None:
+            return sizing.per_lane
+        given = self.lanes.of(lane).max_concurrency
+        assert given is not None  # _concurrency_given_or_derived
+        return given
+
+    @property
+    def reserved_concurrency(self) -> int | None:
+        """The worker function's reserved concurrency, given or derived (None: unreserved)."""
+        sizing = self.sizing()
+        return self.worker.reserved_concurrency if sizing is None else sizing.reserved
+
+    def _concurrency_given_or_derived(self) -> None:
+        """By hand, every lane's ``max_concurrency``; with ``worker.concurrency: "auto"``,
+        none of them, no ``worker.reserved_concurrency``, a ``worker.unit_profile``, and a
+        derived fleet that fits the account."""
+        given = [lane.value for lane in LANES if self.lanes.of(lane).max_concurrency is not None]
+        if self.worker.concurrency != "auto":
+            missing = [lane.value for lane in LANES if lane.value not in given]
+            if missing:
+                raise ValueError(
+                    f"lanes.{missing[0]}.max_concurrency is required: give every lane's "
+                    'max_concurrency, or set worker.concurrency to "auto" (with '
+                    "worker.unit_profile) to derive them from the quota"
+                )
+            return
+        if given:
+            raise ValueError(
+                'worker.concurrency "auto" derives lanes.*.max_concurrency: leave out '
+                f"lanes.{given[0]}.max_concurrency, or set worker.concurrency to null"
+            )
+        if self.worker.reserved_concurrency is not None:
+            raise ValueError(
+                'worker.concurrency "auto" derives worker.reserved_concurrency: leave it out '
+                "(or null), or set worker.concurrency to null"
+            )
+        if self.worker.unit_profile is None:
+            raise ValueError(
+                'worker.concurrency "auto" needs worker.unit_profile ({"mean_tokens", '
+                '"mean_seconds", "small_tokens", "small_seconds"}): `swarm plan` prints it '
+                "for your workload"
+            )
+        sizing = self.sizing()
+        assert sizing is not None
+        problem = sizing.problem(self.account_concurrency_limit)
+        if problem is not None:
+            raise ValueError(
+                f'worker.concurrency "auto" derives {sizing.per_lane} workers per lane from '
+                f"quota_tpm={self.quota_tpm}, governor_share={self.governor_share} and "
+                f"worker.unit_profile (N* = {sizing.n_star}), which does not fit: {problem}; "
+                "set account_concurrency_limit to this account's Lambda 'Concurrent "
+                "executions' quota (Service Quotas) if it is higher, or give "
+                "lanes.*.max_concurrency and worker.reserved_concurrency by hand"
+            )
 
     def _concurrency_fits_the_account(self) -> None:
         """Refuse a worker concurrency the account cannot give it.
@@ -271,9 +355,9 @@ class SwarmConfig(_Strict):
         that never ran would reach their dead-letter queue.
         """
         limit = self.account_concurrency_limit
-        lanes_total = sum(self.lanes.of(lane).max_concurrency for lane in LANES)
-        lanes_sum = " + ".join(str(self.lanes.of(lane).max_concurrency) for lane in LANES)
-        reserved = self.worker.reserved_concurrency
+        lanes_total = sum(self.lane_concurrency(lane) for lane in LANES)
+        lanes_sum = " + ".join(str(self.lane_concurrency(lane)) for lane in LANES)
+        reserved = self.reserved_concurrency
         if reserved is not None:
             reservable = max(0, limit - UNRESERVED_MINIMUM)
             if reserved > reservable:

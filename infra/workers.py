@@ -47,7 +47,7 @@ class Workers(Construct):
                 description="Runs units from the lanes under the governor and the ledger",
                 timeout=cdk.Duration.seconds(worker_config.timeout_seconds),
                 memory_mb=worker_config.memory_mb,
-                reserved_concurrency=worker_config.reserved_concurrency,
+                reserved_concurrency=config.reserved_concurrency,  # given or derived
             ),
         )
         # Exactly the calls its code makes (tests/infra/test_permissions.py lists who calls what).
@@ -89,7 +89,7 @@ class Workers(Construct):
                 target=self.worker.function,
                 event_source_arn=queue.queue_arn,
                 batch_size=worker_config.batch_size,
-                max_concurrency=config.lanes.of(lane).max_concurrency,
+                max_concurrency=config.lane_concurrency(lane),  # given or derived
                 report_batch_item_failures=True,
                 enabled=True,
             )

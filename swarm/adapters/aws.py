@@ -19,7 +19,7 @@ from swarm.contract import parse_drain_value
 from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ReadDenied
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ports import MAX_SQS_DELAY_S, LaneDepth, MappingState
+from swarm.core.ports import MAX_SQS_DELAY_S, DrainState, LaneDepth, MappingState
 from swarm.core.records import LANES, Lane
 
 
@@ -160,7 +160,14 @@ class StepFunctionsExecutions:
 
 @dataclass
 class SsmDrainSwitch:
-    """The drain flag; ``draining()`` caches for ``ttl_s`` unless asked for a fresh read."""
+    """The drain flag; ``draining()`` caches for ``ttl_s`` unless asked for a fresh read.
+
+    Every function reads it cached (the API per submit and resume, the worker per message), so
+    the account's SSM throughput (40 GetParameter/s standard, shared by the account and region)
+    is spent at most once per container per ``ttl_s``; :meth:`state` says when the last change
+    has reached every cache, and the drain view calls a deploy safe only after that. A
+    throttled read serves the last value this container saw, however old (a read that fails
+    with nothing cached raises)."""
 
     client: Any
     name: str
@@ -174,11 +181,25 @@ class SsmDrainSwitch:
             now = self.clock()
             if not fresh and self._cached is not None and now - self._cached[0] < self.ttl_s:
                 return self._cached[1]
-        value = self.client.get_parameter(Name=self.name)["Parameter"]["Value"]
-        on = parse_drain_value(str(value))
+        try:
+            return self._read()[0]
+        except client_error_type() as e:
+            with self._lock:
+                if error_code(e) == "ThrottlingException" and self._cached is not None:
+                    return self._cached[1]
+            raise
+
+    def _read(self) -> tuple[bool, Any]:
+        parameter = self.client.get_parameter(Name=self.name)["Parameter"]
+        on = parse_drain_value(str(parameter["Value"]))
         with self._lock:
             self._cached = (self.clock(), on)
-        return on
+        return on, parameter.get("LastModifiedDate")
+
+    def state(self) -> DrainState:
+        on, changed = self._read()
+        settled = changed.timestamp() + self.ttl_s if changed is not None else None
+        return DrainState(on, settled)
 
     def set(self, draining: bool) -> None:
         self.client.put_parameter(

@@ -99,6 +99,8 @@ def _by_json_type(forms: tuple[tuple[type, TypeAdapter[Any]], ...], refusal: str
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         for kind, adapter in forms:
             if isinstance(value, kind):
+                # its ValidationError goes out with the form's own locations, under this field's
+                # (as a wrap validator re-raises its handler's)
                 return adapter.validate_python(value)
         raise ValueError(refusal)
 
@@ -185,11 +187,13 @@ class ConverseInput(BaseModel):
             raise ValueError(problem)
         return value
 
-    _normal: prompts.Prompt = PrivateAttr(default="")
+    _normal: dict[str, Any] = PrivateAttr()  # the request in normal form, set by _size
 
     @model_validator(mode="after")
     def _size(self) -> ConverseInput:
-        self._normal = prompts.normalise(self.model_dump(exclude_none=True))
+        # checked by this model with the core's rules: only the shape is the core's to give
+        request = {"system": self.system, "messages": self.messages}
+        self._normal = prompts.normal_form({**request, "inferenceConfig": self.inferenceConfig})
         chars = sum(len(text) for text in prompts.texts(self._normal))
         if chars > MAX_INPUT_CHARS:
             raise ValueError(
@@ -444,11 +448,18 @@ class Drain(BaseModel):
     """The drain switch and whether it is safe to deploy."""
 
     draining: bool
+    settled: bool = Field(
+        description=(
+            "the switch's value has reached every function (they cache it for a few seconds: "
+            "a submit or a worker may act on the old value until then)"
+        )
+    )
     in_flight: int
     queued: int
     safe_to_deploy: bool = Field(
         description=(
-            "the drain switch is on and nothing is in flight on any lane. The API cannot see "
+            "the drain switch is on, settled, and nothing is in flight on any lane. The API "
+            "cannot see "
             "the workers' event source mappings: the drain function's own report, by the same "
             "rule (swarm.service.drain.safe_to_deploy), also requires every one to be stopped"
         )

@@ -1,6 +1,7 @@
 """The `swarm` command line. One module per command group:
 
 - :mod:`swarm.cli.sim`: the simulator (``swarm sim lab61|run|sweep|resume``);
+- :mod:`swarm.cli.plan`: capacity planning (``swarm plan``);
 - :mod:`swarm.cli.ops`: a deployed stack's operators and tenants (``swarm submit``, ``status``,
   ``drain``...);
 - :mod:`swarm.cli.deploy`: ``swarm deploy`` (drain, cdk deploy, undrain);
@@ -16,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from swarm.cli import bench, deploy, local, ops, results, sim
+from swarm.cli import bench, deploy, local, ops, plan, results, sim
 from swarm.client import aws_failure
 from swarm.core.errors import SwarmError
 
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim.register(sub)
+    plan.register(sub)
     ops.register(sub)
     results.register(sub)
     deploy.register(sub)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,64 @@ from swarm.cli.argtypes import non_negative_int, positive_int, rate, share, work
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import Policy
 from swarm.core.report import healthy_line
+from swarm.core.scheduling import DEFAULT_SCHEDULE, Floor, Schedule, ServiceModel
 from swarm.sim import lab61, state
-from swarm.sim.engine import FleetConfig, SimResult, Simulation, crossover_workers
+from swarm.sim.engine import FleetConfig, SimResult, Simulation
+from swarm.sim.plot import plot_sweep
+from swarm.sim.sweep import Sweep, sweep
 from swarm.sim.workload import Workload
 
+POLICIES = ", ".join(s.value for s in Schedule)
 
-def _workload_fleet_options(p: argparse.ArgumentParser, *, workers: bool = True) -> None:
+
+def policy(text: str) -> Schedule:
+    """A scheduling policy; the lanes' fifo and fair moved to --fairness."""
+    try:
+        return Schedule(text)
+    except ValueError:
+        if text in {p.value for p in Policy}:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is a lane's fairness, not a scheduling policy: use --fairness {text} "
+                f"(--policy is one of {POLICIES})"
+            ) from None
+        message = f"{text!r} is not a policy: use one of {POLICIES}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def policy_list(text: str) -> list[Schedule]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"give policies like book,largest-first ({POLICIES})")
+    return list(dict.fromkeys(policy(p) for p in parts))
+
+
+def workload_options(p: argparse.ArgumentParser, *, sizes: bool = True) -> None:
+    """The workload's options (defaults: Lab 6.1); ``sizes=False`` leaves out the generated
+    sizes (a caller that takes a manifest adds them itself)."""
     g = p.add_argument_group("workload (defaults: Lab 6.1)")
-    g.add_argument("--units", type=positive_int, default=400, help="units in the run (400)")
-    g.add_argument("--min-tokens", type=positive_int, default=8_000, help="smallest unit (8,000)")
-    g.add_argument("--max-tokens", type=positive_int, default=16_000, help="largest unit (16,000)")
+    if sizes:
+        g.add_argument("--units", type=positive_int, default=400, help="units in the run (400)")
+        g.add_argument("--min-tokens", type=positive_int, default=8_000, help="smallest (8,000)")
+        g.add_argument("--max-tokens", type=positive_int, default=16_000, help="largest (16,000)")
     g.add_argument("--failure-rate", type=rate, default=0.04, help="chance an attempt fails (0.04)")
-    g.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    g.add_argument("--seed", type=int, default=0, help="workload seed: sizes and failures (0)")
+    g.add_argument(
+        "--base-seconds",
+        type=non_negative_int,
+        default=180,
+        help="a unit's service time: this many seconds (180) ...",
+    )
+    g.add_argument(
+        "--tokens-per-second",
+        type=positive_int,
+        default=100,
+        help="... plus one second per this many tokens (100)",
+    )
+
+
+def fleet_options(p: argparse.ArgumentParser, *, workers: bool = True, many: bool = False) -> None:
+    """The fleet's options (defaults: Lab 6.1, and the better scheduling policy); ``many``:
+    ``--policy`` takes a comma-separated list."""
     f = p.add_argument_group("fleet (defaults: Lab 6.1)")
     if workers:
         f.add_argument("--workers", type=positive_int, default=100, help="worker slots (100)")
@@ -34,34 +79,81 @@ def _workload_fleet_options(p: argparse.ArgumentParser, *, workers: bool = True)
         "--budget", type=non_negative_int, default=6_000_000, help="token budget (6,000,000)"
     )
     f.add_argument("--max-attempts", type=positive_int, default=3, help="then dead-letter (3)")
+    if many:
+        f.add_argument(
+            "--policy",
+            type=policy_list,
+            default=list(Schedule),
+            help=f"scheduling policies to compare, comma-separated (all: {POLICIES})",
+        )
+    else:
+        f.add_argument(
+            "--policy",
+            type=policy,
+            default=DEFAULT_SCHEDULE,
+            help=f"scheduling policy: {POLICIES} ({DEFAULT_SCHEDULE.value}); book is Lab 6.1's",
+        )
     f.add_argument(
-        "--policy",
+        "--fairness",
         choices=[p.value for p in Policy],
         default="fifo",
-        help="order inside a lane: fifo (Lab 6.1) or fair (tenants round-robin)",
+        help="order of tenants inside a lane: fifo (Lab 6.1) or fair (round-robin)",
     )
 
 
-def _workload(args: argparse.Namespace) -> Workload:
-    return Workload(args.units, args.min_tokens, args.max_tokens, args.failure_rate, args.seed)
+def workload_of(args: argparse.Namespace) -> Workload:
+    service = ServiceModel(args.base_seconds, args.tokens_per_second)
+    return Workload(
+        args.units, args.min_tokens, args.max_tokens, args.failure_rate, args.seed, service
+    )
 
 
-def _fleet(args: argparse.Namespace, workers: int | None = None) -> FleetConfig:
+def fleet_of(
+    args: argparse.Namespace, workers: int | None = None, schedule: Schedule | None = None
+) -> FleetConfig:
     return FleetConfig(
-        workers=workers if workers is not None else args.workers,
+        workers=args.workers if workers is None else workers,
         quota_tpm=args.quota_tpm,
         share=args.share,
         budget=args.budget,
         max_attempts=args.max_attempts,
-        policy=Policy(args.policy),
+        policy=Policy(args.fairness),
+        schedule=schedule or args.policy,
     )
 
 
-def result_doc(result: SimResult) -> dict[str, Any]:
+def floor_doc(floor: Floor | None) -> dict[str, Any] | None:
+    if floor is None:
+        return None
+    return {
+        "seconds": floor.seconds,
+        "bound_by": floor.bound_by,
+        "quota_s": floor.quota_s,
+        "workers_s": floor.workers_s,
+        "chain_s": floor.chain_s,
+    }
+
+
+def floor_line(result: SimResult, schedule: Schedule) -> str | None:
+    floor, ratio = result.floor, result.floor_ratio
+    if floor is None or ratio is None:
+        return None
+    return (
+        f"policy {schedule.value}: {ratio:.2f}x the floor of {floor.seconds:,}s, set by the "
+        f"{floor.bound_by} (quota {floor.quota_s:,}s, workers {floor.workers_s:,}s, "
+        f"retry chain {floor.chain_s:,}s)"
+    )
+
+
+def result_doc(result: SimResult, schedule: Schedule) -> dict[str, Any]:
     run = result.run
+    ratio = result.floor_ratio
     return {
         "state": run.state.value,
         "elapsed_s": result.elapsed,
+        "policy": schedule.value,
+        "floor": floor_doc(result.floor),
+        "floor_ratio": None if ratio is None else round(ratio, 4),
         "units": run.units_total,
         "completed": run.completed,
         "dead_lettered": run.dead_lettered,
@@ -80,9 +172,11 @@ def result_doc(result: SimResult) -> dict[str, Any]:
     }
 
 
-def _print_result(result: SimResult, as_json: bool, state_path: Path | None) -> None:
+def _print_result(
+    result: SimResult, schedule: Schedule, as_json: bool, state_path: Path | None
+) -> None:
     if as_json:
-        print(json.dumps(result_doc(result), indent=2))
+        print(json.dumps(result_doc(result, schedule), indent=2))
         return
     run = result.run
     if result.killed:
@@ -93,6 +187,9 @@ def _print_result(result: SimResult, as_json: bool, state_path: Path | None) -> 
         )
     else:
         print(healthy_line(run, result.elapsed))
+        line = floor_line(result, schedule)
+        if line is not None:
+            print(line)
         if result.horizon_reached:
             print(f"stopped at the {result.elapsed:,}s horizon before the run closed")
         if result.remainder:
@@ -112,11 +209,11 @@ def cmd_lab61(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.kill_at is not None and args.state is None:
         raise InvalidInput("--kill-at", "needs --state FILE to save the killed fleet's state")
-    sim = Simulation.fresh(_workload(args), _fleet(args))
+    sim = Simulation.fresh(workload_of(args), fleet_of(args))
     result = sim.run_until(args.kill_at)
     if args.state is not None:
         state.save(sim, args.state)
-    _print_result(result, args.json, args.state)
+    _print_result(result, sim.fleet.schedule, args.json, args.state)
     return 0
 
 
@@ -133,27 +230,51 @@ def cmd_resume(args: argparse.Namespace) -> int:
     # a closed run (completed, or exhausted without a top-up) has nothing left to run
     result = sim.result() if sim.run.state.closed else sim.run_until(args.kill_at)
     state.save(sim, args.state)
-    _print_result(result, args.json, args.state if result.killed or result.remainder else None)
+    show = args.state if result.killed or result.remainder else None
+    _print_result(result, sim.fleet.schedule, args.json, show)
     return 0
 
 
+def _cell_text(s: Sweep, workers: int, schedule: Schedule) -> str:
+    cell = s.cell(workers, schedule)
+    ratio = "" if cell.ratio is None else f" ({cell.ratio:.2f}x)"
+    return f"{cell.elapsed:,.0f}s{ratio}"
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    workload = _workload(args)
-    base = _fleet(args, workers=1)
-    n_star = crossover_workers(workload, base)
-    rows = []
-    for n in args.workers:
-        r = Simulation.fresh(workload, replace(base, workers=n)).run_until()
-        rows.append({"workers": n, "elapsed_s": r.elapsed, "state": r.run.state.value})
+    fleet = fleet_of(args, workers=1, schedule=args.policy[0])
+    result = sweep(workload_of(args), fleet, args.workers, args.policy, args.seeds)
+    if args.plot is not None:
+        plot_sweep(result, args.plot)
     if args.json:
-        print(json.dumps({"n_star": n_star, "rows": rows}, indent=2))
+        doc = result.doc()
+        if args.plot is not None:
+            doc["plot"] = str(args.plot)
+        print(json.dumps(doc, indent=2))
         return 0
-    print(f"{'workers':>8}{'elapsed':>10} note")
-    for row in rows:
-        print(
-            f"{row['workers']:>8}{row['elapsed_s']:>9,}s {lab61.sweep_note(row['workers'], n_star)}"
-        )
+    if len(result.seeds) > 1:
+        print(f"mean over seeds {result.seeds[0]}..{result.seeds[-1]} (elapsed and x the floor)")
+    width = max(16, *(len(p.value) + 2 for p in result.policies))
+    print(
+        f"{'workers':>8}"
+        + "".join(f"{p.value:>{width}}" for p in result.policies)
+        + f"{'floor':>10}  note"
+    )
+    for n in result.workers:
+        cells = "".join(f"{_cell_text(result, n, p):>{width}}" for p in result.policies)
+        floor = result.floor(n)
+        floor_text = "-" if floor is None else f"{floor:,.0f}s"
+        print(f"{n:>8}{cells}{floor_text:>10}  {lab61.sweep_note(n, result.n_star)}")
+    n_star = result.n_star
     print(f"Little's law crossover: N* = {n_star} workers; beyond it, the quota is the fleet")
+    quota = result.quota_floor
+    if quota is not None:
+        print(
+            f"quota floor {quota:,.0f}s; {result.busy} workers keep the quota busy even while "
+            "the small units run (swarm plan's recommendation per lane)"
+        )
+    if args.plot is not None:
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -164,8 +285,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = simsub.add_parser("lab61", help="Lab 6.1: baseline, worker sweep, budget-capped run")
     p.set_defaults(handler=cmd_lab61)
 
-    p = simsub.add_parser("run", help="one simulated run; prints the healthy line")
-    _workload_fleet_options(p)
+    p = simsub.add_parser(
+        "run", help="one simulated run; prints the healthy line and the ratio to the floor"
+    )
+    workload_options(p)
+    fleet_options(p)
     p.add_argument(
         "--kill-at", type=positive_int, help="kill the fleet at T seconds (needs --state)"
     )
@@ -173,11 +297,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print a machine-readable result")
     p.set_defaults(handler=cmd_run)
 
-    p = simsub.add_parser("sweep", help="the worker-scaling table with N* from Little's law")
-    _workload_fleet_options(p, workers=False)
-    p.add_argument(
-        "--workers", type=worker_list, default=[25, 50, 100, 200], help="counts (25,50,100,200)"
+    p = simsub.add_parser(
+        "sweep", help="makespan against workers for each policy, with the floor and N*"
     )
+    workload_options(p)
+    fleet_options(p, workers=False, many=True)
+    p.add_argument(
+        "--workers",
+        type=worker_list,
+        default=[25, 50, 100, 150, 200, 400],
+        help="counts (25,50,100,150,200,400)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        help="average over this many workload seeds from --seed (1: the seeded run only)",
+    )
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the sweep (matplotlib)")
     p.add_argument("--json", action="store_true", help="print a machine-readable table")
     p.set_defaults(handler=cmd_sweep)
 

@@ -42,7 +42,7 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
-from swarm.core.ports import LaneDepth, MappingState, UnitsPage, WatchedRun
+from swarm.core.ports import DrainState, LaneDepth, MappingState, UnitsPage, WatchedRun
 from swarm.core.records import (
     LANES,
     AttemptRecord,
@@ -304,11 +304,16 @@ class _Lane:
             return len(self.fifo)
         return sum(len(q) for q in self.tenants.values())
 
-    def push(self, item: QueuedUnit) -> None:
-        if self.policy is Policy.FIFO:
-            self.fifo.append(item)
+    def push(self, item: QueuedUnit, first: bool = False) -> None:
+        queue = (
+            self.fifo
+            if self.policy is Policy.FIFO
+            else self.tenants.setdefault(item.tenant, deque())
+        )
+        if first:  # a retry that goes to the head of its tenant's queue (swarm.core.scheduling)
+            queue.appendleft(item)
         else:
-            self.tenants.setdefault(item.tenant, deque()).append(item)
+            queue.append(item)
 
     def peek(self) -> QueuedUnit | None:
         if self.policy is Policy.FIFO:
@@ -358,8 +363,8 @@ class InMemoryLanes:
         self.policy = policy
         self._lanes = {lane: _Lane(policy) for lane in LANES}
 
-    def push(self, item: QueuedUnit) -> None:
-        self._lanes[item.lane].push(item)
+    def push(self, item: QueuedUnit, first: bool = False) -> None:
+        self._lanes[item.lane].push(item, first)
 
     def peek(self) -> QueuedUnit | None:
         for lane in LANES:
@@ -571,9 +576,13 @@ def _by_sweep_at(watched: WatchedRun) -> tuple[float, str]:
 @dataclass
 class MemoryDrain:
     on: bool = False
+    settled_at: float | None = None  # tests set it to model readers' caches
 
     def draining(self, fresh: bool = False) -> bool:
         return self.on
+
+    def state(self) -> DrainState:
+        return DrainState(self.on, self.settled_at)
 
     def set(self, draining: bool) -> None:
         self.on = draining

@@ -233,11 +233,27 @@ class Executions(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class DrainState:
+    on: bool
+    #: when every reader's cache has seen this value (the switch's last change plus the caches'
+    #: lifetime, epoch seconds); None when the switch does not know when it changed
+    settled_at: float | None = None
+
+    def settled(self, now: float) -> bool:
+        return self.settled_at is None or now >= self.settled_at
+
+
 class DrainSwitch(Protocol):
-    """The drain parameter in SSM Parameter Store."""
+    """The drain parameter in SSM Parameter Store. Readers cache it for a few seconds (SSM's
+    standard throughput is 40 reads per second for the whole account and region)."""
 
     def draining(self, fresh: bool = False) -> bool:
-        """``fresh`` bypasses any cache (the worker's check must be exact)."""
+        """``fresh`` bypasses the cache (an operator's view, the drain controller)."""
+        ...
+
+    def state(self) -> DrainState:
+        """An exact read, with when the value has reached every cached reader."""
         ...
 
     def set(self, draining: bool) -> None: ...

@@ -13,12 +13,14 @@ item and in each lane message.
      "inferenceConfig": {"maxTokens": 512, "temperature": 0.2,     # optional, and so is each
                          "topP": 0.9, "stopSequences": ["END"]}}   # setting
 
-:func:`normalise` checks a prompt against the rules Converse itself enforces (what Bedrock would
-refuse with a ValidationException) and brings a request to normal form (a string ``system``
-becomes one text block, absent and null settings are left out). The API's size limits live in
-:mod:`swarm.api.models`, whose validators use the rules here; the model planes check every prompt
-again before a call (:func:`converse_request`), so a message queued by another version is never
-sent blind.
+:func:`check` refuses a prompt that breaks the rules Converse itself enforces (what Bedrock
+would refuse with a ValidationException), naming the field; :func:`normal_form` gives a checked
+request its normal form (a string ``system`` becomes one text block, null settings and an empty
+``inferenceConfig`` are left out); :func:`normalise` does both. The API's size limits live in
+:mod:`swarm.api.models`, whose validators apply the rules here (:func:`text_problem`,
+:func:`turns_problem`) and take the shape from :func:`normal_form`; the model planes check every
+prompt again before a call (:func:`converse_request`), so a message queued by another version is
+never sent blind.
 
 The output of an attempt is bounded by its reservation (:func:`output_limit`): the model may
 write at most what the unit's reserved tokens leave after its input.
@@ -73,6 +75,8 @@ def text_problem(text: str) -> str | None:
     """Why ``text`` cannot be sent to the model, or None."""
     if not text.strip():
         return TEXT_REQUIRED
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # JSON may carry an unpaired "\\ud800"; UTF-8 cannot
@@ -134,19 +138,17 @@ def _text_problem(value: Any) -> str | None:
     return "must be a string" if not isinstance(value, str) else text_problem(value)
 
 
-def _text(value: Any, field: str) -> str:
+def _check_text(value: Any, field: str) -> None:
     problem = _text_problem(value)
     if problem is not None:
         raise InvalidInput(field, problem)
-    return str(value)
 
 
-def _blocks(value: Any, field: str) -> list[dict[str, Any]]:
-    """A list of text blocks (``[{"text": ...}]``), each checked (a block's path is formatted
-    only for its error: a request may hold thousands)."""
+def _check_blocks(value: Any, field: str) -> None:
+    """A list of text blocks (``[{"text": ...}]``). Paths are formatted only for an error: a
+    manifest may hold 50,000 requests."""
     if not isinstance(value, list) or not value:
         raise InvalidInput(field, 'must be a non-empty list of text blocks ({"text": ...})')
-    blocks: list[dict[str, Any]] = []
     for index, block in enumerate(value):
         if not isinstance(block, dict) or block.keys() != {"text"}:
             raise InvalidInput(
@@ -155,29 +157,23 @@ def _blocks(value: Any, field: str) -> list[dict[str, Any]]:
         problem = _text_problem(block["text"])
         if problem is not None:
             raise InvalidInput(f"{field}[{index}].text", problem)
-        blocks.append({"text": block["text"]})
-    return blocks
 
 
-def _messages(value: Any, field: str) -> list[dict[str, Any]]:
+def _check_messages(value: Any, field: str) -> None:
     if not isinstance(value, list):
         raise InvalidInput(field, "must be a list of messages")
-    messages: list[dict[str, Any]] = []
     for index, message in enumerate(value):
         if not isinstance(message, dict) or message.keys() != {"role", "content"}:
             raise InvalidInput(f"{field}[{index}]", 'must be an object with "role" and "content"')
-        role = message["role"]
-        if role not in ROLES:
+        if message["role"] not in ROLES:
             raise InvalidInput(f"{field}[{index}].role", "must be 'user' or 'assistant'")
-        content = _blocks(message["content"], f"{field}[{index}].content")
-        messages.append({"role": role, "content": content})
-    problem = turns_problem([m["role"] for m in messages])
+        _check_blocks(message["content"], f"{field}[{index}].content")
+    problem = turns_problem([message["role"] for message in value])
     if problem is not None:
         raise InvalidInput(field, problem)
-    return messages
 
 
-def _settings(value: Any, field: str) -> dict[str, Any]:
+def _check_settings(value: Any, field: str) -> None:
     if not isinstance(value, dict):
         raise InvalidInput(field, f"must be an object with any of {', '.join(SETTINGS)}")
     unknown = sorted(set(value) - set(SETTINGS))
@@ -185,25 +181,23 @@ def _settings(value: Any, field: str) -> dict[str, Any]:
         raise InvalidInput(
             f"{field}.{unknown[0]}", f"is not a setting a unit may give; use {', '.join(SETTINGS)}"
         )
-    settings: dict[str, Any] = {}
-    for name in SETTINGS:
-        setting = value.get(name)
+    for name, setting in value.items():
         if setting is None:
             continue
         problem = setting_problem(name, setting)
         if problem is not None:
             raise InvalidInput(f"{field}.{name}", problem)
         if name == "stopSequences":
-            setting = [_text(s, f"{field}.{name}[{i}]") for i, s in enumerate(setting)]
-        settings[name] = setting
-    return settings
+            for index, stop in enumerate(setting):
+                _check_text(stop, f"{field}.{name}[{index}]")
 
 
-def normalise(value: Any, field: str = "input") -> Prompt:
-    """``value`` checked against Converse's rules and in normal form; InvalidInput names the
-    field that breaks a rule, like ``input.messages[0].content[0].text``."""
+def check(value: Any, field: str = "input") -> None:
+    """InvalidInput naming the first field of ``value`` that breaks Converse's rules (like
+    ``input.messages[0].content[0].text``), if one does."""
     if isinstance(value, str):
-        return _text(value, field)
+        _check_text(value, field)
+        return
     if not isinstance(value, dict):
         raise InvalidInput(field, NOT_A_PROMPT)
     unknown = sorted(set(value) - set(REQUEST_FIELDS))
@@ -212,21 +206,44 @@ def normalise(value: Any, field: str = "input") -> Prompt:
             f"{field}.{unknown[0]}",
             f"is not a field of a unit's request; use {', '.join(REQUEST_FIELDS)}",
         )
-    request: dict[str, Any] = {}
     system = value.get("system")
     if isinstance(system, str):
-        request["system"] = [{"text": _text(system, f"{field}.system")}]
+        _check_text(system, f"{field}.system")
     elif system is not None:
-        request["system"] = _blocks(system, f"{field}.system")
+        _check_blocks(system, f"{field}.system")
     if "messages" not in value:
         raise InvalidInput(f"{field}.messages", "is required: the conversation the model answers")
-    request["messages"] = _messages(value["messages"], f"{field}.messages")
-    settings = value.get("inferenceConfig")
-    if settings is not None:
-        checked = _settings(settings, f"{field}.inferenceConfig")
-        if checked:
-            request["inferenceConfig"] = checked
-    return request
+    _check_messages(value["messages"], f"{field}.messages")
+    if value.get("inferenceConfig") is not None:
+        _check_settings(value["inferenceConfig"], f"{field}.inferenceConfig")
+
+
+def normal_form(request: dict[str, Any]) -> dict[str, Any]:
+    """A request that passes :func:`check` in normal form (a copy): a string ``system`` as one
+    text block, null settings and an empty ``inferenceConfig`` left out."""
+    shaped: dict[str, Any] = {}
+    system = request.get("system")
+    if system is not None:
+        blocks = [{"text": system}] if isinstance(system, str) else system
+        shaped["system"] = [{"text": block["text"]} for block in blocks]
+    shaped["messages"] = [
+        {"role": m["role"], "content": [{"text": block["text"]} for block in m["content"]]}
+        for m in request["messages"]
+    ]
+    settings = {
+        name: list(value) if isinstance(value, list) else value
+        for name, value in (request.get("inferenceConfig") or {}).items()
+        if value is not None
+    }
+    if settings:
+        shaped["inferenceConfig"] = settings
+    return shaped
+
+
+def normalise(value: Any, field: str = "input") -> Prompt:
+    """``value`` checked (:func:`check`) and in normal form (:func:`normal_form`)."""
+    check(value, field)
+    return value if isinstance(value, str) else normal_form(value)
 
 
 def from_json(value: Any) -> Prompt:
@@ -245,11 +262,10 @@ def from_json(value: Any) -> Prompt:
 
 def converse_request(prompt: Prompt) -> dict[str, Any]:
     """The prompt as a checked Converse request in normal form: a string is one user message."""
+    check(prompt)
     if isinstance(prompt, str):
-        return {"messages": [{"role": "user", "content": [{"text": _text(prompt, "input")}]}]}
-    request = normalise(prompt)
-    assert isinstance(request, dict)  # normalise keeps the form it was given
-    return request
+        return {"messages": [{"role": "user", "content": [{"text": prompt}]}]}
+    return normal_form(prompt)
 
 
 def texts(prompt: Prompt) -> list[str]:

@@ -55,6 +55,7 @@ from swarm.core.records import (
     check_id,
 )
 from swarm.core.report import healthy_line
+from swarm.core.scheduling import fanout_order
 from swarm.service.api_models import check_manifest_key, parse_manifest_units
 from swarm.service.drain import drain_view
 
@@ -256,9 +257,13 @@ class Batches:
                 raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
         inputs = {u.unit_id: u.input for u in request.units}
         items = manifest_items(spec, inputs)
-        check_fits_the_fan_out(items)
+        check_fits_the_fan_out(items)  # in submission order: its errors name units[i]
+        # the scheduling policy's fan-out order (swarm.core.scheduling: largest first)
+        items = fanout_order(items, lambda item: int(item["tokens"]))
         # a replay too: it may start the batch's execution (a first attempt that died before)
-        if self.drain.draining(fresh=True):  # exact: an operator just flipped it
+        # cached for a few seconds: GET /drain calls a deploy safe only once every cache has
+        # seen the switch (swarm.service.drain.safe_to_deploy)
+        if self.drain.draining():
             raise Draining("the control plane is draining for a deploy; intake is stopped")
         if idempotency_key is not None:
             existing = self._existing(spec, items)
@@ -295,7 +300,8 @@ class Batches:
         with contextlib.suppress(NotFound):
             if same:
                 stored = self.blobs.get_json(manifest_key(spec.run_id))
-                same = stored == items
+                # in any order: a batch fanned out before the order changed is the same batch
+                same = sorted(stored, key=_unit_id) == sorted(items, key=_unit_id)
         if not same:
             raise Conflict(
                 "this Idempotency-Key was used for a different batch; use a new key for new work"
@@ -364,7 +370,7 @@ class Batches:
         run = self.run_for(tenant, run_id)
         if run.state is RunState.COMPLETED:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
-        if self.drain.draining(fresh=True):
+        if self.drain.draining():
             raise Draining("the control plane is draining for a deploy; resume after it")
         # read what the requeue needs before the top-up commits: a manifest gone (the bucket's
         # lifecycle expired it) must refuse the resume, not leave the run reopened with nothing
@@ -417,12 +423,16 @@ class Batches:
 
     # ------------------------------------------------------------------ drain
 
-    def drain_status(self) -> dict[str, Any]:
+    def drain_status(self, now: float) -> dict[str, Any]:
         """``GET /drain``: the drain switch (an exact read, as an operator just flipped it) and
         the lanes. The API cannot see the workers' event source mappings, so ``safe_to_deploy``
         is :func:`swarm.service.drain.safe_to_deploy` without them (its docstring says why
         that holds); the drain function's report adds them."""
-        return drain_view(self.drain.draining(fresh=True), self.queue.depths(), mappings=None)
+        return drain_view(self.drain.state(), self.queue.depths(), None, now)
+
+
+def _unit_id(item: Mapping[str, Any]) -> str:
+    return str(item["unit_id"])
 
 
 def _doc(status: BatchStatus) -> dict[str, Any]:

@@ -1,13 +1,18 @@
 """The fleet's digital twin: the scheduler core driven on a virtual clock.
 
-Each simulated second, in this order: attempts whose service time is over settle in the ledger
-(failed ones are retried at the back of their lane, or dead-lettered), then free workers take
-units from the lanes: ledger admission first (the first refusal starts exhaustion), then a draw
-from the governor (a refusal blocks the lane head until the deficit refills). The clock then jumps
-to the next second at which something can happen, so long runs cost little.
+A run's units enter their lane in the scheduling policy's order (:mod:`swarm.core.scheduling`).
+Each simulated second, from the first, in this order: attempts whose service time is over settle
+in the ledger (failed ones are retried, at the head of their lane or, for the book, at its back;
+or dead-lettered), then free workers take units: ledger admission first (the first refusal starts
+exhaustion and empties the queue, as in the book's loop), then a draw from the governor. A unit
+whose draw is refused stays with its worker, blocking the lane behind it until the deficit
+refills, except under ``largest-fit``, which admits the largest queued unit that fits the bucket
+instead. The clock then jumps to the next second at which something can happen, so long runs
+cost little.
 
-With Lab 6.1's parameters this reproduces the book's table to the token and second, because the
-governor, ledger and lanes here are the same code the Lambda functions run against DynamoDB/SQS.
+With Lab 6.1's parameters and the ``book`` policy this reproduces the book's table to the token
+and second, because the governor, ledger and lanes here are the same code the Lambda functions
+run against DynamoDB/SQS (tests/unit/test_sim_differential.py holds it to the book's own loop).
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ from swarm.core.governor import GovernorConfig, ticks_until
 from swarm.core.lanes import Policy, QueuedUnit
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryGovernor, InMemoryLanes, InMemoryLedger
-from swarm.core.records import Lane, RunRecord, RunSpec, RunState
+from swarm.core.records import Lane, RunRecord, RunSpec, RunState, UnitSpec
+from swarm.core.scheduling import (
+    DEFAULT_SCHEDULE,
+    Attempt,
+    Floor,
+    Schedule,
+    fanout_order,
+    makespan_floor,
+)
+from swarm.core.scheduling import crossover_workers as littles_law
 from swarm.sim.workload import Workload
 
 RUN_ID = "sim-run"
@@ -35,7 +49,8 @@ class FleetConfig:
     share: float = 0.95
     budget: int = 6_000_000
     max_attempts: int = 3
-    policy: Policy = Policy.FIFO
+    policy: Policy = Policy.FIFO  # inside a lane: tenants in arrival order or round-robin
+    schedule: Schedule = DEFAULT_SCHEDULE  # the order units are fanned out and admitted in
     horizon_s: int = 30 * 86_400  # a simulation that has not finished by then stops and says so
 
     def __post_init__(self) -> None:
@@ -69,6 +84,14 @@ class SimResult:
     horizon_reached: bool = False
     remainder: tuple[str, ...] = ()
     lost_attempts: int = 0  # attempts that were running at a kill, settled on resume
+    floor: Floor | None = None  # the makespan's lower bound for the attempts made (a closed run)
+
+    @property
+    def floor_ratio(self) -> float | None:
+        """Elapsed over the floor: 1.0 is a schedule nothing could beat."""
+        if self.floor is None or self.floor.seconds == 0:
+            return None
+        return self.elapsed / self.floor.seconds
 
 
 @dataclass
@@ -81,6 +104,7 @@ class Simulation:
     governor: InMemoryGovernor | None = None
     in_flight: list[Running] = field(default_factory=list)
     lost_attempts: int = 0
+    waiting: QueuedUnit | None = None  # admitted, off its lane, waiting for its tokens
 
     def __post_init__(self) -> None:
         if self.lanes is None:
@@ -97,7 +121,7 @@ class Simulation:
             RUN_ID, TENANT, Lane.NORMAL, fleet.budget, workload.specs(), fleet.max_attempts
         )
         sim.ledger.open_run(spec, sim.clock.now())
-        for unit in spec.units:
+        for unit in fanout_order(spec.units, _projected, fleet.schedule):
             sim._enqueue(unit.unit_id, unit.projected_tokens, attempt=0)
         return sim
 
@@ -105,10 +129,11 @@ class Simulation:
     def run(self) -> RunRecord:
         return self.ledger.run(RUN_ID)
 
-    def _enqueue(self, unit_id: str, tokens: int, attempt: int) -> None:
+    def _enqueue(self, unit_id: str, tokens: int, attempt: int, first: bool = False) -> None:
         assert self.lanes is not None
         spec = self.run.spec
-        self.lanes.push(QueuedUnit(RUN_ID, unit_id, spec.tenant, spec.lane, attempt, tokens))
+        item = QueuedUnit(RUN_ID, unit_id, spec.tenant, spec.lane, attempt, tokens)
+        self.lanes.push(item, first)
 
     # ------------------------------------------------------------ the loop
 
@@ -117,7 +142,13 @@ class Simulation:
         t = int(self.clock.now())
         if kill_at is not None and kill_at <= t:
             raise InvalidInput("kill_at", f"must be after the current time {t}s, got {kill_at}s")
+        # the fleet's first second is 1, as in the book's loop: the bucket starts empty, so
+        # nothing could be granted at 0 and only a budget refusal would come a second early
+        t = max(t, 1)
         while not self.run.state.closed:
+            if kill_at is not None and t >= kill_at:
+                self.clock.advance_to(kill_at)
+                return self.result(kill_at, killed=True)
             if t > self.fleet.horizon_s:
                 return self.result(t, horizon_reached=True)
             self.clock.advance_to(t)
@@ -132,11 +163,7 @@ class Simulation:
                 raise RuntimeError(
                     f"simulation stalled at {t}s with the run {self.run.state.value}"
                 )
-            t_next = min(candidates)
-            if kill_at is not None and t_next >= kill_at:
-                self.clock.advance_to(kill_at)
-                return self.result(kill_at, killed=True)
-            t = t_next
+            t = min(candidates)
         return self.result()
 
     def _settle_finished(self, t: int) -> None:
@@ -155,29 +182,82 @@ class Simulation:
             item.run_id, item.unit_id, item.attempt, item.tokens, succeeded, now
         )
         if settlement.fate is Fate.RETRY and not settlement.duplicate:
-            self._enqueue(item.unit_id, item.tokens, item.attempt + 1)
+            first = self.fleet.schedule.retries_first
+            self._enqueue(item.unit_id, item.tokens, item.attempt + 1, first)
 
     def _dispatch(self, t: int) -> int | None:
-        """Fill free workers; returns when the governor can next grant the blocked head."""
+        """Fill free workers; returns when the governor can next grant what waits."""
         assert self.lanes is not None and self.governor is not None
         while len(self.in_flight) < self.fleet.workers:
-            item = self.lanes.peek()
-            if item is None:
-                return None
-            admission = self.ledger.admit(
-                item.run_id, item.unit_id, item.attempt, t, lease_s=math.inf
-            )
-            if not admission.admitted:
-                self.lanes.pop()
-                if admission.exhausted_run:  # the waiting units are the remainder now
-                    self.lanes.remove(item.run_id, set(remainder_of(self.ledger, item.run_id)))
-                continue
+            if self.waiting is not None:  # admitted, its worker waiting for the governor
+                item = self.waiting
+            else:
+                head = self.lanes.peek()
+                if head is None:
+                    return None
+                item = head
+                if not self.fleet.schedule.head_of_line:
+                    fitting, wait = self._largest_fitting(head, t)
+                    if fitting is None:
+                        return wait
+                    item = fitting
+                admission = self.ledger.admit(
+                    item.run_id, item.unit_id, item.attempt, t, lease_s=math.inf
+                )
+                self._take(item, head)
+                if not admission.admitted:
+                    self._empty_queue(item.run_id, t)
+                    continue
             draw = self.governor.draw(item.tokens, item.lane, t)
             if not draw.granted:
+                # its worker holds it until the tokens are there: a retry queued meanwhile goes
+                # to the head of the lane, behind this unit
+                self.waiting = item
                 return t + ticks_until(draw.wait_s)
-            self.lanes.pop()
+            self.waiting = None
             self.in_flight.append(Running(t + self.workload.service_s(item.tokens), item))
         return None
+
+    def _empty_queue(self, run_id: str, t: int) -> None:
+        """A refusal empties the run's queue, as in the book's loop: what waited is the
+        remainder now, and so are retries owed to attempts that failed during the drain (the
+        ledger would admit one the budget still covers: it gets a zero queue lease instead, and
+        its reservation is released at once)."""
+        assert self.lanes is not None
+        queued = [q for q in self.lanes.items() if q.run_id == run_id]
+        for q in queued:
+            if self.ledger.admit(run_id, q.unit_id, q.attempt, t, lease_s=0).admitted:
+                self.ledger.reclaim_unit(run_id, q.unit_id, t)
+        self.lanes.remove(run_id, {q.unit_id for q in queued})
+
+    def _largest_fitting(self, head: QueuedUnit, t: int) -> tuple[QueuedUnit | None, int | None]:
+        """``largest-fit``: the first unit of the head's queue (its lane; its tenant's units
+        under fair lanes), in the lane's largest-first order, that the bucket covers now; else
+        none, and when the smallest of them will fit."""
+        assert self.lanes is not None and self.governor is not None
+        fair = self.lanes.policy is Policy.FAIR
+        queue = [
+            q
+            for q in self.lanes.items()
+            if q.lane is head.lane and (not fair or q.tenant == head.tenant)
+        ]
+        # the governor's own test (BucketState.draw), so a unit chosen here is granted
+        available = self.governor.snapshot(t).available
+        reserve = self.governor.config.reserve(head.lane)
+        for item in queue:
+            if available - item.tokens >= reserve:
+                return item, None
+        smallest = min(queue, key=lambda q: q.tokens)
+        return None, t + ticks_until(self.governor.draw(smallest.tokens, smallest.lane, t).wait_s)
+
+    def _take(self, item: QueuedUnit, head: QueuedUnit) -> None:
+        """Take ``item`` off its lane: the head with a pop (the tenants' rotation turns), any
+        other unit by removing it."""
+        assert self.lanes is not None
+        if item is head:
+            self.lanes.pop()
+        else:
+            self.lanes.remove(item.run_id, {item.unit_id})
 
     # ------------------------------------------------------------ kill / resume
 
@@ -214,6 +294,7 @@ class Simulation:
         remainder = (
             tuple(remainder_of(self.ledger, RUN_ID)) if run.state is RunState.EXHAUSTED else ()
         )
+        closed = run.state.closed and not killed and not horizon_reached
         return SimResult(
             run=run,
             elapsed=elapsed,
@@ -222,7 +303,16 @@ class Simulation:
             horizon_reached=horizon_reached,
             remainder=remainder,
             lost_attempts=self.lost_attempts,
+            floor=self.floor() if closed else None,
         )
+
+    def floor(self) -> Floor:
+        """The makespan floor for the attempts this run made (:func:`makespan_floor`)."""
+        attempts = [
+            Attempt(a.unit_id, a.tokens, self.workload.service_s(a.tokens))
+            for a in self.ledger.attempts(RUN_ID)
+        ]
+        return makespan_floor(attempts, self.fleet.governor.rate, self.fleet.workers)
 
 
 def simulate(workload: Workload, fleet: FleetConfig, kill_at: int | None = None) -> SimResult:
@@ -231,8 +321,11 @@ def simulate(workload: Workload, fleet: FleetConfig, kill_at: int | None = None)
 
 def crossover_workers(workload: Workload, fleet: FleetConfig) -> int:
     """Little's law: the workers the governed quota can actually feed (N* = rate x service time)."""
-    tokens = [workload.tokens(i) for i in range(workload.units)]
+    tokens = workload.all_tokens
     avg_tokens = sum(tokens) / len(tokens)
     avg_service = sum(workload.service_s(t) for t in tokens) / len(tokens)
-    units_per_min = fleet.governor.rate * 60 / avg_tokens
-    return math.ceil(units_per_min * avg_service / 60)
+    return littles_law(fleet.governor.rate, avg_tokens, avg_service)
+
+
+def _projected(unit: UnitSpec) -> int:
+    return unit.projected_tokens

@@ -1,9 +1,10 @@
-"""Lab 6.1 with the book's parameters, printed in the book's words."""
+"""Lab 6.1 with the book's parameters and schedule, printed in the book's words."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from swarm.core.scheduling import Schedule
 from swarm.sim.engine import FleetConfig, crossover_workers, simulate
 from swarm.sim.workload import Workload
 
@@ -18,7 +19,7 @@ def sweep_note(workers: int, n_star: int) -> str:
 
 def report(workload: Workload | None = None, fleet: FleetConfig | None = None) -> str:
     w = workload or Workload()
-    f = fleet or FleetConfig()
+    f = fleet or FleetConfig(schedule=Schedule.BOOK)
     lines = [
         f"{w.units} units, {w.first_attempt_tokens:,} tokens of first-attempt work | "
         f"quota {f.quota_tpm:,} TPM | governor at {round(f.share * 100)}%",

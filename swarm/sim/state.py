@@ -13,6 +13,7 @@ from swarm.core.clock import VirtualClock
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import Policy
 from swarm.core.memory import InMemoryGovernor, InMemoryLanes, InMemoryLedger
+from swarm.core.scheduling import Schedule, ServiceModel
 from swarm.sim.engine import FleetConfig, Running, Simulation
 from swarm.sim.workload import Workload
 
@@ -32,6 +33,10 @@ def to_doc(sim: Simulation) -> dict[str, Any]:
             "max_tokens": w.max_tokens,
             "failure_rate": w.failure_rate,
             "seed": w.seed,
+            "base_s": w.service.base_s,
+            "tokens_per_s": w.service.tokens_per_s,
+            "sizes": list(w.sizes),
+            "ids": list(w.ids),
         },
         "fleet": {
             "workers": f.workers,
@@ -40,6 +45,7 @@ def to_doc(sim: Simulation) -> dict[str, Any]:
             "budget": f.budget,
             "max_attempts": f.max_attempts,
             "policy": f.policy.value,
+            "schedule": f.schedule.value,
             "horizon_s": f.horizon_s,
         },
         "governor": codec.bucket_to_doc(sim.governor.state),
@@ -53,6 +59,7 @@ def to_doc(sim: Simulation) -> dict[str, Any]:
             {"finish": r.finish, "item": codec.queued_to_doc(r.item)} for r in sim.in_flight
         ],
         "lost_attempts": sim.lost_attempts,
+        "waiting": None if sim.waiting is None else codec.queued_to_doc(sim.waiting),
     }
 
 
@@ -61,6 +68,8 @@ def from_doc(doc: dict[str, Any], workers: int | None = None) -> Simulation:
         raise InvalidInput("state", f"not a simulator state file (expected format {FORMAT!r})")
     fleet_doc = dict(doc["fleet"])
     fleet_doc["policy"] = Policy.parse(fleet_doc["policy"])
+    # a state file from before the scheduling policies ran the book's schedule
+    fleet_doc["schedule"] = Schedule.parse(fleet_doc.get("schedule", Schedule.BOOK.value))
     if workers is not None:
         fleet_doc["workers"] = workers
     fleet = FleetConfig(**fleet_doc)
@@ -76,7 +85,7 @@ def from_doc(doc: dict[str, Any], workers: int | None = None) -> Simulation:
         [codec.attempt_from_doc(a) for a in doc["ledger"]["attempts"]],
     )
     return Simulation(
-        workload=Workload(**doc["workload"]),
+        workload=_workload(doc["workload"]),
         fleet=fleet,
         clock=clock,
         ledger=ledger,
@@ -86,7 +95,17 @@ def from_doc(doc: dict[str, Any], workers: int | None = None) -> Simulation:
             Running(int(r["finish"]), codec.queued_from_doc(r["item"])) for r in doc["in_flight"]
         ],
         lost_attempts=int(doc.get("lost_attempts", 0)),
+        waiting=None if doc.get("waiting") is None else codec.queued_from_doc(doc["waiting"]),
     )
+
+
+def _workload(doc: dict[str, Any]) -> Workload:
+    w = dict(doc)
+    service = ServiceModel(int(w.pop("base_s", 180)), int(w.pop("tokens_per_s", 100)))
+    sizes, ids = tuple(w.pop("sizes", ())), tuple(w.pop("ids", ()))
+    if sizes:
+        return Workload.from_sizes(sizes, ids, w["failure_rate"], w["seed"], service)
+    return Workload(**w, service=service, ids=ids)
 
 
 def save(sim: Simulation, path: Path) -> None:

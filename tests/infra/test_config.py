@@ -17,7 +17,11 @@ from infra.config import EMULATOR_CONTEXT_KEY, ConfigError, load_config, worker_
 from infra.constants import ROOT
 from infra.context import cdk_json_context
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
-from tests.infra.conftest import NO_BUNDLING, Synthesized
+from swarm.core.records import LANES, Lane
+from swarm.sim.engine import FleetConfig
+from swarm.sim.plan import plan
+from swarm.sim.workload import Workload
+from tests.infra.conftest import NO_BUNDLING, Synthesized, synthesize
 
 ASSET_HASH = re.compile(r"\b[0-9a-f]{64}\b")
 
@@ -415,3 +419,119 @@ def test_the_sweeper_rate_and_the_poll_limit_have_defaults() -> None:
     config = load_config(_context(fanout=base))
     assert config.fanout.sweeper_rate_minutes == 15
     assert config.fanout.finalizer_polls_per_execution == 1000
+
+
+# ------------------------------------------------------------ worker.concurrency: "auto"
+
+#: Lab 6.1's units as `swarm plan` measures them (swarm.core.scheduling.UnitProfile)
+SEED_PROFILE = {
+    "mean_tokens": 11994.895,
+    "mean_seconds": 299.4225,
+    "small_tokens": 8702,
+    "small_seconds": 267,
+}
+
+
+def _auto(profile: dict[str, Any] | None = None, **worker: Any) -> dict[str, Any]:
+    """cdk.json with worker.concurrency "auto": the lanes keep only their shed depths."""
+    context = cdk_json_context()
+    lanes = {lane: {"shed_depth": c["shed_depth"]} for lane, c in context["lanes"].items()}
+    auto = {"concurrency": "auto", "unit_profile": profile or SEED_PROFILE, **worker}
+    return _context(lanes=lanes, worker={**context["worker"], **auto})
+
+
+def test_auto_concurrency_derives_the_lanes_and_the_reservation_from_the_quota() -> None:
+    # Given the seed's quota (300k TPM at 95%) and Lab 6.1's unit profile
+    config = load_config(_auto())
+    # Then each lane may run the workers that keep the quota busy while small units run:
+    # 4,750 tokens/s x 267 s / 8,702 tokens = 145.7 -> 146 (N* = 119 on the mean unit)
+    sizing = config.sizing()
+    assert sizing is not None and (sizing.n_star, sizing.per_lane) == (119, 146)
+    assert [config.lane_concurrency(lane) for lane in LANES] == [146, 146, 146]
+    assert config.reserved_concurrency == 438  # the three lanes' pollers, all reserved
+    # and a doubled quota doubles the fleet
+    doubled = load_config({**_auto(), "quota_tpm": 600_000})
+    assert doubled.lane_concurrency(Lane.NORMAL) == 292
+
+
+def test_auto_concurrency_is_what_swarm_plan_prints() -> None:
+    """The same arithmetic at synth as in `swarm plan`: its "auto" values derive exactly its
+    explicit ones."""
+    # Given a plan for a manifest-like workload on another quota
+    workload = Workload(units=120, min_tokens=2_000, max_tokens=30_000, seed=5)
+    fleet = FleetConfig(quota_tpm=450_000, share=0.9, budget=10_000_000)
+    planned = plan(workload, fleet, seeds=1)
+    auto = planned.cdk_context_auto()
+    explicit = planned.cdk_context()
+    # When cdk.json takes the plan's "auto" values
+    context = _auto(auto["worker"]["unit_profile"])
+    context.update(quota_tpm=auto["quota_tpm"], governor_share=auto["governor_share"])
+    config = load_config(context)
+    # Then synth derives the plan's explicit values
+    for lane in LANES:
+        assert config.lane_concurrency(lane) == explicit["lanes"][lane.value]["max_concurrency"]
+    assert config.reserved_concurrency == explicit["worker"]["reserved_concurrency"]
+
+
+@pytest.mark.parametrize(
+    ("context", "keys"),
+    [
+        # the derived values cannot also be given
+        (
+            lambda: {**_auto(), "lanes": cdk_json_context()["lanes"]},
+            ("lanes.high.max_concurrency", "worker.concurrency"),
+        ),
+        (lambda: _auto(reserved_concurrency=400), ("worker.reserved_concurrency",)),
+        # "auto" needs the profile it sizes the fleet for
+        (lambda: _auto(unit_profile=None), ("worker.unit_profile", "swarm plan")),
+        (
+            lambda: _auto({**SEED_PROFILE, "small_tokens": 0}),
+            ("worker.unit_profile.small_tokens",),
+        ),
+        # by hand, every lane needs its max_concurrency
+        (
+            lambda: _context(lanes={**cdk_json_context()["lanes"], "low": {"shed_depth": 2000}}),
+            ("lanes.low.max_concurrency", '"auto"'),
+        ),
+        (
+            lambda: _context(worker={**cdk_json_context()["worker"], "concurrency": "max"}),
+            ("worker.concurrency", "'auto'"),
+        ),
+    ],
+)
+def test_auto_concurrency_refuses_what_contradicts_it(context: Any, keys: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(context())
+    for key in keys:
+        assert key in str(error.value)
+
+
+def test_auto_concurrency_must_fit_a_fresh_account_unless_told_otherwise() -> None:
+    # Given a 3M TPM quota: 1,458 workers per lane, 4,374 reserved
+    big = {**_auto(), "quota_tpm": 3_000_000}
+    # Then a fresh account's 1,000 concurrent executions (900 reservable) refuse it at synth
+    with pytest.raises(ConfigError) as error:
+        load_config(big)
+    message = str(error.value)
+    for words in ("worker.concurrency", "1458 workers per lane", "account_concurrency_limit"):
+        assert words in message
+    assert "MaximumConcurrency of 1000" in message  # one event source mapping's most
+    # A 600k TPM quota needs 292 per lane, 876 reserved: fits the fresh account's 900
+    assert load_config({**_auto(), "quota_tpm": 600_000}).reserved_concurrency == 876
+    # 900k TPM: 438 per lane, 1,314 reserved: refused by default...
+    with pytest.raises(ConfigError, match="can reserve at most 900"):
+        load_config({**_auto(), "quota_tpm": 900_000})
+    # ...and accepted once the user says the account allows more
+    raised = load_config({**_auto(), "quota_tpm": 900_000, "account_concurrency_limit": 1500})
+    assert raised.reserved_concurrency == 1314
+
+
+def test_auto_concurrency_reaches_the_template(tmp_path: Path) -> None:
+    synthesized = synthesize(tmp_path, _auto(), nag=False)
+    mappings = synthesized.stack.workers.mappings
+    for lane in LANES:
+        props = synthesized.resources[synthesized.logical_id(mappings[lane])]["Properties"]
+        assert props["ScalingConfig"] == {"MaximumConcurrency": 146}
+    worker = synthesized.stack.workers.worker.function
+    props = synthesized.resources[synthesized.logical_id(worker)]["Properties"]
+    assert props["ReservedConcurrentExecutions"] == 438

@@ -79,7 +79,7 @@ EXPECTED: dict[FunctionName, Table] = {
         "bucket if s3:prefix manifests/* | results/*": frozenset({"s3:ListBucket"}),
         # StepFunctionsExecutions.start (submit, idempotent resubmit, resume)
         "state machine": frozenset({"states:StartExecution"}),
-        # SsmDrainSwitch.draining (submit, resume, fleet, drain)
+        # SsmDrainSwitch.draining (submit, resume, fleet: cached) and .state (GET /drain)
         "drain parameter": frozenset({"ssm:GetParameter"}),
         # SqsLanes.depths: shedding and the fleet view
         **_each("lane", {"sqs:GetQueueAttributes"}),
@@ -119,7 +119,7 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:PutItem",
             }
         ),
-        # SsmDrainSwitch.draining: once per batch (functions/worker.py) and cached per message
+        # SsmDrainSwitch.draining: per message, cached for a few seconds per container
         "drain parameter": frozenset({"ssm:GetParameter"}),
         # S3Results.record: each attempt's outcome, a conditional PutObject (If-None-Match)
         "results/*/attempts/*": frozenset({"s3:PutObject"}),
@@ -226,7 +226,7 @@ EXPECTED: dict[FunctionName, Table] = {
     },
     DRAIN: {
         **_COMMON,
-        # DrainController.apply: SsmDrainSwitch.draining(fresh=True)
+        # DrainController.apply: SsmDrainSwitch.state (an exact read, with LastModifiedDate)
         "drain parameter": frozenset({"ssm:GetParameter"}),
         # LambdaMappings.set_enabled (its response carries the state: no GetEventSourceMapping)
         **_each("worker mapping", {"lambda:UpdateEventSourceMapping"}),

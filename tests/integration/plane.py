@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 from moto import mock_aws
 
 from swarm import wiring
@@ -297,9 +298,13 @@ class ControlPlane:
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
             "QueueArn"
         ]
-        response: dict[str, Any] = self.invoke(
-            "dlq" if dlq else "worker", sqs_event(arn, messages, REGION)
-        )
+        try:
+            response: dict[str, Any] = self.invoke(
+                "dlq" if dlq else "worker", sqs_event(arn, messages, REGION)
+            )
+        except BatchProcessingError:  # every record failed: a function error, and the mapping
+            # deletes nothing (as on AWS and in swarm/local/poller.py)
+            response = {"batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]}
         failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
         for m in messages:
             if m["MessageId"] not in failed:
@@ -353,14 +358,17 @@ class ControlPlane:
                 self.announced.append(json.loads(m["Body"]))
                 sqs.delete_message(QueueUrl=self.events_url, ReceiptHandle=m["ReceiptHandle"])
 
-    def set_drain(self, on: bool) -> None:
-        """The operator's switch (the admin writes it, as the operator role may)."""
+    def set_drain(self, on: bool, *, settled: bool = True) -> None:
+        """The operator's switch (the admin writes it, as the operator role may). ``settled``:
+        and the functions' caches of it have expired since (as they do a few seconds later)."""
         self.client("ssm").put_parameter(
             Name=self.env("api")[DRAIN_PARAMETER_NAME],
             Value="on" if on else "off",
             Type="String",
             Overwrite=True,
         )
+        if settled:
+            reset_handler_caches(self.functions)
 
 
 @dataclass

@@ -82,8 +82,8 @@ def run_to_close(plane: ControlPlane, batch_id: str, rounds: int = 4) -> dict[st
 
 def fan_out_events(plane: ControlPlane) -> list[dict[str, Any]]:
     """The map's item events, so a test can invoke the fan-out step itself: twice, or with a
-    step in between."""
-    return plane.fan_out_events()
+    step in between; in unit order (the manifest is in the fan-out's, largest first)."""
+    return sorted(plane.fan_out_events(), key=lambda event: event["unit"]["unit_id"])
 
 
 def receive_all(plane: ControlPlane, lane: Lane = Lane.NORMAL) -> list[Any]:
@@ -262,7 +262,8 @@ def top_up_for(plane: ControlPlane, batch_id: str, available: int) -> int:
 
 # With these 6 units (10,000 + 13 i tokens each) a budget of 25,000 admits u0000 and u0001 at
 # fan-out; u0002 is refused (the run starts exhausting) and u0002..u0005 are the remainder.
-SIX = units(6)
+# six units of one size: the fan-out's largest-first order is their submission order
+SIX = [{**unit, "projected_tokens": 10_000} for unit in units(6)]
 TIGHT = 25_000
 ONE_MORE = 15_000  # available tokens after a top-up that admit one more unit, not two
 

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,9 @@ import requests
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
+import functions.drain as drain_function
 import functions.worker as worker_handler
+from swarm.adapters.aws import SsmDrainSwitch
 from swarm.contract import (
     GOVERNOR_SHARE,
     GOVERNOR_TABLE_NAME,
@@ -458,7 +461,9 @@ def test_each_handler_runs_as_its_own_role_with_iam_enforced(plane: ControlPlane
     assert refused.value.response["Error"]["Code"] == "AccessDenied"
 
 
-def test_drain_controller_disables_and_enables_the_worker_mappings(plane: ControlPlane) -> None:
+def test_drain_controller_disables_and_enables_the_worker_mappings(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given the worker's SQS mapping of each lane, as deployed
     uuids = [plane.env("drain")[worker_mapping_var(lane)] for lane in LANES]
     lam = plane.client("lambda")
@@ -469,9 +474,18 @@ def test_drain_controller_disables_and_enables_the_worker_mappings(plane: Contro
     # When the operator turns the drain switch on, EventBridge invokes the controller
     plane.set_drain(True)
     report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
-    # Then every worker mapping is disabled and it says whether it is safe to deploy
+    # Then every worker mapping is disabled, and it is not yet safe to deploy: the functions'
+    # cached reads of the switch may say "off" for a few more seconds
     assert set(report["mappings"].values()) <= {"Disabled", "Disabling"}
-    assert report["draining"] and report["in_flight"] == 0 and report["safe_to_deploy"]
+    assert report["draining"] and report["in_flight"] == 0 and not report["settled"]
+    assert not report["safe_to_deploy"]
+    status, doc, _ = plane.api("GET", "/drain")
+    assert status == 200 and doc["draining"] and not doc["safe_to_deploy"]
+    # ... and it is once they have expired
+    later = time.time() + SsmDrainSwitch.ttl_s
+    monkeypatch.setattr(drain_function, "time", SimpleNamespace(time=lambda: later))
+    report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
+    assert report["settled"] and report["safe_to_deploy"]
     for uuid in uuids:
         assert lam.get_event_source_mapping(UUID=uuid)["State"] in ("Disabled", "Disabling")
     plane.set_drain(False)

@@ -16,7 +16,7 @@ import pytest
 from swarm import contract as env
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor, GovernorReadOnly
 from swarm.contract import FUNCTION_ENV
-from swarm.core.governor import GovernorConfig
+from swarm.core.governor import GovernorConfig, Grant
 from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import LANES, Lane
 from swarm.settings import Settings
@@ -135,6 +135,8 @@ def test_a_read_only_client_refuses_every_write(dynamodb: Any) -> None:
         reader.draw(1_000, Lane.HIGH, 0.0)
     with pytest.raises(GovernorReadOnly):
         reader.report_throttle(0.0)
+    with pytest.raises(GovernorReadOnly):
+        reader.true_up(Grant(1_000, Lane.HIGH, 0.0), 2_000, 0.0)
     assert _item_count(dynamodb) == 0
 
 

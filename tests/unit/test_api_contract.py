@@ -364,23 +364,35 @@ def test_one_safe_to_deploy_rule(
 ) -> None:
     seen = None if states is None else mappings(*states)
     assert safe_to_deploy(draining, in_flight, seen) is safe
+    # never before the switch has reached every function's cache
+    assert safe_to_deploy(draining, in_flight, seen, settled=False) is False
 
 
 def test_the_api_drain_view_and_the_drain_controller_answer_by_the_same_rule() -> None:
     drain = MemoryDrain()
     service = batches(drain=drain)
     controller = DrainController(drain, MemoryMappings(), service.queue)
-    assert service.drain_status() == {
+    assert service.drain_status(100.0) == {
         "draining": False,
+        "settled": True,
         "in_flight": 0,
         "queued": 0,
         "safe_to_deploy": False,
     }
     drain.set(True)
-    # the switch is on, nothing in flight: the API's view (no mappings) says safe; the
-    # controller, which sees the mappings still enabled, does not until it has applied it
-    assert service.drain_status()["safe_to_deploy"] is True
-    assert controller.status()["safe_to_deploy"] is False
-    report = controller.apply()
+    drain.settled_at = 105.0  # the functions' caches see it 5 s after the change
+    # until then, nobody calls it safe: a submit or a worker may still act on "off"
+    assert service.drain_status(104.9) == {
+        "draining": True,
+        "settled": False,
+        "in_flight": 0,
+        "queued": 0,
+        "safe_to_deploy": False,
+    }
+    # settled, nothing in flight: the API's view (no mappings) says safe; the controller,
+    # which sees the mappings still enabled, does not until it has applied it
+    assert service.drain_status(105.0)["safe_to_deploy"] is True
+    assert controller.status(105.0)["safe_to_deploy"] is False
+    report = controller.apply(105.0)
     assert report["safe_to_deploy"] is True
-    assert {k: v for k, v in report.items() if k != "mappings"} == service.drain_status()
+    assert {k: v for k, v in report.items() if k != "mappings"} == service.drain_status(105.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,11 +10,13 @@ import pytest
 
 from swarm.cli import main
 from swarm.core.records import RunState, UnitState
+from swarm.core.scheduling import Schedule
 from swarm.sim import lab61
 from swarm.sim.engine import FleetConfig, Simulation, crossover_workers, simulate
 from swarm.sim.workload import Workload
 
 SEED_CHAPTER = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"
+BOOK = Schedule.BOOK  # Lab 6.1's schedule: submission order, retries at the back
 
 
 def test_the_workload_is_the_books() -> None:
@@ -22,7 +25,7 @@ def test_the_workload_is_the_books() -> None:
 
 def test_baseline_run_is_the_healthy_line_of_the_book() -> None:
     # Given Lab 6.1's fleet: 100 workers, 300k TPM governed at 95%, a 6M budget
-    result = simulate(Workload(), FleetConfig())
+    result = simulate(Workload(), FleetConfig(schedule=BOOK))
     # Then every figure of the book's baseline line comes out of the core
     run = result.run
     assert run.state is RunState.COMPLETED
@@ -38,7 +41,7 @@ def test_baseline_run_is_the_healthy_line_of_the_book() -> None:
     ("workers", "elapsed"), [(25, 5_091), (50, 2_815), (100, 1_746), (200, 1_604)]
 )
 def test_worker_scaling_sweep(workers: int, elapsed: int) -> None:
-    assert simulate(Workload(), FleetConfig(workers=workers)).elapsed == elapsed
+    assert simulate(Workload(), FleetConfig(workers=workers, schedule=BOOK)).elapsed == elapsed
 
 
 def test_littles_law_crossover() -> None:
@@ -46,7 +49,7 @@ def test_littles_law_crossover() -> None:
 
 
 def test_budget_capped_run_exhausts_cleanly_with_the_remainder_enumerated() -> None:
-    sim = Simulation.fresh(Workload(), FleetConfig(budget=2_500_000))
+    sim = Simulation.fresh(Workload(), FleetConfig(budget=2_500_000, schedule=BOOK))
     result = sim.run_until()
     run = result.run
     assert run.state is RunState.EXHAUSTED
@@ -95,3 +98,26 @@ def test_report_matches_the_seed_chapter_verbatim() -> None:
     match = re.search(r"python3 swarm_sim\.py\n(.*?)\nThree readings:", chapter, re.S)
     assert match is not None
     assert _words(lab61.report()) == _words(match.group(1))
+
+
+def test_the_cli_book_policy_reproduces_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--policy book` on the command line is Lab 6.1's loop, whatever the default policy."""
+    figures = {25: 5_091, 50: 2_815, 100: 1_746, 200: 1_604}
+    for workers, elapsed in figures.items():
+        assert main(["sim", "run", "--policy", "book", "--workers", str(workers), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert (doc["elapsed_s"], doc["spent"], doc["retries"]) == (elapsed, 4_905_337, 9)
+        assert doc["policy"] == "book"
+    assert main(["sim", "run", "--policy", "book", "--budget", "2500000", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["elapsed_s"], doc["completed"], doc["spent"]) == (
+        "exhausted",
+        1_031,
+        206,
+        2_498_987,
+    )
+    args = ["sim", "sweep", "--policy", "book", "--workers", "25,50,100,200", "--json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["n_star"] == 119
+    assert {r["workers"]: r["elapsed_s"] for r in doc["rows"]} == figures

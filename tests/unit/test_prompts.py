@@ -246,24 +246,24 @@ def test_a_request_goes_from_the_submit_to_the_model_in_normal_form() -> None:
     run = service.submit_body("acme", body, None, 1.0).run
     # Then the manifest holds each input as the control plane carries it
     items = service.blobs.get_json(manifest_key(run.run_id))
-    assert [item["input"] for item in items] == ["hi", NORMAL]
+    assert {item["unit_id"]: item["input"] for item in items} == {"a": "hi", "b": NORMAL}
     # and the fan-out puts it on the lane, and the lane message brings it back unchanged
     queue = MemoryQueue()
     fanout = FanOut(service.ledger, queue, queue_lease_s=600)
     for item in items:
         fanout.admit_and_enqueue(item, 2.0)
     sent = [codec.parse_message_body(codec.message_body(q)) for q in queue.sent]
-    assert [q.input for q in sent] == ["hi", NORMAL]
+    assert {q.unit_id: q.input for q in sent} == {"a": "hi", "b": NORMAL}
     # and the model answers what it was asked
     model = SimulatedModelPlane(10**9, seed=3)
     results = [
         model.invoke(ModelRequest(q.run_id, q.unit_id, q.attempt, q.tokens, q.input, q.tokens))
         for q in sent
     ]
-    assert [r.output for r in results] == [
-        simulated_output("hi", "a", 0),
-        simulated_output(NORMAL, "b", 0),
-    ]
+    assert {q.unit_id: r.output for q, r in zip(sent, results, strict=True)} == {
+        "a": simulated_output("hi", "a", 0),
+        "b": simulated_output(NORMAL, "b", 0),
+    }
 
 
 def test_a_replay_with_the_same_request_written_another_way_is_the_same_batch() -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from swarm.cli import main
 from swarm.core.records import RunState, UnitState
+from swarm.core.scheduling import Schedule
 from swarm.sim import state
 from swarm.sim.engine import RUN_ID, FleetConfig, Simulation
 from swarm.sim.workload import Workload
@@ -67,13 +68,20 @@ def test_kill_then_resume_counts_the_lost_attempts_and_reruns_nothing_completed(
             assert attempt.settled_at < 900
 
 
-def test_resume_after_a_top_up_completes_an_exhausted_run(tmp_path: Path) -> None:
-    sim = Simulation.fresh(Workload(), FleetConfig(budget=2_500_000))
-    assert sim.run_until().run.state is RunState.EXHAUSTED
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_resume_after_a_top_up_completes_an_exhausted_run(
+    tmp_path: Path, schedule: Schedule
+) -> None:
+    sim = Simulation.fresh(Workload(), FleetConfig(budget=2_500_000, schedule=schedule))
+    exhausted = sim.run_until()
+    assert exhausted.run.state is RunState.EXHAUSTED
+    if schedule is Schedule.BOOK:  # Lab 6.1's capped run
+        assert len(exhausted.remainder) == 194
     path = tmp_path / "capped.json"
     state.save(sim, path)
     resumed = state.load(path)
-    assert resumed.top_up(3_500_000) == 194
+    assert resumed.fleet.schedule is schedule  # the policy travels with the state
+    assert resumed.top_up(3_500_000) == len(exhausted.remainder)
     result = resumed.run_until()
     assert result.run.state is RunState.COMPLETED
     assert result.run.completed + result.run.dead_lettered == 400
@@ -81,9 +89,14 @@ def test_resume_after_a_top_up_completes_an_exhausted_run(tmp_path: Path) -> Non
 
 
 @settings(max_examples=25, deadline=None)
-@given(kill_at=st.integers(min_value=1, max_value=1_800), workers=st.integers(1, 250))
-def test_any_kill_time_reconciles(kill_at: int, workers: int) -> None:
-    sim = Simulation.fresh(Workload(units=60), FleetConfig(workers=workers, budget=900_000))
+@given(
+    kill_at=st.integers(min_value=1, max_value=1_800),
+    workers=st.integers(1, 250),
+    schedule=st.sampled_from(list(Schedule)),
+)
+def test_any_kill_time_reconciles(kill_at: int, workers: int, schedule: Schedule) -> None:
+    fleet = FleetConfig(workers=workers, budget=900_000, schedule=schedule)
+    sim = Simulation.fresh(Workload(units=60), fleet)
     first = sim.run_until(kill_at=kill_at)
     if first.killed:
         resumed = state.from_doc(json.loads(json.dumps(state.to_doc(sim))))
@@ -96,7 +109,7 @@ def test_any_kill_time_reconciles(kill_at: int, workers: int) -> None:
 
 def test_cli_kill_and_resume_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "run.json"
-    assert main(["sim", "run", "--kill-at", "900", "--state", str(path)]) == 0
+    assert main(["sim", "run", "--kill-at", "900", "--state", str(path), "--policy", "book"]) == 0
     assert "killed at 900s: 203/400 complete, 100 attempts in flight" in capsys.readouterr().out
     assert main(["sim", "resume", "--state", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
