@@ -73,6 +73,25 @@ _VALIDATION_TEMPLATE = {
 }
 
 
+#: the access log's fields (one JSON object per request)
+ACCESS_LOG_FIELDS = {
+    "requestId": "$context.requestId",
+    "ip": "$context.identity.sourceIp",
+    "caller": "$context.identity.caller",
+    "user": "$context.identity.user",
+    "userArn": "$context.identity.userArn",
+    "accountId": "$context.identity.accountId",
+    "requestTime": "$context.requestTime",
+    "httpMethod": "$context.httpMethod",
+    "resourcePath": "$context.resourcePath",
+    "status": "$context.status",
+    "protocol": "$context.protocol",
+    "responseLength": "$context.responseLength",
+    "integrationLatency": "$context.integrationLatency",
+    "errorType": "$context.error.responseType",
+}
+
+
 class FrontDoor(Construct):
     def __init__(
         self,
@@ -155,17 +174,9 @@ class FrontDoor(Construct):
                 throttling_rate_limit=config.api.throttle_rate_limit,
                 throttling_burst_limit=config.api.throttle_burst_limit,
                 access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
-                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
-                    caller=True,
-                    http_method=True,
-                    ip=True,
-                    protocol=True,
-                    request_time=True,
-                    resource_path=True,
-                    response_length=True,
-                    status=True,
-                    user=True,
-                ),
+                # who called: with IAM auth the caller is a role session, and its ARN
+                # (userArn: the tenant's role) is what an audit needs; never a body
+                access_log_format=apigw.AccessLogFormat.custom(json.dumps(ACCESS_LOG_FIELDS)),
                 logging_level=apigw.MethodLoggingLevel.ERROR,
                 data_trace_enabled=False,
                 metrics_enabled=True,

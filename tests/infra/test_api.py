@@ -103,6 +103,7 @@ def test_stage_throttles_logs_and_traces(synth: Synthesized) -> None:
     assert synth.logical_id(synth.stack.front_door.access_logs) in destination
     access_format = json.loads(props["AccessLogSetting"]["Format"])
     assert {"requestId", "caller", "user", "status"} <= set(access_format)
+    assert access_format["userArn"] == "$context.identity.userArn"  # the tenant's role
     (settings,) = props["MethodSettings"]
     assert settings["ThrottlingRateLimit"] == synth.config.api.throttle_rate_limit
     assert settings["ThrottlingBurstLimit"] == synth.config.api.throttle_burst_limit
