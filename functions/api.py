@@ -1,4 +1,5 @@
-"""The batch API (API Gateway REST proxy): submit, status, results, resume, fleet, drain status.
+"""The batch API (API Gateway REST proxy): submit, status, results, resume, manifest uploads,
+fleet, drain status.
 
 Routing and translation only: authenticate the caller, parse the body into its model
 (:mod:`swarm.service.api_models`), call :mod:`swarm.service.batches`, and answer its result as
@@ -18,21 +19,25 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from swarm.api.models import Error, ErrorCode
+from swarm.api.models import Error, ErrorCode, Rebound
 from swarm.api.openapi import IDEMPOTENCY_KEY
 from swarm.contract import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
+from swarm.core.records import check_tenant
 from swarm.service.api_models import (
+    Caller,
     Forbidden,
     TooLarge,
     Unauthenticated,
+    caller_of,
     parse_results_query,
     parse_resume,
     parse_submit,
-    tenant_of,
+    parse_upload,
 )
 from swarm.service.batches import Batches, Draining, Shedding
 from swarm.service.results import Results
+from swarm.service.uploads import Uploads
 from swarm.settings import ApiSettings, SettingsError
 from swarm.wiring import Wiring
 
@@ -63,6 +68,13 @@ def results_reader() -> Results:
         _cache["results"] = runtime().results()
     reader: Results = _cache["results"]
     return reader
+
+
+def uploads() -> Uploads:
+    if "uploads" not in _cache:
+        _cache["uploads"] = runtime().uploads()
+    service: Uploads = _cache["uploads"]
+    return service
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response[str]:
@@ -134,16 +146,56 @@ def _read_denied(e: ReadDenied) -> Response[str]:
     return _error(500, ErrorCode.MISCONFIGURED, _MISCONFIGURED)
 
 
-def _tenant() -> str:
+#: a (tenant, role id) binding is confirmed with one conditional write at most every
+#: BINDING_CHECK_S per container (``_cache["bound"]``: when each pair was last confirmed)
+BINDING_CHECK_S = 300.0
+
+
+def _caller() -> Caller:
     identity = app.current_event.request_context.identity
     if not identity.user_arn:
         raise Unauthenticated("sign the request with AWS credentials (SigV4)")
-    prefix = runtime().settings_as(ApiSettings).tenant_principal_prefix
+    s = runtime().settings_as(ApiSettings)
     # the deployment's account: this function's own (arn:aws:lambda:<region>:<account>:...)
     account = app.lambda_context.invoked_function_arn.split(":")[4]
-    tenant = tenant_of(identity.user_arn, prefix, account)
-    logger.append_keys(tenant=tenant)
+    caller = caller_of(
+        identity.user_arn,
+        identity.user,
+        s.tenant_principal_prefix,
+        s.operator_principal_prefix,
+        account,
+    )
+    logger.append_keys(tenant=caller.tenant or "(operator)")
+    if caller.tenant is not None and caller.role_id is not None:
+        pair, now = (caller.tenant, caller.role_id), time.time()
+        bound: dict[tuple[str, str], float] = _cache.setdefault("bound", {})
+        if now - bound.get(pair, -BINDING_CHECK_S) >= BINDING_CHECK_S:
+            if not runtime().bindings().bind(caller.tenant, caller.role_id, now):
+                raise Forbidden(
+                    f"tenant {caller.tenant!r} is bound to another role of that name (was the "
+                    "role deleted and created again?): an operator must re-bind it with "
+                    f"`swarm rebind {caller.tenant}`"
+                )
+            bound[pair] = now
+    return caller
+
+
+def _tenant() -> str:
+    """A tenant's route: the caller's tenant (an operator is not one)."""
+    tenant = _caller().tenant
+    if tenant is None:
+        raise Forbidden("operators are not tenants: submit and resume with a tenant's role")
     return tenant
+
+
+def _operator() -> None:
+    """An operator's route: the fleet-wide views and actions."""
+    if not _caller().operator:
+        prefix = runtime().settings_as(ApiSettings).operator_principal_prefix
+        raise Forbidden(
+            f"this is an operator's view: call with a role named '{prefix}<name>'; tenants see "
+            "their own batches"
+        )
 
 
 @app.exception_handler(Unauthenticated)
@@ -167,7 +219,7 @@ def submit() -> Response[str]:
 @app.get("/batches/<batch_id>")
 @tracer.capture_method
 def status(batch_id: str) -> Response[str]:
-    tenant = _tenant()
+    tenant = _caller().tenant  # None: an operator, who may read any batch
     logger.append_keys(batch_id=batch_id)
     return _json(200, batches().status(tenant, batch_id, time.time()))
 
@@ -175,7 +227,7 @@ def status(batch_id: str) -> Response[str]:
 @app.get("/batches/<batch_id>/results")
 @tracer.capture_method
 def results(batch_id: str) -> Response[str]:
-    tenant = _tenant()
+    tenant = _caller().tenant  # None: an operator, who may read any batch
     logger.append_keys(batch_id=batch_id)
     query = parse_results_query(app.current_event.query_string_parameters)
     run = batches().run_for(tenant, batch_id)
@@ -191,17 +243,37 @@ def resume(batch_id: str) -> Response[str]:
     return _json(200, batches().resume(tenant, batch_id, body.top_up, time.time()))
 
 
+@app.post("/uploads")
+@tracer.capture_method
+def upload() -> Response[str]:
+    tenant = _tenant()
+    body = parse_upload(app.current_event.body)
+    doc = uploads().grant(tenant, body, time.time())
+    logger.info("upload URL granted", key=doc["key"], size_bytes=body.size_bytes)
+    return _json(200, doc)
+
+
+@app.post("/tenants/<tenant>/rebind")
+@tracer.capture_method
+def rebind(tenant: str) -> Response[str]:
+    _operator()
+    tenant = check_tenant(tenant)
+    forgot = runtime().bindings().unbind(tenant)
+    logger.info("tenant binding forgotten", rebound_tenant=tenant, was_bound=forgot)
+    return _json(200, Rebound(tenant=tenant, was_bound=forgot).model_dump(mode="json"))
+
+
 @app.get("/fleet")
 @tracer.capture_method
 def fleet() -> Response[str]:
-    _tenant()
+    _operator()
     return _json(200, batches().fleet(time.time()))
 
 
 @app.get("/drain")
 @tracer.capture_method
 def drain() -> Response[str]:
-    _tenant()
+    _operator()
     return _json(200, batches().drain_status(time.time()))
 
 

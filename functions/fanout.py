@@ -1,7 +1,8 @@
 """Fan-out step (the Distributed Map's item processor): admit the unit, then enqueue it.
 
 Event: ``{"batch_id": ..., "index": n, "unit": <manifest item>}``. A refused admission is not an
-error: the unit joins the remainder and the run starts exhausting.
+error: the unit joins the remainder and the run starts exhausting. The tenant, lane and budget
+are the ledger's (the run's spec), never the item's; an item of another batch is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +32,6 @@ def fanout() -> FanOut:
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     item = event["unit"]
     logger.append_keys(batch_id=event.get("batch_id"), unit_id=item.get("unit_id"))
-    result = fanout().admit_and_enqueue(item, time.time())
+    result = fanout().admit_and_enqueue(item, time.time(), batch_id=event["batch_id"])
     logger.info("fan-out", **result)
     return result

@@ -31,6 +31,7 @@ from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
+from swarm.api.models import BATCH_ID_PREFIX, UPLOADS_PREFIX
 from swarm.api.openapi import DRAFT4, IDEMPOTENCY_KEY, ROUTES, gateway_schema
 from swarm.contract import API
 
@@ -126,15 +127,21 @@ class FrontDoor(Construct):
             "dynamodb:Query",  # a run's units (status remainder, resume, results pages)
             "dynamodb:PutItem",  # open_run: spec and books (TransactWriteItems Puts)
             "dynamodb:BatchWriteItem",  # open_run: the unit items
-            "dynamodb:UpdateItem",  # open_run marks the books ready; resume tops up
+            "dynamodb:UpdateItem",  # open_run marks the books ready; resume tops up; bindings
+            "dynamodb:DeleteItem",  # an operator's re-bind of a tenant (its binding item)
         )
         # Read only: shedding and the fleet view take a snapshot. Rather than granting the API
         # PutItem to create a missing bucket (a fresh stack, or a new quota/share/capacity), its
         # governor client is read-only and reads a missing bucket as its configured initial
         # state (swarm/wiring.py, swarm/adapters/dynamodb_governor.py): the workers create it.
         governor.grant(role, "dynamodb:Query")
-        # manifests/<batch>/units.json and resume-<n>.json; reads manifests/uploads/<tenant>/...
-        storage.grant_objects(role, MANIFEST_PREFIX, "s3:PutObject", "s3:GetObject")
+        # writes its batches' manifests/<batch>/units.json and resume-<n>.json; reads them back
+        # (resume) and the tenant's upload under manifests/uploads/<tenant>/ (submit)
+        storage.grant_objects(role, f"{MANIFEST_PREFIX}{BATCH_ID_PREFIX}", "s3:PutObject")
+        storage.grant_objects(role, MANIFEST_PREFIX, "s3:GetObject")
+        # POST /uploads presigns a PUT of manifests/uploads/<tenant>/<new id>.json: the URL
+        # carries this role's rights, so tenants need none on the bucket (exactly PutObject)
+        storage.grant_objects(role, UPLOADS_PREFIX, "s3:PutObject")
         # a results page reads attempt records; a download URL it signs reads a results file
         # (a presigned GET carries the signer's rights: exactly s3:GetObject on results/*)
         storage.grant_objects(role, RESULTS_PREFIX, "s3:GetObject")

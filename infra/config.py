@@ -158,7 +158,22 @@ class ApiConfig(_Strict):
     throttle_rate_limit: float = Field(gt=0)
     throttle_burst_limit: int = Field(ge=1, le=5000)
     tenant_principal_prefix: str = Field(pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$")
+    # the roles that own the fleet-wide views (GET /fleet, /drain), read any batch and re-bind
+    # a tenant whose role was recreated; never a tenant
+    operator_principal_prefix: str = Field(
+        default="swarm-operator-", pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$"
+    )
     create_cloudwatch_role: bool  # account-wide API Gateway logging role; see the README
+
+    @model_validator(mode="after")
+    def _distinct_principals(self) -> ApiConfig:
+        tenant, operator = self.tenant_principal_prefix, self.operator_principal_prefix
+        if tenant.startswith(operator) or operator.startswith(tenant):
+            raise ValueError(
+                f"api.operator_principal_prefix {operator!r} and api.tenant_principal_prefix "
+                f"{tenant!r} must not be prefixes of each other: a role would be both"
+            )
+        return self
 
 
 class ResultsConfig(_Strict):
@@ -169,6 +184,14 @@ class ResultsConfig(_Strict):
     # a results download URL's lifetime (a presigned GET of one object; signed with the API
     # function's session credentials, so it can end sooner, never later)
     download_url_seconds: int = Field(default=300, ge=30, le=3600)
+
+
+class UploadsConfig(_Strict):
+    """Manifest uploads (POST /uploads: a presigned PUT of manifests/uploads/<tenant>/<id>)."""
+
+    # an upload URL's lifetime: the upload must start within it (signed with the API function's
+    # session credentials, so it can end sooner, never later)
+    url_seconds: int = Field(default=300, ge=30, le=3600)
 
 
 class SimulatedModelConfig(_Strict):
@@ -247,6 +270,7 @@ class SwarmConfig(_Strict):
     fanout: FanoutConfig
     api: ApiConfig
     results: ResultsConfig = ResultsConfig()
+    uploads: UploadsConfig = UploadsConfig()
     model: ModelConfig
     observability: ObservabilityConfig
 

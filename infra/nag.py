@@ -11,6 +11,7 @@ from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 from infra.stack import SwarmStack
 from infra.storage import ATTEMPT_RECORDS
 from infra.workers import CROSS_REGION_PREFIXES
+from swarm.api.models import BATCH_ID_PREFIX, UPLOADS_PREFIX
 
 #: Actions that have no resource-level permissions, so IAM requires ``Resource: "*"``.
 STAR_ONLY_ACTIONS = frozenset(
@@ -98,8 +99,21 @@ def acknowledge_findings(stack: SwarmStack) -> None:
     _ack(
         stack.front_door.handler.role,
         manifests,
-        "The API writes manifests/<batch id>/units.json and resume-<n>.json, reads them back to "
-        "resume, and reads the tenant's upload under manifests/uploads/<tenant>/",
+        "The API reads its batches' manifests (manifests/<batch id>/units.json, resume-<n>.json) "
+        "back to resume, and the tenant's upload under manifests/uploads/<tenant>/ (GetObject)",
+    )
+    _ack(
+        stack.front_door.handler.role,
+        f"IAM5[Resource::{bucket}/{MANIFEST_PREFIX}{BATCH_ID_PREFIX}*]",
+        "The API writes manifests/<batch id>/units.json and resume-<n>.json: keys per batch "
+        "(PutObject only)",
+    )
+    _ack(
+        stack.front_door.handler.role,
+        f"IAM5[Resource::{bucket}/{UPLOADS_PREFIX}*]",
+        "POST /uploads presigns a PUT of manifests/uploads/<tenant>/<new id>.json for the "
+        "caller, a key generated per request, so tenants need no rights on the bucket "
+        "(PutObject only)",
     )
     _ack(
         stack.front_door.handler.role,

@@ -14,6 +14,7 @@ import http
 import http.client
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -29,7 +30,6 @@ from swarm.core.errors import InvalidInput, SwarmError
 
 LOCAL_TARGET_FILE = Path(".swarm") / "local.json"
 DEFAULT_LOCAL_TENANT = "demo"
-LOCAL_OPERATOR_ROLE = "swarm-local-operator"  # swarm.local.patches.iam.OPERATOR_ROLE
 CREDENTIALS_HINT = (
     "refresh or configure your AWS credentials (`aws sso login`, `aws configure`, or "
     "AWS_PROFILE) and try again"
@@ -128,6 +128,8 @@ class Target:
     #: used to assume the tenant and operator roles there
     local_credentials: dict[str, str] | None = None
     tenant_prefix: str = "swarm-tenant-"
+    #: local only: the operator's role (fleet, drain view, re-binding, the drain switch)
+    operator_role: str = "swarm-operator-local"
 
     @property
     def local(self) -> bool:
@@ -235,7 +237,7 @@ class Client:
         import boto3
 
         if self.target.local:  # the local operator's role: what `swarm drain on|off` needs
-            c = self._local_role(LOCAL_OPERATOR_ROLE)
+            c = self._local_role(self.target.operator_role)
             return self._local_aws(
                 service,
                 {
@@ -254,15 +256,18 @@ class Client:
         headers: dict[str, str] | None = None,
         *,
         check: str | None = None,
+        operator: bool = False,
     ) -> tuple[int, Any]:
-        """Send one request; return (status, the JSON answer). Every failure is a SwarmError
+        """Send one request; return (status, the JSON answer). ``operator``: an operator's route
+        (locally signed as the operator role; on AWS your credentials must be one). Every
+        failure is a SwarmError
         of one line saying what to do: :class:`Unreachable`, :class:`NoAnswer` (``check`` says
         how to see whether a request that changes something was applied), :class:`ApiError`
         (an HTTP error status), or a SwarmError for a 2xx answer that is not JSON."""
         url = self.target.api_url.rstrip("/") + path
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
-        hdrs = self._signed(method, url, data, hdrs)  # SigV4, here and on AWS
+        hdrs = self._signed(method, url, data, hdrs, operator)  # SigV4, here and on AWS
         req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
         status, raw, answer_headers = self._exchange(req, method, url, check)
         if status >= 400:
@@ -350,7 +355,12 @@ class Client:
         return ApiError(status, code, message, retry_after, advice)
 
     def _signed(
-        self, method: str, url: str, data: bytes | None, headers: dict[str, str]
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        operator: bool = False,
     ) -> dict[str, str]:
         import boto3
         from botocore.auth import SigV4Auth
@@ -360,7 +370,8 @@ class Client:
         request = AWSRequest(method=method, url=url, data=data, headers=headers)
         if self.target.local:
             tenant = self.target.tenant or DEFAULT_LOCAL_TENANT
-            credentials = self._local_role(f"{self.target.tenant_prefix}{tenant}")
+            role = self.target.operator_role if operator else f"{self.target.tenant_prefix}{tenant}"
+            credentials = self._local_role(role)
             SigV4Auth(credentials, "execute-api", self.target.region).add_auth(request)
             return dict(request.headers.items())
         try:  # a profile that does not exist, an SSO token or a role session that expired...
@@ -439,11 +450,36 @@ class Client:
         check = f"see `swarm status {batch_id}` before resuming again (each resume tops up)"
         return self.request("POST", path, {"top_up": top_up}, check=check)[1]
 
+    def upload(self, data: bytes) -> str:
+        """Upload a manifest (``data``: a JSON array of units) through ``POST /uploads``: ask
+        for a URL for its size, PUT it there with the method and headers the answer names, and
+        return the key to submit as ``manifest.key``. Needs no rights on the bucket."""
+        doc = self.request("POST", "/uploads", {"size_bytes": len(data)})[1]
+        method, url = str(doc["method"]), str(doc["url"])
+        headers = {str(k): str(v) for k, v in doc["headers"].items()}
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        where = url.split("?", 1)[0]  # the signature stays out of messages
+        check = "run the command again: it uploads to a new key"
+        status, raw, _ = self._exchange(req, method, where, check)
+        if status >= 400:
+            code = re.search(rb"<Code>([^<]{1,64})</Code>", raw)
+            said = f" ({code.group(1).decode(errors='replace')})" if code else ""
+            raise SwarmError(
+                f"the upload to {where} was refused: HTTP {status}{said}; run the command again "
+                "for a new upload URL (each one lasts minutes and writes once)"
+            )
+        return str(doc["key"])
+
     def fleet(self) -> Any:
-        return self.request("GET", "/fleet")[1]
+        return self.request("GET", "/fleet", operator=True)[1]
 
     def drain_status(self) -> Any:
-        return self.request("GET", "/drain")[1]
+        return self.request("GET", "/drain", operator=True)[1]
+
+    def rebind(self, tenant: str) -> Any:
+        """Forget the role ``tenant`` is bound to (an operator's action)."""
+        path = f"/tenants/{urllib.parse.quote(tenant, safe='')}/rebind"
+        return self.request("POST", path, operator=True)[1]
 
     # -- the drain switch (an operator action: it needs SSM rights, not a tenant role)
     def set_drain(self, on: bool) -> None:

@@ -94,6 +94,8 @@ LEDGER_TABLE_NAME: Final = "LEDGER_TABLE_NAME"
 BUCKET_NAME: Final = "BUCKET_NAME"
 #: how long a results download URL is valid (cdk.json results.download_url_seconds)
 RESULTS_URL_SECONDS: Final = "RESULTS_URL_SECONDS"
+#: how long a manifest upload URL is valid (cdk.json uploads.url_seconds)
+UPLOAD_URL_SECONDS: Final = "UPLOAD_URL_SECONDS"
 
 
 STATE_MACHINE_ARN: Final = "STATE_MACHINE_ARN"
@@ -237,6 +239,7 @@ SWEEP_INTERVAL_SECONDS: Final = "SWEEP_INTERVAL_SECONDS"  # the sweeper's schedu
 
 
 TENANT_PRINCIPAL_PREFIX: Final = "TENANT_PRINCIPAL_PREFIX"
+OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
 
 
 # --- model plane --------------------------------------------------------------------------------
@@ -352,7 +355,9 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         DEFAULT_BUDGET_TOKENS,
         MAX_BUDGET_TOKENS,
         TENANT_PRINCIPAL_PREFIX,
+        OPERATOR_PRINCIPAL_PREFIX,
         RESULTS_URL_SECONDS,
+        UPLOAD_URL_SECONDS,
     ),
     "fanout": (
         *_COMMON,

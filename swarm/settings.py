@@ -44,6 +44,7 @@ from swarm.contract import (
     MAX_ATTEMPTS,
     MAX_BUDGET_TOKENS,
     MODEL_ADAPTER,
+    OPERATOR_PRINCIPAL_PREFIX,
     OPTIONAL_VARS,
     POWERTOOLS_LOG_LEVEL,
     POWERTOOLS_METRICS_NAMESPACE,
@@ -64,6 +65,7 @@ from swarm.contract import (
     SWARM_FUNCTION,
     SWEEP_INTERVAL_SECONDS,
     TENANT_PRINCIPAL_PREFIX,
+    UPLOAD_URL_SECONDS,
     WORKER_MAPPING_ID_HIGH,
     WORKER_MAPPING_ID_LOW,
     WORKER_MAPPING_ID_NORMAL,
@@ -241,7 +243,9 @@ class ApiSettings(
     default_budget_tokens: int = Field(alias=DEFAULT_BUDGET_TOKENS, ge=0)
     max_budget_tokens: int = Field(alias=MAX_BUDGET_TOKENS, ge=1)
     tenant_principal_prefix: str = Field(alias=TENANT_PRINCIPAL_PREFIX)
+    operator_principal_prefix: str = Field(alias=OPERATOR_PRINCIPAL_PREFIX, min_length=1)
     results_url_seconds: int = Field(alias=RESULTS_URL_SECONDS, ge=1, le=3600)
+    upload_url_seconds: int = Field(alias=UPLOAD_URL_SECONDS, ge=1, le=3600)
 
     def shed_depth(self, lane: Lane) -> int:
         """The lane's depth past which new submissions are shed."""

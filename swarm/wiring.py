@@ -29,7 +29,15 @@ from swarm.adapters.s3_results import S3Results
 from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
-from swarm.core.ports import MAX_SQS_DELAY_S, Governor, LaneQueue, Ledger, ModelPlane, RunWatch
+from swarm.core.ports import (
+    MAX_SQS_DELAY_S,
+    Governor,
+    LaneQueue,
+    Ledger,
+    ModelPlane,
+    RunWatch,
+    TenantBindings,
+)
 from swarm.core.records import LANES
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
@@ -37,6 +45,7 @@ from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
 from swarm.service.results import Results
 from swarm.service.sweeper import SweepConfig, Sweeper
+from swarm.service.uploads import Uploads
 from swarm.service.worker import Worker, WorkerTimings
 from swarm.settings import (
     ApiSettings,
@@ -106,9 +115,9 @@ def boto3_clients(configs: Mapping[str, Any] | None = None) -> ClientFactory:
 
 def client_configs(settings: Settings) -> dict[str, Any]:
     """Per-service client configuration. S3: Signature Version 4, which presigned URLs (results
-    downloads) must use (boto3 may still sign them with version 2, which S3 no longer accepts
-    in newer regions). Bedrock: the configured read timeout (boto3's 60 s is short for a long
-    answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
+    downloads, manifest uploads) must use (boto3 may still sign them with version 2, which S3
+    no longer accepts in newer regions). Bedrock: the configured read timeout (boto3's 60 s is
+    short for a long answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
     from swarm.adapters.s3_results import S3_SIGV4
 
     configs: dict[str, Any] = {"s3": S3_SIGV4}
@@ -198,6 +207,13 @@ class Wiring:
         table = self.settings_as(LedgerSettings).ledger_table
         return DynamoDBRunWatch(table, client=self.clients("dynamodb"))
 
+    def bindings(self) -> TenantBindings:
+        """Each tenant's role, bound at first use (the API)."""
+        from swarm.adapters.dynamodb_bindings import DynamoDBBindings
+
+        table = self.settings_as(LedgerSettings).ledger_table
+        return DynamoDBBindings(table, client=self.clients("dynamodb"))
+
     def governor(self, *, read_only: bool = False) -> Governor:
         """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its
         role may only Query it): a bucket the workers have not created yet reads as its
@@ -237,6 +253,10 @@ class Wiring:
         """The results reader of the API (a page of outcomes, the download URL)."""
         s = self.settings_as(ApiSettings)
         return Results(self.ledger(), self.result_store(), s.results_url_seconds)
+
+    def uploads(self) -> Uploads:
+        """The API's manifest upload URLs (presigned with its own role)."""
+        return Uploads(self.blobs(), self.settings_as(ApiSettings).upload_url_seconds)
 
     def drain_switch(self) -> SsmDrainSwitch:
         name = self.settings_as(DrainSwitchSettings).drain_parameter

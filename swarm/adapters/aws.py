@@ -17,9 +17,16 @@ from typing import Any
 from swarm.adapters.client_errors import client_error_type, error_code
 from swarm.contract import parse_drain_value
 from swarm.core import codec
-from swarm.core.errors import InvalidInput, NotFound, ReadDenied
+from swarm.core.errors import InvalidInput, NotFound, ObjectTooLarge, ReadDenied
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ports import MAX_SQS_DELAY_S, DrainState, LaneDepth, MappingState
+from swarm.core.ports import (
+    MAX_SQS_DELAY_S,
+    DrainState,
+    LaneDepth,
+    MappingState,
+    SignedUpload,
+    upload_headers,
+)
 from swarm.core.records import LANES, Lane
 
 
@@ -89,19 +96,50 @@ class S3Blobs:
             ContentType="application/json",
         )
 
-    def get_json(self, key: str) -> Any:
-        """The object as JSON; NotFound, ReadDenied, or InvalidInput (named by the key) when it
-        is not JSON."""
+    def get_json(self, key: str, max_bytes: int | None = None) -> Any:
+        """The object as JSON; NotFound, ReadDenied, ObjectTooLarge (over ``max_bytes``: its
+        body is not read), or InvalidInput (named by the key) when it is not JSON."""
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            answer = self.client.get_object(Bucket=self.bucket, Key=key)
         except client_error_type() as e:
             self._raise_for_read(key, e)
             raise
+        stream = answer["Body"]
+        if max_bytes is None:
+            body = stream.read()
+        else:
+            # S3 says the size first (refused unread); the bounded read holds without it
+            size = int(answer.get("ContentLength", 0))
+            body = b"" if size > max_bytes else stream.read(max_bytes + 1)
+            if size > max_bytes or len(body) > max_bytes:
+                stream.close()
+                raise ObjectTooLarge(key, max(size, len(body)), max_bytes)
         try:
             return json.loads(body)
         except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8 text
             reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
             raise InvalidInput(key, f"not JSON ({reason})") from None
+
+    def upload_url(self, key: str, size_bytes: int, expires_s: int) -> SignedUpload:
+        """A presigned PUT (Signature Version 4: the client must be configured for it, see
+        :func:`swarm.wiring.client_configs`) signed with :func:`upload_headers`: S3 refuses a
+        request without exactly those headers (SignatureDoesNotMatch, 403), so the object is
+        written once (412 if it exists), of exactly ``size_bytes``. It carries the signer's
+        rights, and lasts ``expires_s`` or the signer's session, whichever ends first."""
+        headers = upload_headers(size_bytes)
+        url: str = self.client.generate_presigned_url(
+            "put_object",
+            Params={
+                "Bucket": self.bucket,
+                "Key": key,
+                "ContentType": headers["Content-Type"],
+                "ContentLength": size_bytes,
+                "IfNoneMatch": headers["If-None-Match"],
+            },
+            ExpiresIn=expires_s,
+            HttpMethod="PUT",
+        )
+        return SignedUpload(url, headers)
 
     def exists(self, key: str) -> bool:
         """Whether the object exists. A 403 raises ReadDenied: "does not exist" would make the

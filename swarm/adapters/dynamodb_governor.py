@@ -13,8 +13,8 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from swarm.adapters.client_errors import client_error_type, error_code
@@ -75,7 +75,7 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
         return value
 
     last = _n(item, "last_throttle_at")
-    lost, refunded, solvent = _n(item, "lost"), _n(item, "refunded"), _n(item, "solvent")
+    lost, refunded, highs = _n(item, "lost"), _n(item, "refunded"), _n(item, "highs")
     return ShardState(
         index=int(item[SORT_KEY]["S"].split("#", 1)[1]),
         drawn=need("drawn"),
@@ -90,8 +90,8 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
         last_throttle_at=None if last is None else float(last),
         lost=lost or ZERO,
         refunded=refunded or ZERO,
-        solvent=int(solvent or 0),
-        legacy=lost is None or refunded is None or solvent is None,
+        highs=int(highs or 0),
+        legacy=lost is None or refunded is None or highs is None,
     )
 
 
@@ -125,7 +125,6 @@ class GovernorStats:
     refunded: int = 0  # unused tokens given back (with a write that drew at least as many)
     refund_dropped: int = 0  # unused tokens that could not go back soundly
     debited: int = 0  # tokens the model used beyond its grants, drawn after the call
-    by_op: dict[str, int] = field(default_factory=dict)  # requests by DynamoDB operation
 
 
 #: a debit's conditional write is retried this often before it lands unconditionally
@@ -143,7 +142,8 @@ class DynamoDBGovernor:
 
     ``horizon_s``: how far past the refill a lane without a reserve may book (a ticket);
     ``margin_s``: how late after its client's clock a write may land and still be judged
-    right (a refund's bound and a write's certificate that the bucket is in debt use it);
+    right (a refund's bound and a write's certificate that the bucket is below half full use
+    it);
     ``full_grid_s``: a full bucket is drawn as if at the next multiple of it, so that workers
     seeing the same full bucket write the same value; ``ticket_grace_s``: how long after its
     ready time a ticket is still honoured (default: the time the bucket takes to fill, so late
@@ -201,6 +201,8 @@ class DynamoDBGovernor:
         # a shard's view of the config: capacity and reserves checked per shard
         self._shard_config = replace(config, capacity=config.bucket_capacity / shards)
         self._cache: dict[int, ShardState] = {}
+        self._seen_at: dict[int, float] = {}  # the ``now`` of each cached view
+        self._others_rate: dict[int, Decimal] = {}  # tokens/s other workers drew, as last seen
         self._pending: Refund | None = None  # unused tokens waiting for the next write
         # when the tokens of the last grant became the caller's (a ticket's ready time)
         self.last_grant_at: float | None = None
@@ -224,7 +226,6 @@ class DynamoDBGovernor:
     def _call(self, op: str, **kwargs: Any) -> dict[str, Any]:
         """One DynamoDB request, counted (retryable throttling is retried with backoff)."""
         self.stats.requests += 1
-        self.stats.by_op[op] = self.stats.by_op.get(op, 0) + 1
         return call(self.client, op, self._rng, **kwargs)
 
     # -- shard items
@@ -236,7 +237,7 @@ class DynamoDBGovernor:
             "drawn": _num(s.drawn),
             "lost": _num(s.lost),
             "refunded": _num(s.refunded),
-            "solvent": _num(Decimal(s.solvent)),
+            "highs": _num(Decimal(s.highs)),
             "base_credit": _num(s.base_credit),
             "base_time": _num(s.base_time),
             "rate": _num(s.rate),
@@ -289,7 +290,7 @@ class DynamoDBGovernor:
                 states = [shard_from_item(it) for it in items]
                 self._check_config(items[0], states[0])
                 for s in states:
-                    self._cache[s.index] = s
+                    self._remember(s, now)
                 return sorted(states, key=lambda s: s.index)
             if self.read_only:
                 return self._as_initial(items, now)
@@ -318,6 +319,29 @@ class DynamoDBGovernor:
                 f"{self.shards} shards of {rate}/s and {capacity}: use another governor name "
                 "or align the configuration"
             )
+
+    def _remember(self, s: ShardState, now: float, own: Decimal = ZERO) -> None:
+        """Cache a view of a shard (after a write that drew ``own`` tokens), and from what the
+        other workers drew since the last view, how fast they draw."""
+        before, seen = self._cache.get(s.index), self._seen_at.get(s.index)
+        if before is not None and seen is not None and now > seen:
+            others = max(ZERO, s.drawn - before.drawn - own)
+            self._others_rate[s.index] = others / micro(now - seen, ROUND_CEILING)
+        self._cache[s.index] = s
+        self._seen_at[s.index] = now
+
+    def _drawn_floor(self, s: ShardState, t: Decimal) -> Decimal | None:
+        """A guess of how far ``drawn`` has grown since this client's view: half of what the
+        other workers would have drawn at the pace they drew before it. None until this client
+        has seen them draw (a lone worker's view stays exact: it guesses nothing), and while
+        nothing was ever refunded (the bounds it loosens only matter against refunds)."""
+        if s.refunded <= 0 and self._pending is None:
+            return None
+        seen = micro(self._seen_at.get(s.index, 0.0))
+        rate = self._others_rate.get(s.index, ZERO)
+        if rate <= 0 or t <= seen:
+            return None
+        return s.drawn + micro(rate * (t - seen) / 2)
 
     def _shard(self, index: int, now: float) -> ShardState:
         if index not in self._cache:
@@ -375,6 +399,7 @@ class DynamoDBGovernor:
                     refund=self._refund_for(s),
                     margin_s=self.margin_s,
                     grid_s=self.full_grid_s,
+                    drawn_floor=self._drawn_floor(s, t),
                 )
                 if plan.wait_s is not None:
                     if best_wait is None or plan.wait_s < best_wait:
@@ -391,7 +416,7 @@ class DynamoDBGovernor:
                     self.stats.grants += 1
                     self.last_grant_at = now
                     self._waits.append(0.0)
-                    grant = Grant(amount, lane, now, index, s.refunded, s.solvent)
+                    grant = Grant(amount, lane, now, index, s.refunded, s.highs)
                     return Draw(True, 0.0, left, grant=grant)
                 ready = float(ready_at)
                 ticket = Ticket(
@@ -404,7 +429,7 @@ class DynamoDBGovernor:
                     base_time=s.base_time,
                     booked_at=now,
                     refunded=s.refunded,
-                    solvent=s.solvent,
+                    highs=s.highs,
                 )
                 self._waits.append(ready - now)
                 return Draw(False, ready - now, left, ticket=ticket)
@@ -427,9 +452,7 @@ class DynamoDBGovernor:
         with self._lock:
             if used < grant.amount:
                 unused = grant.amount - used
-                self._add_refund(
-                    Refund(grant.shard, Decimal(unused), grant.refunded, grant.solvent)
-                )
+                self._add_refund(Refund(grant.shard, Decimal(unused), grant.refunded, grant.highs))
                 return TrueUp(pending=unused)
             if used == grant.amount:
                 return TrueUp()
@@ -439,7 +462,7 @@ class DynamoDBGovernor:
 
     def _add_refund(self, refund: Refund) -> None:
         held = self._pending
-        if held is not None and held.shard == refund.shard and held.solvent == refund.solvent:
+        if held is not None and held.shard == refund.shard and held.highs == refund.highs:
             # one refund of both: bounded from the earlier grant's marks, so sound for both
             refund = replace(
                 refund,
@@ -452,11 +475,11 @@ class DynamoDBGovernor:
 
     def _refund_for(self, s: ShardState) -> Refund | None:
         """The pending refund, if it may go with a write to ``s``; dropped once a write has seen
-        the bucket out of debt since its grant (it can never go back soundly then)."""
+        the bucket half full since its grant (it can never go back soundly then)."""
         held = self._pending
         if held is None or held.shard != s.index:
             return None
-        if held.solvent != s.solvent:
+        if held.highs != s.highs:
             self.stats.refund_dropped += int(held.amount)
             self._pending = None
             return None
@@ -475,6 +498,7 @@ class DynamoDBGovernor:
                 refund=self._refund_for(s),
                 margin_s=self.margin_s,
                 grid_s=self.full_grid_s,
+                drawn_floor=self._drawn_floor(s, t),
             )
             written, _ = self._write(index, plan, now)
             if written:
@@ -483,12 +507,12 @@ class DynamoDBGovernor:
             self.stats.condition_failures += 1
         # every try collided (a storm of writes on this shard): land it without conditions. Exact
         # unless the bucket is over capacity at that instant, when the refill it was losing
-        # absorbs part of the debit; counted as a solvent sighting, so no refund relies on it.
+        # absorbs part of the debit; counted as a half-full sighting, so no refund relies on it.
         self._call(
             "update_item",
             TableName=self.table_name,
             Key=self._key(index),
-            UpdateExpression="SET drawn = drawn + :add ADD solvent :one",
+            UpdateExpression="SET drawn = drawn + :add ADD highs :one",
             ExpressionAttributeValues={":add": _num(Decimal(over)), ":one": _num(Decimal(1))},
         )
         self._cache.pop(index, None)
@@ -512,18 +536,21 @@ class DynamoDBGovernor:
         if plan.drawn_max is not None:
             conditions.append("drawn <= :drawn_max")
             values[":drawn_max"] = plan.drawn_max
+        if plan.drawn_min is not None:
+            conditions.append("drawn >= :drawn_min")
+            values[":drawn_min"] = plan.drawn_min
         if plan.base_time is not None:
             conditions.append("base_time = :bt")
             values[":bt"] = plan.base_time
-        if plan.solvent_is is not None:
-            conditions.append("solvent = :solvent_is")
-            values[":solvent_is"] = Decimal(plan.solvent_is)
+        if plan.highs_is is not None:
+            conditions.append("highs = :highs_is")
+            values[":highs_is"] = Decimal(plan.highs_is)
         update = "SET " + ", ".join(sets)
-        if plan.observed_solvent:
-            update += " ADD solvent :one"
+        if plan.saw_high:
+            update += " ADD highs :one"
             values[":one"] = Decimal(1)
         written, s = self._update_shard(index, update, " AND ".join(conditions), values, now)
-        self._cache[index] = s
+        self._remember(s, now, plan.add if written else ZERO)
         if written and plan.refund > 0:
             self.stats.refunded += int(plan.refund)
             held = self._pending
@@ -541,12 +568,12 @@ class DynamoDBGovernor:
             UpdateExpression=(
                 "SET lost = if_not_exists(lost, :zero), "
                 "refunded = if_not_exists(refunded, :zero), "
-                "solvent = if_not_exists(solvent, :zero)"
+                "highs = if_not_exists(highs, :zero)"
             ),
             ExpressionAttributeValues={":zero": _num(ZERO)},
             ReturnValues="ALL_NEW",
         )
-        self._cache[index] = shard_from_item(result["Attributes"])
+        self._remember(shard_from_item(result["Attributes"]), now)
 
     def _update_shard(
         self, index: int, update: str, condition: str, values: Mapping[str, Decimal], now: float
@@ -638,7 +665,7 @@ class DynamoDBGovernor:
                 values.update({":one": Decimal(1), ":now": t})
             written, s = self._update_shard(s.index, update, "base_time = :old", values, now)
             if written:
-                self._cache[s.index] = s
+                self._remember(s, now)
                 return
 
     # -- reads

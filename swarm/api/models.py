@@ -52,6 +52,13 @@ MAX_ATTEMPTS = 100
 MAX_MANIFEST_KEY_CHARS = 1024  # S3's longest key
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 UPLOADS_PREFIX = "manifests/uploads/"
+#: every batch id starts with this (swarm.service.batches.batch_id_for): the API's own manifests
+#: are manifests/b-.../, never under UPLOADS_PREFIX (infra grants each prefix its own writes)
+BATCH_ID_PREFIX = "b-"
+#: an uploaded manifest's bytes: the API function reads, parses and copies one in memory (512 MB)
+#: within API Gateway's 29 s; S3 refuses an upload of another size than the one the URL was
+#: signed for (swarm.service.uploads), and the API refuses a bigger object when it reads it
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 #: units per page of results: a page's answer stays under Lambda's 6 MB (answers are inlined up
 #: to swarm.core.results.MAX_INLINE_OUTPUT_BYTES, and a page stops early when it grows past
 #: MAX_RESULTS_PAGE_BYTES)
@@ -253,7 +260,8 @@ class ManifestRef(BaseModel):
         max_length=MAX_MANIFEST_KEY_CHARS,
         description=(
             f"an object under {UPLOADS_PREFIX}<tenant>/ holding a JSON array of units "
-            f"(up to {MAX_MANIFEST_UNITS:,})"
+            f"(up to {MAX_MANIFEST_UNITS:,}, {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB): the "
+            "key POST /uploads gave"
         ),
     )
 
@@ -291,6 +299,21 @@ class BatchResume(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     top_up: StrictInt = Field(ge=1, description="tokens added to the budget")
+
+
+class UploadRequest(BaseModel):
+    """A manifest about to be uploaded (a JSON array of units, as ``units`` would hold them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size_bytes: StrictInt = Field(
+        ge=1,
+        le=MAX_MANIFEST_BYTES,
+        description=(
+            "the manifest file's exact size in bytes: the URL accepts an upload of exactly this "
+            "many"
+        ),
+    )
 
 
 # --------------------------------------------------------------------------------- responses
@@ -415,6 +438,26 @@ class ResultsQuery(BaseModel):
     )
 
 
+class Upload(BaseModel):
+    """Where and how to upload a manifest: PUT the file to ``url`` with exactly ``headers``
+    before ``expires_at``, then submit ``{"manifest": {"key": key}}``. The key is new, under the
+    caller's own prefix; nobody else can submit it, and it can be written once."""
+
+    key: str = Field(
+        description=f"pass as manifest.key when submitting ({UPLOADS_PREFIX}<tenant>/...)"
+    )
+    url: str = Field(description="a presigned S3 URL of exactly this key")
+    method: Literal["PUT"]
+    headers: dict[str, str] = Field(
+        description=(
+            "send exactly these: S3 checks them (Content-Length: the size asked for; "
+            "If-None-Match: * makes the upload write-once)"
+        )
+    )
+    expires_in_s: int
+    expires_at: int = Field(description="epoch seconds: the upload must start before then")
+
+
 class GovernorState(BaseModel):
     """The fleet's token bucket (a snapshot; the API only reads it)."""
 
@@ -464,6 +507,13 @@ class Drain(BaseModel):
             "rule (swarm.service.drain.safe_to_deploy), also requires every one to be stopped"
         )
     )
+
+
+class Rebound(BaseModel):
+    """A tenant's role binding, forgotten."""
+
+    tenant: str
+    was_bound: bool = Field(description="false: the tenant had no binding")
 
 
 class ErrorCode(StrEnum):

@@ -25,6 +25,7 @@ from swarm.api.models import (
     MAX_BODY_BYTES,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_INLINE_UNITS,
+    MAX_MANIFEST_BYTES,
     MAX_MANIFEST_UNITS,
     BatchResume,
     BatchStatus,
@@ -32,10 +33,13 @@ from swarm.api.models import (
     Drain,
     Error,
     Fleet,
+    Rebound,
     ResultsPage,
     ResultsQuery,
+    Upload,
+    UploadRequest,
 )
-from swarm.core.records import ID_PATTERN
+from swarm.core.records import ID_PATTERN, TENANT_PATTERN
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 IDEMPOTENCY_KEY = "Idempotency-Key"
@@ -66,6 +70,13 @@ class Route:
         return tuple(re.findall(r"\{(\w+)\}", self.path))
 
 
+#: what each path parameter may be
+PATH_PATTERNS = {"batch_id": ID_PATTERN, "tenant": TENANT_PATTERN}
+_OPERATORS = Reply(
+    "API Gateway refused the request (not signed, or not allowed execute-api:Invoke), or the "
+    "caller is not an operator of this deployment (forbidden: a role named "
+    "'<operator prefix><name>')"
+)
 _INVALID = Reply("invalid input; the message names the field")
 _AUTH = {
     401: Reply(
@@ -102,8 +113,9 @@ ROUTES: tuple[Route, ...] = (
             409: Reply("conflict: this Idempotency-Key was used for a different batch"),
             413: Reply(
                 f"over a size limit ({_BODY_TOO_LARGE}, more than {MAX_INLINE_UNITS:,} inline "
-                f"units, or a manifest of more than {MAX_MANIFEST_UNITS:,}): upload a manifest "
-                "instead"
+                f"units, or a manifest of more than {MAX_MANIFEST_UNITS:,} units or "
+                f"{MAX_MANIFEST_BYTES // (1024 * 1024)} MiB): upload a manifest instead, or split "
+                "the batch"
             ),
             429: Reply(
                 "shedding load (shedding), or over the stage's throttle (THROTTLED): retry after "
@@ -169,18 +181,62 @@ ROUTES: tuple[Route, ...] = (
         request=BatchResume,
     ),
     Route(
+        "POST",
+        "/uploads",
+        "createUpload",
+        "A short-lived URL to upload a manifest to: a new key under the caller's own prefix, "
+        "written once, of exactly the size asked for; submit it as manifest.key. The caller "
+        "needs no rights on the bucket",
+        {
+            200: Reply("where and how to upload", Upload),
+            400: _INVALID,
+            **_AUTH,
+            413: Reply(_BODY_TOO_LARGE),
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+        request=UploadRequest,
+    ),
+    Route(
         "GET",
         "/fleet",
         "getFleet",
-        "Governor state, lane depths, in flight, drain state",
-        {200: Reply("the fleet", Fleet), **_AUTH, 429: _THROTTLED, 500: _MISCONFIGURED},
+        "Governor state, lane depths, in flight, drain state (operators only)",
+        {
+            200: Reply("the fleet", Fleet),
+            **_AUTH,
+            403: _OPERATORS,
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
     ),
     Route(
         "GET",
         "/drain",
         "getDrain",
-        "Drain switch state and whether it is safe to deploy",
-        {200: Reply("drain status", Drain), **_AUTH, 429: _THROTTLED, 500: _MISCONFIGURED},
+        "Drain switch state and whether it is safe to deploy (operators only)",
+        {
+            200: Reply("drain status", Drain),
+            **_AUTH,
+            403: _OPERATORS,
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+    ),
+    Route(
+        "POST",
+        "/tenants/{tenant}/rebind",
+        "rebindTenant",
+        "Forget the role a tenant is bound to, so the role now named after it binds at its next "
+        "call (operators only: after a tenant's role was deleted and created again)",
+        {
+            200: Reply("the binding is forgotten", Rebound),
+            400: _INVALID,
+            **_AUTH,
+            403: _OPERATORS,
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
     ),
 )
 
@@ -342,7 +398,7 @@ def _operation(route: Route) -> dict[str, Any]:
             "name": name,
             "in": "path",
             "required": True,
-            "schema": {"type": "string", "pattern": ID_PATTERN},
+            "schema": {"type": "string", "pattern": PATH_PATTERNS[name]},
         }
         for name in route.path_params
     ]

@@ -1,34 +1,29 @@
-"""`swarm bench governor`: many workers in several processes drawing from one DynamoDB governor.
+"""`swarm bench governor`: a fleet of workers drawing from one DynamoDB governor, as issue 15
+describes the scenario.
 
-The workers run against an embedded, patched moto server (see
-:mod:`swarm.local.patches.dynamodb`) and
-draw unit-sized amounts with demand far above the governed rate, exactly as Lambda workers do:
-``acquire()`` (draw, sleep the returned wait, draw again), then "call the model" (sleep).
+The workers (threads in several spawned processes, each with its own governor client, as Lambda
+containers are) run against an embedded, patched moto server (:mod:`swarm.local.patches.dynamodb`)
+and behave as the worker does (:mod:`swarm.service.worker`): each holds one unit at a time (a
+draw uniform in ``--min-tokens``..``--max-tokens``) and calls ``acquire()`` for it, holding on for
+at most ``--hold-s``; a granted unit "calls the model" for ``--work-s`` (0: zero model time) and
+the worker takes the next unit at once; a refused unit goes back to its lane with the worker's
+own requeue delay (whole seconds, as SQS takes them) and the ticket the governor booked for it,
+and is tried again when the delay is over. With ``--used-min``/``--used-max`` the model counts a
+fraction of each grant and the worker trues the governor up after the call. After the run the
+fleet is idle for ``--idle-s``, then draws again for ``--after-idle-s``.
 
-What it measures is the *algorithm's* efficiency, not moto's speed: moto serves ~150-300
-conditional writes/s, so the governed rate is chosen well below that (a unit-sized grant
-rate of ``--grants-per-s``); real DynamoDB serves ~1,000 writes/s per item (see docs/governor.md
-for the arithmetic). Reported:
+Reported (the run's window only; each client's first read of the shard items, made before the
+start as a warm container's would be, is counted apart):
 
-* tokens granted, and tokens *over-granted*, judged from outside the governor: every worker
-  notes on its own clock (``time.time()``) when it called ``acquire()`` and when it returned
-  granted (the instant it would call the model), and the tokens. For every window [t1, t2], the
-  grants asked for and seen inside it may not exceed what the bucket could hold at t1 (at most
-  its capacity) plus ``rate x (t2 - t1)`` (:func:`over_granted`). ``over_granted`` is the
-  largest excess, in tokens; a correct governor stays within ``over_grant_tolerance`` (the
-  clock's resolution, :func:`over_grant_tolerance`). The governor's own account of when the
-  tokens were the worker's (a ticket's ready time) is not trusted: a governor that answers
-  "granted" before the tokens exist would pass a check built on it. Also reported,
-  ``burst_over_bucket_as_seen``: the same bound on the sighting times alone, i.e. how far the
-  model calls, as made, burst above a bucket of this capacity when workers see matured grants
-  late and together (scheduling, slow answers); it is not an over-grant and is not asserted.
-* DynamoDB requests per grant and failed conditional writes per grant (every request of every
-  worker, including each worker's first read of the shard items);
-* utilization: tokens granted / (governed rate x duration), and ``demand_utilization``: tokens
-  granted / what the bucket could have given to the demand the workers showed
-  (:func:`could_have_granted`; a worker process that starts late does not count against it);
-* p50 / p99 of the time a granted draw waited (queueing for the rate, by Little's law about
-  ``workers x amount / rate`` when every worker always wants tokens).
+* DynamoDB requests and failed conditional writes per ``acquire()`` call (one unit's try for
+  tokens, granted or refused after its bounded hold) and per grant;
+* utilization: tokens the model used / what the bucket could have given to the demand the
+  workers showed (:func:`could_have_granted`);
+* tokens *over-granted*, judged from outside the governor over every window (:func:`over_granted`),
+  across the run, the idle time and the draws after it, by the tokens the model really used;
+  ``burst_over_bucket_as_seen`` applies the same bound to the instants the model was called;
+* how many tries a unit needed after its first requeue, and how often a refused unit went back
+  without a booking; the time workers held on for tokens per granted unit (Lambda-seconds).
 """
 
 from __future__ import annotations
@@ -39,13 +34,15 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from swarm.core.errors import InvalidInput
+from swarm.core.ports import MAX_SQS_DELAY_S
 
 if TYPE_CHECKING:
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
+    from swarm.core.governor import GovernorConfig
 
 # Builds one worker's governor: called as DynamoDBGovernor(config, table, client=, shards=,
 # horizon_s=, rng=). A module-level class or function (the worker processes are spawned, so it
@@ -55,28 +52,60 @@ GovernorFactory = Callable[..., "DynamoDBGovernor"]
 # The clock resolution the over-grant check allows for (see over_grant_tolerance).
 CLOCK_RESOLUTION_S = 1e-6
 
+#: the worker's defaults (swarm.service.worker.WorkerTimings, swarm.wiring): how long it holds
+#: on for tokens, and how far ahead its governor books
+HOLD_S = 1.0
+HORIZON_S = float(MAX_SQS_DELAY_S)
+
 
 @dataclass(frozen=True)
 class BenchConfig:
-    workers: int = 200
-    seconds: float = 20.0
+    """The scenario (defaults: issue 15's): every parameter is settable from the CLI."""
+
+    workers: int = 20
+    processes: int = 4
+    seconds: float = 25.0
+    quota_tpm: int = 300_000
+    share: float = 0.95
+    capacity: float = 300_000.0  # tokens
+    initial_fill: float = 1.0  # fraction of the capacity the bucket starts with
+    min_tokens: int = 8_000  # a unit's draw, uniform in [min_tokens, max_tokens]
+    max_tokens: int = 16_000
+    work_s: float = 0.0  # the model call after a grant
+    hold_s: float = HOLD_S  # acquire()'s bound: how long a worker holds on for tokens
+    horizon_s: float = HORIZON_S  # how far past the refill the governor books
     shards: int = 1
-    processes: int = 2
-    amount: int = 10_000  # tokens per draw: one unit
-    grants_per_s: float = 60.0  # the governed rate, in units per second (moto-sized)
-    work_s: float = 0.2  # the model call after a grant (demand = workers / work_s units/s)
-    horizon_s: float = 15.0  # how far ahead a worker may book (>= the queue at this demand)
-    capacity_units: float = 2.0  # bucket capacity, in units per shard
-    max_wait_s: float | None = None  # acquire's bound (default: the horizon, or 5 s without)
+    idle_s: float = 10.0  # after the run, nobody draws for this long...
+    after_idle_s: float = 5.0  # ...then every worker draws again for this long
+    used_min: float = 1.0  # the model counts a fraction of the grant, uniform in [min, max]
+    used_max: float = 1.0
+    seed: int = 1
 
     def __post_init__(self) -> None:
         checks = [
-            ("--workers", self.workers >= 1, "must be >= 1"),
-            ("--seconds", 1 <= self.seconds <= 600, "must be in 1..600"),
-            ("--shards", 1 <= self.shards <= 64, "must be in 1..64"),
+            ("--workers", 1 <= self.workers <= 2_000, "must be in 1..2000"),
             ("--processes", 1 <= self.processes <= 16, "must be in 1..16"),
-            ("--grants-per-s", 0 < self.grants_per_s <= 500, "must be in (0, 500]"),
+            ("--seconds", 1 <= self.seconds <= 3_600, "must be in 1..3600"),
+            ("--quota-tpm", self.quota_tpm >= 1, "must be >= 1"),
+            ("--share", 0 < self.share <= 1, "must be in (0, 1]"),
+            ("--capacity", self.capacity > 0, "must be > 0 tokens"),
+            ("--initial-fill", 0 <= self.initial_fill <= 1, "must be in [0, 1]"),
+            ("--min-tokens", self.min_tokens >= 1, "must be >= 1"),
+            ("--max-tokens", self.max_tokens >= self.min_tokens, "must be >= --min-tokens"),
+            (
+                "--max-tokens",
+                self.max_tokens <= self.capacity / self.shards,
+                "must fit in one shard's capacity (--capacity / --shards): such a draw could "
+                "never be granted",
+            ),
             ("--work-s", self.work_s >= 0, "must be >= 0"),
+            ("--hold-s", self.hold_s >= 0, "must be >= 0"),
+            ("--horizon-s", self.horizon_s >= 0, "must be >= 0"),
+            ("--shards", 1 <= self.shards <= 64, "must be in 1..64"),
+            ("--idle-s", self.idle_s >= 0, "must be >= 0"),
+            ("--after-idle-s", self.after_idle_s >= 0, "must be >= 0"),
+            ("--used-min", 0 <= self.used_min <= self.used_max, "must be in [0, --used-max]"),
+            ("--used-max", self.used_max <= 10, "must be <= 10"),
         ]
         for name, ok, why in checks:
             if not ok:
@@ -87,37 +116,89 @@ class BenchConfig:
     @property
     def rate(self) -> float:
         """The governed rate in tokens per second."""
-        return self.grants_per_s * self.amount
+        return self.quota_tpm / 60 * self.share
 
     @property
-    def capacity(self) -> float:
-        return self.capacity_units * self.amount * self.shards
+    def initial(self) -> float:
+        return self.initial_fill * self.capacity
+
+    def governor_config(self) -> GovernorConfig:
+        from swarm.core.governor import GovernorConfig
+
+        return GovernorConfig(
+            quota_tpm=self.quota_tpm,
+            share=self.share,
+            capacity=self.capacity,
+            initial_fill=self.initial_fill,
+        )
 
 
 @dataclass(frozen=True)
+class Call:
+    """One acquire() call, on the worker's clock."""
+
+    asked: float
+    returned: float
+    granted: bool
+    requests: int  # DynamoDB requests it made
+    failures: int  # of which failed conditional writes
+    held_s: float  # how long the worker was in it (waited_s: its DynamoDB requests included)
+    slept_s: float  # of which it slept, waiting for tokens (Lambda-seconds spent waiting)
+    after_requeue: bool  # the unit had been requeued before this call
+    booked: bool  # refused with a ticket (tokens booked for the unit)
+    retry_after_s: float  # refused: when the governor said its tokens would be there
+    delay_s: int  # refused: the worker's requeue delay (whole seconds)
+
+
+@dataclass(frozen=True)
+class UnitGrant:
+    """A granted unit: (first ask, sighting, tokens used) is what over-grant is judged by."""
+
+    first_asked: float
+    seen: float
+    amount: int  # tokens drawn for it
+    used: int  # tokens the model counted
+    tries_after_requeue: int  # acquire() calls after its first requeue (0: never requeued)
+
+
+@dataclass
 class WorkerReport:
-    # (asked, seen, tokens), on the worker's own clock: when it called acquire(), when acquire()
-    # returned granted (the instant it calls the model), and the tokens: what over-grant is
-    # judged by
-    grants: list[tuple[float, float, int]]
-    waits: list[float]
-    requests: int
-    condition_failures: int
-    refused: int
-    # per grant, the governor's own account of when the tokens were the worker's (its
-    # ``last_grant_at``, a ticket's ready time): never judged, kept to show what a check that
-    # trusts the governor would conclude
-    claimed: list[float]
-    refusals: list[tuple[float, float]]  # (asked, gave up) of each acquire() that was refused
+    calls: list[Call] = field(default_factory=list)
+    grants: list[UnitGrant] = field(default_factory=list)
+    # (first ask, end) of the unit still wanting tokens when a phase ended
+    waiting: list[tuple[float, float]] = field(default_factory=list)
+    warm_up_requests: int = 0  # the client's first read, before the start
+    requests_in_run: int = 0  # requests during the run (true-ups included)
+    failures_in_run: int = 0
+    requests_after_idle: int = 0
+    expired: int = 0
+    refunded: int = 0
+    refund_dropped: int = 0
+    debited: int = 0
+    # the governor's own account of when each grant's tokens were the worker's: never judged,
+    # kept to show what a check that trusts the governor would conclude
+    claimed: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class BenchRun:
-    """What the workers reported, and the benchmark's window (epoch seconds)."""
+    """What the workers reported, and the benchmark's phases (epoch seconds)."""
 
     reports: list[WorkerReport]
     start_at: float
     end_at: float
+    resume_at: float
+    final_at: float
+
+
+@dataclass
+class _Unit:
+    amount: int
+    first_asked: float | None = None
+    ticket: Any = None
+    retry_at: float = 0.0
+    requeues: int = 0
+    tries_after_requeue: int = 0
 
 
 def _client(endpoint: str, pool: int) -> Any:
@@ -126,20 +207,12 @@ def _client(endpoint: str, pool: int) -> Any:
     return local_client("dynamodb", endpoint, pool=pool, read_timeout=30)
 
 
-def governor_config(cfg: BenchConfig) -> Any:
-    from swarm.core.governor import GovernorConfig
-
-    quota_tpm = max(1, round(cfg.rate * 60))
-    return GovernorConfig(quota_tpm=quota_tpm, share=1.0, capacity=cfg.capacity, initial_fill=0.0)
-
-
 def _worker_process(
     endpoint: str,
     table: str,
     cfg: BenchConfig,
     threads: int,
-    start_at: float,
-    end_at: float,
+    run: tuple[float, float, float, float],
     seed: int,
     out: Any,
     factory: GovernorFactory | None = None,
@@ -150,15 +223,17 @@ def _worker_process(
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.core.governor import acquire
     from swarm.core.records import Lane
+    from swarm.service.worker import requeue_delay
 
     make = factory or DynamoDBGovernor
     client = _client(endpoint, threads + 2)
-    config = governor_config(cfg)
+    config = cfg.governor_config()
+    start_at, end_at, resume_at, final_at = run
     reports: list[WorkerReport] = []
     lock = threading.Lock()
-    max_wait = cfg.max_wait_s if cfg.max_wait_s is not None else (cfg.horizon_s or 5.0)
 
     def work(i: int) -> None:
+        rng = random.Random(seed * 10_000 + i)
         gov = make(
             config,
             table,
@@ -167,44 +242,84 @@ def _worker_process(
             horizon_s=cfg.horizon_s,
             rng=random.Random(seed * 10_000 + i),
         )
-        grants: list[tuple[float, float, int]] = []
-        claimed: list[float] = []
-        refusals: list[tuple[float, float]] = []
-        waits: list[float] = []
-        refused = 0
-        # read the shard items before the start (the request the first draw would make): the
-        # start is then not a herd of cold clients whose first bookings return late
+        report = WorkerReport()
+        # a warm container: the client has read the shard items before the start
         gov.snapshot(time.time())
-        time.sleep(max(0.0, start_at - time.time()))
-        while time.time() < end_at:
-            asked = time.time()
-            got = acquire(gov, cfg.amount, Lane.NORMAL, time.time, time.sleep, max_wait)
-            # the worker's own clock, right after the grant: the instant it calls the model
-            seen = time.time()
-            if got.granted:
-                grants.append((asked, seen, cfg.amount))
-                said = gov.last_grant_at
-                claimed.append(seen if said is None else said)
-                waits.append(got.waited_s)
-                time.sleep(cfg.work_s)
-            else:
-                refused += 1
-                refusals.append((asked, seen))
-                gov.cancel(seen)
-        # tickets still booked at the end are left to mature unused (not refunded): the
-        # benchmark's window is over, and refunds would add requests no grant needed
-        with lock:
-            reports.append(
-                WorkerReport(
-                    grants,
-                    waits,
-                    gov.stats.requests,
-                    gov.stats.condition_failures,
-                    refused,
-                    claimed,
-                    refusals,
+        report.warm_up_requests = gov.stats.requests
+
+        def new_unit() -> _Unit:
+            return _Unit(rng.randint(cfg.min_tokens, cfg.max_tokens))
+
+        slept = [0.0]  # seconds this worker slept in acquire(), waiting for tokens
+
+        def sleep(seconds: float) -> None:
+            slept[0] += seconds
+            time.sleep(seconds)
+
+        unit = new_unit()
+        for phase, (begin, end) in enumerate(((start_at, end_at), (resume_at, final_at))):
+            time.sleep(max(0.0, begin - time.time()))
+            requests0, failures0 = gov.stats.requests, gov.stats.condition_failures
+            while time.time() < end:
+                now = time.time()
+                if unit.retry_at > now:  # back in its lane until its requeue delay is over
+                    time.sleep(min(unit.retry_at, end) - now)
+                    continue
+                asked = time.time()
+                if unit.first_asked is None:
+                    unit.first_asked = asked
+                r0, f0 = gov.stats.requests, gov.stats.condition_failures
+                asleep = slept[0]
+                got = acquire(
+                    gov, unit.amount, Lane.NORMAL, time.time, sleep, cfg.hold_s, unit.ticket
                 )
-            )
+                seen = time.time()  # the worker's own clock: when it would call the model
+                if unit.requeues:
+                    unit.tries_after_requeue += 1
+                delay = 0 if got.granted else requeue_delay(got.retry_after_s)
+                report.calls.append(
+                    Call(
+                        asked,
+                        seen,
+                        got.granted,
+                        gov.stats.requests - r0,
+                        gov.stats.condition_failures - f0,
+                        got.waited_s,
+                        slept[0] - asleep,
+                        unit.requeues > 0,
+                        got.ticket is not None,
+                        got.retry_after_s,
+                        delay,
+                    )
+                )
+                if not got.granted:
+                    unit.ticket = got.ticket
+                    unit.requeues += 1
+                    unit.retry_at = seen + delay
+                    continue
+                used = round(unit.amount * rng.uniform(cfg.used_min, cfg.used_max))
+                report.grants.append(
+                    UnitGrant(unit.first_asked, seen, unit.amount, used, unit.tries_after_requeue)
+                )
+                report.claimed.append(seen if gov.last_grant_at is None else gov.last_grant_at)
+                if cfg.work_s:
+                    time.sleep(cfg.work_s)
+                if used != unit.amount and got.grant is not None:
+                    gov.true_up(got.grant, used, time.time())
+                unit = new_unit()
+            if unit.first_asked is not None:
+                report.waiting.append((unit.first_asked, end))
+            if phase == 0:
+                report.requests_in_run = gov.stats.requests - requests0
+                report.failures_in_run = gov.stats.condition_failures - failures0
+            else:
+                report.requests_after_idle = gov.stats.requests - requests0
+        report.expired = gov.stats.expired
+        report.refunded = gov.stats.refunded
+        report.refund_dropped = gov.stats.refund_dropped
+        report.debited = gov.stats.debited
+        with lock:
+            reports.append(report)
 
     pool = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
     for t in pool:
@@ -240,10 +355,11 @@ def over_granted(
     """The largest excess of granted tokens over what a token bucket allows, over all windows.
 
     ``grants`` are (asked, seen, tokens), both times on the worker's clock, outside the governor:
-    ``asked`` when the worker called ``acquire()``, ``seen`` right after it returned granted. A
-    grant's tokens were drawn from the bucket at some instant in [asked, seen]: not before the
-    worker asked, and not after it saw the answer (a ticket matures after it was booked, an
-    immediate grant is decided during the call). The instant itself is the governor's business
+    ``asked`` when the unit first asked for them (its first ``acquire()`` call: a ticket is booked
+    no earlier), ``seen`` right after ``acquire()`` returned granted. A grant's tokens were drawn
+    from the bucket at some instant in [asked, seen]: not before the unit asked, and not after
+    it saw the answer (a ticket matures after it was booked, an immediate grant is decided
+    during the call). The instant itself is the governor's business
     and is not trusted. So for every window [t1, t2], the grants asked at or after t1 and seen at
     or before t2 were drawn inside it, from what the bucket held at t1 plus its refill::
 
@@ -380,7 +496,7 @@ def run(
 ) -> dict[str, Any]:
     """Run the benchmark; starts (and stops) an embedded patched moto server unless given one."""
     bench = run_workers(cfg, endpoint, factory)
-    return summarize(cfg, bench.reports, bench.start_at, bench.end_at)
+    return summarize(cfg, bench)
 
 
 def run_workers(
@@ -404,17 +520,20 @@ def run_workers(
         per = [cfg.workers // cfg.processes] * cfg.processes
         for i in range(cfg.workers % cfg.processes):
             per[i] += 1
-        spawn_margin = 3.0 + 0.5 * cfg.processes  # processes import boto3 before the start
+        # processes import boto3 and their clients read the shard items before the start
+        spawn_margin = 3.0 + 0.5 * cfg.processes + 0.02 * cfg.workers
         # a whole second: exactly representable, so the bucket's base time is exactly it
         start_at = float(math.ceil(time.time() + spawn_margin))
         end_at = start_at + cfg.seconds
-        DynamoDBGovernor(governor_config(cfg), table, client=client, shards=cfg.shards).create(
-            start_at
-        )
+        resume_at = end_at + cfg.idle_s
+        final_at = resume_at + cfg.after_idle_s
+        phases = (start_at, end_at, resume_at, final_at)
+        config = cfg.governor_config()
+        DynamoDBGovernor(config, table, client=client, shards=cfg.shards).create(start_at)
         procs = [
             ctx.Process(
                 target=_worker_process,
-                args=(endpoint, table, cfg, n, start_at, end_at, i, out, factory),
+                args=(endpoint, table, cfg, n, phases, i, out, factory),
                 daemon=True,
             )
             for i, n in enumerate(per)
@@ -422,7 +541,7 @@ def run_workers(
         for p in procs:
             p.start()
         reports: list[WorkerReport] = []
-        deadline = end_at + cfg.horizon_s + 60
+        deadline = final_at + cfg.hold_s + cfg.work_s + 120
         for _ in procs:
             reports.extend(out.get(timeout=max(1.0, deadline - time.time())))
         for p in procs:
@@ -430,80 +549,132 @@ def run_workers(
     finally:
         if server is not None:
             server.stop()
-    return BenchRun(reports, start_at, end_at)
+    return BenchRun(reports, start_at, end_at, resume_at, final_at)
 
 
-def summarize(
-    cfg: BenchConfig, reports: list[WorkerReport], start_at: float, end_at: float
-) -> dict[str, Any]:
-    # every grant the workers saw is judged for over-grant, even one seen just after the end
-    seen = [g for r in reports for g in r.grants]
-    grants = [g for g in seen if g[1] <= end_at]
-    waits = [w for r in reports for w in r.waits]
-    granted = sum(tokens for _, _, tokens in grants)
-    requests = sum(r.requests for r in reports)
-    failures = sum(r.condition_failures for r in reports)
-    n = max(1, len(seen))
-    allowed = cfg.rate * (end_at - start_at)  # initial fill is 0
-    demand = [(a, b) for r in reports for a, b, _ in r.grants] + [
-        span for r in reports for span in r.refusals
-    ]
-    could = could_have_granted(demand, start_at, end_at, 0.0, cfg.capacity, cfg.rate)
+def summarize(cfg: BenchConfig, bench: BenchRun) -> dict[str, Any]:
+    """The figures of a run (see the module's docstring)."""
+    reports, start_at, end_at = bench.reports, bench.start_at, bench.end_at
+    grants = [g for r in reports for g in r.grants]
+    in_run = [g for g in grants if g.seen <= end_at]
+    calls = [c for r in reports for c in r.calls if c.asked < end_at]
+    refused = [c for c in calls if not c.granted]
+    requests = sum(r.requests_in_run for r in reports)
+    failures = sum(r.failures_in_run for r in reports)
+    used = sum(g.used for g in in_run)
+    # demand: from a unit's first ask until its grant was seen (or the run ended)
+    demand = [(g.first_asked, g.seen) for g in grants] + [w for r in reports for w in r.waiting]
+    could = could_have_granted(demand, start_at, end_at, cfg.initial, cfg.capacity, cfg.rate)
+    judged = [(g.first_asked, g.seen, g.used) for g in grants]
+    tries = [g.tries_after_requeue for g in in_run if g.tries_after_requeue]
+    n_calls, n_grants = max(1, len(calls)), max(1, len(in_run))
     return {
         "workers": cfg.workers,
         "processes": cfg.processes,
         "shards": cfg.shards,
         "seconds": cfg.seconds,
-        "amount": cfg.amount,
+        "quota_tpm": cfg.quota_tpm,
+        "share": cfg.share,
         "governed_rate_tokens_per_s": cfg.rate,
         "capacity_tokens": cfg.capacity,
-        "grants": len(grants),
-        "tokens_granted": granted,
-        "tokens_allowed": allowed,
-        # tokens; judged from when the workers asked and saw their grants (see over_granted)
-        "over_granted": over_granted(seen, start_at, 0.0, cfg.capacity, cfg.rate),
-        "over_grant_tolerance": over_grant_tolerance(cfg.rate),
-        # the same bound on the seen times alone: how far the model calls, as made, burst above
-        # a bucket of this capacity (late sightings bunch; not an over-grant, see over_granted)
-        "burst_over_bucket_as_seen": over_granted(
-            [(s, s, tokens) for _, s, tokens in seen], start_at, 0.0, cfg.capacity, cfg.rate
-        ),
+        "initial_fill": cfg.initial_fill,
+        "min_tokens": cfg.min_tokens,
+        "max_tokens": cfg.max_tokens,
+        "work_s": cfg.work_s,
+        "hold_s": cfg.hold_s,
+        "horizon_s": cfg.horizon_s,
+        "idle_s": cfg.idle_s,
+        "after_idle_s": cfg.after_idle_s,
+        "used_min": cfg.used_min,
+        "used_max": cfg.used_max,
+        "acquire_calls": len(calls),
+        "grants": len(in_run),
+        "grants_after_idle": sum(1 for g in grants if g.seen > bench.resume_at),
+        "tokens_granted": sum(g.amount for g in in_run),
+        "tokens_used": used,
         "requests": requests,
-        "requests_per_grant": requests / n,
         "conditional_failures": failures,
-        "conditional_failures_per_grant": failures / n,
-        "refused_acquires": sum(r.refused for r in reports),
-        "utilization": granted / allowed if allowed else 0.0,
-        # granted / what the bucket could have given to the demand seen (see could_have_granted):
-        # not lowered by workers that started late, only by the governor leaving tokens unused
-        "demand_utilization": granted / could if could else 0.0,
-        "wait_p50_s": _percentile(waits, 0.50),
-        "wait_p99_s": _percentile(waits, 0.99),
-        "expected_queue_wait_s": cfg.workers * cfg.amount / cfg.rate,
+        "warm_up_requests": sum(r.warm_up_requests for r in reports),
+        "requests_per_call": requests / n_calls,
+        "conditional_failures_per_call": failures / n_calls,
+        "requests_per_grant": requests / n_grants,
+        "conditional_failures_per_grant": failures / n_grants,
+        "utilization": used / could if could else 0.0,
+        "could_have_granted": could,
+        # tokens; judged by when the units first asked and when their grants were seen, by what
+        # the model used, over the run, the idle time and the draws after it (over_granted)
+        "over_granted": over_granted(judged, start_at, cfg.initial, cfg.capacity, cfg.rate),
+        "over_grant_tolerance": over_grant_tolerance(cfg.rate),
+        "burst_over_bucket_as_seen": over_granted(
+            [(s, s, u) for _, s, u in judged], start_at, cfg.initial, cfg.capacity, cfg.rate
+        ),
+        "requeues": len(refused),
+        "requeues_with_ticket": sum(1 for c in refused if c.booked),
+        "requeued_units_granted": len(tries),
+        "granted_at_try_after_requeue": {
+            "1": sum(1 for t in tries if t == 1),
+            "2": sum(1 for t in tries if t == 2),
+            "3+": sum(1 for t in tries if t >= 3),
+        },
+        "max_tries_after_requeue": max(tries, default=0),
+        # a requeue's delay against when the governor said the tokens would be there
+        "requeue_delay_early_s": max(
+            (c.retry_after_s - c.delay_s for c in refused if c.retry_after_s <= MAX_SQS_DELAY_S),
+            default=0.0,
+        ),
+        "tickets_expired": sum(r.expired for r in reports),
+        # Lambda-seconds: sleeping for tokens, and all the time in acquire() (requests included)
+        "slept_s_per_grant": sum(c.slept_s for c in calls) / n_grants,
+        "in_acquire_s_per_grant": sum(c.held_s for c in calls) / n_grants,
+        "tokens_refunded": sum(r.refunded for r in reports),
+        "tokens_refund_dropped": sum(r.refund_dropped for r in reports),
+        "tokens_debited": sum(r.debited for r in reports),
+        "unit_wait_p50_s": _percentile([g.seen - g.first_asked for g in in_run], 0.50),
+        "unit_wait_p99_s": _percentile([g.seen - g.first_asked for g in in_run], 0.99),
     }
 
 
 def render(result: dict[str, Any]) -> str:
     r = result
+    tries = r["granted_at_try_after_requeue"]
     lines = [
         f"governor benchmark: {r['workers']} workers in {r['processes']} processes, "
-        f"{r['shards']} shard(s), {r['seconds']:g} s, draws of {r['amount']:,} tokens",
-        f"  governed rate       {r['governed_rate_tokens_per_s']:,.0f} tokens/s "
-        f"(capacity {r['capacity_tokens']:,.0f})",
-        f"  tokens granted      {r['tokens_granted']:,} in {r['grants']:,} grants "
-        f"(allowed {r['tokens_allowed']:,.0f})",
-        f"  tokens over-granted {r['over_granted']:,.3f} as the workers saw the grants "
-        f"(clock tolerance {r['over_grant_tolerance']:,.3f})",
-        f"  model calls' burst above the bucket {r['burst_over_bucket_as_seen']:,.0f} tokens "
-        "(late sightings bunching)",
-        f"  requests per grant  {r['requests_per_grant']:.3f} "
-        f"({r['requests']:,} DynamoDB requests)",
-        f"  failed conditional writes per grant {r['conditional_failures_per_grant']:.3f}",
-        f"  utilization         {r['utilization']:.3f} (achieved / governed rate; "
-        f"{r['demand_utilization']:.3f} of what the demand could have drawn)",
-        f"  wait p50 / p99      {r['wait_p50_s']:.2f} s / {r['wait_p99_s']:.2f} s "
-        f"(queue at full demand ~{r['expected_queue_wait_s']:.1f} s)",
-        "  note: the rate is sized for moto (~150-300 conditional writes/s); the figures",
-        "  measure the algorithm's efficiency, not DynamoDB's or moto's speed.",
+        f"{r['shards']} shard(s), {r['seconds']:g} s (then {r['idle_s']:g} s idle and "
+        f"{r['after_idle_s']:g} s of draws)",
+        f"  bucket              {r['quota_tpm']:,} TPM x {r['share']:g} = "
+        f"{r['governed_rate_tokens_per_s']:,.0f} tokens/s, capacity "
+        f"{r['capacity_tokens']:,.0f} starting {r['initial_fill']:.0%} full",
+        f"  units               draws of {r['min_tokens']:,}-{r['max_tokens']:,} tokens, model "
+        f"time {r['work_s']:g} s, hold {r['hold_s']:g} s, booking horizon {r['horizon_s']:g} s",
+        f"  acquire calls       {r['acquire_calls']:,} for {r['grants']:,} grants "
+        f"({r['requeues']:,} requeued, {r['requeues_with_ticket']:,} of them with a ticket)",
+        f"  requests            {r['requests_per_call']:.3f} per call, "
+        f"{r['requests_per_grant']:.3f} per grant ({r['requests']:,}; plus "
+        f"{r['warm_up_requests']:,} warm-up reads, one per worker, before the start)",
+        f"  failed cond. writes {r['conditional_failures_per_call']:.3f} per call, "
+        f"{r['conditional_failures_per_grant']:.3f} per grant",
+        f"  utilization         {r['utilization']:.3f} of what the bucket could give "
+        f"({r['tokens_used']:,} of {r['could_have_granted']:,.0f} tokens)",
+        f"  over-granted        {r['over_granted']:,.3f} tokens over every window, idle and "
+        f"after included (clock tolerance {r['over_grant_tolerance']:,.3f}); model calls' burst "
+        f"above the bucket as seen {r['burst_over_bucket_as_seen']:,.0f}",
+        f"  after a requeue     granted at try 1: {tries['1']:,}, 2: {tries['2']:,}, 3+: "
+        f"{tries['3+']:,} (max {r['max_tries_after_requeue']}); tickets expired "
+        f"{r['tickets_expired']:,}; a delay ended before the tokens were due by at most "
+        f"{max(0.0, r['requeue_delay_early_s']):.3f} s",
+        f"  held on for tokens  {r['slept_s_per_grant']:.3f} s asleep per grant "
+        f"({r['in_acquire_s_per_grant']:.3f} s in acquire(), requests included)",
+        f"  unit waits          {r['unit_wait_p50_s']:.1f} s p50, {r['unit_wait_p99_s']:.1f} s "
+        "p99 from its first ask to its grant",
     ]
+    if r["used_min"] != 1 or r["used_max"] != 1:
+        lines.append(
+            f"  true-ups            model used {r['used_min']:g}-{r['used_max']:g} of each grant: "
+            f"{r['tokens_refunded']:,} tokens refunded, {r['tokens_refund_dropped']:,} not "
+            f"refunded, {r['tokens_debited']:,} debited"
+        )
+    lines.append(
+        "  note: on an embedded moto server; the figures are the algorithm's requests, not "
+        "DynamoDB's speed."
+    )
     return "\n".join(lines)

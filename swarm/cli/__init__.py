@@ -6,7 +6,7 @@
   ``drain``...);
 - :mod:`swarm.cli.deploy`: ``swarm deploy`` (drain, cdk deploy, undrain);
 - :mod:`swarm.cli.local`: the local stack (``swarm local up|down|demo|tenant``);
-- :mod:`swarm.cli.bench`: benchmarks (``swarm bench governor``).
+- :mod:`swarm.cli.bench`: benchmarks (``swarm bench governor``, ``swarm bench cost``).
 
 Every error a user can cause ends with a one-line message and exit status 2, never a traceback.
 """

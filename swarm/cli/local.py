@@ -93,6 +93,11 @@ def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = Fals
         command += ["--failure-rate", str(options.failure_rate)]
     if options.model_seed is not None:
         command += ["--model-seed", str(options.model_seed)]
+    from swarm.local.stack import TIMING_OPTIONS
+
+    for flag, name in TIMING_OPTIONS.items():  # timings other than the local defaults
+        if getattr(options, name) != getattr(LocalOptions, name):
+            command += [flag, str(getattr(options, name))]
     if not quiet:
         print(f"starting the local stack (log: {log_path}) ...", flush=True)
     with log_path.open("w") as log:

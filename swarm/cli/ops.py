@@ -17,6 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from swarm.api.models import (
+    MAX_BODY_BYTES,
+    MAX_INLINE_UNITS,
+    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_UNITS,
+)
 from swarm.cli.argtypes import positive_int
 from swarm.client import Client, NoAnswer, Unreachable, target_from_args
 from swarm.core.errors import InvalidInput, SwarmError
@@ -186,6 +192,27 @@ def _read_units(path: Path) -> Any:
     raise InvalidInput("FILE", f"{path}: give a JSON array of units or a batch object")
 
 
+def upload_units(client: Client, body: dict[str, Any], log: TextIO) -> dict[str, Any]:
+    """``body`` with its units uploaded as a manifest (``POST /uploads``, then a PUT of the
+    URL) and named by its key instead."""
+    if not isinstance(body.get("units"), list):
+        raise InvalidInput(
+            "--upload", "the FILE names a manifest already: --upload sends units (an array)"
+        )
+    units = body.pop("units")
+    data = json.dumps(units, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidInput(
+            "--upload",
+            f"the units are {len(data):,} bytes as JSON; a manifest holds at most "
+            f"{MAX_MANIFEST_BYTES:,} ({MAX_MANIFEST_BYTES // (1024 * 1024)} MiB): split them "
+            "into several batches",
+        )
+    key = client.upload(data)
+    print(f"uploaded {len(units):,} units ({len(data):,} bytes) to {key}", file=log, flush=True)
+    return {**body, "manifest": {"key": key}}
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     if (args.file is None) == (args.generate is None):
         raise InvalidInput("submit", "give a FILE of units or --generate N, not both")
@@ -199,6 +226,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["budget"] = args.budget
     client = client_of(args)
     log = sys.stderr if args.json else sys.stdout  # --json: stdout is only the JSON
+    if args.upload:
+        body = upload_units(client, body, log)
 
     def retrying(error: NoAnswer, retry: int, wait: float) -> None:
         print(
@@ -256,6 +285,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     )
     if args.watch:
         print(watch(client, args.batch)["healthy_line"])
+    return 0
+
+
+def cmd_rebind(args: argparse.Namespace) -> int:
+    doc = client_of(args).rebind(args.tenant)
+    state = "its binding forgotten" if doc["was_bound"] else "it had no binding"
+    print(f"tenant {doc['tenant']}: {state}; its role binds at its next call")
     return 0
 
 
@@ -370,6 +406,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a submit repeated with this key and body is the same batch (default: a new key "
         "per invocation; a submit that gets no answer is retried with it)",
     )
+    p.add_argument(
+        "--upload",
+        action="store_true",
+        help="upload the units as a manifest first (POST /uploads, then a PUT of its URL) and "
+        f"submit its key: past {MAX_INLINE_UNITS:,} units or a {MAX_BODY_BYTES // 2**20} MiB "
+        f"body, up to {MAX_MANIFEST_UNITS:,} units and {MAX_MANIFEST_BYTES // 2**20} MiB",
+    )
     p.add_argument("--watch", action="store_true", help="show progress until the batch closes")
     p.add_argument(
         "--json",
@@ -397,7 +440,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_resume))
 
-    p = sub.add_parser("fleet", help="governor, lanes, in flight, drain state")
+    p = sub.add_parser(
+        "rebind",
+        help="operators: re-bind a tenant whose IAM role was deleted and created again",
+        description=(
+            "A tenant is bound to the unique id of the role that first called as it; a role "
+            "created again under the same name is refused until this forgets the binding (its "
+            "next call binds it). Needs an operator role."
+        ),
+    )
+    p.add_argument("tenant", metavar="TENANT")
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_rebind))
+
+    p = sub.add_parser("fleet", help="operators: governor, lanes, in flight, drain state")
     p.add_argument("--json", action="store_true")
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_fleet))

@@ -44,3 +44,13 @@ class ReadDenied(SwarmError):
         )
         self.key = key
         self.code = code
+
+
+class ObjectTooLarge(SwarmError):
+    """A store holds an object bigger than its reader may take (read nothing of it)."""
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        super().__init__(f"{key!r} is {size:,} bytes; the limit is {limit:,}")
+        self.key = key
+        self.size = size
+        self.limit = limit

@@ -90,10 +90,11 @@ class Grant:
     lane: Lane
     since: float  # when the tokens left the bucket's account (a ticket's: when it was booked)
     shard: int = 0
-    # the shard's refunded total and solvency count right after the write that drew the tokens
-    # (DynamoDB): a refund is sound only while every write since certified the bucket in debt
+    # the shard's refunded total and count of half-full sightings right after the write that
+    # drew the tokens (DynamoDB): a refund is sound only while no write since saw the bucket at
+    # least half full (docs/governor.md, "True-up")
     refunded: Decimal = ZERO
-    solvent: int = 0
+    highs: int = 0
     seq: int = 0  # in memory: the change the grant was (LevelHistory)
 
 
@@ -116,13 +117,11 @@ class Ticket:
     base_time: Decimal  # the credit function ``ready_at`` was computed with
     booked_at: float
     refunded: Decimal = ZERO  # as in Grant: the shard's marks right after the booking
-    solvent: int = 0
+    highs: int = 0
     tag: str = ""
 
     def grant(self) -> Grant:
-        return Grant(
-            self.amount, self.lane, self.booked_at, self.shard, self.refunded, self.solvent
-        )
+        return Grant(self.amount, self.lane, self.booked_at, self.shard, self.refunded, self.highs)
 
 
 def ticket_to_doc(ticket: Ticket) -> dict[str, Any]:
@@ -137,7 +136,7 @@ def ticket_to_doc(ticket: Ticket) -> dict[str, Any]:
         "base_time": format(ticket.base_time, "f"),
         "booked_at": ticket.booked_at,
         "refunded": format(ticket.refunded, "f"),
-        "solvent": ticket.solvent,
+        "highs": ticket.highs,
         "tag": ticket.tag,
     }
 
@@ -158,7 +157,7 @@ def ticket_from_doc(doc: object) -> Ticket | None:
             base_time=Decimal(str(doc["base_time"])),
             booked_at=float(doc["booked_at"]),
             refunded=Decimal(str(doc.get("refunded", "0"))),
-            solvent=int(doc.get("solvent", 0)),
+            highs=int(doc.get("highs", 0)),
             tag=str(doc.get("tag", "")),
         )
     except (KeyError, TypeError, ValueError, InvalidOperation):
@@ -342,8 +341,8 @@ class ShardState:
 
     Its position ``drawn + lost - refunded`` is what the bucket has given out: ``drawn`` (tokens
     drawn, debits included), ``lost`` (refill lost to the capacity), ``refunded`` (unused tokens
-    given back); the first two only grow, and ``solvent`` counts the writes that saw the bucket
-    out of debt (a refund needs none since its grant).
+    given back); the first two only grow, and ``highs`` counts the writes that saw the bucket
+    at least half full (a refund needs none since its grant).
     """
 
     index: int
@@ -359,8 +358,8 @@ class ShardState:
     last_throttle_at: float | None = None
     lost: Decimal = ZERO
     refunded: Decimal = ZERO
-    solvent: int = 0
-    legacy: bool = False  # stored before lost/refunded/solvent existed: add them before a write
+    highs: int = 0
+    legacy: bool = False  # stored before lost/refunded/highs existed: add them before a write
 
     @property
     def position(self) -> Decimal:
@@ -467,8 +466,8 @@ class Refund:
 
     shard: int
     amount: Decimal
-    refunded: Decimal  # the grant's marks (Grant.refunded, Grant.solvent)
-    solvent: int
+    refunded: Decimal  # the grant's marks (Grant.refunded, Grant.highs)
+    highs: int
 
 
 @dataclass(frozen=True)
@@ -476,9 +475,9 @@ class ShardWrite:
     """One conditional ``UpdateItem`` of a shard as last seen, at ``t`` (docs/governor.md)::
 
         SET drawn = drawn + :add, lost = :lost [, refunded = refunded + :refund]
-            [ADD solvent 1]
+            [ADD highs 1]
         IF lost <= :lost AND refunded <= :refunded_max [AND drawn <= :drawn_max]
-           [AND base_time = :base_time] [AND solvent = :solvent_is]
+           [AND drawn >= :drawn_min] [AND base_time = :base_time] [AND highs = :highs_is]
 
     ``wait_s`` set: the shard cannot serve the draw now; no write.
     """
@@ -488,9 +487,10 @@ class ShardWrite:
     refund: Decimal
     refunded_max: Decimal
     drawn_max: Decimal | None  # a draw's limit; None: a debit, which lands in any case
+    drawn_min: Decimal | None  # the caller's guess of ``drawn`` the bounds were computed with
     base_time: Decimal | None  # a draw's credit function
-    solvent_is: int | None  # a refund's: no write saw the bucket out of debt since its grant
-    observed_solvent: bool  # this write saw the bucket out of debt: count it
+    highs_is: int | None  # a refund's: no write saw the bucket half full since its grant
+    saw_high: bool  # this write saw the bucket at least half full: count it
     credit: Decimal  # C(t)
     floor: Decimal  # the lane's reserve on this shard, in tokens
     wait_s: float | None = None
@@ -521,6 +521,7 @@ def plan_write(
     refund: Refund | None = None,
     margin_s: float = 0.0,
     grid_s: float = 0.0,
+    drawn_floor: Decimal | None = None,
 ) -> ShardWrite:
     """The write that draws ``add`` tokens at ``t`` from a lane keeping ``reserve`` (a fraction
     of capacity), booking up to ``ahead`` tokens past the refill (a ticket); ``ahead=None``: a
@@ -531,11 +532,15 @@ def plan_write(
       of at most ``grid_s`` of refill), so every worker that saw the same full bucket writes the
       same value and none of them fails; ``refunded <= :refunded_max`` keeps that value right
       against refunds that landed meanwhile.
-    * solvency: a write certifies (by a condition) that the bucket was in debt just before it,
-      ``margin_s`` of clock included, or counts ``solvent`` if it cannot.
-    * a refund is sound while no write since its grant counted ``solvent`` (then the bucket was
-      in debt at every write since) and the present cannot overflow, refunds landed since
-      included (docs/governor.md, "True-up"); it never exceeds ``add``, so a request the SDK
+    * a write certifies (by a condition) that the bucket held less than half its capacity just
+      before it, ``margin_s`` of clock included, or counts ``highs`` if it cannot.
+    * ``drawn_floor``: the caller's guess that ``drawn`` has grown to at least this since its view
+      (other workers booked meanwhile); the bounds above use it, under ``drawn >= :drawn_min``,
+      so a view that is merely old still certifies and carries refunds (a wrong guess costs the
+      failed write the old view would have cost).
+    * a refund is sound while no write since its grant counted ``highs`` (then the bucket stayed
+      below half full) and neither the refunds landed since nor the present can make it
+      overflow (docs/governor.md, "True-up"); it never exceeds ``add``, so a request the SDK
       repeats after a lost answer takes back at least what it gives.
     """
     a = Decimal(add)
@@ -544,24 +549,32 @@ def plan_write(
         floor = micro(reserve * float(cap), ROUND_CEILING)
         credit = s.credit(t)
         late = s.credit(t + micro(margin_s, ROUND_CEILING))
+        # what ``drawn`` is at least now: as last seen, or the caller's guess (then a condition)
+        drawn = s.drawn if drawn_floor is None else max(s.drawn, drawn_floor)
         lost = s.lost
-        if credit - cap - s.drawn + s.refunded > s.lost:  # over capacity as last seen
-            lost = max(s.lost, s.credit(_grid_after(t, grid_s)) - cap - s.drawn + s.refunded)
+        if credit - cap - drawn + s.refunded > s.lost:  # over capacity as last seen
+            lost = max(s.lost, s.credit(_grid_after(t, grid_s)) - cap - drawn + s.refunded)
         # ``lost`` must keep the level at most capacity however many refunds landed meanwhile
-        refunded_max = s.drawn + lost - credit + cap
+        refunded_max = drawn + lost - credit + cap
+        half = cap / 2
         back = ZERO
-        solvent_is: int | None = None
-        if refund is not None and refund.shard == s.index and refund.solvent == s.solvent:
-            room = min(refund.refunded + cap, cap - late + s.drawn + s.lost) - s.refunded
+        highs_is: int | None = None
+        if refund is not None and refund.shard == s.index and refund.highs == s.highs:
+            # below half full at every write since the grant, so refunds landed since plus this
+            # one stay within the other half; and the present bucket, by t + margin, cannot
+            # overflow with it
+            room = min(refund.refunded + half, cap - late + drawn + s.lost) - s.refunded
             back = max(ZERO, min(refund.amount, room, a))
             if back > 0:
-                solvent_is = s.solvent
+                highs_is = s.highs
                 refunded_max = min(
-                    refunded_max, refund.refunded + cap - back, cap - back - late + s.drawn + s.lost
+                    refunded_max,
+                    refund.refunded + half - back,
+                    cap - back - late + drawn + s.lost,
                 )
-        observed_solvent = late - s.position > -MICRO
-        if not observed_solvent:  # the bucket is in debt until t + margin: certify it
-            refunded_max = min(refunded_max, s.drawn + s.lost - late - MICRO)
+        saw_high = late - (drawn + s.lost - s.refunded) > half - MICRO
+        if not saw_high:  # below half full until t + margin, whatever refunds land: certify it
+            refunded_max = min(refunded_max, drawn + s.lost - late + half - MICRO)
         drawn_max: Decimal | None = None
         wait_s: float | None = None
         if ahead is not None:
@@ -572,15 +585,27 @@ def plan_write(
                 # exactly this long finds the tokens there
                 short = s.drawn + lost - s.refunded + a + floor - credit
                 wait_s = max(0.0, float(short) / float(s.rate_at(t))) + 2e-6
+            elif drawn > drawn_max:  # the guess leaves no room for the draw: plan without it
+                return plan_write(
+                    s,
+                    t,
+                    add=add,
+                    reserve=reserve,
+                    ahead=ahead,
+                    refund=refund,
+                    margin_s=margin_s,
+                    grid_s=grid_s,
+                )
     return ShardWrite(
         add=a,
         lost=lost,
         refund=back,
         refunded_max=refunded_max,
         drawn_max=drawn_max,
+        drawn_min=drawn if drawn > s.drawn else None,
         base_time=s.base_time if ahead is not None else None,
-        solvent_is=solvent_is,
-        observed_solvent=observed_solvent,
+        highs_is=highs_is,
+        saw_high=saw_high,
         credit=credit,
         floor=floor,
         wait_s=wait_s,

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from swarm.core.errors import Conflict, NotFound
+from swarm.core.errors import Conflict, InvalidInput, NotFound, ObjectTooLarge
 from swarm.core.governor import (
     BucketState,
     Draw,
@@ -42,7 +42,15 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
-from swarm.core.ports import DrainState, LaneDepth, MappingState, UnitsPage, WatchedRun
+from swarm.core.ports import (
+    DrainState,
+    LaneDepth,
+    MappingState,
+    SignedUpload,
+    UnitsPage,
+    WatchedRun,
+    upload_headers,
+)
 from swarm.core.records import (
     LANES,
     AttemptRecord,
@@ -434,19 +442,57 @@ class MemoryQueue:
 
 @dataclass
 class MemoryBlobs:
-    objects: dict[str, str] = field(default_factory=dict)
+    """The bucket in memory, with the S3 adapter's rules: a size limit on reads that reads
+    nothing of a bigger object, and upload URLs that write one object once, of exactly the
+    size they were signed for, with exactly their headers (:meth:`upload`, what S3 checks of a
+    presigned PUT; their expiry is not modelled: there is no clock here)."""
+
+    objects: dict[str, str | bytes] = field(default_factory=dict)
+    #: upload URL -> (the key it writes, the size it was signed for)
+    signed: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def put_json(self, key: str, doc: Any) -> None:
         self.objects[key] = json.dumps(doc)
 
-    def get_json(self, key: str) -> Any:
+    def get_json(self, key: str, max_bytes: int | None = None) -> Any:
         try:
-            return json.loads(self.objects[key])
+            body = self.objects[key]
         except KeyError:
             raise NotFound(f"no object {key!r}") from None
+        size = len(body.encode() if isinstance(body, str) else body)
+        if max_bytes is not None and size > max_bytes:
+            raise ObjectTooLarge(key, size, max_bytes)
+        try:
+            return json.loads(body)
+        except ValueError as e:  # as S3Blobs says it
+            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+            raise InvalidInput(key, f"not JSON ({reason})") from None
 
     def exists(self, key: str) -> bool:
         return key in self.objects
+
+    def upload_url(self, key: str, size_bytes: int, expires_s: int) -> SignedUpload:
+        url = f"memory://{key}?size={size_bytes}&expires={expires_s}"
+        self.signed[url] = (key, size_bytes)
+        return SignedUpload(url, upload_headers(size_bytes))
+
+    def upload(self, url: str, method: str, headers: Mapping[str, str], body: bytes) -> None:
+        """Send ``body`` to an upload URL as a client would. Refused as S3 refuses it: a URL
+        this store did not sign, another method or other headers than signed, a body of another
+        size than the Content-Length (InvalidInput); an object that exists already (Conflict,
+        S3's 412 for ``If-None-Match: *``)."""
+        if url not in self.signed:
+            raise InvalidInput("url", "not an upload URL of this store (S3: 403)")
+        key, size = self.signed[url]
+        sent = {name.lower(): value for name, value in headers.items()}
+        wanted = {name.lower(): value for name, value in upload_headers(size).items()}
+        if method != "PUT" or sent != wanted or len(body) != size:
+            raise InvalidInput(
+                "headers", "not the request the URL was signed for (S3: SignatureDoesNotMatch)"
+            )
+        if key in self.objects:
+            raise Conflict(f"{key!r} exists already (S3: 412 PreconditionFailed)")
+        self.objects[key] = body
 
 
 @dataclass
@@ -481,6 +527,17 @@ class MemoryResults:
 
     def location(self, key: str) -> str:
         return f"memory://{key}"
+
+
+@dataclass
+class MemoryBindings:
+    bound: dict[str, str] = field(default_factory=dict)
+
+    def bind(self, tenant: str, role_id: str, now: float) -> bool:
+        return self.bound.setdefault(tenant, role_id) == role_id
+
+    def unbind(self, tenant: str) -> bool:
+        return self.bound.pop(tenant, None) is not None
 
 
 @dataclass

@@ -180,14 +180,40 @@ class LaneQueue(Protocol):
     def depths(self) -> Mapping[Lane, LaneDepth]: ...
 
 
+@dataclass(frozen=True)
+class SignedUpload:
+    """A URL that writes exactly one object: a PUT with exactly ``headers`` (the store checks
+    them: the object's size, its type, and that it does not exist yet)."""
+
+    url: str
+    headers: Mapping[str, str]
+
+
+def upload_headers(size_bytes: int) -> dict[str, str]:
+    """What an upload URL is signed with, and its client must send: the object's exact size
+    (S3 does not enforce a size range on a presigned PUT, but it checks a signed
+    Content-Length), its type, and write-once (a leaked URL cannot replace the upload)."""
+    return {
+        "Content-Type": "application/json",
+        "Content-Length": str(size_bytes),
+        "If-None-Match": "*",
+    }
+
+
 class BlobStore(Protocol):
     """The manifest/results bucket."""
 
     def put_json(self, key: str, doc: Any) -> None: ...
 
-    def get_json(self, key: str) -> Any:
+    def get_json(self, key: str, max_bytes: int | None = None) -> Any:
         """Raises NotFound when there is no such object, ReadDenied when the store will not say
-        (S3's 403), InvalidInput (named by the key) when it is not JSON."""
+        (S3's 403), ObjectTooLarge (nothing read) when it is over ``max_bytes``, InvalidInput
+        (named by the key) when it is not JSON."""
+        ...
+
+    def upload_url(self, key: str, size_bytes: int, expires_s: int) -> SignedUpload:
+        """A URL that creates the JSON object ``key`` once, of exactly ``size_bytes``, valid
+        for ``expires_s`` seconds: whoever holds it needs no rights of its own on the store."""
         ...
 
     def exists(self, key: str) -> bool:
@@ -222,6 +248,21 @@ class ResultStore(Protocol):
 
     def location(self, key: str) -> str:
         """Where the object is, for people and events (e.g. ``s3://bucket/key``)."""
+        ...
+
+
+class TenantBindings(Protocol):
+    """Each tenant bound to the unique id of the role that first called as it: a role deleted
+    and recreated under the same name (or created by anyone allowed to create roles) does not
+    inherit the tenant until an operator re-binds it."""
+
+    def bind(self, tenant: str, role_id: str, now: float) -> bool:
+        """Bind at first use; True if the tenant is (now) bound to ``role_id``, False if it is
+        bound to another role. One conditional write, no read."""
+        ...
+
+    def unbind(self, tenant: str) -> bool:
+        """Forget the binding (the next call binds afresh); False if there was none."""
         ...
 
 

@@ -30,7 +30,9 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from swarm.local import billing
 from swarm.local.events import proxy_event
+from swarm.local.patches import iam
 
 log = logging.getLogger("swarm.local")
 
@@ -38,6 +40,14 @@ MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 SIGNATURE_MAX_SKEW_S = 300  # API Gateway refuses a signature more than 5 minutes off
 
 AdminHandler = Callable[[str, str, Any, dict[str, str]], tuple[int, Any]]
+
+
+def route(method: str, path: str) -> str:
+    """A request's resource, as the bill names it: ``GET /batches/{id}/results``."""
+    segments = [s for s in path.split("/") if s]
+    if len(segments) > 1:
+        segments[1] = "{id}"
+    return f"{method.upper()} /{'/'.join(segments)}"
 
 
 class LocalApi:
@@ -150,12 +160,15 @@ class LocalApi:
         if isinstance(caller, tuple):
             status, doc = caller
             return status, {"Content-Type": "application/json"}, json.dumps(doc).encode()
+        # API Gateway bills the requests it serves (not those its authorization refuses)
+        billing.METER.add("apigateway", route(method, path), "client", billing.APIGW_REST)
         event = proxy_event(
             method,
             path,
             body=body or None,
             headers=headers,
             user_arn=caller,
+            user=iam.role_user(self.account, caller),
             stage=self.stage,
             query=query or None,
         )

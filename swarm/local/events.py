@@ -20,6 +20,7 @@ def proxy_event(
     body: str | None = None,
     headers: Mapping[str, str] | None = None,
     user_arn: str | None = None,
+    user: str | None = None,
     stage: str = "local",
     query: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -43,7 +44,13 @@ def proxy_event(
             "path": f"/{stage}{path}",
             "stage": stage,
             "requestId": str(uuid.uuid4()),
-            "identity": {"userArn": user_arn, "caller": user_arn, "sourceIp": "127.0.0.1"},
+            # API Gateway's identity of a role session: user is "<role unique id>:<session>"
+            "identity": {
+                "userArn": user_arn,
+                "caller": user,
+                "user": user,
+                "sourceIp": "127.0.0.1",
+            },
         },
     }
 

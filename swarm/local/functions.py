@@ -30,11 +30,18 @@ invocations.
 
 The simulated model plane is one object per process, shared by every worker invocation, like a
 real model endpoint's quota is shared by the whole fleet; its latency is time-scaled.
+
+The bill (:mod:`swarm.local.billing`): every invocation is metered where it runs, with its
+measured duration, its function's configured memory (:class:`FunctionProfile`), the time it
+spent in the model call and, for the worker, sleeping for tokens (both time-scaled: the meter
+converts them back to the deployed clock) and the ``waited_s`` its ``WorkReport`` gives (a probe
+around :meth:`swarm.service.worker.Worker.process`, installed with the host).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -42,6 +49,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -52,6 +60,7 @@ from typing import Any
 from swarm import wiring
 from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.core.ports import ModelPlane, ModelRequest, ModelResult
+from swarm.local import billing
 from swarm.local.events import LambdaContext
 
 log = logging.getLogger("swarm.local")
@@ -104,7 +113,13 @@ class FaultyModelPlane:
             return self._crashed[run_id] if run_id else sum(self._crashed.values())
 
     def invoke(self, request: ModelRequest) -> ModelResult:
-        result = self.plane.invoke(request)
+        started = time.perf_counter()
+        try:
+            result = self.plane.invoke(request)
+        finally:  # the model call's share of the invocation (time-scaled), for the bill
+            invocation = _current_invocation()
+            if invocation is not None:
+                invocation.model_s += time.perf_counter() - started
         with self._lock:
             fault = next((f for f in self._armed if f.hits(request)), None)
             if fault is not None:
@@ -119,6 +134,35 @@ class FaultyModelPlane:
 class Invocation:
     function_name: str
     env: Mapping[str, str]
+    #: for the bill, on the local clock: time in the model call, sleeping for tokens, and the
+    #: worker's own account of its waits for tokens (its reports' ``waited_s``)
+    model_s: float = 0.0
+    slept_s: float = 0.0
+    waited_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FunctionProfile:
+    """What the bill needs of a deployed function: its name in the bill (the handler's module,
+    ``worker``), its configured memory and its architecture."""
+
+    label: str
+    memory_mb: int
+    architecture: str = "x86_64"
+
+    @classmethod
+    def of(cls, configuration: Mapping[str, Any]) -> FunctionProfile:
+        """From a ``GetFunction`` configuration."""
+        handler = str(configuration["Handler"]).rpartition(".")[0]
+        return cls(
+            label=handler.rpartition(".")[2],
+            memory_mb=int(configuration.get("MemorySize") or DEFAULT_MEMORY_MB),
+            architecture=str((configuration.get("Architectures") or ["x86_64"])[0]),
+        )
+
+
+#: Lambda's memory when a function sets none
+DEFAULT_MEMORY_MB = 128
 
 
 class FunctionHost:
@@ -130,8 +174,11 @@ class FunctionHost:
         model: FaultyModelPlane | None = None,
         time_scale: float = 1.0,
         role_clients: Mapping[str, Callable[[str], Any]] | None = None,
+        profiles: Mapping[str, FunctionProfile] | None = None,
     ) -> None:
         self.clients = clients
+        #: per function name: its label, memory and architecture in the bill
+        self.profiles = dict(profiles or {})
         #: per function name: clients signed with the function's own execution role (the local
         #: stack's IAM is enforced); without an entry, ``clients``
         self.role_clients = dict(role_clients or {})
@@ -167,15 +214,36 @@ class FunctionHost:
         module_name, _, attr = handler.rpartition(".")
         sandbox = self._acquire(function_name, module_name)
         previous = self.current()
-        self._local.invocation = Invocation(function_name, dict(env))
+        invocation = Invocation(function_name, dict(env))
+        self._local.invocation = invocation
         serial = SERIALIZED.get(module_name, contextlib.nullcontext())
+        started: float | None = None
         try:
-            with serial:
+            with serial:  # waiting for it is this process's, not the function's, time
+                started = time.perf_counter()
                 return getattr(sandbox, attr)(event, LambdaContext(function_name))
         finally:
+            measured = 0.0 if started is None else time.perf_counter() - started
             self._local.invocation = previous
             with self._lock:
                 self._idle.setdefault(function_name, []).append(sandbox)
+            self._bill(function_name, module_name, invocation, measured)
+
+    def _bill(
+        self, function_name: str, module_name: str, invocation: Invocation, measured_s: float
+    ) -> None:
+        profile = self.profiles.get(function_name) or FunctionProfile(
+            module_name.rpartition(".")[2], DEFAULT_MEMORY_MB
+        )
+        billing.METER.lambda_invocation(
+            profile.label,
+            profile.memory_mb,
+            measured_s,
+            model_s=invocation.model_s,
+            slept_s=invocation.slept_s,
+            waited_s=invocation.waited_s,
+            architecture=profile.architecture,
+        )
 
     def _acquire(self, function_name: str, module_name: str) -> ModuleType:
         """An idle sandbox of the function, or a cold start: a fresh copy of the handler module,
@@ -220,7 +288,60 @@ def install(function_host: FunctionHost, process_env: Mapping[str, str]) -> None
         os.environ[name] = value
     _HOST[:] = [function_host]
     patch_lambda_invoke()
+    probe_worker_reports()
     wiring.run_on(function_host)
+
+
+def _current_invocation() -> Invocation | None:
+    fn_host = host()
+    return None if fn_host is None else fn_host.current()
+
+
+def probe_worker_reports() -> None:
+    """For the bill: around :meth:`Worker.process`, the time the worker sleeps for tokens
+    (its injected ``sleep``, the governor's wait: time-scaled) and the ``waited_s`` its report
+    gives, added to the running invocation. Observes only: the unit's processing is unchanged.
+    (A worker whose ``sleep`` cannot be swapped counts its whole reported wait as sleeping.)"""
+    from swarm.service.worker import Worker
+
+    if "worker.process" in _ORIGINALS:
+        return
+    original: Callable[..., Any] = Worker.process
+    _ORIGINALS["worker.process"] = original
+
+    @functools.wraps(original)
+    def process(self: Any, item: Any) -> Any:
+        invocation = _current_invocation()
+        if invocation is None:
+            return original(self, item)
+        sleep = getattr(self, "sleep", None)
+        swapped = False
+        if callable(sleep):
+
+            def measured(seconds: float) -> None:
+                started = time.perf_counter()
+                try:
+                    sleep(seconds)
+                finally:
+                    invocation.slept_s += time.perf_counter() - started
+
+            try:
+                self.sleep = measured
+                swapped = True
+            except (AttributeError, TypeError):  # a frozen worker: see the docstring
+                swapped = False
+        try:
+            report = original(self, item)
+        finally:
+            if swapped:
+                self.sleep = sleep
+        waited = float(getattr(report, "waited_s", 0.0) or 0.0)
+        invocation.waited_s += waited
+        if not swapped:
+            invocation.slept_s += waited
+        return report
+
+    Worker.process = process  # type: ignore[method-assign]
 
 
 def uninstall() -> None:

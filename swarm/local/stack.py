@@ -30,6 +30,7 @@ from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
 from swarm.contract import OUTPUT_DRAIN_PARAMETER
+from swarm.local import billing
 from swarm.local.clients import client_factory
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
 from swarm.local.patches import iam
@@ -40,6 +41,7 @@ log = logging.getLogger("swarm.local")
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 DEMO_TENANT = "demo"
+LOCAL_OPERATOR = "local"  # the local operator role: <operator prefix>local
 #: a tenant name: IAM role name characters (the role is ``<tenant prefix><tenant>``)
 TENANT_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,32}$")
 STATE_DIR = LOCAL_TARGET_FILE.parent
@@ -75,6 +77,7 @@ class LocalStack:
         self.admin_credentials: Credentials | None = None
         self.function_clients: dict[str, Any] = {}
         self.tenant_prefix = ""
+        self.operator_prefix = ""
         self.api_id = ""
 
     # ------------------------------------------------------------------ start
@@ -91,6 +94,8 @@ class LocalStack:
         os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
         patches.apply_all()
         emulator.apply_all()
+        billing.install()  # the bill: every request the application makes (GET /_local/bill)
+        billing.METER.enabled = True
         self.server = moto_server.start_server()
         endpoint = self.server.endpoint
         os.environ["MOTO_PORT"] = endpoint.rsplit(":", 1)[1]  # the SFN interpreter calls back here
@@ -103,6 +108,7 @@ class LocalStack:
         # IAM from here on: the emulator's plumbing signs as its own admin user, each function
         # as its own role (see swarm.local.patches.iam)
         self.admin_credentials = iam.create_admin(ACCOUNT)
+        billing.METER.exclude(self.admin_credentials.access_key_id)  # the emulator's plumbing
         iam.enforce()
         self.timings["moto_s"] = time.monotonic() - t0
         self.endpoint = endpoint
@@ -116,12 +122,24 @@ class LocalStack:
             clients, template, f"Swarm-{self.options.stage}", REGION, self.template_edit
         )
         self.timings["deploy_s"] = time.monotonic() - t2
+        parent_type, child_type = billing.state_machine_types(self.deployed.template)
+        billing.METER.configure(
+            time_scale=self.options.time_scale, parent_type=parent_type, child_type=child_type
+        )
         self._start_functions(clients)
         self._start_pollers(clients)
         self._start_api(clients)
         outputs = self.deployed.outputs
         self.add_tenant(DEMO_TENANT)
-        iam.ensure_operator_role(ACCOUNT, REGION, outputs[OUTPUT_DRAIN_PARAMETER])
+        operator_role = f"{self.operator_prefix}{LOCAL_OPERATOR}"
+        iam.ensure_operator_role(
+            ACCOUNT,
+            REGION,
+            operator_role,
+            outputs[OUTPUT_DRAIN_PARAMETER],
+            self.api_id,
+            self.options.stage,
+        )
         self.target = Target(
             api_url=self.api.url,
             region=REGION,
@@ -130,8 +148,10 @@ class LocalStack:
             tenant=None,
             local_credentials=self.admin_credentials.boto(),
             tenant_prefix=self.tenant_prefix,
+            operator_role=operator_role,
         )
         self.timings["total_s"] = time.monotonic() - t0
+        billing.METER.reset()  # the bill starts with the stack ready
         return self.target
 
     def _functions(self, clients: Any) -> dict[str, dict[str, Any]]:
@@ -191,9 +211,12 @@ class LocalStack:
         session = f"local-{role_arn.rsplit('/', 1)[-1]}"[:64]
         return iam.assume(ACCOUNT, REGION, role_arn, session, service)
 
-    def role_clients(self, role_arn: str, service: str) -> Any:
-        """Clients signed with STS credentials of ``role_arn``, as ``service`` assumes it."""
+    def role_clients(self, role_arn: str, service: str, caller: str | None = None) -> Any:
+        """Clients signed with STS credentials of ``role_arn``, as ``service`` assumes it;
+        ``caller``: their name in the bill (:mod:`swarm.local.billing`)."""
         credentials = self.assume(role_arn, service)
+        if caller is not None:
+            billing.METER.name_caller(credentials.access_key_id, caller)
         return client_factory(self.endpoint, credentials, region=REGION, pool=CLIENT_POOL)
 
     def add_tenant(self, tenant: str) -> str:
@@ -211,7 +234,9 @@ class LocalStack:
         self.functions = functions
         # each function runs with its own execution role, the state machine's tasks with its role
         self.function_clients = {
-            conf["FunctionName"]: self.role_clients(conf["Role"], "lambda")
+            conf["FunctionName"]: self.role_clients(
+                conf["Role"], "lambda", local_functions.FunctionProfile.of(conf).label
+            )
             for conf in functions.values()
         }
         sfn = clients("stepfunctions")
@@ -219,7 +244,9 @@ class LocalStack:
         # the interpreter's credentials are process-wide: the stack has one state machine
         [machine] = self.deployed.of_type("AWS::StepFunctions::StateMachine").values()
         role = sfn.describe_state_machine(stateMachineArn=machine)["roleArn"]
-        emulator.INTERPRETER_CREDENTIALS.update(self.assume(role, "states").boto())
+        interpreter = self.assume(role, "states")
+        billing.METER.name_caller(interpreter.access_key_id, "state machine")
+        emulator.INTERPRETER_CREDENTIALS.update(interpreter.boto())
         envs = [f.get("Environment", {}).get("Variables", {}) for f in functions.values()]
         process_env: dict[str, str] = {
             "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
@@ -241,7 +268,14 @@ class LocalStack:
         )
         self.model = local_functions.FaultyModelPlane(plane)
         self.host = local_functions.FunctionHost(
-            clients, self.model, self.options.time_scale, self.function_clients
+            clients,
+            self.model,
+            self.options.time_scale,
+            self.function_clients,
+            profiles={
+                conf["FunctionName"]: local_functions.FunctionProfile.of(conf)
+                for conf in functions.values()
+            },
         )
         local_functions.install(self.host, process_env)
 
@@ -250,8 +284,10 @@ class LocalStack:
 
         assert self.deployed is not None
         lam = clients("lambda")
+        roles = {conf["FunctionName"]: conf["Role"] for conf in self.functions.values()}
         for uuid in self.deployed.of_type("AWS::Lambda::EventSourceMapping").values():
-            # Lambda polls the queue with the function's role: the poller does too
+            # Lambda polls the queue with the function's role: the poller does too (a session of
+            # its own, so the bill tells the mapping's requests from the function's)
             function = lam.get_event_source_mapping(UUID=uuid)["FunctionArn"].rsplit(":", 1)[-1]
             poller = MappingPoller(
                 clients,
@@ -259,7 +295,7 @@ class LocalStack:
                 REGION,
                 self.stop_event,
                 self.options.time_scale,
-                queue_clients=self.function_clients[function],
+                queue_clients=self.role_clients(roles[function], "lambda", "event source mapping"),
             )
             self.pollers.append(poller)
             self._thread(poller.run, f"poller-{uuid[:8]}")
@@ -288,6 +324,7 @@ class LocalStack:
         conf = self.functions["functions.api"]
         env = conf["Environment"]["Variables"]
         self.tenant_prefix = env.get("TENANT_PRINCIPAL_PREFIX", "")
+        self.operator_prefix = env.get("OPERATOR_PRINCIPAL_PREFIX", "")
         assert self.deployed is not None
         self.api_id = next(iter(self.deployed.of_type("AWS::ApiGateway::RestApi").values()))
         self.api = LocalApi(
@@ -355,6 +392,11 @@ class LocalStack:
                 return 409, {"error": "redeploy_failed", "message": str(e)}
         if path == "/_local/iam" and method == "GET":
             return 200, iam.AUDIT.report()
+        if path == "/_local/bill" and method == "GET":
+            return 200, billing.METER.snapshot()
+        if path == "/_local/bill/reset" and method == "POST":
+            billing.METER.reset()
+            return 200, {"reset": True, "since": billing.METER.snapshot()["since"]}
         if path == "/_local/status" and method == "GET":
             return 200, {
                 "pollers": [
@@ -487,6 +529,16 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
     return 0
 
 
+#: the timings of :class:`LocalOptions` ``serve`` takes (``swarm bench cost`` runs the deployed
+#: ones on the local clock)
+TIMING_OPTIONS: dict[str, str] = {
+    "--worker-timeout-s": "worker_timeout_s",
+    "--governor-max-wait-s": "governor_max_wait_s",
+    "--finalizer-poll-s": "finalizer_poll_s",
+    "--sweeper-rate-minutes": "sweeper_rate_minutes",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m swarm.local.stack")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -496,9 +548,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failure-rate", type=float, default=None)
     p.add_argument("--model-seed", type=int, default=None)
     p.add_argument("--port", type=int, default=0)
+    for flag, name in TIMING_OPTIONS.items():
+        default = getattr(LocalOptions, name)
+        p.add_argument(flag, type=type(default), default=default)
     args = parser.parse_args(argv)
     options = LocalOptions(
-        time_scale=args.time_scale, failure_rate=args.failure_rate, model_seed=args.model_seed
+        time_scale=args.time_scale,
+        failure_rate=args.failure_rate,
+        model_seed=args.model_seed,
+        **{name: getattr(args, name) for name in TIMING_OPTIONS.values()},
     )
     return serve(options, args.state_dir, args.port)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -23,6 +24,7 @@ from swarm.api.models import (
     BatchSubmission,
     ResultsQuery,
     Unit,
+    UploadRequest,
 )
 from swarm.core.errors import InvalidInput, SwarmError
 
@@ -64,7 +66,8 @@ def parse_json(body: str | None) -> Any:
     if len(body.encode()) > MAX_BODY_BYTES:
         raise TooLarge(
             f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB: upload the units as a "
-            f"manifest under {UPLOADS_PREFIX}<tenant>/ and submit {{'manifest': {{'key': ...}}}}"
+            f"manifest under {UPLOADS_PREFIX}<tenant>/ (POST /uploads gives the key and a URL) "
+            "and submit {'manifest': {'key': ...}}"
         )
     try:
         return json.loads(body)
@@ -82,7 +85,7 @@ def parse_submit(body: str | None) -> BatchSubmission:
     if isinstance(units, list) and len(units) > MAX_INLINE_UNITS:
         raise TooLarge(
             f"{len(units):,} inline units is over the limit of {MAX_INLINE_UNITS:,}: "
-            f"upload them as a manifest under {UPLOADS_PREFIX}<tenant>/"
+            f"upload them as a manifest under {UPLOADS_PREFIX}<tenant>/ (POST /uploads)"
         )
     return _validate(BatchSubmission, doc)
 
@@ -107,6 +110,10 @@ def parse_resume(body: str | None) -> BatchResume:
     return _validate(BatchResume, parse_json(body))
 
 
+def parse_upload(body: str | None) -> UploadRequest:
+    return _validate(UploadRequest, parse_json(body))
+
+
 def parse_results_query(params: Mapping[str, str] | None) -> ResultsQuery:
     """``GET /batches/{id}/results``'s query string (``state``, ``limit``, ``next_token``)."""
     return _validate(ResultsQuery, dict(params or {}))
@@ -116,6 +123,42 @@ _ROLE = re.compile(
     r"^arn:aws[a-z-]*:(?:iam::(?P<iam>\d+):role/(?:.*/)?|sts::(?P<sts>\d+):assumed-role/)"
     r"(?P<role>[^/]+)"
 )
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: a tenant (its batches only) or an operator (the fleet-wide views)."""
+
+    tenant: str | None  # None for an operator
+    #: the role's unique id (AROA...: API Gateway's ``identity.user`` before the ':'), which a
+    #: recreated role of the same name does not share; None when the request does not carry it
+    role_id: str | None = None
+
+    @property
+    def operator(self) -> bool:
+        return self.tenant is None
+
+
+def caller_of(
+    user_arn: str | None,
+    user: str | None,
+    tenant_prefix: str,
+    operator_prefix: str,
+    account: str | None = None,
+) -> Caller:
+    """An operator role (``<operator_prefix><name>``) or a tenant (:func:`tenant_of`)."""
+    role_id = user.split(":", 1)[0] if user and user.startswith("AROA") else None
+    match = _ROLE.match(user_arn or "")
+    role = match.group("role") if match else ""
+    if match is not None and role.startswith(operator_prefix) and role != operator_prefix:
+        caller_account = match.group("iam") or match.group("sts")
+        if account is None or caller_account == account:
+            return Caller(None, role_id)
+    return Caller(tenant_of(user_arn, tenant_prefix, account), role_id)
+
+
+class OperatorsOnly(Forbidden):
+    """403: a fleet-wide view or action, and the caller is a tenant."""
 
 
 def tenant_of(user_arn: str | None, prefix: str, account: str | None = None) -> str:

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.api.models import (
+    BATCH_ID_PREFIX,
     MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_MANIFEST_BYTES,
     MAX_REMAINDER_LISTED,
     BatchStatus,
     BatchSubmission,
@@ -33,7 +35,14 @@ from swarm.api.models import (
     UnitCounts,
 )
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
-from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied, SwarmError
+from swarm.core.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    ObjectTooLarge,
+    ReadDenied,
+    SwarmError,
+)
 from swarm.core.governor import GovernorSnapshot, check_amount
 from swarm.core.ports import (
     BlobStore,
@@ -56,7 +65,7 @@ from swarm.core.records import (
 )
 from swarm.core.report import healthy_line
 from swarm.core.scheduling import fanout_order
-from swarm.service.api_models import check_manifest_key, parse_manifest_units
+from swarm.service.api_models import TooLarge, check_manifest_key, parse_manifest_units
 from swarm.service.drain import drain_view
 
 DRAIN_RETRY_AFTER_S = 60
@@ -121,9 +130,9 @@ def results_key(run_id: str, state: RunState, epoch: int) -> str:
 
 def batch_id_for(tenant: str, idempotency_key: str | None) -> str:
     if idempotency_key is None:
-        return f"b-{uuid.uuid4().hex[:24]}"
+        return f"{BATCH_ID_PREFIX}{uuid.uuid4().hex[:24]}"
     digest = hashlib.sha256(f"{tenant}\0{idempotency_key}".encode()).hexdigest()
-    return f"b-{digest[:24]}"
+    return f"{BATCH_ID_PREFIX}{digest[:24]}"
 
 
 def manifest_items(spec: RunSpec, inputs: Mapping[str, Prompt]) -> list[dict[str, Any]]:
@@ -210,13 +219,19 @@ class Batches:
 
     def _upload(self, tenant: str, key: str) -> list[Unit]:
         """The units of a manifest the tenant uploaded: every problem is a 400 on
-        ``manifest.key`` (nothing is written yet, so a 4xx is safe whatever S3 meant)."""
+        ``manifest.key`` (nothing is written yet, so a 4xx is safe whatever S3 meant), or a 413
+        for one over the size limit (its body is not read, whatever wrote it)."""
         check_manifest_key(tenant, key)
         try:
-            doc = self.blobs.get_json(key)
+            doc = self.blobs.get_json(key, max_bytes=MAX_MANIFEST_BYTES)
         except NotFound:
             raise InvalidInput(
                 "manifest.key", f"no object {key!r}: upload the manifest there, then submit"
+            ) from None
+        except ObjectTooLarge as e:
+            raise TooLarge(
+                f"manifest.key: {e}: split the units into batches of at most "
+                f"{MAX_MANIFEST_BYTES // (1024 * 1024)} MiB each"
             ) from None
         except ReadDenied:
             # With the stack's s3:ListBucket grant on manifests/* a missing key is a 404
@@ -310,8 +325,9 @@ class Batches:
 
     # ------------------------------------------------------------------ status
 
-    def run_for(self, tenant: str, run_id: str) -> RunRecord:
-        """The tenant's run ``run_id``; NotFound for an id that is not one of its batches."""
+    def run_for(self, tenant: str | None, run_id: str) -> RunRecord:
+        """The tenant's run ``run_id``; NotFound for an id that is not one of its batches.
+        ``tenant`` None: an operator's read, of any batch."""
         try:
             # a batch id from the path is checked before it reaches a key (DynamoDB refuses a
             # partition key over 2,048 bytes with a ValidationException): one that cannot exist
@@ -320,11 +336,11 @@ class Batches:
         except (NotFound, InvalidInput):
             run = None
         # never reveal another tenant's batch: the same error as for an id that does not exist
-        if run is None or run.spec.tenant != tenant:
+        if run is None or (tenant is not None and run.spec.tenant != tenant):
             raise NotFound(f"no batch {run_id!r}")
         return run
 
-    def status(self, tenant: str, run_id: str, now: float) -> dict[str, Any]:
+    def status(self, tenant: str | None, run_id: str, now: float) -> dict[str, Any]:
         return self.describe(self.run_for(tenant, run_id), now)
 
     def describe(self, run: RunRecord, now: float) -> dict[str, Any]:

@@ -88,8 +88,12 @@ class WorkReport:
     lost_attempt_tokens: int = 0  # tokens of a dead worker's attempt settled on its behalf
 
 
-def _delay(seconds: float) -> int:
+def requeue_delay(seconds: float) -> int:
+    """A requeued unit's delay: whole seconds, within what SQS takes (1..MAX_SQS_DELAY_S)."""
     return int(min(MAX_SQS_DELAY_S, max(1, math.ceil(seconds))))
+
+
+_delay = requeue_delay
 
 
 @dataclass

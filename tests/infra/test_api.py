@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.api.models import BatchResume, BatchSubmission
+from swarm.api.models import MAX_MANIFEST_BYTES, BatchResume, BatchSubmission, UploadRequest
 from swarm.api.openapi import ROUTES, gateway_schema
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import as_list
@@ -14,6 +14,8 @@ PATHS = {
     ("GET", "{batch_id}"),
     ("GET", "results"),
     ("POST", "resume"),
+    ("POST", "uploads"),
+    ("POST", "rebind"),
     ("GET", "fleet"),
     ("GET", "drain"),
 }
@@ -52,7 +54,7 @@ def test_submit_and_resume_bodies_have_models(synth: Synthesized) -> None:
     ]
     assert models["BatchResume"]["properties"]["top_up"]["minimum"] == 1
     for method in synth.of_type("AWS::ApiGateway::Method").values():
-        if method["Properties"]["HttpMethod"] == "POST":
+        if method["Properties"]["HttpMethod"] == "POST" and "RequestModels" in method["Properties"]:
             assert "application/json" in method["Properties"]["RequestModels"]
 
 
@@ -66,10 +68,13 @@ def test_the_gateway_validates_with_the_handlers_own_models(synth: Synthesized) 
     assert sorted(schema["title"] for schema in models.values()) == [
         "BatchResume",
         "BatchSubmission",
+        "UploadRequest",
     ]
+    by_title = {m.__name__: m for m in (BatchSubmission, BatchResume, UploadRequest)}
     for schema in models.values():
-        model = BatchSubmission if schema["title"] == "BatchSubmission" else BatchResume
-        assert schema == gateway_schema(model)
+        assert schema == gateway_schema(by_title[schema["title"]])
+    (upload,) = [s for s in models.values() if s["title"] == "UploadRequest"]
+    assert upload["properties"]["size_bytes"]["maximum"] == MAX_MANIFEST_BYTES
     resources = synth.of_type("AWS::ApiGateway::Resource")
     for method in synth.of_type("AWS::ApiGateway::Method").values():
         props = method["Properties"]

@@ -54,21 +54,25 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:PutItem",
                 # open_run: BatchWriteItem of the unit items
                 "dynamodb:BatchWriteItem",
-                # open_run marks the books ready; top_up (resume) updates the books
+                # open_run marks the books ready; top_up (resume) updates the books;
+                # DynamoDBBindings.bind: a tenant's role binding (one conditional update)
                 "dynamodb:UpdateItem",
+                # DynamoDBBindings.unbind: POST /tenants/{tenant}/rebind (operators)
+                "dynamodb:DeleteItem",
             }
         ),
         # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, GET /fleet);
         # a missing bucket reads as its initial state, so no PutItem (the workers create it)
         "governor table": frozenset({"dynamodb:Query"}),
-        "manifests/*": frozenset(
-            {
-                # Batches.submit/resume: S3Blobs.put_json of manifests/<batch>/units|resume-<n>
-                "s3:PutObject",
-                # api.submit reads manifests/uploads/<tenant>/...; resume reads the manifest
-                "s3:GetObject",
-            }
-        ),
+        # Batches.submit/resume: S3Blobs.put_json of manifests/<batch>/units|resume-<n>
+        # (batch ids are b-<hex>: swarm.service.batches.batch_id_for)
+        "manifests/b-*": frozenset({"s3:PutObject"}),
+        # Uploads.grant: S3Blobs.upload_url presigns the tenant's PUT of
+        # manifests/uploads/<tenant>/<id>.json, which S3 authorizes with this role's rights
+        "manifests/uploads/*": frozenset({"s3:PutObject"}),
+        # api.submit reads manifests/uploads/<tenant>/... (S3Blobs.get_json); resume reads the
+        # batch's manifest
+        "manifests/*": frozenset({"s3:GetObject"}),
         # Results.page: S3Results.outcomes reads the attempt records of the caller's batch;
         # its download URL is a GetObject signed with this role (S3Results.download_url)
         "results/*": frozenset({"s3:GetObject"}),
@@ -252,7 +256,13 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         return "fanout executions"
     bucket = synth.logical_id(stack.storage.bucket)
     if references(resource, bucket):
-        for prefix in ("manifests/*", "results/*", "results/*/attempts/*"):
+        for prefix in (
+            "manifests/*",
+            "manifests/b-*",
+            "manifests/uploads/*",
+            "results/*",
+            "results/*/attempts/*",
+        ):
             if text.endswith(json.dumps("/" + prefix) + "]]}"):
                 return prefix
         if resource == {"Fn::GetAtt": [bucket, "Arn"]}:

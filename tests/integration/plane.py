@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import importlib
 import json
 import threading
@@ -51,6 +52,7 @@ from swarm.contract import (
     EVENT_BUS_NAME,
     LEASE_SECONDS,
     LEDGER_TABLE_NAME,
+    OPERATOR_PRINCIPAL_PREFIX,
     SWARM_FUNCTION,
     TENANT_PRINCIPAL_PREFIX,
     dlq_url_var,
@@ -191,6 +193,10 @@ class ControlPlane:
         prefix = self.env("api")[TENANT_PRINCIPAL_PREFIX]
         return f"arn:aws:sts::{ACCOUNT}:assumed-role/{prefix}{tenant}/session"
 
+    def operator_arn(self, name: str = "ops") -> str:
+        prefix = self.env("api")[OPERATOR_PRINCIPAL_PREFIX]
+        return f"arn:aws:sts::{ACCOUNT}:assumed-role/{prefix}{name}/session"
+
     # ------------------------------------------------------------------ plumbing
     def client(self, service: str) -> Any:
         """A client signed as the emulator's admin: the tests' view of the books."""
@@ -223,14 +229,21 @@ class ControlPlane:
         headers: Mapping[str, str] | None = None,
         raw: str | None = None,
         query: Mapping[str, str] | None = None,
+        operator: bool = False,
+        role_id: str | None = None,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """A request as API Gateway hands it over: signed by ``tenant``'s role (its unique id
+        ``role_id``, by default one fixed per tenant), or by an operator's role."""
         text = raw if raw is not None else (None if body is None else json.dumps(body))
         event = proxy_event(
             method,
             path,
             body=text,
             headers={"Content-Type": "application/json", **(headers or {})},
-            user_arn=self.tenant_arn(tenant) if tenant else None,
+            user_arn=(
+                self.operator_arn() if operator else self.tenant_arn(tenant) if tenant else None
+            ),
+            user=f"{role_id or _role_id(tenant or 'ops')}:session",
             query=query,
         )
         response = self.invoke("api", event)
@@ -369,6 +382,11 @@ class ControlPlane:
         )
         if settled:
             reset_handler_caches(self.functions)
+
+
+def _role_id(name: str) -> str:
+    """A role unique id (AROA + 17 characters) fixed per role name."""
+    return "AROA" + hashlib.sha256(name.encode()).hexdigest()[:17].upper()
 
 
 @dataclass

@@ -44,10 +44,16 @@ def objects(plane: ControlPlane, prefix: str = "") -> list[str]:
 
 
 def items(plane: ControlPlane) -> int:
-    """Every item of the ledger's and the governor's tables."""
+    """Every item of the ledger's and the governor's tables, but the tenants' role bindings
+    (written at a tenant's first authenticated call, whatever the request)."""
     dynamodb = plane.client("dynamodb")
     tables = (plane.ledger_table, plane.env("worker")[GOVERNOR_TABLE_NAME])
-    return sum(dynamodb.scan(TableName=table)["Count"] for table in tables)
+    return sum(
+        1
+        for table in tables
+        for item in dynamodb.scan(TableName=table)["Items"]
+        if not item["pk"]["S"].startswith("tenant#")
+    )
 
 
 def run_to_close(plane: ControlPlane, batch_id: str) -> dict[str, Any]:
@@ -162,6 +168,37 @@ def test_outputs_are_kept_once_read_by_page_and_downloadable_by_their_tenant_onl
         assert status == 400 and doc["message"].startswith("state:")
 
 
+def test_operators_own_the_fleet_views_and_tenants_are_bound_to_their_roles(
+    plane: ControlPlane,
+) -> None:
+    # tenants see their own batches; the fleet-wide views are an operator's
+    _, doc, _ = plane.api("POST", "/batches", {"units": units(1)}, tenant="acme")
+    batch_id = doc["batch_id"]
+    for path in ("/fleet", "/drain"):
+        status, body, _ = plane.api("GET", path, tenant="acme")
+        assert status == 403 and "operator" in body["message"], body
+        status, _, _ = plane.api("GET", path, operator=True)
+        assert status == 200
+    # an operator reads any batch, but is nobody's tenant
+    status, body, _ = plane.api("GET", f"/batches/{batch_id}", operator=True)
+    assert status == 200 and body["tenant"] == "acme"
+    status, body, _ = plane.api("POST", "/batches", {"units": units(1)}, operator=True)
+    assert status == 403 and "not tenants" in body["message"]
+    # acme's role is deleted and created again: same name, a new unique id; refused, and
+    # nothing written, until an operator re-binds the tenant
+    recreated = "AROA" + "N" * 17
+    status, body, _ = plane.api("GET", f"/batches/{batch_id}", tenant="acme", role_id=recreated)
+    assert status == 403 and "swarm rebind acme" in body["message"]
+    status, body, _ = plane.api("POST", "/tenants/acme/rebind", tenant="acme")
+    assert status == 403  # tenants cannot re-bind themselves
+    status, body, _ = plane.api("POST", "/tenants/acme/rebind", operator=True)
+    assert status == 200 and body == {"tenant": "acme", "was_bound": True}
+    status, body, _ = plane.api("GET", f"/batches/{batch_id}", tenant="acme", role_id=recreated)
+    assert status == 200 and body["batch_id"] == batch_id
+    status, body, _ = plane.api("POST", "/tenants/a%20b/rebind", operator=True)
+    assert status == 400 and body["error"] == "invalid_request"
+
+
 def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:
     _, doc, _ = plane.api("POST", "/batches", {"units": units(2)})
     batch_id = doc["batch_id"]
@@ -235,7 +272,7 @@ def test_draining_gives_503_and_workers_take_nothing_new(
     response = plane.deliver(Lane.NORMAL, originals)
     assert response["batchItemFailures"] == []
     assert ledger(plane).run(batch_id).spent == 0 and ledger(plane).attempts(batch_id) == []
-    status, body, _ = plane.api("GET", "/drain")
+    status, body, _ = plane.api("GET", "/drain", operator=True)
     assert body["draining"] is True
     # Then the lane holds exactly the worker's own copies, delayed: the originals are gone
     assert lane_counts(plane, Lane.NORMAL) == {"visible": 0, "in_flight": 0, "delayed": 4}
@@ -426,7 +463,7 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     _, doc, _ = plane.api("POST", "/batches", {"units": units(2)})
     batch_id = doc["batch_id"]
     plane.run_state_machine()
-    status, fleet, _ = plane.api("GET", "/fleet")
+    status, fleet, _ = plane.api("GET", "/fleet", operator=True)
     assert status == 200 and fleet["lanes"]["normal"]["visible"] == 2
     env = plane.env("api")
     rate = int(env[QUOTA_TPM]) / 60 * float(env[GOVERNOR_SHARE])
@@ -479,7 +516,7 @@ def test_drain_controller_disables_and_enables_the_worker_mappings(
     assert set(report["mappings"].values()) <= {"Disabled", "Disabling"}
     assert report["draining"] and report["in_flight"] == 0 and not report["settled"]
     assert not report["safe_to_deploy"]
-    status, doc, _ = plane.api("GET", "/drain")
+    status, doc, _ = plane.api("GET", "/drain", operator=True)
     assert status == 200 and doc["draining"] and not doc["safe_to_deploy"]
     # ... and it is once they have expired
     later = time.time() + SsmDrainSwitch.ttl_s

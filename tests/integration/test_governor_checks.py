@@ -16,16 +16,24 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from swarm.bench.governor import could_have_granted, over_grant_tolerance, over_granted
-from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, acquire
+from swarm.core.governor import (
+    Draw,
+    GovernorConfig,
+    GovernorSnapshot,
+    Grant,
+    Ticket,
+    TrueUp,
+    acquire,
+)
 from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane
 from tests.unit.test_governor import FakeTime
 
-Grant = tuple[float, float, int]  # (asked, seen, tokens)
+Sighting = tuple[float, float, int]  # (asked, seen, tokens)
 
 
 def every_window(
-    grants: Sequence[Grant],
+    grants: Sequence[Sighting],
     start: float,
     initial: float,
     capacity: float,
@@ -55,7 +63,7 @@ def test_the_window_scan_agrees_with_every_window_counted_one_by_one() -> None:
     rng = random.Random(20261129)
     start = 1_764_450_000.0  # an epoch second, as the benchmark's start is
     for case in range(1_500):
-        grants: list[Grant] = []
+        grants: list[Sighting] = []
         for _ in range(rng.randint(0, 12)):
             asked = start + rng.choice([rng.uniform(-1, 5), float(rng.randint(0, 5))])
             seen = asked + rng.choice([0.0, rng.uniform(0, 2), float(rng.randint(0, 2))])
@@ -72,7 +80,7 @@ UNIT = 1_000  # one second of refill
 CAPACITY = 2_000.0
 
 
-def queue(n: int, start: float = 0.0) -> list[Grant]:
+def queue(n: int, start: float = 0.0) -> list[Sighting]:
     """What a correct governor does under full demand: n workers ask at the start, the k-th
     draw's tokens exist k seconds in, and each worker sees its grant then."""
     return [(start, start + k * UNIT / RATE, UNIT) for k in range(1, n + 1)]
@@ -149,20 +157,20 @@ class SlowGovernor:
         self.clock, self.latency = clock, latency
         self.asked: list[float] = []
 
-    def draw(self, amount: int, lane: Lane, now: float) -> Draw:
+    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
         self.asked.append(now)
         result = self.inner.draw(amount, lane, now)
         self.clock.t += self.latency
         return result
+
+    def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+        return self.inner.true_up(grant, used, now)
 
     def report_throttle(self, now: float) -> None:
         self.inner.report_throttle(now)
 
     def snapshot(self, now: float) -> GovernorSnapshot:
         return self.inner.snapshot(now)
-
-    def cancel(self, now: float) -> bool:
-        return False
 
 
 def test_acquire_waits_from_when_the_draw_was_decided_not_from_its_return() -> None:

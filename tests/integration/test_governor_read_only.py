@@ -76,7 +76,9 @@ def _api_runtime(client: Any) -> Wiring:
             env.DEFAULT_BUDGET_TOKENS: "1000",
             env.MAX_BUDGET_TOKENS: "1000000",
             env.RESULTS_URL_SECONDS: "300",
+            env.UPLOAD_URL_SECONDS: "300",
             env.TENANT_PRINCIPAL_PREFIX: "swarm-tenant-",
+            env.OPERATOR_PRINCIPAL_PREFIX: "swarm-operator-",
         }
     )
     for lane in LANES:

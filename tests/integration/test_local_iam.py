@@ -222,8 +222,10 @@ def test_the_local_api_refuses_unsigned_forged_and_unauthorized_callers(
     status, doc = api.authenticate("GET", "/drain", "", headers, b"")  # type: ignore[misc]
     assert status == 403 and "signature" in doc["message"]
 
-    # a role of the account without execute-api:Invoke on this API (the operator's)
-    operator = iam.ensure_operator_role(ACCOUNT, REGION, "/swarm/local/drain")
+    # a role of the account without execute-api:Invoke on this API (another API's operator)
+    operator = iam.ensure_operator_role(
+        ACCOUNT, REGION, "swarm-operator-x", "/swarm/local/drain", "zzz999", "local"
+    )
     outsider = iam.Credentials(*_assume_as(enforced, operator))
     status, doc = api.authenticate("GET", "/fleet", "", signed(outsider, "GET", "/fleet"), b"")  # type: ignore[misc]
     assert status == 403

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 from jsonschema import Draft4Validator  # type: ignore[import-untyped]
 
-from swarm.api.models import MAX_INLINE_UNITS, BatchResume, BatchSubmission
+from swarm.api.models import (
+    MAX_INLINE_UNITS,
+    MAX_MANIFEST_BYTES,
+    BatchResume,
+    BatchSubmission,
+    UploadRequest,
+)
 from swarm.api.openapi import HANDLER_ONLY, ROUTES, gateway_schema
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.errors import InvalidInput, SwarmError
@@ -25,7 +31,7 @@ from swarm.core.memory import (
 )
 from swarm.core.ports import MappingState
 from swarm.core.records import Lane
-from swarm.service.api_models import TooLarge, parse_resume, parse_submit
+from swarm.service.api_models import TooLarge, parse_resume, parse_submit, parse_upload
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController, safe_to_deploy
 
@@ -213,7 +219,7 @@ def keywords(schema: Any) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("model", [BatchSubmission, BatchResume])
+@pytest.mark.parametrize("model", [BatchSubmission, BatchResume, UploadRequest])
 def test_the_gateway_models_are_draft_4_with_nothing_to_resolve(model: Any) -> None:
     schema = gateway_schema(model)
     Draft4Validator.check_schema(schema)
@@ -223,7 +229,7 @@ def test_the_gateway_models_are_draft_4_with_nothing_to_resolve(model: Any) -> N
 
 
 def test_every_request_body_of_a_route_has_a_gateway_model() -> None:
-    assert {r.request for r in ROUTES if r.request} == {BatchSubmission, BatchResume}
+    assert {r.request for r in ROUTES if r.request} == {BatchSubmission, BatchResume, UploadRequest}
 
 
 @pytest.mark.parametrize("body", VALID_SUBMISSIONS)
@@ -273,6 +279,23 @@ def test_the_resume_model_is_the_same_on_both_sides(body: Any, valid: bool) -> N
         assert gateway_accepts(gateway_schema(BatchResume), body)
     elif body != {"top_up": 1.0}:
         assert not gateway_accepts(gateway_schema(BatchResume), body)
+
+
+@pytest.mark.parametrize(
+    ("body", "valid"),
+    [
+        ({"size_bytes": 1}, True),
+        ({"size_bytes": MAX_MANIFEST_BYTES}, True),
+        ({"size_bytes": MAX_MANIFEST_BYTES + 1}, False),
+        ({"size_bytes": 0}, False),
+        ({"size_bytes": "12"}, False),
+        ({"size_bytes": 12, "key": "manifests/uploads/other/x.json"}, False),
+        ({}, False),
+    ],
+)
+def test_the_upload_model_is_the_same_on_both_sides(body: Any, valid: bool) -> None:
+    assert handler_accepts(parse_upload, body) is valid
+    assert gateway_accepts(gateway_schema(UploadRequest), body) is valid
 
 
 # ------------------------------------------------------------------ the service's side

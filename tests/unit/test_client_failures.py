@@ -103,7 +103,7 @@ def api() -> Iterator[FakeApi]:
             )
             fake.next_answer()(self)
 
-        do_GET = do_POST = _serve
+        do_GET = do_POST = do_PUT = _serve
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -394,3 +394,86 @@ def test_a_watch_survives_a_status_check_that_times_out(
     code, out, err = run_cli(args, capsys)
     assert code == 0 and err == "", err
     assert "status check failed" in out and out.strip().endswith("run.completed: completed 3/3")
+
+
+# ------------------------------------------------------------------ submit --upload
+
+
+def upload_answer(api: FakeApi, size: int) -> Answer:
+    """``POST /uploads``'s answer, its URL on the fake server (as S3's would be elsewhere)."""
+    key = "manifests/uploads/acme/0123.json"
+    return json_answer(
+        200,
+        {
+            "key": key,
+            "url": f"{api.url}/bucket/{key}?X-Amz-Signature=abc",
+            "method": "PUT",
+            "headers": {
+                "Content-Type": "application/json",
+                "Content-Length": str(size),
+                "If-None-Match": "*",
+            },
+            "expires_in_s": 300,
+            "expires_at": 1_700_000_300,
+        },
+    )
+
+
+def test_submit_upload_puts_the_units_at_the_url_then_submits_the_key(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    units = [{"unit_id": f"u{i}", "projected_tokens": 10, "input": "é"} for i in range(3)]
+    path = tmp_path / "units.json"
+    path.write_text(json.dumps({"units": units, "budget": 500}))
+    size = len(json.dumps(units, separators=(",", ":"), ensure_ascii=False).encode())
+    api.answers = [
+        upload_answer(api, size),
+        raw_answer(200, b"", "text/plain"),
+        json_answer(201, BATCH),
+    ]
+    code, out, err = run_cli(
+        ["submit", str(path), "--upload", "--lane", "low", "--api-url", api.url], capsys
+    )
+    assert code == 0 and "Traceback" not in err, err
+    ask, put, submit = api.seen
+    assert (ask.method, ask.path, ask.body) == ("POST", "/uploads", {"size_bytes": size})
+    # the PUT: the answer's URL, headers and the units, unsigned by the caller (the URL is)
+    assert (put.method, put.path) == (
+        "PUT",
+        "/bucket/manifests/uploads/acme/0123.json?X-Amz-Signature=abc",
+    )
+    assert put.body == units and "Authorization" not in put.headers
+    assert put.headers["Content-Length"] == str(size) and put.headers["If-None-Match"] == "*"
+    assert put.headers["Content-Type"] == "application/json"
+    # the submit names the key instead of carrying the units
+    assert (submit.method, submit.path) == ("POST", "/batches")
+    assert submit.body == {
+        "budget": 500,
+        "lane": "low",
+        "manifest": {"key": "manifests/uploads/acme/0123.json"},
+    }
+    assert "uploaded 3 units" in out and "to manifests/uploads/acme/0123.json" in out
+
+
+def test_submit_upload_refused_by_s3_is_one_line_and_submits_nothing(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refusal = b"<Error><Code>SignatureDoesNotMatch</Code><Message>...</Message></Error>"
+    units = ops.generated_units(2, 0, 8_000, 16_000)  # what --generate 2 makes
+    size = len(json.dumps(units, separators=(",", ":")).encode())
+    api.answers = [upload_answer(api, size), raw_answer(403, refusal, "application/xml")]
+    line = one_error_line(
+        run_cli(["submit", "--generate", "2", "--upload", "--api-url", api.url], capsys)
+    )
+    assert "HTTP 403 (SignatureDoesNotMatch)" in line and "X-Amz-Signature" not in line, line
+    assert [s.method for s in api.seen] == ["POST", "PUT"]
+
+
+def test_submit_upload_of_a_manifest_reference_is_one_line(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps({"manifest": {"key": "manifests/uploads/acme/x.json"}}))
+    line = one_error_line(run_cli(["submit", str(path), "--upload", "--api-url", api.url], capsys))
+    assert line.startswith("swarm: error: --upload: the FILE names a manifest already"), line
+    assert api.seen == []

@@ -10,20 +10,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swarm.bench.governor import over_granted
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import (
     MICRO,
     ZERO,
+    Draw,
     GovernorConfig,
+    Grant,
+    LevelHistory,
+    Refund,
     ShardState,
+    ShardWrite,
+    Ticket,
+    TrueUp,
     acquire,
+    booking_ahead,
     cut_rate,
     initial_shard,
     micro,
-    plan_draw,
+    plan_write,
     predicted_wait,
     rebase,
     shard_shape,
+    ticket_from_doc,
+    ticket_ready_at,
+    ticket_to_doc,
     view_of,
 )
 from swarm.core.memory import InMemoryGovernor
@@ -228,37 +240,139 @@ def test_initial_shards_split_rate_capacity_and_fill_evenly() -> None:
     assert s.tokens(Decimal(7)) == 37_500 and s.cut_rate is None and s.throttles == 0
 
 
-def test_a_full_bucket_is_drawn_by_resetting_drawn_and_otherwise_by_adding_to_it() -> None:
-    t = Decimal(200)  # credit 110,000: the bucket is full (60,000)
-    full = plan_draw(shard(), t, 5_000, 0.0, horizon_s=0.0, book=False, busy=False)
-    assert full.full and full.wait_s is None
-    assert full.full_mark == 50_000 and full.reset_to == 55_000  # leaves 55,000
-    # last seen in debt (busy): drawn as below capacity, so an old full view costs one failure
-    busy = plan_draw(shard(), t, 5_000, 0.0, horizon_s=0.0, book=False, busy=True)
-    assert not busy.full and busy.limit == 105_000
+def apply(s: ShardState, w: ShardWrite) -> ShardState | None:
+    """What DynamoDB does with the write on the item ``s`` (None: a condition failed)."""
+    holds = s.lost <= w.lost and s.refunded <= w.refunded_max
+    holds = holds and (w.drawn_max is None or s.drawn <= w.drawn_max)
+    holds = holds and (w.drawn_min is None or s.drawn >= w.drawn_min)
+    holds = holds and (w.base_time is None or s.base_time == w.base_time)
+    holds = holds and (w.highs_is is None or s.highs == w.highs_is)
+    if not holds:
+        return None
+    return replace(
+        s,
+        drawn=s.drawn + w.add,
+        lost=w.lost,
+        refunded=s.refunded + w.refund,
+        highs=s.highs + (1 if w.saw_high else 0),
+    )
+
+
+def test_a_full_bucket_raises_lost_so_that_it_holds_exactly_its_capacity() -> None:
+    t = Decimal(200)  # credit 110,000: the bucket is full (60,000), 50,000 of refill lost
+    w = plan_write(shard(), t, add=5_000)
+    assert w.wait_s is None and w.lost == 50_000 and w.add == 5_000
+    after = apply(shard(), w)
+    assert after is not None and after.tokens(t) == 55_000 and w.ready_at(after) is None
+    # below capacity: nothing lost, drawn grows by the amount
     s = shard(drawn=Decimal(80_000))  # 30,000 tokens
-    below = plan_draw(s, t, 5_000, 0.0, horizon_s=0.0, book=False, busy=False)
-    assert not below.full and below.wait_s is None and below.tokens == 30_000
-    assert below.ready_at(shard(drawn=Decimal(85_000))) is None  # granted at once
+    below = plan_write(s, t, add=5_000)
+    assert below.lost == 0 and below.drawn_max == 110_000 - 5_000
+    after = apply(s, below)
+    assert after is not None and after.tokens(t) == 25_000
 
 
-def test_a_draw_the_shard_cannot_serve_waits_exactly_for_the_deficit() -> None:
+def test_workers_with_the_same_full_view_all_draw_without_a_failed_write() -> None:
+    # Given three workers that saw the same full bucket, drawing 0.1 s apart on a 0.5 s grid
+    seen, item = shard(), shard()
+    times = [Decimal("200.1"), Decimal("200.2"), Decimal("200.3")]
+    plans = [plan_write(seen, t, add=5_000, grid_s=0.5) for t in times]
+    # Then they raise lost to the same value (the credit at 200.5 less the capacity)...
+    assert {p.lost for p in plans} == {seen.credit(Decimal("200.5")) - 60_000}
+    # ...and every write lands, in any order, each drawing its own 5,000
+    for p in reversed(plans):
+        landed = apply(item, p)
+        assert landed is not None
+        item = landed
+    assert item.drawn == 15_000
+    # the bucket then holds its capacity less the draws, less at most half a second of refill
+    assert 60_000 - 15_000 - 500 <= item.tokens(Decimal("200.3")) <= 60_000 - 15_000
+
+
+def test_a_draw_the_shard_cannot_serve_waits_until_its_tokens_are_there() -> None:
     # 2,000 tokens at t=100, a lane keeping 10% (6,000) of the capacity
     s = shard(base_credit=Decimal(2_000))
-    refused = plan_draw(s, Decimal(100), 5_000, 0.1, horizon_s=0.0, book=False, busy=False)
+    refused = plan_write(s, Decimal(100), add=5_000, reserve=0.1)
     assert refused.wait_s == pytest.approx((5_000 + 6_000 - 2_000) / 1_000 + 2e-6)
-    assert refused.tokens == 2_000
+    # in debt (tickets booked ahead): the queue ahead is part of the wait
+    owed = shard(base_credit=Decimal(2_000), drawn=Decimal(12_000))  # 10,000 booked ahead
+    assert plan_write(owed, Decimal(100), add=5_000).wait_s == pytest.approx(15.0 + 2e-6)
 
 
 def test_a_booking_lane_draws_into_debt_within_its_horizon_and_gets_a_ticket_time() -> None:
     s = shard(base_credit=Decimal(2_000))  # 2,000 tokens, 1,000/s: 10 s of horizon = 10,000
-    plan = plan_draw(s, Decimal(100), 5_000, 0.0, horizon_s=10.0, book=True, busy=False)
-    assert plan.wait_s is None and plan.limit == 2_000 - 5_000 + 10_000
-    after = shard(base_credit=Decimal(2_000), drawn=Decimal(5_000))
+    ahead = booking_ahead(s, Decimal(100), 10.0)
+    plan = plan_write(s, Decimal(100), add=5_000, ahead=ahead)
+    assert plan.wait_s is None and plan.drawn_max == 2_000 - 5_000 + 10_000
+    after = apply(s, plan)
+    assert after is not None
     assert plan.ready_at(after) == Decimal(103)  # the credit reaches 5,000 three seconds later
-    # beyond the horizon: the wait is until the booking fits in it
-    far = plan_draw(s, Decimal(100), 15_000, 0.0, horizon_s=10.0, book=True, busy=False)
-    assert far.wait_s == pytest.approx(3.0 + 2e-6)
+    # beyond the horizon: refused, told when its tokens will really be there (15 s: the 2,000
+    # in the bucket and 13,000 of refill), not merely when a booking would fit
+    far = plan_write(s, Decimal(100), add=15_000, ahead=ahead)
+    assert far.wait_s == pytest.approx(13.0 + 2e-6)
+
+
+def test_a_write_certifies_the_bucket_below_half_full_or_counts_a_sighting() -> None:
+    in_debt = shard(drawn=Decimal(40_000))  # 30,000 booked ahead at t=100; half full: 30,000
+    w = plan_write(in_debt, Decimal(100), add=1_000, ahead=Decimal(60_000), margin_s=10.0)
+    # 20,000 in debt 10 s later: below half full, certified by a condition on refunded (refunds
+    # landed meanwhile may not have lifted it to half full)
+    assert not w.saw_high
+    assert w.refunded_max == 40_000 - 20_000 + 30_000 - MICRO
+    assert apply(replace(in_debt, refunded=Decimal(50_000)), w) is None
+    # half full by the write margin (60 s later): counted as a sighting instead
+    w = plan_write(in_debt, Decimal(100), add=1_000, ahead=Decimal(60_000), margin_s=60.0)
+    assert w.saw_high
+    after = apply(in_debt, w)
+    assert after is not None and after.highs == 1
+
+
+def test_an_old_view_certifies_with_a_guess_of_what_was_drawn_since() -> None:
+    seen = shard(drawn=Decimal(40_000))  # 30,000 booked ahead at t=100, as this client saw it
+    # since then others booked 90,000 and 60,000 went back: the item is still far below half
+    item = replace(seen, drawn=Decimal(130_000), refunded=Decimal(60_000))
+    plain = plan_write(seen, Decimal(100), add=1_000, ahead=Decimal(200_000), margin_s=10.0)
+    assert apply(item, plain) is None  # the old view's bound is too tight: a failed write
+    guess = plan_write(
+        seen,
+        Decimal(100),
+        add=1_000,
+        ahead=Decimal(200_000),
+        margin_s=10.0,
+        drawn_floor=Decimal(120_000),
+    )
+    assert guess.drawn_min == 120_000 and not guess.saw_high
+    after = apply(item, guess)
+    assert after is not None and after.drawn == 131_000
+    # a guess that overshoots fails, as the old view would have
+    assert apply(replace(item, drawn=Decimal(110_000)), guess) is None
+
+
+def test_a_refund_rides_on_a_draw_only_while_the_bucket_stayed_below_half_full() -> None:
+    s = shard(drawn=Decimal(40_000), highs=3)  # 30,000 booked ahead at t=100
+    pending = Refund(shard=0, amount=Decimal(4_000), refunded=ZERO, highs=3)
+    w = plan_write(s, Decimal(100), add=5_000, ahead=Decimal(60_000), refund=pending)
+    assert w.refund == 4_000 and w.highs_is == 3
+    after = apply(s, w)
+    assert after is not None and after.position == 40_000 + 5_000 - 4_000
+    # never more than the write draws: a request repeated by the SDK takes back what it gives
+    small = plan_write(s, Decimal(100), add=1_000, ahead=Decimal(60_000), refund=pending)
+    assert small.refund == 1_000
+    # a write since the grant saw the bucket out of debt: the refund cannot ride any more
+    assert plan_write(replace(s, highs=4), Decimal(100), add=5_000, refund=pending).refund == 0
+    # near capacity: only what keeps it within capacity goes back
+    full = shard(drawn=Decimal(59_000), base_credit=Decimal(110_000))  # 51,000 tokens
+    big = Refund(shard=0, amount=Decimal(12_000), refunded=ZERO, highs=0)
+    assert plan_write(full, Decimal(100), add=15_000, refund=big).refund == 60_000 - 51_000
+
+
+def test_a_debit_lands_whatever_the_bucket_holds() -> None:
+    s = shard(drawn=Decimal(40_000))  # in debt already
+    w = plan_write(s, Decimal(100), add=20_000, ahead=None)
+    assert w.wait_s is None and w.drawn_max is None and w.base_time is None
+    after = apply(s, w)
+    assert after is not None and after.tokens(Decimal(100)) == -50_000
 
 
 def test_predicted_wait_ranks_shards_by_their_cached_tokens() -> None:
@@ -297,7 +411,7 @@ def test_conditional_writes_of_the_plans_answer_like_the_in_memory_bucket(
     draws: list[tuple[float, int, Lane]], fill: float
 ) -> None:
     """A plan applied as DynamoDB applies its conditional write grants exactly what the
-    in-memory bucket grants (no tickets: ``book=False``)."""
+    in-memory bucket grants (no tickets, no grid)."""
     config = GovernorConfig(60_000, 0.9, reserves={Lane.LOW: 0.2}, initial_fill=fill)
     ref = InMemoryGovernor(config, now=0)
     s = initial_shard(config, 1, 0, ZERO)
@@ -308,18 +422,180 @@ def test_conditional_writes_of_the_plans_answer_like_the_in_memory_bucket(
             expected = ref.draw(amount, lane, now)
         except InvalidInput:
             continue
-        reserve = config.reserves.get(lane, 0.0)
-        plan = plan_draw(s, micro(now), amount, reserve, horizon_s=0.0, book=False, busy=False)
+        plan = plan_write(s, micro(now), add=amount, reserve=config.reserves.get(lane, 0.0))
         if plan.wait_s is not None:
             assert not expected.granted
             assert plan.wait_s == pytest.approx(expected.wait_s, abs=1e-5)
             continue
-        # the write's condition holds on the item it was planned from
-        if plan.full:
-            assert s.drawn <= plan.full_mark
-            s = replace(s, drawn=plan.reset_to)
-        else:
-            assert plan.full_mark < s.drawn <= plan.limit
-            s = replace(s, drawn=s.drawn + plan.amount)
+        after = apply(s, plan)  # the write's condition holds on the item it was planned from
+        assert after is not None
+        s = after
         assert plan.ready_at(s) is None and expected.granted
-        assert float(plan.credit - s.drawn) == pytest.approx(expected.available, abs=1e-3)
+        assert float(plan.credit - s.position) == pytest.approx(expected.available, abs=1e-3)
+
+
+# ---------------------------------------------------------------- tickets and true-ups
+
+
+def test_acquire_hands_back_the_ticket_and_when_its_tokens_are_there() -> None:
+    """A ticket maturing beyond the hold goes back with the unit; presented when ready, it is a
+    grant without another booking."""
+    ticket = Ticket("g", 0, 5_000, Lane.HIGH, 130.0, Decimal(1), Decimal(0), 100.0)
+
+    class Booking(InMemoryGovernor):
+        """Books every fresh draw 30 s ahead; grants a ticket presented when it is ready."""
+
+        def __init__(self) -> None:
+            super().__init__(LAB)
+            self.presented: list[Ticket | None] = []
+
+        def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+            self.presented.append(ticket)
+            if ticket is None:
+                return Draw(False, 30.0, -10_000.0, ticket=ticket_for_now)
+            if now >= ticket.ready_at:
+                return Draw(True, 0.0, 0.0, grant=ticket.grant())
+            return Draw(False, ticket.ready_at - now, 0.0, ticket=ticket)
+
+    ticket_for_now = ticket
+    time = FakeTime()
+    time.t = 100.0
+    gov = Booking()
+    got = acquire(gov, 5_000, Lane.HIGH, time.now, time.sleep, max_wait_s=1.0)
+    assert not got.granted and got.ticket == ticket and got.retry_after_s == pytest.approx(30.0)
+    assert time.sleeps == []  # never held on for a ticket 30 s away
+    time.t = 130.0  # the unit is back in 30 s, with its ticket
+    back = acquire(gov, 5_000, Lane.HIGH, time.now, time.sleep, max_wait_s=1.0, ticket=got.ticket)
+    assert back.granted and back.grant == ticket.grant() and gov.presented[-1] == ticket
+    # a ticket ready within the hold is waited for, in the same call
+    time.t = 129.5
+    early = acquire(gov, 5_000, Lane.HIGH, time.now, time.sleep, max_wait_s=1.0, ticket=ticket)
+    assert early.granted and time.sleeps == [pytest.approx(0.5)]
+
+
+def test_a_ticket_travels_as_json_and_an_unreadable_one_is_dropped() -> None:
+    ticket = Ticket(
+        "q300000",
+        2,
+        12_345,
+        Lane.HIGH,
+        1_700_000_123.25,
+        Decimal("987654.000001"),
+        Decimal("1700000000"),
+        1_700_000_100.5,
+        Decimal("42.5"),
+        7,
+        tag="1",
+    )
+    assert ticket_from_doc(ticket_to_doc(ticket)) == ticket
+    assert ticket_from_doc(None) is None
+    assert ticket_from_doc({"governor": "g"}) is None  # missing fields
+    assert ticket_from_doc({**ticket_to_doc(ticket), "position": "NaN?"}) is None
+    assert ticket.grant() == Grant(12_345, Lane.HIGH, 1_700_000_100.5, 2, Decimal("42.5"), 7)
+
+
+def test_a_ticket_is_retimed_after_a_rate_cut_its_holder_has_seen() -> None:
+    s = shard()  # 1,000/s from t=100 with 10,000 credited
+    ticket = Ticket("g", 0, 5_000, Lane.HIGH, 120.0, Decimal(30_000), Decimal(100), 100.0)
+    assert ticket_ready_at(ticket, None) == 120.0
+    assert ticket_ready_at(ticket, s) == 120.0  # the same credit function
+    cut = rebase(s, Decimal(110), Decimal(500), cooldown_s=5.0)  # half the rate from t=110
+    assert cut is not None
+    # 20,000 at t=110, then 500/s recovering by 10/s per second: 30,000 is reached later
+    assert ticket_ready_at(ticket, cut) == float(cut.time_for_credit(Decimal(30_000))) > 120.0
+
+
+def test_the_level_history_bounds_a_refund_by_the_highest_level_since_the_grant() -> None:
+    h = LevelHistory()
+    h.observe(0.0, 50_000)  # before a grant of 30,000
+    grant = h.observe(0.0, 20_000)  # just after it
+    h.observe(5.0, 60_000)  # before another draw: the bucket had refilled to 60,000
+    h.observe(5.0, 10_000)
+    # the highest level since the grant was 60,000: of a capacity of 70,000, 10,000 may go back
+    assert h.room(grant, level_now=15_000, capacity=70_000) == 10_000
+    h.refunded += 10_000  # given back: the gross levels before it count it now
+    assert h.room(grant, level_now=25_000, capacity=70_000) == 0
+    # a grant made after the peak is bounded by what came after it only
+    later = h.observe(6.0, 12_000)
+    assert h.room(later, level_now=25_000, capacity=70_000) == 70_000 - 10_000 - 15_000
+    # what is forgotten gives no refund
+    old = LevelHistory(keep_s=10.0)
+    first = old.observe(0.0, 100)
+    old.observe(5.0, 500)
+    old.observe(20.0, 200)
+    assert old.room(first, 0.0, 1_000) == 0.0
+
+
+def test_an_in_memory_true_up_refunds_what_is_sound_and_debits_the_rest() -> None:
+    config = GovernorConfig(60_000, 1.0, initial_fill=1.0)  # 1,000/s, capacity 60,000
+    gov = InMemoryGovernor(config, now=0)
+    got = gov.draw(20_000, Lane.NORMAL, now=0)
+    assert got.grant is not None
+    # the model used 12,000 at once: the other 8,000 go back exactly
+    assert gov.true_up(got.grant, 12_000, now=0) == TrueUp(refunded=8_000)
+    assert gov.snapshot(now=0).available == 48_000
+    # a grant whose refund would only come after the bucket filled up again: dropped
+    late = gov.draw(10_000, Lane.NORMAL, now=0)
+    assert late.grant is not None
+    assert gov.true_up(late.grant, 0, now=100) == TrueUp(dropped=10_000)
+    assert gov.snapshot(now=100).available == 60_000
+    # an overrun is drawn, into debt: the next draw waits for it
+    over = gov.draw(60_000, Lane.NORMAL, now=100)
+    assert over.grant is not None
+    assert gov.true_up(over.grant, 65_000, now=100) == TrueUp(debited=5_000)
+    refused = gov.draw(1_000, Lane.NORMAL, now=100)
+    assert not refused.granted and refused.wait_s == pytest.approx(6.0)
+    assert gov.snapshot(now=100).available == 0
+
+
+def test_a_refund_the_bucket_could_have_filled_meanwhile_would_mint_tokens() -> None:
+    """Why the bound: 30,000 unused tokens of a grant at t=0 cannot go back at t=30 once the
+    bucket refilled to capacity and was drawn empty again (a bucket debited with what the
+    model used would have lost that refill); given back, they would be granted a second time."""
+    config = GovernorConfig(60_000, 1.0, initial_fill=1.0)  # 1,000/s, capacity 60,000
+    gov = InMemoryGovernor(config, now=0)
+    first = gov.draw(30_000, Lane.NORMAL, now=0)
+    assert first.grant is not None
+    assert gov.draw(60_000, Lane.NORMAL, now=30).granted  # refilled to 60,000, drawn empty
+    assert gov.true_up(first.grant, 0, now=30) == TrueUp(dropped=30_000)
+    assert not gov.draw(30_000, Lane.NORMAL, now=30).granted
+    judged = [(0.0, 0.0, 0), (30.0, 30.0, 60_000)]
+    assert over_granted(judged, 0.0, 60_000, 60_000, 1_000) == 0
+    # had the refund gone back, the window at t=30 would hold 90,000 used tokens
+    assert over_granted([*judged, (30.0, 30.0, 30_000)], 0.0, 60_000, 60_000, 1_000) == 30_000
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 1.0, 10.0, 30.0, 60.0]),  # seconds since the previous one
+            st.integers(1, 60_000),  # a draw's amount
+            st.sampled_from([0.0, 0.25, 1.0]),  # the fraction of it the model uses
+            st.integers(0, 5),  # how many operations later its call ends
+        ),
+        max_size=60,
+    ),
+    fill=st.floats(0, 1),
+)
+def test_refunds_never_let_the_bucket_give_more_than_the_model_could_use(
+    ops: list[tuple[float, int, float, int]], fill: float
+) -> None:
+    """Judged by what the model really used, over every window, against the bucket's capacity
+    and refill (the benchmark's yardstick), however the true-ups interleave with draws."""
+    config = GovernorConfig(60_000, 1.0, initial_fill=fill)
+    gov = InMemoryGovernor(config, now=0)
+    now = 0.0
+    calls: list[tuple[int, Grant, int]] = []  # (ends after op, grant, used)
+    judged: list[tuple[float, float, int]] = []
+    for i, (gap, amount, fraction, length) in enumerate(ops):
+        now += gap
+        for ending in [c for c in calls if c[0] <= i]:
+            calls.remove(ending)
+            gov.true_up(ending[1], ending[2], now)
+        got = gov.draw(amount, Lane.NORMAL, now)
+        if got.grant is not None:
+            used = round(amount * fraction)
+            judged.append((now, now, used))
+            calls.append((i + length, got.grant, used))
+    assert over_granted(judged, 0.0, fill * 60_000, 60_000, 1_000) <= 1e-6

@@ -22,7 +22,7 @@ from swarm.api.models import (
     Unit,
 )
 from swarm.api.openapi import ROUTES, render
-from swarm.core.records import ID_PATTERN, LANES
+from swarm.core.records import ID_PATTERN, LANES, TENANT_PATTERN
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 SPEC = json.loads(PATH.read_text())
@@ -66,14 +66,15 @@ def test_documented_limits_match_the_code() -> None:
     assert SPEC["components"]["schemas"]["BatchResume"]["properties"]["top_up"]["minimum"] == 1
 
 
-def test_every_batch_id_is_documented_with_the_one_id_pattern() -> None:
+def test_every_id_is_documented_with_the_one_pattern_the_code_checks() -> None:
     unit = SPEC["components"]["schemas"]["Unit"]
     assert unit["properties"]["unit_id"]["pattern"] == ID_PATTERN
+    patterns = {"batch_id": ID_PATTERN, "tenant": TENANT_PATTERN}
     for path, ops in SPEC["paths"].items():
         for op in ops.values():
             for param in op.get("parameters", []):
                 if param["in"] == "path":
-                    assert param["schema"]["pattern"] == ID_PATTERN, (path, param)
+                    assert param["schema"]["pattern"] == patterns[param["name"]], (path, param)
 
 
 def test_every_operation_documents_auth_errors() -> None:

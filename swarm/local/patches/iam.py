@@ -21,7 +21,8 @@ Who calls with which credentials (:class:`Principals`):
   as Lambda does;
 * the Step Functions interpreter calls its tasks (``lambda:invoke``, the ItemReader's
   ``s3:getObject``, the ResultWriter's ``s3:putObject``) with the state machine's role;
-* tenants and operators are IAM roles (:func:`ensure_tenant_role`, :func:`ensure_operator_role`)
+* tenants and operators are IAM roles (:func:`ensure_tenant_role`, :func:`ensure_operator_role`,
+  named with the deployment's tenant and operator prefixes)
   that the CLI assumes; the local API verifies their signatures (:mod:`swarm.local.apiserver`).
 
 Every decision is recorded (:data:`AUDIT`): per role, the (action, resource) pairs it used, and
@@ -42,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ADMIN_USER = "swarm-local-emulator"
-OPERATOR_ROLE = "swarm-local-operator"
 PARTITION = "aws"
 _ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 
@@ -341,8 +341,12 @@ def enforce() -> None:
 
 def authorize_presigned(response: Any, query: dict[str, str], resource: str) -> None:
     """A presigned S3 URL (SigV4 query authentication), judged as S3 does: not expired, signed
-    by a key the emulator issued (the signature recomputed with its secret), and the signer
-    allowed the action on the object. moto itself reads only an ``Authorization`` header."""
+    by a key the emulator issued (the signature recomputed with its secret over the request as
+    sent: its method, path, query and every header the URL signed, so a PUT of another
+    Content-Length or without its If-None-Match is refused), no ``x-amz-*`` header the
+    signature does not cover (S3's HeadersNotSigned: a holder cannot add e.g. its own
+    encryption), and the signer allowed the action on the object. moto itself reads only an
+    ``Authorization`` header."""
     import datetime
     import hmac
 
@@ -363,6 +367,12 @@ def authorize_presigned(response: Any, query: dict[str, str], resource: str) -> 
         raise S3AccessDeniedError() from None
     if datetime.datetime.now(datetime.UTC) > issued + datetime.timedelta(seconds=expires):
         raise S3AccessDeniedError()  # S3 says "Request has expired" (403)
+    sent = {name.lower(): value for name, value in response.headers.items()}
+    signed = query.get("X-Amz-SignedHeaders", "host").lower().split(";")
+    if any(name not in sent for name in signed if name != "host"):
+        raise S3AccessDeniedError()  # a signed header left out: SignatureDoesNotMatch (403)
+    if any(name.startswith("x-amz-") and name not in signed for name in sent):
+        raise S3AccessDeniedError()  # S3 says HeadersNotSigned (403)
     headers = dict(response.headers)
     headers["Authorization"] = f"AWS4-HMAC-SHA256 Credential={credential}, Signature={signature}"
     if "X-Amz-Security-Token" in query:
@@ -386,7 +396,11 @@ def authorize_presigned(response: Any, query: dict[str, str], resource: str) -> 
     url = urllib.parse.urlunsplit(
         ("https", headers.get("Host") or parts.netloc, parts.path, urllib.parse.urlencode(kept), "")
     )
-    bare = AWSRequest(method=response.method, url=url)
+    bare = AWSRequest(
+        method=response.method,
+        url=url,
+        headers={name: sent[name] for name in signed if name != "host"},
+    )
     bare.context["timestamp"] = signed_at
     signer = S3SigV4QueryAuth(
         request._access_key.create_credentials(), "s3", request._region, expires=expires
@@ -504,16 +518,31 @@ def ensure_tenant_role(
     return _put_role(account, f"{prefix}{tenant}", admin_arn(account), policy)
 
 
-def ensure_operator_role(account: str, region: str, drain_parameter: str) -> str:
-    """The operator: flips the drain switch (``ssm:PutParameter`` on it) and nothing else."""
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": ["ssm:PutParameter", "ssm:GetParameter"],
-                "Resource": _parameter_arn(region, account, drain_parameter),
-            }
-        ],
-    }
-    return _put_role(account, OPERATOR_ROLE, admin_arn(account), policy)
+def ensure_operator_role(
+    account: str, region: str, name: str, drain_parameter: str, api_id: str, stage: str
+) -> str:
+    """The operator role ``name`` (``<operator prefix><name>``): flips the drain switch
+    (``ssm:PutParameter`` on it) and calls the API (its operator routes: the fleet, the drain
+    view, re-binding a tenant), nothing else."""
+    policy = tenant_policy(region, account, api_id, stage)
+    policy["Statement"].append(
+        {
+            "Effect": "Allow",
+            "Action": ["ssm:PutParameter", "ssm:GetParameter"],
+            "Resource": _parameter_arn(region, account, drain_parameter),
+        }
+    )
+    return _put_role(account, name, admin_arn(account), policy)
+
+
+def role_user(account: str, principal_arn: str) -> str | None:
+    """What API Gateway reports as ``identity.user`` for a role session's ARN:
+    ``<the role's unique id>:<session name>`` (None for anything else)."""
+    parts = principal_arn.split(":assumed-role/", 1)
+    if len(parts) != 2 or "/" not in parts[1]:
+        return None
+    role, session = parts[1].split("/", 1)
+    try:
+        return f"{_iam(account).get_role(role).id}:{session}"
+    except Exception:  # moto's NoSuchEntity: the role is gone
+        return None

@@ -1,0 +1,53 @@
+"""The :class:`swarm.core.ports.TenantBindings` port on the ledger table: one item per tenant,
+``tenant#<tenant>`` / ``binding``, holding the unique id (AROA...) of the role bound to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, call, default_client
+
+
+class DynamoDBBindings:
+    def __init__(self, table_name: str, *, client: Any = None) -> None:
+        self.table_name = table_name
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    @staticmethod
+    def _key(tenant: str) -> dict[str, Any]:
+        return {PARTITION_KEY: {"S": f"tenant#{tenant}"}, SORT_KEY: {"S": "binding"}}
+
+    def bind(self, tenant: str, role_id: str, now: float) -> bool:
+        try:  # binds at first use, confirms afterwards: the same write either way
+            call(
+                self.client,
+                "update_item",
+                TableName=self.table_name,
+                Key=self._key(tenant),
+                UpdateExpression="SET role_id = if_not_exists(role_id, :id), "
+                "bound_at = if_not_exists(bound_at, :now)",
+                ConditionExpression="attribute_not_exists(role_id) OR role_id = :id",
+                ExpressionAttributeValues={":id": {"S": role_id}, ":now": {"N": repr(now)}},
+            )
+        except client_error_type() as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def unbind(self, tenant: str) -> bool:
+        answer = call(
+            self.client,
+            "delete_item",
+            TableName=self.table_name,
+            Key=self._key(tenant),
+            ReturnValues="ALL_OLD",
+        )
+        return "Attributes" in answer

@@ -1,0 +1,160 @@
+"""The worker's governor part on in-memory ports: a unit refused by the governor goes back to
+its lane until its tokens will really be there, with the tickets booked for it; it holds its
+invocation no longer than it must; the governor is trued up after every model call."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+
+from swarm.core.governor import Draw, GovernorConfig, Grant, Ticket, TrueUp
+from swarm.core.lanes import QueuedUnit
+from swarm.core.memory import InMemoryGovernor
+from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
+from swarm.core.records import Lane
+from swarm.service.worker import Ack, Requeue, Worker, WorkerTimings
+from tests.unit.test_service_flow import Plane
+
+CONFIG = GovernorConfig(600_000, 0.95, initial_fill=1.0)
+
+
+class BookingGovernor(InMemoryGovernor):
+    """Books every fresh draw ``ahead_s`` in the future, as the DynamoDB governor does under a
+    queue; grants a ticket presented when it is ready; notes true-ups."""
+
+    def __init__(self, ahead_s: float) -> None:
+        super().__init__(CONFIG)
+        self.ahead_s = ahead_s
+        self.bookings = 0
+        self.presented: list[Ticket | None] = []
+        self.true_ups: list[tuple[Grant, int]] = []
+
+    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+        self.presented.append(ticket)
+        if ticket is None:
+            self.bookings += 1
+            ready = now + self.ahead_s
+            booked = Ticket("g", 0, amount, lane, ready, Decimal(0), Decimal(0), now)
+            return Draw(False, self.ahead_s, 0.0, ticket=booked)
+        if now >= ticket.ready_at:
+            return Draw(True, 0.0, 0.0, grant=ticket.grant())
+        return Draw(False, ticket.ready_at - now, 0.0, ticket=ticket)
+
+    def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+        self.true_ups.append((grant, used))
+        return TrueUp()
+
+
+def worker(plane: Plane, governor: InMemoryGovernor, model: object = None) -> Worker:
+    return Worker(
+        plane.ledger,
+        governor,
+        model or plane.model,  # type: ignore[arg-type]
+        plane.results,
+        plane.drain,
+        WorkerTimings(lease_s=300, max_wait_s=20),
+        plane.clock.now,
+        plane.clock.sleep,
+    )
+
+
+def one_unit(plane: Plane) -> QueuedUnit:
+    plane.submit(1)
+    plane.fan_out()
+    item = plane.queue.receive()
+    assert item is not None
+    return item
+
+
+def test_a_refused_unit_goes_back_until_its_booked_tokens_are_there_with_its_ticket() -> None:
+    plane = Plane()
+    gov = BookingGovernor(ahead_s=42.3)
+    w = worker(plane, gov)
+    item = one_unit(plane)
+    start = plane.clock.now()
+    # When the governor books the unit's tokens 42.3 s ahead
+    report = w.process(item)
+    # Then it did not hold its invocation for them, and goes back for 43 s (whole seconds,
+    # never before the tokens are there) with the ticket, bound to its attempt
+    assert plane.clock.now() == start
+    outcome = report.outcome
+    assert isinstance(outcome, Requeue) and outcome.delay_s == 43
+    assert outcome.ticket is not None and outcome.ticket.tag == "0"
+    assert outcome.ticket.ready_at == start + 42.3
+    # When it comes back with it, Then it is granted without a new booking, calls the model,
+    # and the governor learns what the model counted
+    plane.clock.t += outcome.delay_s
+    back = w.process(replace(item, ticket=outcome.ticket))
+    assert back.outcome == Ack("completed") and gov.bookings == 1
+    assert gov.presented[-1] == outcome.ticket
+    [(grant, used)] = gov.true_ups
+    assert grant == outcome.ticket.grant() and used == back.tokens > 0
+
+
+def test_a_worker_holds_on_only_for_tokens_due_within_its_hold() -> None:
+    plane = Plane()
+    gov = BookingGovernor(ahead_s=0.6)
+    w = worker(plane, gov)
+    item = one_unit(plane)
+    report = w.process(item)  # due in 0.6 s, within the 1 s hold (max_wait_s is 20)
+    assert report.outcome == Ack("completed") and 0.6 <= report.waited_s <= 1.0
+    plane2 = Plane()
+    gov2 = BookingGovernor(ahead_s=1.5)  # due beyond the hold: back to the lane, not held
+    w2 = worker(plane2, gov2)
+    before = plane2.clock.now()
+    late = w2.process(one_unit(plane2))
+    assert isinstance(late.outcome, Requeue) and late.outcome.delay_s == 2
+    assert plane2.clock.now() == before
+
+
+def test_a_ticket_of_another_attempt_is_not_presented() -> None:
+    plane = Plane()
+    gov = BookingGovernor(ahead_s=5.0)
+    w = worker(plane, gov)
+    item = one_unit(plane)
+    stale = Ticket("g", 0, 10_000, item.lane, 0.0, Decimal(0), Decimal(0), 0.0, tag="7")
+    report = w.process(replace(item, ticket=stale))
+    assert gov.presented == [None] and isinstance(report.outcome, Requeue)
+
+
+def test_a_spent_ticket_never_travels_and_a_draining_unit_keeps_its_own() -> None:
+    plane = Plane()
+
+    class Throttling:
+        def invoke(self, request: ModelRequest) -> ModelResult:
+            raise ModelThrottled("slow down")
+
+    gov = BookingGovernor(ahead_s=0.0)
+    w = worker(plane, gov, Throttling())
+    item = one_unit(plane)
+    ticket = Ticket("g", 0, item.tokens, item.lane, 0.0, Decimal(0), Decimal(0), 0.0, tag="0")
+    throttled = w.process(replace(item, ticket=ticket))
+    assert isinstance(throttled.outcome, Requeue) and throttled.outcome.ticket is None
+    plane.drain.set(True)
+    drained = w.process(replace(item, ticket=ticket))
+    assert isinstance(drained.outcome, Requeue) and drained.outcome.ticket == ticket
+
+
+def test_the_governor_is_trued_up_once_per_call_with_what_the_model_counted() -> None:
+    plane = Plane()
+
+    class Spy(InMemoryGovernor):
+        def __init__(self) -> None:
+            super().__init__(CONFIG)
+            self.true_ups: list[tuple[Grant, int, TrueUp]] = []
+
+        def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+            done = super().true_up(grant, used, now)
+            self.true_ups.append((grant, used, done))
+            return done
+
+    gov = Spy()
+    w = worker(plane, gov)
+    item = one_unit(plane)
+    report = w.process(item)
+    assert report.outcome == Ack("completed")
+    [(grant, used, done)] = gov.true_ups
+    # the grant was the unit's projection; the true-up settles it with the billed count
+    assert grant.amount == item.tokens and used == report.tokens
+    assert done.refunded + done.dropped == max(0, item.tokens - used)
+    assert done.debited == max(0, used - item.tokens)
