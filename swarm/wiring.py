@@ -212,7 +212,7 @@ class Wiring:
         from swarm.adapters.dynamodb_bindings import DynamoDBBindings
 
         table = self.settings_as(LedgerSettings).ledger_table
-        return DynamoDBBindings(table, client=self.clients("dynamodb"))
+        return DynamoDBBindings(table, self.clients("dynamodb"))
 
     def governor(self, *, read_only: bool = False) -> Governor:
         """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its

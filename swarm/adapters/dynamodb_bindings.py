@@ -3,22 +3,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from swarm.adapters.client_errors import client_error_type, error_code
-from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, call, default_client
+from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, call
 
 
+@dataclass
 class DynamoDBBindings:
-    def __init__(self, table_name: str, *, client: Any = None) -> None:
-        self.table_name = table_name
-        self._client = client
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = default_client()
-        return self._client
+    table_name: str
+    client: Any  # a dynamodb client (the wiring's)
 
     @staticmethod
     def _key(tenant: str) -> dict[str, Any]:

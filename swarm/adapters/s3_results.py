@@ -130,8 +130,7 @@ class S3Results:
         return S3Blobs(self.client, self.bucket).exists(key)
 
     def download_url(self, key: str, expires_s: int) -> str:
-        name = key.rsplit("/", 2)
-        filename = f"{name[-2]}-{name[-1]}" if len(name) == 3 else name[-1]
+        filename = "-".join(key.split("/")[-2:])  # <batch>-completed-0.jsonl, <unit>-00001.json
         url: str = self.client.generate_presigned_url(
             "get_object",
             Params={

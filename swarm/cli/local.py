@@ -202,15 +202,11 @@ def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_
 def show_results(client: Client, batch: str, directory: Path, timeout_s: float) -> None:
     """Where the batch's outputs are, and a sample of them: every unit's result written to
     DIRECTORY/<batch>.jsonl, and the results file the finalizer wrote (once it has)."""
-    from swarm.cli.results import units
+    from swarm.cli.results import units, write_jsonl
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{batch}.jsonl"
-    with path.open("w", encoding="utf-8") as f:
-        written = sum(
-            f.write(json.dumps(u, ensure_ascii=False) + "\n") > 0
-            for u in units(client, batch, None)
-        )
+    written = write_jsonl(path, units(client, batch, None))
     deadline = time.monotonic() + timeout_s
     page = client.results(batch, state="completed", limit=3, next_token=None)
     while "download" not in page and time.monotonic() < deadline:

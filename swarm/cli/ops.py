@@ -176,7 +176,7 @@ def generated_units(n: int, seed: int, min_tokens: int, max_tokens: int) -> list
     ]
 
 
-def _read_units(path: Path) -> Any:
+def read_units_file(path: Path) -> Any:
     try:
         doc = json.loads(path.read_text())
     except OSError as e:
@@ -217,7 +217,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if (args.file is None) == (args.generate is None):
         raise InvalidInput("submit", "give a FILE of units or --generate N, not both")
     if args.file is not None:
-        body = _read_units(args.file)
+        body = read_units_file(args.file)
     else:
         body = {"units": generated_units(args.generate, args.seed, 8_000, 16_000)}
     if args.lane:

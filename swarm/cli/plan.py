@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.cli.argtypes import non_negative_int, number, positive_int, share
-from swarm.cli.ops import _read_units
+from swarm.cli.ops import read_units_file
 from swarm.cli.sim import fleet_of, policy, workload_options
 from swarm.core.errors import InvalidInput
 from swarm.core.records import UnitSpec
@@ -31,7 +31,7 @@ def manifest_workload(path: Path, args: argparse.Namespace) -> tuple[Workload, d
     """The units of a manifest (a JSON array of units, or a batch object with ``units``), and
     the batch's own ``budget`` / ``max_attempts`` if it has them."""
     try:
-        body = _read_units(path)
+        body = read_units_file(path)
     except InvalidInput as e:
         raise InvalidInput("--manifest", e.message) from None
     units = body.get("units")

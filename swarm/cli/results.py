@@ -12,7 +12,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,41 +73,50 @@ def _safe_name(unit_id: str) -> str:
     return f"{unit_id}.json"
 
 
+def write_jsonl(target: Path, found: Iterable[dict[str, Any]]) -> int:
+    """``found`` as JSON lines in ``target``, written whole or not at all (a failure half-way
+    leaves no half file behind); the number of lines."""
+    target = target.resolve()
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    written = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for unit in found:
+                f.write(json.dumps(unit, ensure_ascii=False) + "\n")
+                written += 1
+        os.replace(partial, target)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    return written
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     client = client_of(args)
     status = client.status(args.batch)  # 404 for a batch that is not the caller's
     total = status["units"] if args.state is None else _count(status, args.state)
     progress = Progress(args.batch, total, sys.stderr)
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
+
+    def counted() -> Iterator[dict[str, Any]]:
+        for unit in units(client, args.batch, args.state):
+            counts[unit["state"]] += 1
+            progress.step()
+            yield unit
+
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        for unit in units(client, args.batch, args.state):
+        for unit in counted():
             (args.out / _safe_name(unit["unit_id"])).write_text(
                 json.dumps(unit, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
             )
-            counts[unit["state"]] = counts.get(unit["state"], 0) + 1
-            progress.step()
         where = f"{args.out}/<unit id>.json"
     elif args.jsonl is not None:
-        # written whole or not at all: a failure half-way leaves no half file behind
-        target = args.jsonl.resolve()
-        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for unit in units(client, args.batch, args.state):
-                    f.write(json.dumps(unit, ensure_ascii=False) + "\n")
-                    counts[unit["state"]] = counts.get(unit["state"], 0) + 1
-                    progress.step()
-            os.replace(partial, target)
-        except BaseException:
-            Path(partial).unlink(missing_ok=True)
-            raise
+        write_jsonl(args.jsonl, counted())
         where = str(args.jsonl)
     else:
-        for unit in units(client, args.batch, args.state):
+        for unit in counted():
             print(json.dumps(unit, ensure_ascii=False))
-            counts[unit["state"]] = counts.get(unit["state"], 0) + 1
-            progress.step()
         where = "stdout"
     progress.end()
     summary = ", ".join(f"{n:,} {state}" for state, n in sorted(counts.items())) or "no units"

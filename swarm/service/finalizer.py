@@ -99,7 +99,7 @@ class Finalizer:
                 )
             elapsed = (run.closed_at or now) - run.opened_at
             # the results file first: the summary written last is what marks the closure done
-            results_file = self.results.write_file(run)
+            results_file = self.results.write_file(run, units)
             self.blobs.put_json(
                 key,
                 {

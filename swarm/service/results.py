@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ SCAN_PAGE = 1_000
 #: units one page may look at while filtering by state: a rare state in a big batch answers in
 #: several short requests (each with a next_token) rather than one that times out
 SCAN_BUDGET = 20_000
-#: a results file is written from the ledger in chunks of this many units
+#: a results file reads its units' attempt records in chunks of this many units
 FILE_CHUNK = 1_000
 #: the default lifetime of a download URL (``results.download_url_seconds`` in cdk.json)
 DOWNLOAD_URL_S = 300
@@ -144,18 +144,15 @@ class Results:
             location=self.store.location(key),
         )
 
-    def write_file(self, run: RunRecord) -> str:
-        """The results file of the run's current closure, every unit one JSON line in unit id
-        order; returns its key. Rewriting it (a retried finalizer) writes the same lines."""
+    def write_file(self, run: RunRecord, units: Sequence[UnitRecord]) -> str:
+        """The results file of the run's current closure: ``units`` (the finalizer's read of the
+        closure, which its summary also holds), one JSON line each in unit id order, their
+        attempt records read a chunk at a time; returns its key."""
         name = results_file_name(run.state, run.exhaustions)
-        return self.store.write_file(run.run_id, name, self._lines(run.run_id))
+        ordered = sorted(units, key=lambda u: u.unit_id)
+        return self.store.write_file(run.run_id, name, self._lines(run.run_id, ordered))
 
-    def _lines(self, run_id: str) -> Iterator[bytes]:
-        after: str | None = None
-        while True:
-            page = self.ledger.units_page(run_id, after, FILE_CHUNK)
-            for doc in self.unit_docs(run_id, page.units):
+    def _lines(self, run_id: str, units: list[UnitRecord]) -> Iterator[bytes]:
+        for start in range(0, len(units), FILE_CHUNK):
+            for doc in self.unit_docs(run_id, units[start : start + FILE_CHUNK]):
                 yield json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-            if page.last is None:
-                return
-            after = page.last

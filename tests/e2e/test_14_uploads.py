@@ -44,8 +44,8 @@ def test_a_manifest_uploaded_through_the_api_runs_and_stays_the_tenants(stack: S
     _, doc = client.request("POST", "/uploads", {"size_bytes": len(data)})
     assert doc["key"].startswith(f"manifests/uploads/{tenant}/") and doc["method"] == "PUT"
     # Then S3 takes exactly the signed request, once: not another size, and not twice
-    # (a body of another size than the signed Content-Length is refused by S3; the local
-    # server does not check it: tests/integration/test_uploads.py covers the rule on moto)
+    longer = {**doc["headers"], "Content-Length": str(len(data) + 1)}
+    assert put(doc["url"], longer, data + b" ") == 403  # Content-Length is a signed header
     assert put(doc["url"], doc["headers"], data) == 200
     assert put(doc["url"], doc["headers"], data) == 412
 

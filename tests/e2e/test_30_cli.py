@@ -372,6 +372,20 @@ def test_fleet_shows_the_governor_the_lanes_and_the_drain_switch(here: Path) -> 
     assert len(lines) == 5
 
 
+def test_an_operator_rebinds_a_tenant_and_the_tenants_next_call_binds_it_again(
+    here: Path,
+) -> None:
+    tenant = "cli-rebind"
+    # the tenant's first call binds its role (a 404 here: it has no such batch)
+    assert "no batch" in error_line(swarm(here, "status", "b-none", "--tenant", tenant))
+    assert ok(swarm(here, "rebind", tenant)) == [
+        f"tenant {tenant}: its binding forgotten; its role binds at its next call"
+    ]
+    assert ok(swarm(here, "rebind", tenant)) == [
+        f"tenant {tenant}: it had no binding; its role binds at its next call"
+    ]
+
+
 # ------------------------------------------------------------------ drain
 
 

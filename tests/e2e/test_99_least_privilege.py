@@ -56,6 +56,12 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
         for action in ("logs:CreateLogStream", "logs:PutLogEvents")
     },
     ("Handler", "s3:ListBucket"): _LIST_BUCKET,
+    **{
+        (role, "s3:AbortMultipartUpload"): "S3Results.write_file aborts a results file's "
+        "multipart upload that failed; e2e batches' files are one PutObject (the multipart path "
+        "and its abort: tests/integration/test_s3_results.py, on moto)"
+        for role in ("Finalizer", "Sweeper")
+    },
     ("Finalizer", "s3:ListBucket"): _LIST_BUCKET,
     ("Sweeper", "s3:ListBucket"): _LIST_BUCKET,
     ("FanOut", "logs:*"): "Step Functions' execution logging; moto writes no execution logs",

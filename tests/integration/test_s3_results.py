@@ -1,0 +1,63 @@
+"""The results store on S3 (moto): write-once attempt records, and a results file past one part
+written as a multipart upload, aborted when it fails half-way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from swarm.adapters.s3_results import PART_BYTES, S3Results
+from swarm.core.results import AttemptOutcome
+
+BUCKET = "batches"
+
+
+@pytest.fixture
+def store(aws_credentials: None) -> Iterator[S3Results]:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield S3Results(client, BUCKET)
+
+
+def test_an_attempt_is_recorded_once_and_read_back(store: S3Results) -> None:
+    first = AttemptOutcome("b-1", "u1", 0, True, 120, output="the answer", model_id="m")
+    assert store.record(first) is True
+    assert store.record(AttemptOutcome("b-1", "u1", 0, True, 5, output="another")) is False
+    assert store.outcomes("b-1", [("u1", 0), ("u1", 1), ("u2", 0)]) == [first, None, None]
+
+
+def lines(n: int, size: int) -> Iterator[bytes]:
+    for i in range(n):
+        yield json.dumps({"unit_id": f"u{i:05d}", "output": "x" * size}).encode() + b"\n"
+
+
+def test_a_results_file_past_one_part_is_a_multipart_upload_of_every_line(
+    store: S3Results,
+) -> None:
+    # 20 MiB of lines: two full parts and a last, shorter one
+    n, size = 20, 1024 * 1024
+    key = store.write_file("b-1", "completed-0.jsonl", lines(n, size))
+    client: Any = store.client
+    head = client.head_object(Bucket=BUCKET, Key=key)
+    assert head["ContentLength"] == sum(len(line) for line in lines(n, size)) > 2 * PART_BYTES
+    assert head["ETag"].strip('"').endswith("-3")  # S3's multipart ETag: 3 parts
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert body == b"".join(lines(n, size))
+
+
+def test_a_file_that_fails_half_way_leaves_no_upload_behind(store: S3Results) -> None:
+    def failing() -> Iterator[bytes]:
+        yield from lines(10, 1024 * 1024)  # past one part: the upload has begun
+        raise RuntimeError("the ledger went away")
+
+    with pytest.raises(RuntimeError):
+        store.write_file("b-1", "completed-0.jsonl", failing())
+    client: Any = store.client
+    assert client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    assert not store.exists("results/b-1/completed-0.jsonl")
