@@ -60,8 +60,8 @@ def test_a_manifest_uploaded_through_the_api_runs_and_stays_the_tenants(stack: S
     # When the tenant submits the key (Client.upload: what `swarm submit --upload` does)
     key_again = client.upload(data)
     assert key_again != doc["key"]
-    created = client.submit({"manifest": {"key": key_again}, "lane": "low"}, idempotency_key=key)
-    assert created["batch_id"] == bid and created["units"] == 40 and created["lane"] == "low"
+    created = client.submit({"manifest": {"key": key_again}, "lane": "high"}, idempotency_key=key)
+    assert created["batch_id"] == bid and created["units"] == 40 and created["lane"] == "high"
     # Then it runs to exactly the books the model's seed gives, as the tenant's batch
     final = wait_for(client, bid, timeout_s=180)
     assert final["state"] == "completed" and final["tenant"] == tenant, final
