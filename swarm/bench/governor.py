@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 import multiprocessing as mp
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,9 @@ CLOCK_RESOLUTION_S = 1e-6
 #: on for tokens, and how far ahead its governor books
 HOLD_S = 1.0
 HORIZON_S = float(MAX_SQS_DELAY_S)
+
+#: how long a spawned worker process may take to import and build its client
+SPAWN_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -212,12 +216,17 @@ def _worker_process(
     table: str,
     cfg: BenchConfig,
     threads: int,
-    run: tuple[float, float, float, float],
     seed: int,
+    ready: Any,
+    phases: Any,
     out: Any,
     factory: GovernorFactory | None = None,
 ) -> None:
-    """One process of the fleet: ``threads`` workers, each with its own governor client."""
+    """One process of the fleet: ``threads`` workers, each with its own governor client.
+
+    It says ``ready`` once its imports are done and its client exists, then takes the run's
+    phases (epoch seconds) from ``phases``: the start is set only when every process is ready,
+    so a slow spawn on a loaded machine delays the run instead of eating into it."""
     import random
 
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
@@ -228,7 +237,8 @@ def _worker_process(
     make = factory or DynamoDBGovernor
     client = _client(endpoint, threads + 2)
     config = cfg.governor_config()
-    start_at, end_at, resume_at, final_at = run
+    ready.put(seed)
+    start_at, end_at, resume_at, final_at = phases.get()
     reports: list[WorkerReport] = []
     lock = threading.Lock()
 
@@ -516,30 +526,37 @@ def run_workers(
         client = _client(endpoint, 4)
         create_table(client, table)
         ctx = mp.get_context("spawn")
-        out = ctx.Queue()
+        ready, phases_q, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
         per = [cfg.workers // cfg.processes] * cfg.processes
         for i in range(cfg.workers % cfg.processes):
             per[i] += 1
-        # processes import boto3 and their clients read the shard items before the start
-        spawn_margin = 3.0 + 0.5 * cfg.processes + 0.02 * cfg.workers
-        # a whole second: exactly representable, so the bucket's base time is exactly it
-        start_at = float(math.ceil(time.time() + spawn_margin))
-        end_at = start_at + cfg.seconds
-        resume_at = end_at + cfg.idle_s
-        final_at = resume_at + cfg.after_idle_s
-        phases = (start_at, end_at, resume_at, final_at)
-        config = cfg.governor_config()
-        DynamoDBGovernor(config, table, client=client, shards=cfg.shards).create(start_at)
         procs = [
             ctx.Process(
                 target=_worker_process,
-                args=(endpoint, table, cfg, n, phases, i, out, factory),
+                args=(endpoint, table, cfg, n, i, ready, phases_q, out, factory),
                 daemon=True,
             )
             for i, n in enumerate(per)
         ]
         for p in procs:
             p.start()
+        for _ in procs:  # every process has imported boto3 and built its client
+            try:
+                ready.get(timeout=SPAWN_TIMEOUT_S)
+            except queue.Empty:
+                raise RuntimeError(
+                    f"a benchmark process did not start within {SPAWN_TIMEOUT_S:g} s"
+                ) from None
+        # then each worker's client reads the shard items (a warm container) before the start;
+        # a whole second: exactly representable, so the bucket's base time is exactly it
+        start_at = float(math.ceil(time.time() + 1.0 + 0.02 * cfg.workers))
+        end_at = start_at + cfg.seconds
+        resume_at = end_at + cfg.idle_s
+        final_at = resume_at + cfg.after_idle_s
+        config = cfg.governor_config()
+        DynamoDBGovernor(config, table, client=client, shards=cfg.shards).create(start_at)
+        for _ in procs:
+            phases_q.put((start_at, end_at, resume_at, final_at))
         reports: list[WorkerReport] = []
         deadline = final_at + cfg.hold_s + cfg.work_s + 120
         for _ in procs:
