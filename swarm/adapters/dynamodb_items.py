@@ -13,7 +13,7 @@ from typing import Any
 
 from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
-from swarm.core.codec import spec_from_doc, spec_to_doc
+from swarm.core.codec import spec_blob, spec_from_doc
 from swarm.core.ledger import Fate
 from swarm.core.records import (
     AttemptRecord,
@@ -98,8 +98,7 @@ def outstanding(run: RunRecord) -> int:
 
 
 def spec_item(spec: RunSpec) -> Item:
-    blob = zlib.compress(json.dumps(spec_to_doc(spec), separators=(",", ":")).encode())
-    return {**key(spec.run_id, SPEC), "spec": {"B": blob}}
+    return {**key(spec.run_id, SPEC), "spec": {"B": spec_blob(spec)}}
 
 
 def spec_from(item: Mapping[str, Any]) -> RunSpec:

@@ -34,7 +34,7 @@ from swarm.core.records import ID_PATTERN, Lane, RunState, UnitState
 
 MAX_BODY_BYTES = 5 * 1024 * 1024  # under Lambda's 6 MB synchronous payload limit
 MAX_INLINE_UNITS = 10_000
-MAX_MANIFEST_UNITS = 50_000  # the ledger stores a run's spec in one item
+MAX_MANIFEST_UNITS = 50_000  # and its compressed spec must fit one item (core.codec)
 #: a unit's input: the characters of its text in all (a string, or every text of a request).
 #: Its JSON must also fit a Distributed Map item (swarm.service.batches.check_fits_the_fan_out)
 MAX_INPUT_CHARS = 100_000

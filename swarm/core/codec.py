@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 from swarm.core.errors import InvalidInput
@@ -33,6 +34,31 @@ def spec_to_doc(spec: RunSpec) -> Doc:
         "max_attempts": spec.max_attempts,
         "units": [[u.unit_id, u.projected_tokens] for u in spec.units],
     }
+
+
+#: The most a run's compressed spec (:func:`spec_blob`) may take: the ledger keeps it in one
+#: DynamoDB item, whose limit is 400 KB with its keys and attribute names (1 KiB is left for
+#: them: a batch id and the item's key names take well under 200 bytes)
+MAX_SPEC_BLOB_BYTES = 400 * 1024 - 1024
+
+
+def spec_blob(spec: RunSpec) -> bytes:
+    """The spec as the ledger stores it: its compact JSON, zlib-compressed. Unit ids compress
+    well when they share a pattern (``unit-00001``...) and badly when random (UUIDs): the
+    number of units a batch can hold depends on them, so the limit is on these bytes."""
+    return zlib.compress(json.dumps(spec_to_doc(spec), separators=(",", ":")).encode())
+
+
+def check_spec_fits(spec: RunSpec) -> None:
+    """Refuse a spec the ledger could not store (one item), naming ``units``."""
+    size = len(spec_blob(spec))
+    if size > MAX_SPEC_BLOB_BYTES:
+        raise InvalidInput(
+            "units",
+            f"the batch's {len(spec.units):,} unit ids and token counts take {size:,} bytes "
+            f"compressed in the run's record; the limit is {MAX_SPEC_BLOB_BYTES:,}: split the "
+            "batch, or use shorter (or patterned) unit ids",
+        )
 
 
 def spec_from_doc(doc: Doc) -> RunSpec:

@@ -35,6 +35,7 @@ from swarm.api.models import (
     UnitCounts,
 )
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
+from swarm.core.codec import check_spec_fits
 from swarm.core.errors import (
     Conflict,
     InvalidInput,
@@ -264,6 +265,7 @@ class Batches:
             units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
             max_attempts=request.max_attempts,
         )
+        check_spec_fits(spec)  # the ledger's run record is one DynamoDB item
         # a unit the governor can never grant would retry until its dead letter
         for index, u in enumerate(request.units):
             try:

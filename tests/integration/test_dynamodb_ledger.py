@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
+from swarm.adapters import dynamodb_items as items
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
+from swarm.core.codec import MAX_SPEC_BLOB_BYTES, check_spec_fits, spec_blob
+from swarm.core.errors import InvalidInput
 from swarm.core.ports import Ledger
-from swarm.core.records import RunState
+from swarm.core.records import Lane, RunSpec, RunState, UnitSpec
 from tests.integration.conftest import TABLE
 from tests.ledger_contract import LedgerContract, spec
 
@@ -68,3 +73,32 @@ def test_a_large_run_opens_in_batches(dynamodb: Any) -> None:
     ledger = DynamoDBLedger(TABLE, client=dynamodb)
     ledger.open_run(spec(units=130, budget=10**9), now=0.0)
     assert len(ledger.units("run-1")) == 130
+
+
+def _random_ids_spec(units: int) -> RunSpec:
+    rng = random.Random(0)  # UUID-like ids: random hex, as incompressible as real UUIDs
+    ids = (f"{rng.getrandbits(128):032x}" for _ in range(units))
+    return RunSpec("run-1", "acme", Lane.NORMAL, 10**9, tuple(UnitSpec(i, 10_000) for i in ids))
+
+
+def test_the_spec_limit_at_submit_is_what_one_dynamodb_item_holds(dynamodb: Any) -> None:
+    # Given the most units with random ids whose spec the submit check lets through
+    low, high = 1, 40_000
+    while low < high:  # bisect on the check itself
+        mid = (low + high + 1) // 2
+        low, high = (
+            (mid, high)
+            if len(spec_blob(_random_ids_spec(mid))) <= MAX_SPEC_BLOB_BYTES
+            else (low, mid - 1)
+        )
+    fits, too_many = _random_ids_spec(low), _random_ids_spec(low + 200)
+    check_spec_fits(fits)
+    with pytest.raises(InvalidInput) as refused:
+        check_spec_fits(too_many)
+    assert refused.value.field == "units"
+    # When the ledger stores each spec's item, on a DynamoDB with AWS's 400 KB item limit
+    dynamodb.put_item(TableName=TABLE, Item=items.spec_item(fits))
+    # Then the one the check passes is stored, and the one it refuses DynamoDB refuses too
+    with pytest.raises(ClientError, match="Item size has exceeded"):
+        dynamodb.put_item(TableName=TABLE, Item=items.spec_item(too_many))
+    assert low > 10_000  # a batch of random ids still holds well over the inline maximum

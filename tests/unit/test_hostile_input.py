@@ -5,13 +5,14 @@ Idempotency-Key with another body or during a drain; and every IAM role name is 
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
 
 from infra.constants import FANOUT_ASL
 from swarm.api.models import MAX_REMAINDER_LISTED
-from swarm.core.errors import Conflict, InvalidInput
+from swarm.core.errors import Conflict, InvalidInput, NotFound
 from swarm.core.memory import MemoryBlobs, MemoryDrain
 from swarm.core.records import Lane, RunState
 from swarm.service.api_models import Forbidden, parse_resume, parse_submit, tenant_of
@@ -176,3 +177,23 @@ def test_a_big_exhausted_batch_lists_a_bounded_remainder() -> None:
     doc = service.status("acme", run.run_id, 3.0)
     assert doc["counts"]["remainder"] == 1_500
     assert doc["remainder"] == [f"u{i:04d}" for i in range(MAX_REMAINDER_LISTED)]
+
+
+def test_a_batch_whose_spec_the_ledger_cannot_store_is_refused_before_anything_is_written() -> None:
+    # Given an uploaded manifest of 30,000 units (the manifest limit is 50,000) with random,
+    # UUID-like ids: its spec compresses to ~600 KB, past what the ledger's run record holds
+    blobs = MemoryBlobs()
+    rng = random.Random(0)
+    key = "manifests/uploads/acme/big.json"
+    blobs.put_json(key, [unit(f"{rng.getrandbits(128):032x}") for _ in range(30_000)])
+    service = batches(blobs)
+    body = parse_submit(json.dumps({"manifest": {"key": key}}))
+    # When it is submitted
+    with pytest.raises(InvalidInput, match="split the batch") as refused:
+        service.submit_body("acme", body, "k1", 1.0)
+    # Then it is a 400 naming the units, and nothing but the upload is stored, nothing started
+    assert refused.value.field == "units"
+    assert list(blobs.objects) == [key]
+    assert service.executions.started == {}  # type: ignore[attr-defined]
+    with pytest.raises(NotFound):
+        service.ledger.run(batch_id_for("acme", "k1"))
