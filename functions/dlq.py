@@ -24,6 +24,7 @@ from swarm.service.finalizer import dead_letter
 from swarm.wiring import Wiring
 
 logger = Logger()
+RECORD_KEYS = ("batch_id", "unit_id", "tenant")
 tracer = Tracer()
 metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
@@ -38,6 +39,7 @@ def ledger() -> Ledger:
 
 @tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
+    logger.remove_keys(RECORD_KEYS)  # a record's lines carry its own ids, not the last one's
     try:
         item = parse_message_body(record.body)
     except InvalidInput as e:  # nothing to settle: keep the evidence in the logs and drop it
@@ -60,7 +62,7 @@ def record_handler(record: SQSRecord) -> None:
     logger.warning("unit dead-lettered by the queue", state=state.value)
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def controller() -> DrainController:
     return _cache["controller"]
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     report = controller().apply(time.time())

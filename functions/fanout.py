@@ -27,7 +27,7 @@ def fanout() -> FanOut:
     return _cache["fanout"]
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     item = event["unit"]

@@ -37,6 +37,7 @@ from swarm.service.worker import Ack, Requeue, RetryLater, Worker
 from swarm.wiring import Wiring
 
 logger = Logger()
+RECORD_KEYS = ("batch_id", "unit_id", "tenant")
 tracer = Tracer()
 metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
@@ -58,6 +59,7 @@ def _services() -> tuple[Worker, LaneQueue]:
 
 @tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
+    logger.remove_keys(RECORD_KEYS)  # a record's lines carry its own ids, not the last one's
     item = parse_message_body(record.body)
     logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes = _services()
@@ -97,7 +99,7 @@ def record_handler(record: SQSRecord) -> None:
             raise AttemptFailed(outcome.reason)
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import requests
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
+import functions.api as api_function
+import functions.dlq as dlq_function
 import functions.drain as drain_function
 import functions.worker as worker_handler
 from swarm.adapters.aws import SsmDrainSwitch
@@ -25,7 +27,7 @@ from swarm.contract import (
     QUOTA_TPM,
     worker_mapping_var,
 )
-from swarm.core.codec import parse_message_body
+from swarm.core.codec import message_body, parse_message_body
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import LANES, Lane, RunState, UnitState
 from swarm.local.patches import iam
@@ -547,6 +549,58 @@ def test_a_malformed_dead_letter_is_dropped_without_logging_its_body(
     logged = " ".join(repr(vars(r)) for r in caplog.records)
     assert secret not in logged
     assert vars(dropped)["message_id"] == messages[0]["MessageId"]  # how to find it in the DLQ
+
+
+class FormattedLines(logging.Handler):
+    """The JSON lines a function's Powertools logger writes, formatted as they are logged (its
+    appended keys are applied at that moment, not when a test reads the records)."""
+
+    def __init__(self, logger: Any) -> None:
+        super().__init__()
+        self.setFormatter(logger.registered_formatter)
+        self.lines: list[dict[str, Any]] = []
+        self._target = logger._logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(self.format(record)))
+
+    def __enter__(self) -> FormattedLines:
+        self._target.addHandler(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._target.removeHandler(self)
+
+
+def test_log_lines_carry_their_own_ids_never_an_earlier_records_or_invocations(
+    plane: ControlPlane,
+) -> None:
+    # Given a batch's unit dead-lettered in one record, and a malformed record after it
+    status, doc, _ = plane.api("POST", "/batches", {"units": units(1), "lane": "low"})
+    assert status == 201, doc
+    batch_id = doc["batch_id"]
+    sqs = plane.client("sqs")
+    unit = QueuedUnit(batch_id, "u0000", "acme", Lane.LOW, 0, 10_000, "unit 0")
+    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody=message_body(unit))
+    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody='{"unit_id": ')
+    messages = plane.receive(Lane.LOW, dlq=True)
+    assert len(messages) == 2
+    # When the dead-letter function takes both in one batch, and the API serves a submit and
+    # then another request in the same (warm) container
+    with FormattedLines(dlq_function.logger) as dlq_lines:
+        plane.deliver(Lane.LOW, messages, dlq=True)
+    status, _, _ = plane.api("POST", "/batches", {"units": units(1), "lane": "low"})
+    assert status == 201  # its invocation names that batch in its lines
+    with FormattedLines(api_function.logger) as api_lines:
+        status, _, _ = plane.api("POST", "/uploads", {"size_bytes": 10})
+    assert status == 200
+    # Then the unit's line names its batch, the malformed record's line does not, and the next
+    # invocation's lines carry nothing of the one before
+    by_message = {line["message"]: line for line in dlq_lines.lines}
+    assert by_message["unit dead-lettered by the queue"]["batch_id"] == batch_id
+    assert "batch_id" not in by_message["malformed dead letter dropped"]
+    [granted] = [line for line in api_lines.lines if line["message"] == "upload URL granted"]
+    assert "batch_id" not in granted and granted["tenant"] == "acme"
 
 
 @pytest.mark.parametrize("batch_id", ["b" * 3_000, "bad%20id"])
