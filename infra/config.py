@@ -209,11 +209,11 @@ class TenantLimitsConfig(_Strict):
     lanes: tuple[Lane, ...] = Field(min_length=1)
     # its open runs' units not yet terminal, a new batch included (past it: 429 tenant_queue);
     # null: no cap of its own
-    max_queued_units: int | None = Field(ge=1)
+    max_queued_units: int | None = Field(default=None, ge=1)
     # its share of the lanes: within it, a submission is never shed for the lanes' depth
     guaranteed_units: int = Field(ge=0)
     # the most tokens one batch's budget may reach, top-ups included; null: budget.max_tokens
-    max_budget_per_batch: int | None = Field(ge=1)
+    max_budget_per_batch: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _coherent(self) -> TenantLimitsConfig:
@@ -237,7 +237,8 @@ class TenantLimitsConfig(_Strict):
 
 
 class TenantOverrideConfig(_Strict):
-    """``tenants.overrides.<tenant>``: any of the defaults' keys; the rest are the defaults'."""
+    """``tenants.overrides.<tenant>``: any of the defaults' keys; the rest (and any null) are
+    the defaults'."""
 
     lanes: tuple[Lane, ...] | None = Field(default=None, min_length=1)
     max_queued_units: int | None = Field(default=None, ge=1)
@@ -256,11 +257,9 @@ class TenantsConfig(_Strict):
         override = self.overrides.get(tenant)
         if override is None:
             return self.defaults
-        given = {name: getattr(override, name) for name in override.model_fields_set}
-        if given.get("lanes") is None:
-            given.pop("lanes", None)
-        if given.get("guaranteed_units") is None:
-            given.pop("guaranteed_units", None)
+        # null is the same as leaving the key out: CDK drops nulls from cdk.json's objects, so
+        # it could not mean "no cap" there (to lift a cap, give a large number)
+        given = {name: value for name, value in override if value is not None}
         return TenantLimitsConfig.model_validate({**self.defaults.model_dump(), **given})
 
     @model_validator(mode="after")
