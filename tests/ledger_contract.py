@@ -229,9 +229,7 @@ class LedgerContract:
         ledger.settle("run-1", "u0", 0, 100, True, now=2.0)
         assert ledger.queued_units("tenant-a") == 6
 
-    def test_an_exhausted_runs_remainder_is_not_queued_until_a_top_up(
-        self, ledger: Ledger
-    ) -> None:
+    def test_an_exhausted_runs_remainder_is_not_queued_until_a_top_up(self, ledger: Ledger) -> None:
         # Given tenant-a's run that exhausts at its first admission (its remainder: both units)
         ledger.open_run(spec(units=2, budget=50), now=0.0)
         assert ledger.admit("run-1", "u0", 0, now=1.0).run.state is RunState.EXHAUSTED
