@@ -309,7 +309,11 @@ class Batches:
                 self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
                 return Submitted(existing, created=False)
         avg = spec.projected_total / len(spec.units)
-        queue = TenantQueue(tenant, limits, self.ledger.queued_units(tenant), len(spec.units))
+        # the tenant's queued units (a ledger read) matter only if it has a cap or a share
+        queue = None
+        if limits.max_queued_units is not None or limits.guaranteed_units > 0:
+            queued = self.ledger.queued_units(tenant)
+            queue = TenantQueue(tenant, limits, queued, len(spec.units))
         shed = shed_decision(
             self.config.shed_policy,
             spec.lane,
@@ -455,7 +459,7 @@ class Batches:
         if isinstance(top_up, int) and top_up > 0:  # else the ledger's own 400 on top_up
             room = 0 if cap is None else max(0, cap - run.budget)
             check_budget(tenant, limits, run.budget + top_up, "top_up", room)
-        if run.remainder > 0:
+        if run.remainder > 0 and limits.max_queued_units is not None:
             queue = TenantQueue(tenant, limits, self.ledger.queued_units(tenant), run.remainder)
             avg = run.spec.projected_total / max(1, len(run.spec.units))
             shed = tenant_shed(queue, avg, self.governor.snapshot(now))

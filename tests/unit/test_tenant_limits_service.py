@@ -138,3 +138,16 @@ def test_resume_keeps_to_the_tenants_budget_per_batch_and_queue_cap() -> None:
     # Then the resume is refused with 429 for a's own queue, and the run stays exhausted
     assert shed.value.shed.reason == "tenant_queue"
     assert p.ledger.run(run_id).state is RunState.EXHAUSTED
+
+
+def test_a_tenant_without_a_cap_or_a_share_costs_no_ledger_read() -> None:
+    # Given a deployment whose tenants have no queue cap and no share of their own
+    p = Plane()
+
+    def unexpected(tenant: str) -> int:
+        raise AssertionError("the ledger was read for a tenant without a cap or a share")
+
+    p.ledger.queued_units = unexpected  # type: ignore[method-assign]
+    # When a tenant submits
+    # Then the submission is decided without reading the tenant's queued units
+    p.submit(3, tenant="a", budget=100_000)
