@@ -20,13 +20,14 @@ from typing import Any
 import aws_cdk as cdk
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
+from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX, TENANT_RUNS_INDEX
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
@@ -129,6 +130,12 @@ class FrontDoor(Construct):
             "dynamodb:BatchWriteItem",  # open_run: the unit items
             "dynamodb:UpdateItem",  # open_run marks the books ready; resume tops up; bindings
             "dynamodb:DeleteItem",  # an operator's re-bind of a tenant (its binding item)
+        )
+        role.add_to_principal_policy(  # DynamoDBLedger.queued_units: the tenant's open runs
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[f"{ledger.table_arn}/index/{TENANT_RUNS_INDEX}"],
+            )
         )
         # Read only: shedding and the fleet view take a snapshot. Rather than granting the API
         # PutItem to create a missing bucket (a fresh stack, or a new quota/share/capacity), its

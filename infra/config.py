@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -194,6 +195,104 @@ class UploadsConfig(_Strict):
     url_seconds: int = Field(default=300, ge=30, le=3600)
 
 
+#: a tenant's name: an IAM role name's characters (swarm.core.records.check_tenant)
+TENANT_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,64}$")
+#: the most the resolved ``tenants`` may take in the API function's environment (JSON): Lambda
+#: allows 4 KB for all of a function's variables, and the API's others take about 1.5 KB
+MAX_TENANT_LIMITS_BYTES = 2048
+
+
+class TenantLimitsConfig(_Strict):
+    """``tenants.defaults``: what every tenant may do (:mod:`swarm.core.tenancy`)."""
+
+    # the lanes it may submit to (others: 400 naming lane)
+    lanes: tuple[Lane, ...] = Field(min_length=1)
+    # its open runs' units not yet terminal, a new batch included (past it: 429 tenant_queue);
+    # null: no cap of its own
+    max_queued_units: int | None = Field(default=None, ge=1)
+    # its share of the lanes: within it, a submission is never shed for the lanes' depth
+    guaranteed_units: int = Field(ge=0)
+    # the most tokens one batch's budget may reach, top-ups included; null: budget.max_tokens
+    max_budget_per_batch: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> TenantLimitsConfig:
+        if len(set(self.lanes)) != len(self.lanes):
+            raise ValueError(f"lanes lists a lane twice (got {[x.value for x in self.lanes]})")
+        cap = self.max_queued_units
+        if cap is not None and self.guaranteed_units > cap:
+            raise ValueError(
+                f"guaranteed_units={self.guaranteed_units} is above max_queued_units={cap}: the "
+                "share a tenant is guaranteed cannot exceed what it may queue"
+            )
+        return self
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "lanes": [lane.value for lane in LANES if lane in self.lanes],
+            "max_queued_units": self.max_queued_units,
+            "guaranteed_units": self.guaranteed_units,
+            "max_budget_per_batch": self.max_budget_per_batch,
+        }
+
+
+class TenantOverrideConfig(_Strict):
+    """``tenants.overrides.<tenant>``: any of the defaults' keys; the rest (and any null) are
+    the defaults'."""
+
+    lanes: tuple[Lane, ...] | None = Field(default=None, min_length=1)
+    max_queued_units: int | None = Field(default=None, ge=1)
+    guaranteed_units: int | None = Field(default=None, ge=0)
+    max_budget_per_batch: int | None = Field(default=None, ge=1)
+
+
+class TenantsConfig(_Strict):
+    """``tenants``: the limits that keep tenants from hurting each other (README, "Tenants")."""
+
+    defaults: TenantLimitsConfig
+    overrides: dict[str, TenantOverrideConfig] = Field(default_factory=dict)
+
+    def of(self, tenant: str) -> TenantLimitsConfig:
+        """The tenant's limits: its override's keys over the defaults."""
+        override = self.overrides.get(tenant)
+        if override is None:
+            return self.defaults
+        # null is the same as leaving the key out: CDK drops nulls from cdk.json's objects, so
+        # it could not mean "no cap" there (to lift a cap, give a large number)
+        given = {name: value for name, value in override if value is not None}
+        return TenantLimitsConfig.model_validate({**self.defaults.model_dump(), **given})
+
+    @model_validator(mode="after")
+    def _valid_overrides(self) -> TenantsConfig:
+        for name in self.overrides:
+            if not TENANT_NAME.match(name):
+                raise ValueError(
+                    f"overrides.{name}: {name!r} is not a tenant name (an IAM role name's "
+                    "characters without the tenant prefix: letters, digits and +=,.@_-, 1-64)"
+                )
+            try:
+                self.of(name)
+            except ValidationError as error:
+                problem = error.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"overrides.{name}: {problem}") from None
+        size = len(self.env_value().encode())
+        if size > MAX_TENANT_LIMITS_BYTES:
+            raise ValueError(
+                f"the tenants' limits take {size:,} bytes of the API function's environment, "
+                f"more than {MAX_TENANT_LIMITS_BYTES:,} (Lambda allows 4 KB for all its "
+                "variables): give fewer overrides, or move tenants onto the defaults"
+            )
+        return self
+
+    def env_value(self) -> str:
+        """:data:`swarm.contract.TENANT_LIMITS`: every override resolved, compact JSON."""
+        doc = {
+            "defaults": self.defaults.doc(),
+            "overrides": {name: self.of(name).doc() for name in sorted(self.overrides)},
+        }
+        return json.dumps(doc, separators=(",", ":"))
+
+
 class SimulatedModelConfig(_Strict):
     quota_tpm: int = Field(ge=1)
     failure_rate: float = Field(ge=0, le=1)
@@ -271,6 +370,7 @@ class SwarmConfig(_Strict):
     api: ApiConfig
     results: ResultsConfig = ResultsConfig()
     uploads: UploadsConfig = UploadsConfig()
+    tenants: TenantsConfig
     model: ModelConfig
     observability: ObservabilityConfig
 
@@ -300,7 +400,30 @@ class SwarmConfig(_Strict):
             )
         if self.budget.default_tokens > self.budget.max_tokens:
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
+        self._tenants_fit_the_deployment()
         return self
+
+    def _tenants_fit_the_deployment(self) -> None:
+        """A tenant's budget per batch within the deployment's; its guaranteed share within the
+        lowest lane's ceiling it may use (else the share would be the ceiling's, not its own)."""
+        names = ["defaults", *(f"overrides.{name}" for name in sorted(self.tenants.overrides))]
+        for label in names:
+            tenant = label.removeprefix("overrides.")
+            limits = self.tenants.defaults if label == "defaults" else self.tenants.of(tenant)
+            cap = limits.max_budget_per_batch
+            if cap is not None and cap > self.budget.max_tokens:
+                raise ValueError(
+                    f"tenants.{label}.max_budget_per_batch={cap} is above budget.max_tokens="
+                    f"{self.budget.max_tokens}: no batch may have more than the deployment's "
+                    "maximum"
+                )
+            ceilings = [self.lanes.of(lane).shed_depth for lane in limits.lanes]
+            if limits.guaranteed_units > min(ceilings):
+                raise ValueError(
+                    f"tenants.{label}.guaranteed_units={limits.guaranteed_units} is above "
+                    f"{min(ceilings)}, the shed_depth of the lowest lane it may use: a share "
+                    "larger than the lanes' ceiling would switch the ceiling off"
+                )
 
     def sizing(self) -> FleetSizing | None:
         """The fleet ``worker.concurrency: "auto"`` derives (None when it is given by hand):

@@ -22,6 +22,9 @@ OPEN_RUNS_INDEX = contract.OPEN_RUNS_INDEX
 WATCH_PARTITION_KEY = contract.WATCH
 WATCH_SORT_KEY = contract.SWEEP_AT
 WATCH_PROJECTED = (contract.EXECUTION, contract.REPAIRS)  # what the sweeper reads from the index
+# The ledger's sparse index of each tenant's watched runs (keys only: the API's queue cap).
+TENANT_RUNS_INDEX = contract.TENANT_RUNS_INDEX
+TENANT_RUNS_PARTITION_KEY = contract.OPEN_TENANT
 
 # Bucket prefixes.
 MANIFEST_PREFIX = "manifests/"

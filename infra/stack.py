@@ -141,6 +141,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.DEFAULT_BUDGET_TOKENS: str(config.budget.default_tokens),
         env.MAX_BUDGET_TOKENS: str(config.budget.max_tokens),
         env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,
+        env.TENANT_LIMITS: config.tenants.env_value(),
         env.OPERATOR_PRINCIPAL_PREFIX: config.api.operator_principal_prefix,
         env.RESULTS_URL_SECONDS: str(config.results.download_url_seconds),
         env.UPLOAD_URL_SECONDS: str(config.uploads.url_seconds),

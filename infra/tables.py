@@ -11,6 +11,8 @@ from infra.constants import (
     OPEN_RUNS_INDEX,
     PARTITION_KEY,
     SORT_KEY,
+    TENANT_RUNS_INDEX,
+    TENANT_RUNS_PARTITION_KEY,
     TTL_ATTRIBUTE,
     WATCH_PARTITION_KEY,
     WATCH_PROJECTED,
@@ -59,6 +61,10 @@ class Tables(Construct):
         L2 table with an index makes every ``Table.grant`` also grant ``<table>/index/*``, so
         every role with a ledger grant would get its actions on every index. Only the sweeper
         queries this one, and it is granted ``dynamodb:Query`` on this index by name.
+
+        ``TenantRuns`` beside it: the same watched runs by tenant (``open_tenant``, written with
+        the watch attributes), keys only, so the hot writes that change a run's counts never
+        touch it; only the API queries it (a tenant's queued units, swarm.core.tenancy).
         """
         cfn = table.node.default_child
         assert isinstance(cfn, dynamodb.CfnTable)
@@ -69,6 +75,7 @@ class Tables(Construct):
                 {"AttributeName": SORT_KEY, "AttributeType": "S"},
                 {"AttributeName": WATCH_PARTITION_KEY, "AttributeType": "S"},
                 {"AttributeName": WATCH_SORT_KEY, "AttributeType": "N"},
+                {"AttributeName": TENANT_RUNS_PARTITION_KEY, "AttributeType": "S"},
             ],
         )
         cfn.add_property_override(
@@ -84,6 +91,11 @@ class Tables(Construct):
                         "ProjectionType": "INCLUDE",
                         "NonKeyAttributes": list(WATCH_PROJECTED),
                     },
-                }
+                },
+                {
+                    "IndexName": TENANT_RUNS_INDEX,
+                    "KeySchema": [{"AttributeName": TENANT_RUNS_PARTITION_KEY, "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
             ],
         )

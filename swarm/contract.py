@@ -30,6 +30,11 @@ SWEEP_AT: Final = "sweep_at"  # N, its sort key: when the sweeper looks at the r
 EXECUTION: Final = "execution"  # projected: the execution that last reached the finalize loop
 REPAIRS: Final = "repairs"  # projected: how many times the sweeper restarted the run
 
+# --- the ledger's sparse index of each tenant's watched runs (the API's per-tenant queue cap:
+# swarm.core.tenancy; written with the watch attributes above, never by the hot paths) ---------
+TENANT_RUNS_INDEX: Final = "TenantRuns"
+OPEN_TENANT: Final = "open_tenant"  # S, the index's partition key: the run's tenant, while watched
+
 # --- Bedrock's client timeouts (the adapter uses them; infra checks the worker timeout against
 # them at synth) --------------------------------------------------------------------------------
 #: ceil(4,096 / 30) + 30 = 167 s, rounded up: a Converse call that generates the longest answer
@@ -239,6 +244,10 @@ SWEEP_INTERVAL_SECONDS: Final = "SWEEP_INTERVAL_SECONDS"  # the sweeper's schedu
 
 
 TENANT_PRINCIPAL_PREFIX: Final = "TENANT_PRINCIPAL_PREFIX"
+#: every tenant's lanes, queue cap and share, budget per batch (cdk.json ``tenants``, resolved at
+#: synth): compact JSON ``{"defaults": {...}, "overrides": {"<tenant>": {...}}}``; empty = no
+#: per-tenant limits (every lane, no caps)
+TENANT_LIMITS: Final = "TENANT_LIMITS"
 OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
 
 
@@ -354,6 +363,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         MAX_ATTEMPTS,
         DEFAULT_BUDGET_TOKENS,
         MAX_BUDGET_TOKENS,
+        TENANT_LIMITS,
         TENANT_PRINCIPAL_PREFIX,
         OPERATOR_PRINCIPAL_PREFIX,
         RESULTS_URL_SECONDS,
@@ -413,5 +423,5 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
 
 #: Variables a function may receive empty (meaning "use the default").
 OPTIONAL_VARS: Final = frozenset(
-    {GOVERNOR_CAPACITY, BEDROCK_MODEL_ID, BEDROCK_READ_TIMEOUT_SECONDS}
+    {GOVERNOR_CAPACITY, BEDROCK_MODEL_ID, BEDROCK_READ_TIMEOUT_SECONDS, TENANT_LIMITS}
 )

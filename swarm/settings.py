@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from swarm.contract import (
@@ -64,6 +64,7 @@ from swarm.contract import (
     STATE_MACHINE_ARN,
     SWARM_FUNCTION,
     SWEEP_INTERVAL_SECONDS,
+    TENANT_LIMITS,
     TENANT_PRINCIPAL_PREFIX,
     UPLOAD_URL_SECONDS,
     WORKER_MAPPING_ID_HIGH,
@@ -73,6 +74,7 @@ from swarm.contract import (
 )
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, Lane
+from swarm.core.tenancy import TenantLimits, TenantPolicy
 
 
 class SettingsError(ValueError):
@@ -170,6 +172,40 @@ class ModelSettings(_Model):
         return self
 
 
+class TenantLimitsDoc(BaseModel):
+    """One tenant's limits as :data:`~swarm.contract.TENANT_LIMITS` carries them (resolved at
+    synth from cdk.json ``tenants``: every key present)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lanes: tuple[Lane, ...] = Field(min_length=1)
+    max_queued_units: int | None = Field(ge=1)
+    guaranteed_units: int = Field(ge=0)
+    max_budget_per_batch: int | None = Field(ge=1)
+
+    def limits(self) -> TenantLimits:
+        return TenantLimits(
+            lanes=frozenset(self.lanes),
+            max_queued_units=self.max_queued_units,
+            guaranteed_units=self.guaranteed_units,
+            max_budget_per_batch=self.max_budget_per_batch,
+        )
+
+
+class TenantsDoc(BaseModel):
+    """:data:`~swarm.contract.TENANT_LIMITS`: the defaults and the tenants named apart."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    defaults: TenantLimitsDoc
+    overrides: dict[str, TenantLimitsDoc] = Field(default_factory=dict)
+
+    def policy(self) -> TenantPolicy:
+        return TenantPolicy(
+            self.defaults.limits(), {name: doc.limits() for name, doc in self.overrides.items()}
+        )
+
+
 # --- the functions --------------------------------------------------------------------------
 class Settings(_Model):
     """What every function receives; the base of the seven functions' models.
@@ -242,6 +278,7 @@ class ApiSettings(
     shed_depth_low: int = Field(alias=SHED_DEPTH_LOW, ge=1)
     default_budget_tokens: int = Field(alias=DEFAULT_BUDGET_TOKENS, ge=0)
     max_budget_tokens: int = Field(alias=MAX_BUDGET_TOKENS, ge=1)
+    tenant_limits: Json[TenantsDoc] | None = Field(default=None, alias=TENANT_LIMITS)
     tenant_principal_prefix: str = Field(alias=TENANT_PRINCIPAL_PREFIX)
     operator_principal_prefix: str = Field(alias=OPERATOR_PRINCIPAL_PREFIX, min_length=1)
     results_url_seconds: int = Field(alias=RESULTS_URL_SECONDS, ge=1, le=3600)
@@ -251,6 +288,10 @@ class ApiSettings(
         """The lane's depth past which new submissions are shed."""
         depth: int = getattr(self, f"shed_depth_{lane.value}")
         return depth
+
+    def tenant_policy(self) -> TenantPolicy:
+        """Every tenant's limits (unset: every lane, no caps of their own)."""
+        return TenantPolicy() if self.tenant_limits is None else self.tenant_limits.policy()
 
 
 class FanoutSettings(Settings, LedgerSettings, QueueSettings, AttemptSettings, LeaseSettings):

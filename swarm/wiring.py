@@ -304,6 +304,7 @@ class Wiring:
                 max_budget=s.max_budget_tokens,
                 default_budget=s.default_budget_tokens,
                 default_attempts=s.max_attempts,
+                tenants=s.tenant_policy(),
             ),
         )
 

@@ -9,6 +9,7 @@ requires identical answers and identical books after every step.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -211,6 +212,32 @@ class LedgerContract:
         ledger.settle("run-1", "u0", 0, 5, True, now=1.0)
         with pytest.raises(Conflict):
             ledger.top_up("run-1", 10, now=2.0)
+
+    # -- a tenant's queued units (the front door's per-tenant cap: swarm.core.tenancy)
+    def test_queued_units_count_a_tenants_open_units_only(self, ledger: Ledger) -> None:
+        # Given two runs of tenant-a (4 and 3 units) and one of tenant-b (2 units)
+        ledger.open_run(spec("run-1", units=4), now=0.0)
+        ledger.open_run(spec("run-2", units=3), now=0.0)
+        ledger.open_run(replace(spec("run-b", units=2), tenant="tenant-b"), now=0.0)
+        # Then each tenant counts its own units, nobody else's
+        assert ledger.queued_units("tenant-a") == 7
+        assert ledger.queued_units("tenant-b") == 2
+        assert ledger.queued_units("nobody") == 0
+        # When a unit completes, it is no longer queued (an admitted one still is)
+        ledger.admit("run-1", "u0", 0, now=1.0)
+        assert ledger.queued_units("tenant-a") == 7
+        ledger.settle("run-1", "u0", 0, 100, True, now=2.0)
+        assert ledger.queued_units("tenant-a") == 6
+
+    def test_an_exhausted_runs_remainder_is_not_queued_until_a_top_up(self, ledger: Ledger) -> None:
+        # Given tenant-a's run that exhausts at its first admission (its remainder: both units)
+        ledger.open_run(spec(units=2, budget=50), now=0.0)
+        assert ledger.admit("run-1", "u0", 0, now=1.0).run.state is RunState.EXHAUSTED
+        # Then none of it is queued
+        assert ledger.queued_units("tenant-a") == 0
+        # When a top-up reopens it, its units are queued again
+        ledger.top_up("run-1", 500, now=2.0)
+        assert ledger.queued_units("tenant-a") == 2
 
     # -- claims and leases
     def test_claims_make_duplicate_deliveries_busy_and_reclaim_charges_lost_work(

@@ -43,7 +43,15 @@ def create_table(client: Any, table_name: str) -> None:
     (tests and the local runtime; CDK owns the governor and ledger tables in AWS, see
     infra/tables.py). Idempotent: an existing table is left as it is.
     """
-    from swarm.contract import EXECUTION, OPEN_RUNS_INDEX, REPAIRS, SWEEP_AT, WATCH
+    from swarm.contract import (
+        EXECUTION,
+        OPEN_RUNS_INDEX,
+        OPEN_TENANT,
+        REPAIRS,
+        SWEEP_AT,
+        TENANT_RUNS_INDEX,
+        WATCH,
+    )
 
     try:
         client.create_table(
@@ -53,6 +61,7 @@ def create_table(client: Any, table_name: str) -> None:
                 {"AttributeName": SORT_KEY, "AttributeType": "S"},
                 {"AttributeName": WATCH, "AttributeType": "S"},
                 {"AttributeName": SWEEP_AT, "AttributeType": "N"},
+                {"AttributeName": OPEN_TENANT, "AttributeType": "S"},
             ],
             KeySchema=[
                 {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
@@ -69,7 +78,12 @@ def create_table(client: Any, table_name: str) -> None:
                         "ProjectionType": "INCLUDE",
                         "NonKeyAttributes": [EXECUTION, REPAIRS],
                     },
-                }
+                },
+                {
+                    "IndexName": TENANT_RUNS_INDEX,
+                    "KeySchema": [{"AttributeName": OPEN_TENANT, "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
             ],
             BillingMode="PAY_PER_REQUEST",
         )

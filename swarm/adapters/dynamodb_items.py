@@ -274,7 +274,7 @@ def run_update(
     if watch_from is not None:
         sets.append(WATCH_SET)
         names.update(WATCH_NAMES)
-        values.update(watch_values(watch_from))
+        values.update(watch_values(watch_from, new.spec.tenant))
     closes = new.state.closed and not old.state.closed
     drop = outstanding(old) - outstanding(new)
     if closes:

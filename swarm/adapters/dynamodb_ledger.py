@@ -32,6 +32,7 @@ from swarm.adapters.dynamodb_watch import (
     WATCH_SET,
     watch_values,
 )
+from swarm.contract import OPEN_TENANT, TENANT_RUNS_INDEX
 from swarm.core.errors import Conflict, NotFound
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
@@ -291,6 +292,31 @@ class DynamoDBLedger:
         records = [items.attempt_from(run_id, it)[0] for it in self._query(run_id, "attempt#")]
         return sorted(records, key=lambda a: (a.settled_at, a.unit_id, a.attempt))
 
+    def queued_units(self, tenant: str) -> int:
+        """One Query of the sparse ``TenantRuns`` index (keys only: the tenant's watched runs,
+        eventually consistent), then their books' ``outstanding``, strongly consistent, 100
+        runs per read: the cost grows with the tenant's own open runs, nobody else's."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": TENANT_RUNS_INDEX,
+            "KeyConditionExpression": "#tenant = :tenant",
+            "ExpressionAttributeNames": {"#tenant": OPEN_TENANT},
+            "ExpressionAttributeValues": {":tenant": items.string(tenant)},
+        }
+        keys: list[Item] = []
+        while True:
+            page = self._call("query", **kwargs)
+            keys += [key(items.run_id_of(it), BOOKS) for it in page.get("Items", [])]
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        total = 0
+        for start in range(0, len(keys), 100):
+            for books in self._get_many(keys[start : start + 100]):
+                if books is not None and not RunState(books["state"]["S"]).closed:
+                    total += items.whole_of(books, "outstanding")
+        return total
+
     # ------------------------------------------------------------------ open
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:
         """Create the books; idempotent for the same spec (also after a crash mid-way)."""
@@ -337,7 +363,7 @@ class DynamoDBLedger:
             ExpressionAttributeNames=WATCH_NAMES,
             ExpressionAttributeValues={
                 ":true": items.flag(True),
-                **watch_values(now + self.watch_grace_s),
+                **watch_values(now + self.watch_grace_s, spec.tenant),
             },
         )
         return self.run(spec.run_id)

@@ -19,7 +19,7 @@ from swarm.adapters.dynamodb import (
     call,
     default_client,
 )
-from swarm.contract import EXECUTION, OPEN_RUNS_INDEX, REPAIRS, SWEEP_AT, WATCH
+from swarm.contract import EXECUTION, OPEN_RUNS_INDEX, OPEN_TENANT, REPAIRS, SWEEP_AT, WATCH
 from swarm.core.ports import WatchedRun
 from swarm.core.records import RunState
 
@@ -31,14 +31,20 @@ WATCHED = "run"
 DEFAULT_WATCH_GRACE_S = 300.0
 
 
-def watch_values(sweep_at: float) -> dict[str, dict[str, str]]:
-    """The attribute values that make a books item watched (the ledger's own writes use them)."""
-    return {":watch": {"S": WATCHED}, ":sweep_at": {"N": repr(float(sweep_at))}}
+def watch_values(sweep_at: float, tenant: str) -> dict[str, dict[str, str]]:
+    """The attribute values that make a books item watched (the ledger's own writes use them):
+    also its tenant's, which puts the run in the ``TenantRuns`` index for as long."""
+    return {
+        ":watch": {"S": WATCHED},
+        ":sweep_at": {"N": repr(float(sweep_at))},
+        ":open_tenant": {"S": tenant},
+    }
 
 
-#: the SET clause matching :func:`watch_values` (names ``#watch`` / ``#sweep_at``)
-WATCH_SET = "#watch = :watch, #sweep_at = :sweep_at"
-WATCH_NAMES = {"#watch": WATCH, "#sweep_at": SWEEP_AT}
+#: the SET clause matching :func:`watch_values` (names ``#watch`` / ``#sweep_at`` /
+#: ``#open_tenant``)
+WATCH_SET = "#watch = :watch, #sweep_at = :sweep_at, #open_tenant = :open_tenant"
+WATCH_NAMES = {"#watch": WATCH, "#sweep_at": SWEEP_AT, "#open_tenant": OPEN_TENANT}
 
 
 def _watched(run_id: str, item: dict[str, Any]) -> WatchedRun:
@@ -184,7 +190,7 @@ class DynamoDBRunWatch:
         reopened it meanwhile keeps it watched; False if the condition failed."""
         return self._update(
             run_id,
-            UpdateExpression="REMOVE #watch, #sweep_at, #execution, #repairs",
+            UpdateExpression="REMOVE #watch, #sweep_at, #execution, #repairs, #open_tenant",
             ConditionExpression=(
                 "attribute_exists(#watch) AND #state = :state AND #exhaustions = :epoch"
             ),
@@ -193,6 +199,7 @@ class DynamoDBRunWatch:
                 "#sweep_at": SWEEP_AT,
                 "#execution": EXECUTION,
                 "#repairs": REPAIRS,
+                "#open_tenant": OPEN_TENANT,
                 "#state": "state",
                 "#exhaustions": "exhaustions",
             },

@@ -271,9 +271,20 @@ class BatchSubmission(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    lane: Lane = Lane.NORMAL
+    lane: Lane = Field(
+        default=Lane.NORMAL,
+        description=(
+            "one of the lanes the caller's tenant may use (cdk.json tenants); another is a 400 "
+            "naming lane and listing the allowed lanes"
+        ),
+    )
     budget: StrictInt | None = Field(
-        default=None, ge=0, description="tokens; defaults to the deployment's default budget"
+        default=None,
+        ge=0,
+        description=(
+            "tokens; defaults to the deployment's default budget; at most the tenant's "
+            "max_budget_per_batch (cdk.json tenants) and the deployment's budget.max_tokens"
+        ),
     )
     max_attempts: StrictInt | None = Field(
         default=None,
@@ -298,7 +309,13 @@ class BatchResume(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    top_up: StrictInt = Field(ge=1, description="tokens added to the budget")
+    top_up: StrictInt = Field(
+        ge=1,
+        description=(
+            "tokens added to the budget; the budget after it stays within the tenant's "
+            "max_budget_per_batch (cdk.json tenants) and the deployment's budget.max_tokens"
+        ),
+    )
 
 
 class UploadRequest(BaseModel):

@@ -118,8 +118,11 @@ ROUTES: tuple[Route, ...] = (
                 "the batch"
             ),
             429: Reply(
-                "shedding load (shedding), or over the stage's throttle (THROTTLED): retry after "
-                "Retry-After seconds",
+                "shedding load (shedding): the caller's own queued units plus this batch pass "
+                "its max_queued_units (tenant_queue), the lanes are past their shed depth and "
+                "the caller is past its guaranteed_units (lane_depth), or the model plane is "
+                "throttling; or over the stage's throttle (THROTTLED): retry after Retry-After "
+                "seconds",
                 retry_after=True,
             ),
             500: _MISCONFIGURED,
@@ -174,7 +177,12 @@ ROUTES: tuple[Route, ...] = (
                 "bucket's lifecycle rule)"
             ),
             413: Reply(_BODY_TOO_LARGE),
-            429: _THROTTLED,
+            429: Reply(
+                "the remainder requeued would take the caller past its max_queued_units "
+                "(shedding, tenant_queue), or over the stage's throttle (THROTTLED): retry "
+                "after Retry-After seconds",
+                retry_after=True,
+            ),
             500: _MISCONFIGURED,
             503: _DRAINING,
         },

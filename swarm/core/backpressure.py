@@ -6,6 +6,12 @@ it* (L and every higher lane) is past L's depth limit, or, for every lane but th
 governor has reported model throttles within the recent window. Higher lanes have higher limits,
 so they shed last. Retry-After is how long the governed rate (as slowed by throttles) needs to
 drain the work ahead: ``depth x average unit tokens / effective rate``.
+
+Per tenant (:mod:`swarm.core.tenancy`): a submission that would take its tenant past its own
+``max_queued_units`` is shed first (``tenant_queue``, whatever the lanes hold; Retry-After is the
+time the governed rate needs for the excess), and the lanes' depth limits are a ceiling that
+refuses only a tenant past its ``guaranteed_units``: a tenant with little queued is never shed
+because another tenant filled the lanes.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 
 from swarm.core.governor import GovernorSnapshot
 from swarm.core.records import LANES, Lane
+from swarm.core.tenancy import TenantQueue
 
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 3_600
@@ -32,9 +39,11 @@ class ShedPolicy:
 
 @dataclass(frozen=True)
 class Shed:
-    reason: str  # lane_depth | throttling
+    reason: str  # tenant_queue | lane_depth | throttling
     retry_after_s: int
     depth_ahead: int
+    tenant_queued: int | None = None  # the tenant's queued units (tenant_queue)
+    tenant_max: int | None = None  # and its max_queued_units
 
 
 def depth_ahead(depths: Mapping[Lane, int], lane: Lane) -> int:
@@ -47,6 +56,23 @@ def retry_after(depth: int, avg_unit_tokens: float, snapshot: GovernorSnapshot) 
     return int(min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, math.ceil(seconds))))
 
 
+def tenant_shed(
+    tenant: TenantQueue, avg_unit_tokens: float, snapshot: GovernorSnapshot, ahead: int = 0
+) -> Shed | None:
+    """The tenant's own cap alone (also a resume's, whose remainder is queued again): a Shed
+    when the submission would take it past ``max_queued_units``, with the time the governed rate
+    needs to drain the excess as its Retry-After."""
+    if tenant.over_cap <= 0:
+        return None
+    return Shed(
+        "tenant_queue",
+        retry_after(tenant.over_cap, avg_unit_tokens, snapshot),
+        ahead,
+        tenant_queued=tenant.queued,
+        tenant_max=tenant.limits.max_queued_units,
+    )
+
+
 def shed_decision(
     policy: ShedPolicy,
     lane: Lane,
@@ -54,10 +80,20 @@ def shed_decision(
     snapshot: GovernorSnapshot,
     avg_unit_tokens: float,
     now: float,
+    tenant: TenantQueue | None = None,
 ) -> Shed | None:
-    """None admits the submission; a :class:`Shed` refuses it with a Retry-After."""
+    """None admits the submission; a :class:`Shed` refuses it with a Retry-After.
+
+    ``tenant`` (the submitting tenant's limits and queued units) makes the decision per tenant:
+    its own cap first, and the lanes' depth only past its guaranteed share. Without it, the
+    lanes' depth refuses everyone alike."""
     ahead = depth_ahead(depths, lane)
-    if ahead >= policy.limit(lane):
+    if tenant is not None:
+        over = tenant_shed(tenant, avg_unit_tokens, snapshot, ahead)
+        if over is not None:
+            return over
+    exempt = tenant is not None and tenant.within_share
+    if ahead >= policy.limit(lane) and not exempt:
         return Shed("lane_depth", retry_after(ahead, avg_unit_tokens, snapshot), ahead)
     if lane is not LANES[0] and snapshot.throttled_recently(now, policy.throttle_window_s):
         wait = retry_after(ahead, avg_unit_tokens, snapshot)

@@ -104,6 +104,13 @@ class InMemoryLedger:
         self.run(run_id)
         return [s.attempt for (r, _, _), s in self._attempts.items() if r == run_id]
 
+    def queued_units(self, tenant: str) -> int:
+        return sum(
+            r.units_total - r.completed - r.dead_lettered - r.remainder
+            for r in self._runs.values()
+            if r.spec.tenant == tenant and not r.state.closed
+        )
+
     # -- writes
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:
         existing = self._runs.get(spec.run_id)

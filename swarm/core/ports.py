@@ -107,6 +107,12 @@ class Ledger(Protocol):
 
     def attempts(self, run_id: str) -> list[AttemptRecord]: ...
 
+    def queued_units(self, tenant: str) -> int:
+        """The tenant's queued units: its open runs' units not yet terminal (pending or in
+        flight; a remainder is not queued). Cheap: it reads the tenant's own open runs only,
+        and may lag a run opened or closed a moment ago (an index read)."""
+        ...
+
     def admit(
         self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
     ) -> Admission: ...

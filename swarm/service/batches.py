@@ -17,7 +17,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.api.models import (
@@ -34,7 +34,7 @@ from swarm.api.models import (
     Unit,
     UnitCounts,
 )
-from swarm.core.backpressure import Shed, ShedPolicy, shed_decision
+from swarm.core.backpressure import Shed, ShedPolicy, shed_decision, tenant_shed
 from swarm.core.codec import check_spec_fits
 from swarm.core.errors import (
     Conflict,
@@ -66,6 +66,13 @@ from swarm.core.records import (
 )
 from swarm.core.report import healthy_line
 from swarm.core.scheduling import fanout_order
+from swarm.core.tenancy import (
+    TenantPolicy,
+    TenantQueue,
+    check_batch_size,
+    check_budget,
+    check_lane,
+)
 from swarm.service.api_models import TooLarge, check_manifest_key, parse_manifest_units
 from swarm.service.drain import drain_view
 
@@ -79,13 +86,22 @@ class Draining(SwarmError):
 
 
 class Shedding(SwarmError):
-    """Backpressure: the lanes are too deep or the model plane is throttling."""
+    """Backpressure: the tenant's own queue is full, the lanes are too deep or the model plane
+    is throttling."""
 
-    def __init__(self, shed: Shed) -> None:
-        super().__init__(
-            f"the control plane is shedding load ({shed.reason}, {shed.depth_ahead} units ahead); "
-            f"retry after {shed.retry_after_s}s"
-        )
+    def __init__(self, shed: Shed, tenant: str | None = None) -> None:
+        if shed.reason == "tenant_queue":
+            message = (
+                f"tenant {tenant!r} has {shed.tenant_queued:,} units queued and may have at most "
+                f"{shed.tenant_max:,} (tenant_queue; cdk.json tenants); retry after "
+                f"{shed.retry_after_s}s, when its queued work has drained"
+            )
+        else:
+            message = (
+                f"the control plane is shedding load ({shed.reason}, {shed.depth_ahead} units "
+                f"ahead); retry after {shed.retry_after_s}s"
+            )
+        super().__init__(message)
         self.shed = shed
         self.retry_after_s = shed.retry_after_s
 
@@ -117,6 +133,8 @@ class BatchesConfig:
     max_budget: int
     default_budget: int = 0  # a submission that gives no budget
     default_attempts: int = 3  # a submission that gives no max_attempts
+    # per tenant: lanes, queue cap and share, budget per batch (default: no limits of their own)
+    tenants: TenantPolicy = field(default_factory=TenantPolicy)
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -256,6 +274,11 @@ class Batches:
                 f"{request.budget:,} is above this deployment's maximum of "
                 f"{self.config.max_budget:,} tokens",
             )
+        # the tenant's own limits (swarm.core.tenancy), validated like the rest of the body
+        limits = self.config.tenants.of(tenant)
+        check_lane(tenant, limits, request.lane)
+        check_budget(tenant, limits, request.budget)
+        check_batch_size(tenant, limits, len(request.units))
         run_id = batch_id_for(tenant, idempotency_key)
         spec = RunSpec(
             run_id=run_id,
@@ -288,6 +311,11 @@ class Batches:
                 self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
                 return Submitted(existing, created=False)
         avg = spec.projected_total / len(spec.units)
+        # the tenant's queued units (a ledger read) matter only if it has a cap or a share
+        queue = None
+        if limits.max_queued_units is not None or limits.guaranteed_units > 0:
+            queued = self.ledger.queued_units(tenant)
+            queue = TenantQueue(tenant, limits, queued, len(spec.units))
         shed = shed_decision(
             self.config.shed_policy,
             spec.lane,
@@ -295,9 +323,10 @@ class Batches:
             self.governor.snapshot(now),
             avg,
             now,
+            queue,
         )
         if shed is not None:
-            raise Shedding(shed)
+            raise Shedding(shed, tenant)
         key = manifest_key(run_id)
         self.blobs.put_json(key, items)
         run = self.ledger.open_run(spec, now)
@@ -390,6 +419,7 @@ class Batches:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
         if self.drain.draining():
             raise Draining("the control plane is draining for a deploy; resume after it")
+        self._check_resume(tenant, run, top_up, now)
         # read what the requeue needs before the top-up commits: a manifest gone (the bucket's
         # lifecycle expired it) must refuse the resume, not leave the run reopened with nothing
         # fanned out
@@ -405,7 +435,9 @@ class Batches:
                 f"batch {run_id}'s manifest has expired (the bucket's lifecycle rule): it cannot "
                 "be resumed; submit the remainder as a new batch"
             ) from None
-        top = self.ledger.top_up(run_id, top_up, now, self.config.max_budget)
+        cap = self.config.tenants.of(tenant).max_budget_per_batch
+        ceiling = self.config.max_budget if cap is None else min(cap, self.config.max_budget)
+        top = self.ledger.top_up(run_id, top_up, now, ceiling)
         if top.requeue:
             # the exhaustion this top-up ended (read atomically with it, not before: the run may
             # have exhausted again meanwhile); each exhaustion is resumed at most once, so the
@@ -418,6 +450,23 @@ class Batches:
             self.executions.start(f"{run_id}-resume-{epoch}", execution_input(run_id, key))
         status = self._status(self.run_for(tenant, run_id), now)
         return _doc(status.model_copy(update={"requeued": len(top.requeue)}))
+
+    def _check_resume(self, tenant: str, run: RunRecord, top_up: int, now: float) -> None:
+        """The tenant's limits as they stand now: the batch's lane must still be one of its
+        lanes, the budget after the top-up within its per-batch maximum (400s), and the
+        remainder the resume queues again within its queue cap (429)."""
+        limits = self.config.tenants.of(tenant)
+        check_lane(tenant, limits, run.spec.lane)
+        cap = limits.max_budget_per_batch
+        if isinstance(top_up, int) and top_up > 0:  # else the ledger's own 400 on top_up
+            room = 0 if cap is None else max(0, cap - run.budget)
+            check_budget(tenant, limits, run.budget + top_up, "top_up", room)
+        if run.remainder > 0 and limits.max_queued_units is not None:
+            queue = TenantQueue(tenant, limits, self.ledger.queued_units(tenant), run.remainder)
+            avg = run.spec.projected_total / max(1, len(run.spec.units))
+            shed = tenant_shed(queue, avg, self.governor.snapshot(now))
+            if shed is not None:
+                raise Shedding(shed, tenant)
 
     # ------------------------------------------------------------------ fleet
 

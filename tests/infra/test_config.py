@@ -535,3 +535,109 @@ def test_auto_concurrency_reaches_the_template(tmp_path: Path) -> None:
     worker = synthesized.stack.workers.worker.function
     props = synthesized.resources[synthesized.logical_id(worker)]["Properties"]
     assert props["ReservedConcurrentExecutions"] == 438
+
+
+# --- tenants: every tenant's lanes, queue cap and share, budget per batch (swarm.core.tenancy)
+def _tenants(overrides: dict[str, Any] | None = None, **defaults: Any) -> dict[str, Any]:
+    shipped = cdk_json_context()["tenants"]
+    return {
+        "defaults": {**shipped["defaults"], **defaults},
+        "overrides": overrides or {},
+    }
+
+
+@pytest.mark.parametrize(
+    ("tenants", "key", "allowed"),
+    [
+        (
+            _tenants(lanes=["high", "turbo"]),
+            "tenants.defaults.lanes.1",
+            "'high', 'normal' or 'low'",
+        ),
+        (_tenants(lanes=[]), "tenants.defaults.lanes", "at least 1"),
+        (_tenants(lanes=["low", "low"]), "tenants.defaults", "lists a lane twice"),
+        (
+            _tenants(max_queued_units=0),
+            "tenants.defaults.max_queued_units",
+            "greater than or equal to 1",
+        ),
+        (
+            _tenants(max_queued_units=500, guaranteed_units=600),
+            "tenants.defaults",
+            "guaranteed_units=600 is above max_queued_units=500",
+        ),
+        (
+            _tenants(max_budget_per_batch=10**12),
+            "tenants.defaults.max_budget_per_batch",
+            "above budget.max_tokens",
+        ),
+        (
+            _tenants({"acme": {"max_queued_units": 500}}),
+            "overrides.acme",
+            "guaranteed_units=1000 is above max_queued_units=500",
+        ),
+        (
+            _tenants({"acme": {"guaranteed_units": 5000}}),
+            "tenants.overrides.acme.guaranteed_units",
+            "the shed_depth of the lowest lane it may use",
+        ),
+        (_tenants({"acme": {"lanes": ["fast"]}}), "tenants.overrides.acme.lanes.0", "'high'"),
+        (_tenants({"acme": {"budget": 5}}), "tenants.overrides.acme.budget", "Extra inputs"),
+        (_tenants({"a/b": {}}), "overrides.a/b", "not a tenant name"),
+        ({"defaults": {"lanes": ["low"]}}, "tenants.defaults.guaranteed_units", "is required"),
+        (
+            _tenants({f"tenant-{i:03d}": {"lanes": ["low"]} for i in range(40)}),
+            "tenants",
+            "bytes of the API function's environment",
+        ),
+    ],
+)
+def test_bad_tenant_limits_fail_synth_naming_the_key(
+    tenants: dict[str, Any], key: str, allowed: str
+) -> None:
+    # Given a cdk.json whose tenants block is wrong in one way
+    # When the app is synthesized
+    with pytest.raises(ConfigError) as error:
+        build_app({**NO_BUNDLING, "tenants": tenants}, nag=False)
+    # Then synth fails with a message naming the key and what is allowed
+    message = str(error.value)
+    assert key in message, message
+    assert allowed in message, message
+
+
+def test_tenant_overrides_take_the_defaults_for_what_they_leave_out() -> None:
+    # Given an override that only restricts one tenant's lanes and budget
+    context = _context(
+        tenants=_tenants({"acme": {"lanes": ["low"], "max_budget_per_batch": 5_000_000}})
+    )
+    # When the context is loaded
+    config = load_config(context)
+    # Then the tenant gets its own lanes and budget, the defaults' queue cap and share
+    acme = config.tenants.of("acme")
+    assert acme.lanes == (Lane.LOW,) and acme.max_budget_per_batch == 5_000_000
+    defaults = config.tenants.defaults
+    assert (acme.max_queued_units, acme.guaranteed_units) == (
+        defaults.max_queued_units,
+        defaults.guaranteed_units,
+    )
+    # and every other tenant the defaults
+    assert config.tenants.of("someone") == defaults
+    doc = json.loads(config.tenants.env_value())
+    assert doc["overrides"]["acme"]["lanes"] == ["low"]
+    assert doc["defaults"]["lanes"] == ["high", "normal", "low"]
+
+
+def test_the_api_function_gets_the_resolved_tenant_limits(synth: Synthesized) -> None:
+    # Given the shipped cdk.json
+    # When it is synthesized
+    variables = {
+        env["SWARM_FUNCTION"]: env
+        for r in synth.resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+        and "SWARM_FUNCTION" in (env := r["Properties"].get("Environment", {}).get("Variables", {}))
+    }
+    # Then the API function carries every tenant's limits, as the settings read them back
+    api = variables.pop("api")
+    assert json.loads(api["TENANT_LIMITS"]) == json.loads(synth.config.tenants.env_value())
+    # and no other function has them
+    assert variables and all("TENANT_LIMITS" not in v for v in variables.values())

@@ -316,10 +316,16 @@ def test_the_sweeper_runs_on_a_schedule_at_the_configured_rate(synth: Synthesize
 def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
     synth: Synthesized,
 ) -> None:
-    from infra.constants import OPEN_RUNS_INDEX, WATCH_PARTITION_KEY, WATCH_SORT_KEY
+    from infra.constants import (
+        OPEN_RUNS_INDEX,
+        TENANT_RUNS_INDEX,
+        TENANT_RUNS_PARTITION_KEY,
+        WATCH_PARTITION_KEY,
+        WATCH_SORT_KEY,
+    )
 
     ledger = synth.resources[synth.logical_id(synth.stack.tables.ledger)]["Properties"]
-    (index,) = ledger["GlobalSecondaryIndexes"]
+    index, tenants = ledger["GlobalSecondaryIndexes"]
     assert index["IndexName"] == OPEN_RUNS_INDEX
     assert index["KeySchema"] == [
         {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
@@ -330,6 +336,12 @@ def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
         "NonKeyAttributes": ["execution", "repairs"],
     }
     assert {"AttributeName": WATCH_SORT_KEY, "AttributeType": "N"} in ledger["AttributeDefinitions"]
+    # beside it, the same watched runs by tenant, keys only (the API's queue cap reads the books)
+    assert tenants == {
+        "IndexName": TENANT_RUNS_INDEX,
+        "KeySchema": [{"AttributeName": TENANT_RUNS_PARTITION_KEY, "KeyType": "HASH"}],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    }
     # the same index as the adapters create for tests and the local runtime
     governor = synth.resources[synth.logical_id(synth.stack.tables.governor)]["Properties"]
     assert "GlobalSecondaryIndexes" not in governor

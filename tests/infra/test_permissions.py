@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from infra.constants import OPEN_RUNS_INDEX
+from infra.constants import OPEN_RUNS_INDEX, TENANT_RUNS_INDEX
 from swarm.contract import API, DLQ, DRAIN, FANOUT, FINALIZER, SWEEPER, WORKER
 from swarm.core.records import LANES
 from swarm.settings import FunctionName
@@ -61,6 +61,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:DeleteItem",
             }
         ),
+        # DynamoDBLedger.queued_units: a tenant's open runs (POST /batches, resume)
+        "tenant runs index": frozenset({"dynamodb:Query"}),
         # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, GET /fleet);
         # a missing bucket reads as its initial state, so no PutItem (the workers create it)
         "governor table": frozenset({"dynamodb:Query"}),
@@ -252,6 +254,10 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         json.dumps(f"/index/{OPEN_RUNS_INDEX}") + "]]}"
     ):
         return "open runs index"
+    if references(resource, synth.logical_id(stack.tables.ledger)) and text.endswith(
+        json.dumps(f"/index/{TENANT_RUNS_INDEX}") + "]]}"
+    ):
+        return "tenant runs index"
     if f":execution:{stack.fanout.state_machine_name}:*" in text:
         return "fanout executions"
     bucket = synth.logical_id(stack.storage.bucket)

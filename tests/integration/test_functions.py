@@ -38,6 +38,7 @@ from tests.integration.plane import (
     ledger,
     units,
 )
+from tests.integration.test_tenants import limits as tenant_limits
 
 
 def objects(plane: ControlPlane, prefix: str = "") -> list[str]:
@@ -322,14 +323,25 @@ def lane_counts(plane: ControlPlane, lane: Lane) -> dict[str, int]:
 def test_deep_lanes_shed_new_submissions_with_retry_after(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with control_plane(monkeypatch, SHED_DEPTH_LOW="10", SHED_DEPTH_NORMAL="50") as plane:
+    # every tenant's guaranteed share: 10 units (tests/integration/test_tenants.py: the caps)
+    share = tenant_limits(guaranteed_units=10)
+    with control_plane(
+        monkeypatch, SHED_DEPTH_LOW="10", SHED_DEPTH_NORMAL="50", TENANT_LIMITS=share
+    ) as plane:
         plane.api("POST", "/batches", {"units": units(20), "lane": "normal"})
         plane.run_state_machine()
+        # acme, past its share, meets the lanes' ceiling
         status, body, headers = plane.api("POST", "/batches", {"units": units(2), "lane": "low"})
         assert status == 429 and body["error"] == "shedding"
+        assert "lane_depth" in body["message"]
         assert int(headers["Retry-After"]) >= 1
         status, _, _ = plane.api("POST", "/batches", {"units": units(2), "lane": "high"})
         assert status == 201  # higher lanes shed last
+        # another tenant within its share is not refused by the lanes acme filled
+        status, _, _ = plane.api(
+            "POST", "/batches", {"units": units(2), "lane": "low"}, tenant="small"
+        )
+        assert status == 201
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import pytest
 import functions.sweeper as sweeper_handler
 from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.adapters.dynamodb_watch import DynamoDBRunWatch
+from swarm.contract import OPEN_TENANT, TENANT_RUNS_INDEX
 from swarm.core.records import RunState
 from swarm.service.batches import manifest_key
 from tests.integration.conftest import TABLE as CONTRACT_TABLE
@@ -56,6 +57,41 @@ def test_a_run_is_watched_from_ready_until_its_closure_is_released(dynamodb: Any
     # and a repeated open of the same run does not watch it again
     ledger.open_run(spec(units=1), now=5_000.0)
     assert watch.get("run-1") is None
+
+
+def tenant_runs(client: Any, tenant: str) -> list[str]:
+    """The run ids the TenantRuns index holds for ``tenant``."""
+    page = client.query(
+        TableName=CONTRACT_TABLE,
+        IndexName=TENANT_RUNS_INDEX,
+        KeyConditionExpression="#t = :t",
+        ExpressionAttributeNames={"#t": OPEN_TENANT},
+        ExpressionAttributeValues={":t": {"S": tenant}},
+    )
+    return sorted(item["pk"]["S"].removeprefix("run#") for item in page["Items"])
+
+
+def test_a_tenants_index_holds_its_runs_exactly_while_they_are_watched(dynamodb: Any) -> None:
+    # Given tenant-a's run, opened
+    ledger = DynamoDBLedger(CONTRACT_TABLE, client=dynamodb, watch_grace_s=60)
+    watch = DynamoDBRunWatch(CONTRACT_TABLE, client=dynamodb)
+    ledger.open_run(spec(units=1), now=0.0)
+    # Then the tenant's index holds it
+    assert tenant_runs(dynamodb, "tenant-a") == ["run-1"]
+    # When it completes and its closure is released
+    ledger.admit("run-1", "u0", 0, now=1.0)
+    ledger.settle("run-1", "u0", 0, 10, True, now=2.0)
+    assert tenant_runs(dynamodb, "tenant-a") == ["run-1"]  # closed, not announced yet
+    assert watch.release("run-1", RunState.COMPLETED, 0)
+    # Then it leaves the tenant's index with the watch
+    assert tenant_runs(dynamodb, "tenant-a") == []
+    # and an exhausted run released, then reopened by a top-up, is back in it
+    epoch = _exhausted(ledger, "run-x")
+    assert watch.release("run-x", RunState.EXHAUSTED, epoch)
+    assert tenant_runs(dynamodb, "tenant-a") == []
+    ledger.top_up("run-x", 1_000, now=10.0)
+    assert tenant_runs(dynamodb, "tenant-a") == ["run-x"]
+    assert ledger.queued_units("tenant-a") == 1  # its remainder, queued again
 
 
 def _exhausted(ledger: DynamoDBLedger, run_id: str) -> int:

@@ -24,6 +24,7 @@ from swarm.core.memory import (
     MemoryResults,
 )
 from swarm.core.records import Lane, RunState, UnitState
+from swarm.core.tenancy import TenantPolicy
 from swarm.service.batches import (
     Batches,
     BatchesConfig,
@@ -64,6 +65,7 @@ class Plane:
     results: MemoryResults = field(default_factory=MemoryResults)
     failure_rate: float = 0.0
     shed_limits: dict[Lane, int] = field(default_factory=dict)
+    tenants: TenantPolicy = field(default_factory=TenantPolicy)
 
     def __post_init__(self) -> None:
         self.governor = InMemoryGovernor(
@@ -79,7 +81,7 @@ class Plane:
             self.blobs,
             self.executions,
             self.drain,
-            BatchesConfig(ShedPolicy(self.shed_limits), max_budget=10**9),
+            BatchesConfig(ShedPolicy(self.shed_limits), max_budget=10**9, tenants=self.tenants),
         )
         self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=86_400)
         self.worker = Worker(

@@ -3,12 +3,15 @@ unless optional, and a clear error for a missing, malformed or unconfigured vari
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from swarm import contract as env
 from swarm.contract import FUNCTION_ENV, FUNCTIONS, OPTIONAL_VARS, FunctionName
+from swarm.core.records import Lane
+from swarm.core.tenancy import TenantLimits, TenantPolicy
 from swarm.settings import (
     FUNCTION_SETTINGS,
     ApiSettings,
@@ -106,6 +109,37 @@ def test_optional_variables_left_empty_are_unset() -> None:
     assert api.governor_config().capacity is None
     sized = ApiSettings.from_env(environment("api") | {env.GOVERNOR_CAPACITY: "500000"})
     assert sized.governor_config().capacity == 500_000
+
+
+def test_the_api_reads_every_tenants_limits_and_names_a_bad_value() -> None:
+    # Given the tenants' limits as synth resolves them (one tenant named apart)
+    doc = {
+        "defaults": {
+            "lanes": ["normal", "low"],
+            "max_queued_units": 500,
+            "guaranteed_units": 50,
+            "max_budget_per_batch": None,
+        },
+        "overrides": {
+            "vip": {
+                "lanes": ["high"],
+                "max_queued_units": None,
+                "guaranteed_units": 0,
+                "max_budget_per_batch": 10,
+            }
+        },
+    }
+    # When the API function reads its environment
+    api = ApiSettings.from_env(environment("api") | {env.TENANT_LIMITS: json.dumps(doc)})
+    # Then each tenant gets its limits, and every other tenant the defaults
+    policy = api.tenant_policy()
+    assert policy.of("vip") == TenantLimits(frozenset({Lane.HIGH}), None, 0, 10)
+    assert policy.of("anyone") == TenantLimits(frozenset({Lane.NORMAL, Lane.LOW}), 500, 50, None)
+    # and unset (empty), no tenant has limits of its own
+    assert ApiSettings.from_env(environment("api")).tenant_policy() == TenantPolicy()
+    # and a malformed value fails the cold start naming the variable
+    with pytest.raises(SettingsError, match="TENANT_LIMITS"):
+        ApiSettings.from_env(environment("api") | {env.TENANT_LIMITS: '{"defaults": {}}'})
 
 
 def _wiring(function: FunctionName) -> Wiring:
