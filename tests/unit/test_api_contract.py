@@ -165,6 +165,7 @@ INVALID_FOR_BOTH = [
     {"units": [{"unit_id": "a", "projected_tokens": 5}]},
     {"units": [unit(text="")]},
     {"units": [unit(text=" \n\t")]},
+    {"units": [unit(text="\x1e\x85 ")]},  # whitespace to Python (JSON Schema's \S says not)
     {"units": [unit(text="x" * 100_001)]},
     {"units": [{**unit(), "extra": 1}]},
     {"units": []},

@@ -20,6 +20,7 @@ from swarm.api.models import (
     MAX_MESSAGES,
     MAX_STOP_SEQUENCE_CHARS,
     MAX_STOP_SEQUENCES,
+    NOT_WHITESPACE,
     Error,
     ErrorCode,
     Unit,
@@ -168,7 +169,7 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
         "type": "string",
         "minLength": 1,
         "maxLength": MAX_INPUT_CHARS,
-        "pattern": r"\S",
+        "pattern": NOT_WHITESPACE,
     }
     converse = resolve(request)
     assert set(converse["properties"]) == {"system", "messages", "inferenceConfig"}
@@ -186,3 +187,15 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
     assert settings["maxTokens"]["minimum"] == 1
     assert settings["stopSequences"]["maxItems"] == MAX_STOP_SEQUENCES
     assert settings["stopSequences"]["items"]["maxLength"] == MAX_STOP_SEQUENCE_CHARS
+
+
+def test_the_documented_text_pattern_is_the_apis_whitespace_rule_for_every_character() -> None:
+    # the fuzzer sent the text "\x1e": valid by the document's \S, whitespace to the API
+    from swarm.core.prompts import text_problem
+
+    pattern = re.compile(NOT_WHITESPACE)
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue  # not text (a lone surrogate is refused for that, whatever the pattern)
+        char = chr(code)
+        assert (pattern.search(char) is not None) == (text_problem(char) is None), hex(code)
