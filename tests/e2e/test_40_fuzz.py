@@ -140,12 +140,16 @@ class Signed(requests.auth.AuthBase):
     """SigV4 as :class:`swarm.client.Client` signs (the tenant's role, through the emulator's
     STS), for the requests schemathesis sends."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, operator: bool = False) -> None:
         self.client = client
+        self.operator = operator  # signed as the local operator's role instead
 
     def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
         headers = {k: str(v) for k, v in r.headers.items() if k.lower() != "authorization"}
-        r.headers.update(self.client.sign(str(r.method), str(r.url), _bytes(r.body), headers))
+        signed = self.client.sign(
+            str(r.method), str(r.url), _bytes(r.body), headers, operator=self.operator
+        )
+        r.headers.update(signed)
         return r
 
 
@@ -175,9 +179,11 @@ class Fuzz:
     stack: Stack
     url: str
     auth: Signed
+    operator: Signed
 
-    def call_kwargs(self) -> dict[str, Any]:
-        return {"base_url": self.url, "auth": self.auth, "timeout": 60}
+    def call_kwargs(self, operator: bool = False) -> dict[str, Any]:
+        auth = self.operator if operator else self.auth
+        return {"base_url": self.url, "auth": auth, "timeout": 60}
 
     def writes(self) -> dict[tuple[str, str], int]:
         """The API function's successful write calls so far, by service and operation."""
@@ -249,7 +255,8 @@ class Fuzz:
 
 @pytest.fixture(scope="module")
 def fuzz(stack: Stack) -> Fuzz:
-    fuzz = Fuzz(stack, stack.target.api_url, Signed(stack.client(TENANT)))
+    client = stack.client(TENANT)
+    fuzz = Fuzz(stack, stack.target.api_url, Signed(client), Signed(client, operator=True))
     # the tenant's first call binds it to its role (a write of its own, before any request
     # is judged): made here, so the fuzzed requests find it bound
     response = requests.get(f"{fuzz.url}/batches/b-{'0' * 24}", auth=fuzz.auth, timeout=60)
@@ -257,10 +264,11 @@ def fuzz(stack: Stack) -> Fuzz:
     return fuzz
 
 
-def check(case: Any, fuzz: Fuzz) -> None:
-    """Send ``case`` signed as the fuzz tenant; the answer conforms; a refusal wrote nothing."""
+def check(case: Any, fuzz: Fuzz, operator: bool = False) -> None:
+    """Send ``case`` signed as the fuzz tenant (or the operator); the answer conforms; a
+    refusal wrote nothing."""
     before = fuzz.writes()
-    response = case.call(**fuzz.call_kwargs())
+    response = case.call(**fuzz.call_kwargs(operator))
     case.validate_response(response, checks=CHECKS)
     if 400 <= response.status_code < 500:
         assert fuzz.writes() == before, (
@@ -377,6 +385,21 @@ FUZZ_SETTINGS = settings(
 @FUZZ_SETTINGS
 def test_every_operation_answers_as_documented(case: Any, fuzz: Fuzz) -> None:
     check(case, fuzz)
+
+
+#: the operator's own routes, fuzzed as the operator too (as a tenant they are a 403 above)
+operators = schema.include(operation_id=["getFleet", "getDrain", "rebindTenant"])
+
+
+@operators.parametrize()
+@FUZZ_SETTINGS
+def test_the_operator_routes_answer_as_documented(case: Any, fuzz: Fuzz) -> None:
+    check(case, fuzz, operator=True)
+
+
+def test_every_rule_stated_in_words_is_in_the_document() -> None:
+    text = DOCUMENT.read_text()
+    assert all(phrase in text for phrase in STATED_IN_WORDS.values())
 
 
 def test_sequences_through_the_documents_links_answer_as_documented(fuzz: Fuzz) -> None:
