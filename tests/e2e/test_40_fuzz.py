@@ -136,6 +136,58 @@ schema = schemathesis.openapi.from_path(
 )
 
 
+#: the tokens a batch the fuzzer creates may spend (its budget, each top-up): the batches stay
+#: small, done in seconds, whatever the budget generated (a budget is valid up to 10^9)
+FUZZ_BUDGET = 20_000
+
+
+@schema.hook
+def map_case(context: Any, case: Any) -> Any:
+    """Two changes to valid (positive) requests, none to invalid ones: a submission's Converse
+    turns put in the order the document states in words (from the user first and last,
+    alternating), which JSON Schema cannot say (without it nearly every generated batch is
+    refused for its turns, and no sequence reaches a real batch); and a budget or top-up cut to
+    :data:`FUZZ_BUDGET`, so the batches created stay small."""
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+        return case
+    if case.operation.label == "POST /batches/{batch_id}/resume":
+        case.body["top_up"] = min(case.body["top_up"], FUZZ_BUDGET)
+    if case.operation.label != "POST /batches":
+        return case
+    case.body["budget"] = min(case.body.get("budget") or FUZZ_BUDGET, FUZZ_BUDGET)
+    for unit in case.body.get("units") or []:
+        request = unit.get("input") if isinstance(unit, dict) else None
+        messages = request.get("messages") if isinstance(request, dict) else None
+        if isinstance(messages, list) and messages:
+            if len(messages) % 2 == 0:
+                messages.pop()
+            for i, message in enumerate(messages):
+                message["role"] = "user" if i % 2 == 0 else "assistant"
+    return case
+
+
+#: the largest manifest the fuzzer uploads for a granted upload URL (the size it was granted for)
+MAX_UPLOAD_SENT = 2 * 1024 * 1024
+MANIFEST = json.dumps([{"unit_id": "m1", "projected_tokens": 100, "input": "from a manifest"}])
+
+
+@schema.hook
+def after_call(context: Any, case: Any, response: Any) -> None:
+    """A granted upload is made, as a tenant would (a manifest of one unit, padded to exactly
+    the size asked for), so the document's link from the upload to a submit of its key
+    submits a manifest that exists."""
+    if case.operation.label != "POST /uploads" or response.status_code != 200:
+        return
+    size = case.body["size_bytes"]
+    if not len(MANIFEST) <= size <= MAX_UPLOAD_SENT:
+        return
+    grant = response.json()
+    data = MANIFEST.encode() + b" " * (size - len(MANIFEST))
+    put = requests.put(grant["url"], data=data, headers=grant["headers"], timeout=60)
+    assert put.status_code == 200, put.text
+
+
 class Signed(requests.auth.AuthBase):
     """SigV4 as :class:`swarm.client.Client` signs (the tenant's role, through the emulator's
     STS), for the requests schemathesis sends."""
@@ -229,7 +281,7 @@ class Fuzz:
         }
         sfn = self.stack.aws("stepfunctions")
         executions = sorted(
-            e["executionArn"]
+            (e["executionArn"], e["status"])
             for machine in sfn.list_state_machines()["stateMachines"]
             for page in sfn.get_paginator("list_executions").paginate(
                 stateMachineArn=machine["stateMachineArn"]
@@ -238,19 +290,27 @@ class Fuzz:
         )
         return {"s3": objects, "ledger": tables, "queues": queues, "executions": executions}
 
-    def quiet_footprint(self, timeout_s: float = 120) -> dict[str, Any]:
-        """The footprint once nothing moves: two reads a second apart that agree (the earlier
-        scenarios' batches have closed)."""
+    def quiet_footprint(self, timeout_s: float = 180) -> dict[str, Any]:
+        """The footprint once nothing runs: no execution running, no message in a lane (the
+        dead-letter queues keep theirs), and two reads a second apart that agree."""
         deadline = time.monotonic() + timeout_s
-        last = self.footprint()
+        last: dict[str, Any] | None = None
         while True:
-            time.sleep(1)
             now = self.footprint()
-            if now == last:
+            running = [e for e in now["executions"] if e[1] == "RUNNING"]
+            queued = {
+                name: depths
+                for name, depths in now["queues"].items()
+                if "dead" not in name.lower()
+                and "dlq" not in name.lower()
+                and any(int(n) for n in depths.values())
+            }
+            if not running and not queued and now == last:
                 return now
             if time.monotonic() > deadline:
-                raise AssertionError("the stack never came to rest")
+                raise AssertionError(f"the stack never came to rest: {running} {queued}")
             last = now
+            time.sleep(1)
 
 
 @pytest.fixture(scope="module")
