@@ -147,8 +147,8 @@ def _read_denied(e: ReadDenied) -> Response[str]:
     return _error(500, ErrorCode.MISCONFIGURED, _MISCONFIGURED)
 
 
-#: a (tenant, role id) binding is confirmed with one conditional write at most every
-#: BINDING_CHECK_S per container (``_cache["bound"]``: when each pair was last confirmed)
+#: a (tenant, role id) binding is confirmed (a read; the first binding is a conditional write) at
+#: most every BINDING_CHECK_S per container (``_cache["bound"]``: when each pair was last confirmed)
 BINDING_CHECK_S = 300.0
 
 
