@@ -258,7 +258,8 @@ class Unit(BaseModel):
         description=(
             "the unit's prompt for the model: a string (sent as one user message), or a "
             "Converse-shaped request. Every text needs a character that is not whitespace (the "
-            f"model refuses an empty or whitespace-only text); {MAX_INPUT_CHARS:,} characters "
+            "model refuses an empty or whitespace-only text) and is valid Unicode (an unpaired "
+            f"surrogate, which JSON can escape, is refused); {MAX_INPUT_CHARS:,} characters "
             "of text at most in all, and the unit as the fan-out carries it (its JSON in UTF-8, "
             "where a non-ASCII character takes 2-4 bytes) must fit a Distributed Map item "
             f"({MAX_MAP_ITEM_BYTES // 1024} KiB): a 400 naming the unit's input otherwise"
