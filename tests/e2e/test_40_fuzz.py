@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import requests
 import schemathesis
@@ -48,6 +49,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from swarm.client import Client
+from swarm.local.apiserver import MAX_BODY_BYTES as GATEWAY_MAX_BODY_BYTES
 from tests.e2e.conftest import Stack
 
 pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
@@ -327,6 +329,9 @@ def fuzz(stack: Stack) -> Fuzz:
 def check(case: Any, fuzz: Fuzz, operator: bool = False) -> None:
     """Send ``case`` signed as the fuzz tenant (or the operator); the answer conforms; a
     refusal wrote nothing."""
+    # a body past API Gateway's 10 MiB is answered 413 before it is read (a unit test covers
+    # it): such an example (a violated maxLength can reach hundreds of MB) is not sent
+    hypothesis.assume(len(json.dumps(case.body, default=str)) <= GATEWAY_MAX_BODY_BYTES)
     before = fuzz.writes()
     response = case.call(**fuzz.call_kwargs(operator))
     case.validate_response(response, checks=CHECKS)
