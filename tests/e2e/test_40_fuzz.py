@@ -3,17 +3,23 @@
 
 * every operation, stateless: valid requests and invalid ones (schemathesis' positive and
   negative modes), a fixed number of examples each, derandomized (the same requests every run);
+  the operator's routes again signed as the operator;
 * stateful: sequences through the document's OpenAPI links (submit -> status, results and their
   next page, resume; an upload's key -> a submit of it);
 * unsigned requests, requests signed with a key the stack does not know, and requests signed as
   roles that are not tenants (without and with ``execute-api:Invoke``), on every operation.
 
 Each answer: never a 5xx; its status, content type, headers and body as the document says for
-the operation; an invalid request refused with a 4xx. After each refused (4xx) request nothing
-was written: the API function (the only writer a request reaches) made no successful write
+the operation; an invalid request refused with a 4xx; a valid one refused (400) only by a rule
+the document states in words (:data:`STATED_IN_WORDS`). After each refused (4xx) request nothing
+was written: the API function (the only code a refused request runs) made no successful write
 call while it was served (the local stack's bill counts every call by its caller), and around
 the refusals of unsigned and foreign-signed requests the whole stack's footprint (S3's
 manifests, every ledger item, the queues' depths, the executions) is the same before and after.
+
+Two hooks change valid requests only (:func:`map_case`: Converse turns put in the documented
+order, budgets and top-ups cut to :data:`FUZZ_BUDGET`), and a granted upload is made
+(:func:`after_call`), so that sequences reach real batches and the batches created stay small.
 
 The module is ``exclusive``: it runs alone after the concurrent scenarios, so the API function's
 calls while a request is served are that request's, and the footprint moves only with it.
