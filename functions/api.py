@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+from urllib.parse import unquote
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
@@ -146,8 +147,8 @@ def _read_denied(e: ReadDenied) -> Response[str]:
     return _error(500, ErrorCode.MISCONFIGURED, _MISCONFIGURED)
 
 
-#: a (tenant, role id) binding is confirmed with one conditional write at most every
-#: BINDING_CHECK_S per container (``_cache["bound"]``: when each pair was last confirmed)
+#: a (tenant, role id) binding is confirmed (a read; the first binding is a conditional write) at
+#: most every BINDING_CHECK_S per container (``_cache["bound"]``: when each pair was last confirmed)
 BINDING_CHECK_S = 300.0
 
 
@@ -198,6 +199,13 @@ def _operator() -> None:
         )
 
 
+def _path_param(value: str) -> str:
+    """A path parameter as the caller meant it: a REST API's event carries the path as sent,
+    percent-encoded (``/tenants/a%3Db/rebind`` names tenant ``a=b``), and the routes capture
+    from it."""
+    return unquote(value)
+
+
 @app.exception_handler(Unauthenticated)
 def _unauth(e: Unauthenticated) -> Response[str]:
     return _error(401, ErrorCode.UNAUTHENTICATED, str(e))
@@ -219,6 +227,7 @@ def submit() -> Response[str]:
 @app.get("/batches/<batch_id>")
 @tracer.capture_method
 def status(batch_id: str) -> Response[str]:
+    batch_id = _path_param(batch_id)
     tenant = _caller().tenant  # None: an operator, who may read any batch
     logger.append_keys(batch_id=batch_id)
     return _json(200, batches().status(tenant, batch_id, time.time()))
@@ -227,6 +236,7 @@ def status(batch_id: str) -> Response[str]:
 @app.get("/batches/<batch_id>/results")
 @tracer.capture_method
 def results(batch_id: str) -> Response[str]:
+    batch_id = _path_param(batch_id)
     tenant = _caller().tenant  # None: an operator, who may read any batch
     logger.append_keys(batch_id=batch_id)
     query = parse_results_query(app.current_event.query_string_parameters)
@@ -237,6 +247,7 @@ def results(batch_id: str) -> Response[str]:
 @app.post("/batches/<batch_id>/resume")
 @tracer.capture_method
 def resume(batch_id: str) -> Response[str]:
+    batch_id = _path_param(batch_id)
     tenant = _tenant()
     logger.append_keys(batch_id=batch_id)
     body = parse_resume(app.current_event.body)
@@ -257,7 +268,7 @@ def upload() -> Response[str]:
 @tracer.capture_method
 def rebind(tenant: str) -> Response[str]:
     _operator()
-    tenant = check_tenant(tenant)
+    tenant = check_tenant(_path_param(tenant))
     forgot = runtime().bindings().unbind(tenant)
     logger.info("tenant binding forgotten", rebound_tenant=tenant, was_bound=forgot)
     return _json(200, Rebound(tenant=tenant, was_bound=forgot).model_dump(mode="json"))

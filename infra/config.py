@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from swarm.api.models import MAX_BUDGET_TOKENS
 from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
     BEDROCK_DEFAULT_READ_TIMEOUT_S,
@@ -119,7 +120,8 @@ class WorkerConfig(_Strict):
 
 class BudgetConfig(_Strict):
     default_tokens: int = Field(ge=0)
-    max_tokens: int = Field(ge=1)
+    # the API's document states this ceiling (swarm.api.models): a deployment may lower it
+    max_tokens: int = Field(ge=1, le=MAX_BUDGET_TOKENS)
 
 
 #: Step Functions ends a standard execution at 25,000 history events; each finalizer poll adds

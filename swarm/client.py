@@ -354,6 +354,19 @@ class Client:
             advice = f"is {self.target.api_url} the swarm API?"
         return ApiError(status, code, message, retry_after, advice)
 
+    def sign(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        *,
+        operator: bool = False,
+    ) -> dict[str, str]:
+        """``headers`` with the SigV4 signature of this request, as this client signs its own
+        (for another HTTP client: the e2e tier's fuzzer sends schemathesis' requests with it)."""
+        return self._signed(method, url, data, headers, operator)
+
     def _signed(
         self,
         method: str,

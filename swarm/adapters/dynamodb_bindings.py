@@ -20,7 +20,19 @@ class DynamoDBBindings:
         return {PARTITION_KEY: {"S": f"tenant#{tenant}"}, SORT_KEY: {"S": "binding"}}
 
     def bind(self, tenant: str, role_id: str, now: float) -> bool:
-        try:  # binds at first use, confirms afterwards: the same write either way
+        # a binding already there is confirmed with a read: a request, refused or not, writes
+        # nothing but a tenant's first binding (the e2e fuzzer checks that a refusal writes
+        # nothing; a no-op write would be a write call all the same)
+        answer = call(
+            self.client,
+            "batch_get_item",
+            RequestItems={self.table_name: {"Keys": [self._key(tenant)], "ConsistentRead": True}},
+        )
+        found = answer.get("Responses", {}).get(self.table_name, [])
+        bound = found[0].get("role_id", {}).get("S") if found else None
+        if bound is not None:
+            return bool(bound == role_id)
+        try:  # binds at first use; a concurrent first binding of another role wins or loses here
             call(
                 self.client,
                 "update_item",

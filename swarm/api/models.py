@@ -38,6 +38,9 @@ MAX_MANIFEST_UNITS = 50_000  # and its compressed spec must fit one item (core.c
 #: a unit's input: the characters of its text in all (a string, or every text of a request).
 #: Its JSON must also fit a Distributed Map item (swarm.service.batches.check_fits_the_fan_out)
 MAX_INPUT_CHARS = 100_000
+#: Step Functions' limit on a state's input: a Distributed Map child's (a unit as the fan-out
+#: carries it) must fit (swarm.service.batches.check_fits_the_fan_out)
+MAX_MAP_ITEM_BYTES = 256 * 1024
 #: a Converse-shaped input's shape: turns, text blocks per turn, system blocks, stop sequences
 MAX_MESSAGES = 100
 MAX_CONTENT_BLOCKS = 20
@@ -51,10 +54,15 @@ MAX_PROJECTED_TOKENS = 10_000_000
 MAX_ATTEMPTS = 100
 MAX_MANIFEST_KEY_CHARS = 1024  # S3's longest key
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+#: the most tokens a batch's budget may hold: a deployment's ``budget.max_tokens`` is at most
+#: this (infra.config), and the API refuses a budget or a top-up past the deployment's own
+MAX_BUDGET_TOKENS = 1_000_000_000
 UPLOADS_PREFIX = "manifests/uploads/"
 #: every batch id starts with this (swarm.service.batches.batch_id_for): the API's own manifests
 #: are manifests/b-.../, never under UPLOADS_PREFIX (infra grants each prefix its own writes)
 BATCH_ID_PREFIX = "b-"
+#: every batch id (swarm.service.batches.batch_id_for): the prefix and 24 hex digits
+BATCH_ID_PATTERN = rf"^{BATCH_ID_PREFIX}[0-9a-f]{{24}}$"
 #: an uploaded manifest's bytes: the API function reads, parses and copies one in memory (512 MB)
 #: within API Gateway's 29 s; S3 refuses an upload of another size than the one the URL was
 #: signed for (swarm.service.uploads), and the API refuses a bigger object when it reads it
@@ -81,7 +89,14 @@ def _has_text(value: str) -> str:
     return value
 
 
-_TEXT_SCHEMA: dict[str, Any] = {"minLength": 1, "pattern": r"\S"}
+#: a character that is not whitespace, as the check above counts it (Python's str.isspace;
+#: JSON Schema's \S is ECMA's, which misses U+001C-U+001F and U+0085 and counts U+FEFF: the
+#: fuzzer's text "\x1e" was valid by the document and refused): every whitespace code point
+#: spelled out (a unit test holds it to str.isspace)
+NOT_WHITESPACE = (
+    r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+)
+_TEXT_SCHEMA: dict[str, Any] = {"minLength": 1, "pattern": NOT_WHITESPACE}
 
 #: a text the model reads (a string input, or a text block): at least one character that is not
 #: whitespace, and at most a whole input's characters
@@ -227,7 +242,10 @@ class Unit(BaseModel):
         ge=1,
         le=MAX_PROJECTED_TOKENS,
         description=(
-            "what admission reserves: the most one attempt may bill, input and answer together"
+            "what admission reserves: the most one attempt may bill, input and answer together. "
+            "At most what the fleet's governor can grant at once on the batch's lane (its "
+            "bucket's capacity less the reserve it keeps for higher lanes, a deployment's "
+            "setting): a bigger unit could never run, and is a 400 naming it"
         ),
     )
     input: Annotated[
@@ -240,8 +258,11 @@ class Unit(BaseModel):
         description=(
             "the unit's prompt for the model: a string (sent as one user message), or a "
             "Converse-shaped request. Every text needs a character that is not whitespace (the "
-            f"model refuses an empty or whitespace-only text); {MAX_INPUT_CHARS:,} characters "
-            "of text at most in all"
+            "model refuses an empty or whitespace-only text) and is valid Unicode (an unpaired "
+            f"surrogate, which JSON can escape, is refused); {MAX_INPUT_CHARS:,} characters "
+            "of text at most in all, and the unit as the fan-out carries it (its JSON in UTF-8, "
+            "where a non-ASCII character takes 2-4 bytes) must fit a Distributed Map item "
+            f"({MAX_MAP_ITEM_BYTES // 1024} KiB): a 400 naming the unit's input otherwise"
         ),
     )
 
@@ -269,7 +290,17 @@ class ManifestRef(BaseModel):
 class BatchSubmission(BaseModel):
     """Exactly one of units or manifest."""
 
-    model_config = ConfigDict(extra="forbid")
+    # the schema says "exactly one" too, so the gateway's model refuses both and neither: one
+    # branch per source, given and not null (a null source counts as left out, as here)
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["units"], "properties": {"units": {"type": "array"}}},
+                {"required": ["manifest"], "properties": {"manifest": {"type": "object"}}},
+            ]
+        },
+    )
 
     lane: Lane = Field(
         default=Lane.NORMAL,
@@ -281,9 +312,12 @@ class BatchSubmission(BaseModel):
     budget: StrictInt | None = Field(
         default=None,
         ge=0,
+        le=MAX_BUDGET_TOKENS,
         description=(
-            "tokens; defaults to the deployment's default budget; at most the tenant's "
-            "max_budget_per_batch (cdk.json tenants) and the deployment's budget.max_tokens"
+            "tokens; defaults to the deployment's default budget. At most the tenant's "
+            "max_budget_per_batch (cdk.json tenants) and the deployment's maximum "
+            f"(budget.max_tokens, itself at most {MAX_BUDGET_TOKENS:,}): over either is a 400 "
+            "naming budget"
         ),
     )
     max_attempts: StrictInt | None = Field(
@@ -294,7 +328,12 @@ class BatchSubmission(BaseModel):
     )
     # over MAX_INLINE_UNITS is a 413 naming the manifest alternative, checked before this model
     # (swarm.service.api_models.parse_submit): the bound is here for the document
-    units: list[Unit] | None = Field(default=None, min_length=1, max_length=MAX_INLINE_UNITS)
+    units: list[Unit] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_INLINE_UNITS,
+        description="the units inline, each unit_id unique in the batch (a repeated id is a 400)",
+    )
     manifest: ManifestRef | None = None
 
     @model_validator(mode="after")
@@ -311,9 +350,11 @@ class BatchResume(BaseModel):
 
     top_up: StrictInt = Field(
         ge=1,
+        le=MAX_BUDGET_TOKENS,
         description=(
-            "tokens added to the budget; the budget after it stays within the tenant's "
-            "max_budget_per_batch (cdk.json tenants) and the deployment's budget.max_tokens"
+            "tokens added to the budget: the budget after it is at most the tenant's "
+            "max_budget_per_batch (cdk.json tenants) and the deployment's maximum (a 400 naming "
+            "top_up says how much may be added)"
         ),
     )
 

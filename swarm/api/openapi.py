@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from swarm.api.models import (
+    BATCH_ID_PATTERN,
     MAX_BODY_BYTES,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_INLINE_UNITS,
@@ -39,10 +40,30 @@ from swarm.api.models import (
     Upload,
     UploadRequest,
 )
-from swarm.core.records import ID_PATTERN, TENANT_PATTERN
+from swarm.core.records import TENANT_PATTERN
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+@dataclass(frozen=True)
+class Link:
+    """An OpenAPI link: what a response lets a client call next (a fuzzer's stateful
+    sequences follow them): the target's operation id and its parameters (or request body) as
+    runtime expressions (``$response.body#/batch_id``)."""
+
+    operation_id: str
+    description: str
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    request_body: Any = None
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"operationId": self.operation_id, "description": self.description}
+        if self.parameters:
+            doc["parameters"] = dict(self.parameters)
+        if self.request_body is not None:
+            doc["requestBody"] = self.request_body
+        return doc
 
 
 @dataclass(frozen=True)
@@ -52,6 +73,7 @@ class Reply:
     description: str
     body: type[BaseModel] = Error
     retry_after: bool = False  # with a Retry-After header (seconds)
+    links: Mapping[str, Link] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,7 +93,7 @@ class Route:
 
 
 #: what each path parameter may be
-PATH_PATTERNS = {"batch_id": ID_PATTERN, "tenant": TENANT_PATTERN}
+PATH_PATTERNS = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN}
 _OPERATORS = Reply(
     "API Gateway refused the request (not signed, or not allowed execute-api:Invoke), or the "
     "caller is not an operator of this deployment (forbidden: a role named "
@@ -97,6 +119,15 @@ _DRAINING = Reply("draining for a deploy: retry after Retry-After seconds", retr
 _MISCONFIGURED = Reply("the service is misconfigured (misconfigured); its operators are alerted")
 _BODY_TOO_LARGE = f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB"
 
+#: a batch's id in a response that describes one (BatchStatus, ResultsPage)
+_THIS_BATCH = {"batch_id": "$response.body#/batch_id"}
+#: where a batch's answer leads: its status, its results, its resume
+_BATCH_LINKS = {
+    "GetBatch": Link("getBatch", "the batch's status", _THIS_BATCH),
+    "GetBatchResults": Link("getBatchResults", "the batch's unit outcomes", _THIS_BATCH),
+    "ResumeBatch": Link("resumeBatch", "top up the batch's budget", _THIS_BATCH),
+}
+
 #: Every route of the API: the handler serves these, the gateway routes these, the document
 #: describes these.
 ROUTES: tuple[Route, ...] = (
@@ -106,8 +137,12 @@ ROUTES: tuple[Route, ...] = (
         "submitBatch",
         "Submit a batch (units inline or as an S3 manifest)",
         {
-            201: Reply("the batch was created", BatchStatus),
-            200: Reply("an earlier submit with this Idempotency-Key created it", BatchStatus),
+            201: Reply("the batch was created", BatchStatus, links=_BATCH_LINKS),
+            200: Reply(
+                "an earlier submit with this Idempotency-Key created it",
+                BatchStatus,
+                links=_BATCH_LINKS,
+            ),
             400: _INVALID,
             **_AUTH,
             409: Reply("conflict: this Idempotency-Key was used for a different batch"),
@@ -138,7 +173,7 @@ ROUTES: tuple[Route, ...] = (
         "State, counts per outcome, spend against budget, the healthy line, and the remainder "
         "when exhausted",
         {
-            200: Reply("the batch", BatchStatus),
+            200: Reply("the batch", BatchStatus, links=_BATCH_LINKS),
             **_AUTH,
             404: _NO_BATCH,
             429: _THROTTLED,
@@ -153,7 +188,18 @@ ROUTES: tuple[Route, ...] = (
         "error), filterable by state; once the batch is closed, a short-lived download of its "
         "whole results file",
         {
-            200: Reply("a page of results", ResultsPage),
+            200: Reply(
+                "a page of results",
+                ResultsPage,
+                links={
+                    "NextPage": Link(
+                        "getBatchResults",
+                        "the next page (while next_token is present)",
+                        {**_THIS_BATCH, "query.next_token": "$response.body#/next_token"},
+                    ),
+                    "GetBatch": _BATCH_LINKS["GetBatch"],
+                },
+            ),
             400: _INVALID,
             **_AUTH,
             404: _NO_BATCH,
@@ -168,7 +214,9 @@ ROUTES: tuple[Route, ...] = (
         "resumeBatch",
         "Top up the budget and resume the remainder",
         {
-            200: Reply("the batch, with the number of units requeued", BatchStatus),
+            200: Reply(
+                "the batch, with the number of units requeued", BatchStatus, links=_BATCH_LINKS
+            ),
             400: _INVALID,
             **_AUTH,
             404: _NO_BATCH,
@@ -196,7 +244,17 @@ ROUTES: tuple[Route, ...] = (
         "written once, of exactly the size asked for; submit it as manifest.key. The caller "
         "needs no rights on the bucket",
         {
-            200: Reply("where and how to upload", Upload),
+            200: Reply(
+                "where and how to upload",
+                Upload,
+                links={
+                    "SubmitManifest": Link(
+                        "submitBatch",
+                        "submit the uploaded manifest (after the PUT to url)",
+                        request_body={"manifest": {"key": "$response.body#/key"}},
+                    )
+                },
+            ),
             400: _INVALID,
             **_AUTH,
             413: Reply(_BODY_TOO_LARGE),
@@ -437,6 +495,8 @@ def _operation(route: Route) -> dict[str, Any]:
             "description": reply.description,
             "content": _json_body(reply.body),
         }
+        if reply.links:
+            response["links"] = {name: link.document() for name, link in reply.links.items()}
         if reply.retry_after:
             response["headers"] = {
                 "Retry-After": {

@@ -264,7 +264,8 @@ class TenantBindings(Protocol):
 
     def bind(self, tenant: str, role_id: str, now: float) -> bool:
         """Bind at first use; True if the tenant is (now) bound to ``role_id``, False if it is
-        bound to another role. One conditional write, no read."""
+        bound to another role. A binding already there is confirmed with a read; only the
+        first binding writes (conditionally: a concurrent first binding of another role loses)."""
         ...
 
     def unbind(self, tenant: str) -> bool:

@@ -39,6 +39,14 @@ log = logging.getLogger("swarm.local")
 MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 SIGNATURE_MAX_SKEW_S = 300  # API Gateway refuses a signature more than 5 minutes off
 
+
+def gateway_error(response_type: str, message: str) -> dict[str, str]:
+    """An error API Gateway answers itself, as the stack's gateway responses render it
+    (infra/api.py: ``{"error": $context.error.responseType, "message": ...}``), so a client
+    reads the same ``Error`` body as from the function."""
+    return {"error": response_type, "message": message}
+
+
 AdminHandler = Callable[[str, str, Any, dict[str, str]], tuple[int, Any]]
 
 
@@ -102,18 +110,22 @@ class LocalApi:
         named = {k.lower(): v for k, v in headers.items()}
         authorization = named.get("authorization", "")
         if not authorization.startswith("AWS4-HMAC-SHA256 "):
-            return 403, {"message": "Missing Authentication Token"}
+            missing = "Missing Authentication Token"
+            return 403, gateway_error("MISSING_AUTHENTICATION_TOKEN", missing)
         try:
             signed_at = datetime.strptime(named.get("x-amz-date", ""), "%Y%m%dT%H%M%SZ")
         except ValueError:
-            return 403, {"message": "Authorization header requires existence of a valid X-Amz-Date"}
+            return 403, gateway_error(
+                "INVALID_SIGNATURE", "Authorization header requires existence of a valid X-Amz-Date"
+            )
         skew = abs(time.time() - signed_at.replace(tzinfo=UTC).timestamp())
         if skew > SIGNATURE_MAX_SKEW_S:
-            return 403, {"message": "Signature expired: the request was signed too long ago"}
+            return 403, gateway_error(
+                "INVALID_SIGNATURE", "Signature expired: the request was signed too long ago"
+            )
         if "/execute-api/aws4_request" not in authorization:
-            return 403, {
-                "message": "Credential should be scoped to correct service: 'execute-api'."
-            }
+            scope = "Credential should be scoped to correct service: 'execute-api'."
+            return 403, gateway_error("INVALID_SIGNATURE", scope)
         try:
             request = IAMRequest(
                 account_id=self.account,
@@ -133,9 +145,11 @@ class LocalApi:
                     "The request signature we calculated does not match the signature you "
                     "provided. Check your AWS Secret Access Key and signing method."
                 )
-            else:
-                message = "The security token included in the request is invalid."
-            return 403, {"message": message}
+                return 403, gateway_error("INVALID_SIGNATURE", message)
+            # an access key IAM does not know: API Gateway's 403 with this message (its
+            # response type here is the emulator's choice: the DEFAULT_4XX one)
+            message = "The security token included in the request is invalid."
+            return 403, gateway_error("DEFAULT_4XX", message)
         resource = self.method_arn(method, path)
         try:
             request.check_action_permitted(resource)
@@ -144,7 +158,7 @@ class LocalApi:
                 f"User: {principal} is not authorized to perform: execute-api:Invoke on "
                 f"resource: {resource}"
             )
-            return 403, {"Message": message}
+            return 403, gateway_error("ACCESS_DENIED", message)
         return principal
 
     def invoke(
@@ -155,8 +169,10 @@ class LocalApi:
         headers: dict[str, str],
         body: str,
         raw_query: str = "",
+        raw_body: bytes | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        caller = self.authenticate(method, path, raw_query, headers, body.encode())
+        signed = body.encode() if raw_body is None else raw_body
+        caller = self.authenticate(method, path, raw_query, headers, signed)
         if isinstance(caller, tuple):
             status, doc = caller
             return status, {"Content-Type": "application/json"}, json.dumps(doc).encode()
@@ -217,10 +233,15 @@ class LocalApi:
                 parsed = urllib.parse.urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY_BYTES:
-                    self._json(413, {"message": "Request Too Long"})
+                    self._json(413, gateway_error("REQUEST_TOO_LARGE", "Request Too Long"))
+                    self.close_connection = True  # the body is not read
                     return
-                body = self.rfile.read(length).decode() if length else ""
+                raw = self.rfile.read(length) if length else b""
                 try:
+                    # a body that is not UTF-8 reaches the function as text with U+FFFD for
+                    # the bytes that do not decode (the function refuses what does not parse);
+                    # the signature is checked on the bytes sent
+                    body = raw.decode(errors="replace")
                     query = dict(urllib.parse.parse_qsl(parsed.query))
                     if parsed.path.startswith("/_local/"):
                         doc = json.loads(body) if body else None
@@ -229,7 +250,7 @@ class LocalApi:
                         return
                     headers = {k: v for k, v in self.headers.items()}
                     status, hdrs, data = api.invoke(
-                        self.command, parsed.path, query, headers, body, parsed.query
+                        self.command, parsed.path, query, headers, body, parsed.query, raw
                     )
                     self._respond(status, hdrs, data)
                 except Exception as e:

@@ -24,6 +24,7 @@ from swarm.api.models import (
     BATCH_ID_PREFIX,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_MANIFEST_BYTES,
+    MAX_MAP_ITEM_BYTES,
     MAX_REMAINDER_LISTED,
     BatchStatus,
     BatchSubmission,
@@ -171,7 +172,7 @@ def manifest_items(spec: RunSpec, inputs: Mapping[str, Prompt]) -> list[dict[str
 
 
 #: Step Functions' limit on a state's input: the UTF-8 of its compact JSON
-STATE_INPUT_MAX_BYTES = 262_144
+STATE_INPUT_MAX_BYTES = MAX_MAP_ITEM_BYTES
 
 
 def map_child_input(run_id: str, index: int, item: Mapping[str, Any]) -> dict[str, Any]:

@@ -200,6 +200,9 @@ def test_operators_own_the_fleet_views_and_tenants_are_bound_to_their_roles(
     assert status == 200 and body["batch_id"] == batch_id
     status, body, _ = plane.api("POST", "/tenants/a%20b/rebind", operator=True)
     assert status == 400 and body["error"] == "invalid_request"
+    # the path as a client sends it, percent-encoded (the fuzzer's tenant 's=y.Nj' was a 400)
+    status, body, _ = plane.api("POST", "/tenants/s%3Dy.N%40j/rebind", operator=True)
+    assert status == 200 and body == {"tenant": "s=y.N@j", "was_bound": False}
 
 
 def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:

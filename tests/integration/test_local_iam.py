@@ -211,11 +211,15 @@ def test_the_local_api_refuses_unsigned_forged_and_unauthorized_callers(
     tenant = iam.Credentials(*_assume_as(enforced, arn))
 
     unsigned = api.authenticate("GET", "/fleet", "", {"Host": "127.0.0.1"}, b"")
-    assert unsigned == (403, {"message": "Missing Authentication Token"})
+    assert unsigned == (
+        403,
+        {"error": "MISSING_AUTHENTICATION_TOKEN", "message": "Missing Authentication Token"},
+    )
 
     forged = iam.Credentials(tenant.access_key_id, "not-the-secret", tenant.session_token)
     status, doc = api.authenticate("GET", "/fleet", "", signed(forged, "GET", "/fleet"), b"")  # type: ignore[misc]
     assert status == 403 and "signature" in doc["message"]
+    assert doc["error"] == "INVALID_SIGNATURE"  # every refusal is the API's Error body
 
     # signed for /fleet, sent to /drain: the signature covers the path
     headers = signed(tenant, "GET", "/fleet")
@@ -228,8 +232,8 @@ def test_the_local_api_refuses_unsigned_forged_and_unauthorized_callers(
     )
     outsider = iam.Credentials(*_assume_as(enforced, operator))
     status, doc = api.authenticate("GET", "/fleet", "", signed(outsider, "GET", "/fleet"), b"")  # type: ignore[misc]
-    assert status == 403
-    assert doc["Message"].endswith(
+    assert status == 403 and doc["error"] == "ACCESS_DENIED"
+    assert doc["message"].endswith(
         "execute-api:Invoke on resource: " + api.method_arn("GET", "/fleet")
     )
 
@@ -243,3 +247,9 @@ def test_the_local_api_refuses_unsigned_forged_and_unauthorized_callers(
     wrong = signed(tenant, "GET", "/fleet", service="lambda")
     status, doc = api.authenticate("GET", "/fleet", "", wrong, b"")  # type: ignore[misc]
     assert status == 403 and "execute-api" in doc["message"]
+    assert doc["error"] == "INVALID_SIGNATURE"
+
+    # a key IAM does not know
+    unknown = iam.Credentials("AKIAUNKNOWNUNKNOWN00", "secret", None)
+    status, doc = api.authenticate("GET", "/fleet", "", signed(unknown, "GET", "/fleet"), b"")  # type: ignore[misc]
+    assert status == 403 and set(doc) == {"error", "message"}, doc

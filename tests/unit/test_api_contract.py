@@ -10,6 +10,7 @@ import pytest
 from jsonschema import Draft4Validator  # type: ignore[import-untyped]
 
 from swarm.api.models import (
+    MAX_BUDGET_TOKENS,
     MAX_INLINE_UNITS,
     MAX_MANIFEST_BYTES,
     BatchResume,
@@ -164,6 +165,7 @@ INVALID_FOR_BOTH = [
     {"units": [{"unit_id": "a", "projected_tokens": 5}]},
     {"units": [unit(text="")]},
     {"units": [unit(text=" \n\t")]},
+    {"units": [unit(text="\x1e\x85 ")]},  # whitespace to Python (JSON Schema's \S says not)
     {"units": [unit(text="x" * 100_001)]},
     {"units": [{**unit(), "extra": 1}]},
     {"units": []},
@@ -182,13 +184,18 @@ INVALID_FOR_BOTH = [
     {"manifest": {"key": "k", "bucket": "b"}},
     [],
     "units",
+    # exactly one of units and manifest, the schema's oneOf (a null one is left out)
+    {},
+    {"budget": 5},
+    {"units": [unit()], "manifest": {"key": "k"}},
+    {"units": None, "manifest": None},
+    # over the document's ceiling, whatever the deployment's own maximum
+    {"units": [unit()], "budget": MAX_BUDGET_TOKENS + 1},
     *({"units": [unit(), {**unit("u2"), "input": request}]} for request in INVALID_REQUESTS),
 ]
 
 #: Valid in shape, refused by the handler alone: what a JSON schema cannot say.
 HANDLER_ONLY_REFUSALS = [
-    {},  # exactly one of units and manifest
-    {"units": [unit()], "manifest": {"key": "k"}},
     *({"units": [{**unit(), "input": request}]} for request in HANDLER_ONLY_REQUESTS),
 ]
 
@@ -262,7 +269,8 @@ def test_too_many_inline_units_reach_the_handler_for_its_413() -> None:
     ("body", "valid"),
     [
         ({"top_up": 1}, True),
-        ({"top_up": 10**12}, True),
+        ({"top_up": MAX_BUDGET_TOKENS}, True),
+        ({"top_up": MAX_BUDGET_TOKENS + 1}, False),  # could never fit under the ceiling
         ({"top_up": 0}, False),
         ({"top_up": -5}, False),
         ({"top_up": "1000"}, False),

@@ -7,22 +7,27 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from openapi_spec_validator import validate
 
 from functions.api import app
 from swarm.api.models import (
+    BATCH_ID_PATTERN,
+    MAX_BUDGET_TOKENS,
     MAX_CONTENT_BLOCKS,
     MAX_INLINE_UNITS,
     MAX_INPUT_CHARS,
     MAX_MESSAGES,
     MAX_STOP_SEQUENCE_CHARS,
     MAX_STOP_SEQUENCES,
+    NOT_WHITESPACE,
     Error,
     ErrorCode,
     Unit,
 )
 from swarm.api.openapi import ROUTES, render
 from swarm.core.records import ID_PATTERN, LANES, TENANT_PATTERN
+from swarm.service.batches import batch_id_for
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 SPEC = json.loads(PATH.read_text())
@@ -63,13 +68,70 @@ def test_documented_limits_match_the_code() -> None:
     assert resolve(submission["lane"])["enum"] == [lane.value for lane in LANES]
     assert submission["lane"]["default"] == "normal"
     assert submission["units"]["maxItems"] == MAX_INLINE_UNITS
-    assert SPEC["components"]["schemas"]["BatchResume"]["properties"]["top_up"]["minimum"] == 1
+    top_up = SPEC["components"]["schemas"]["BatchResume"]["properties"]["top_up"]
+    assert (top_up["minimum"], top_up["maximum"]) == (1, MAX_BUDGET_TOKENS)
+    # the fuzzer found a budget over the ceiling valid by the document and refused by the API
+    assert submission["budget"]["maximum"] == MAX_BUDGET_TOKENS
+
+
+def test_no_deployment_may_allow_a_budget_past_the_documents_ceiling() -> None:
+    from pydantic import ValidationError
+
+    from infra.config import BudgetConfig
+
+    assert BudgetConfig(default_tokens=0, max_tokens=MAX_BUDGET_TOKENS).max_tokens > 0
+    with pytest.raises(ValidationError):
+        BudgetConfig(default_tokens=0, max_tokens=MAX_BUDGET_TOKENS + 1)
+
+
+def test_a_submission_is_documented_as_exactly_one_of_units_and_manifest() -> None:
+    # the fuzzer found {} valid by the document and refused by the API
+    branches = SPEC["components"]["schemas"]["BatchSubmission"]["oneOf"]
+    assert [b["required"] for b in branches] == [["units"], ["manifest"]]
+
+
+def test_every_batch_id_matches_the_documented_pattern() -> None:
+    for key in (None, "k", "é" * 255):
+        assert re.fullmatch(BATCH_ID_PATTERN, batch_id_for("acme", key))
+
+
+def test_every_link_names_an_operation_and_its_parameters() -> None:
+    operations = {op["operationId"]: op for ops in SPEC["paths"].values() for op in ops.values()}
+    links = [
+        (op["operationId"], status, link)
+        for op in operations.values()
+        for status, response in op["responses"].items()
+        for link in response.get("links", {}).values()
+    ]
+    assert {target["operationId"] for _, _, target in links} >= {
+        "getBatch",
+        "getBatchResults",
+        "resumeBatch",
+        "submitBatch",
+    }
+    for source, status, link in links:
+        assert status.startswith("2"), (source, status)
+        target = operations[link["operationId"]]
+        names = {f"{p['in']}.{p['name']}" for p in target.get("parameters", [])}
+        for name in link.get("parameters", {}):
+            assert name in names or f"path.{name}" in names, (source, link)
+        for expression in [*link.get("parameters", {}).values(), json.dumps(link)]:
+            for field in re.findall(r"\$response\.body#/(\w+)", expression):
+                body = resolve(source_schema(operations[source], status))
+                assert field in body["properties"], (source, field)
+        if "requestBody" in link:
+            assert "requestBody" in target
+
+
+def source_schema(operation: dict[str, Any], status: str) -> dict[str, Any]:
+    schema: dict[str, Any] = operation["responses"][status]["content"]["application/json"]["schema"]
+    return schema
 
 
 def test_every_id_is_documented_with_the_one_pattern_the_code_checks() -> None:
     unit = SPEC["components"]["schemas"]["Unit"]
     assert unit["properties"]["unit_id"]["pattern"] == ID_PATTERN
-    patterns = {"batch_id": ID_PATTERN, "tenant": TENANT_PATTERN}
+    patterns = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN}
     for path, ops in SPEC["paths"].items():
         for op in ops.values():
             for param in op.get("parameters", []):
@@ -107,7 +169,7 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
         "type": "string",
         "minLength": 1,
         "maxLength": MAX_INPUT_CHARS,
-        "pattern": r"\S",
+        "pattern": NOT_WHITESPACE,
     }
     converse = resolve(request)
     assert set(converse["properties"]) == {"system", "messages", "inferenceConfig"}
@@ -125,3 +187,17 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
     assert settings["maxTokens"]["minimum"] == 1
     assert settings["stopSequences"]["maxItems"] == MAX_STOP_SEQUENCES
     assert settings["stopSequences"]["items"]["maxLength"] == MAX_STOP_SEQUENCE_CHARS
+
+
+def test_the_documented_text_pattern_is_the_apis_whitespace_rule_for_every_character() -> None:
+    # the fuzzer sent the text "\x1e": valid by the document's \S, whitespace to the API
+    from swarm.core.prompts import text_problem
+
+    # in every engine: \s is Python's str.isspace in Python, ASCII only in Java (API Gateway)
+    # and re.ASCII, ECMA's own list in JavaScript; the pattern may use no such class
+    for pattern in (re.compile(NOT_WHITESPACE), re.compile(NOT_WHITESPACE, re.ASCII)):
+        for code in range(0x110000):
+            if 0xD800 <= code <= 0xDFFF:
+                continue  # not text (a lone surrogate is refused for that, whatever the pattern)
+            char = chr(code)
+            assert (pattern.search(char) is not None) == (text_problem(char) is None), hex(code)
