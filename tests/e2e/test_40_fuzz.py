@@ -87,7 +87,7 @@ STATED_IN_WORDS = {
     r"units\[\d+\]\.projected_tokens": "what the fleet's governor can grant",
     r"units\[\d+\]\.input": "a Distributed Map item",  # the unit's JSON in 256 KiB
     r"units\[\d+\]\.input\.messages": "from the user first and last, alternating",
-    r"top_up": "the budget after it is at most the deployment's maximum",
+    r"top_up": "the budget after it is at most the tenant's max_budget_per_batch",
     r"next_token": "the previous page's next_token",  # a token the API gave
 }
 
