@@ -267,7 +267,7 @@ class Client:
         url = self.target.api_url.rstrip("/") + path
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
-        hdrs = self._signed(method, url, data, hdrs, operator)  # SigV4, here and on AWS
+        hdrs = self.sign(method, url, data, hdrs, operator=operator)  # SigV4, here and on AWS
         req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
         status, raw, answer_headers = self._exchange(req, method, url, check)
         if status >= 400:
@@ -363,18 +363,8 @@ class Client:
         *,
         operator: bool = False,
     ) -> dict[str, str]:
-        """``headers`` with the SigV4 signature of this request, as this client signs its own
-        (for another HTTP client: the e2e tier's fuzzer sends schemathesis' requests with it)."""
-        return self._signed(method, url, data, headers, operator)
-
-    def _signed(
-        self,
-        method: str,
-        url: str,
-        data: bytes | None,
-        headers: dict[str, str],
-        operator: bool = False,
-    ) -> dict[str, str]:
+        """``headers`` with the SigV4 signature of this request (also for another HTTP client:
+        the e2e tier's fuzzer sends schemathesis' requests with it)."""
         import boto3
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
