@@ -27,10 +27,10 @@ run: setup  ## the main job: Lab 6.1 from the simulator, then a batch through th
 	$(BIN)/swarm sim lab61
 	$(BIN)/swarm local demo
 
-test: setup  ## lint, types, every tier with coverage, e2e on a local stack started first (~6 min)
+test: setup  ## lint, types, every tier with coverage, e2e on a local stack started first (~8 min)
 	scripts/test-suite fast
 
-test-scale: setup  ## the long scenarios (a 2,000-unit fairness flood) on a local stack (~12 min)
+test-scale: setup  ## the long scenarios (a 2,000-unit fairness flood) on a local stack (~22 min)
 	scripts/test-suite scale
 
 lint: setup  ## ruff lint and format check
