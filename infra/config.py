@@ -22,7 +22,7 @@ from swarm.contract import (
     bedrock_call_bound_s,
 )
 from swarm.core.governor import GovernorConfig
-from swarm.core.records import LANES, Lane
+from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import UNRESERVED_MINIMUM, FleetSizing, UnitProfile, size_fleet
 
 #: CloudWatch Logs accepts only these retention periods (days).
@@ -198,7 +198,7 @@ class UploadsConfig(_Strict):
 
 
 #: a tenant's name: an IAM role name's characters (swarm.core.records.check_tenant)
-TENANT_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,64}$")
+TENANT_NAME = re.compile(TENANT_PATTERN)
 #: the most the resolved ``tenants`` may take in the API function's environment (JSON): Lambda
 #: allows 4 KB for all of a function's variables, and the API's others take about 1.5 KB
 MAX_TENANT_LIMITS_BYTES = 2048

@@ -92,11 +92,6 @@ def run_id_of(item: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ records <-> items
-def outstanding(run: RunRecord) -> int:
-    """Units in flight or pending: the run closes exactly when this reaches 0."""
-    return run.units_total - run.completed - run.dead_lettered - run.remainder
-
-
 def spec_item(spec: RunSpec) -> Item:
     return {**key(spec.run_id, SPEC), "spec": {"B": spec_blob(spec)}}
 
@@ -111,7 +106,7 @@ def books_item(run: RunRecord, ready: bool) -> Item:
     item.update(
         {
             "available": whole(run.available),
-            "outstanding": whole(outstanding(run)),
+            "outstanding": whole(run.outstanding),
             "units_total": whole(run.units_total),
             "opened_at": real(run.opened_at),
             "ready": flag(ready),
@@ -253,7 +248,7 @@ def run_update(
         if name == "available":
             delta = new.available - old.available
         elif name == "outstanding":
-            delta = outstanding(new) - outstanding(old)
+            delta = new.outstanding - old.outstanding
         else:
             delta = getattr(new, name) - getattr(old, name)
         if delta:
@@ -276,11 +271,11 @@ def run_update(
         names.update(WATCH_NAMES)
         values.update(watch_values(watch_from, new.spec.tenant))
     closes = new.state.closed and not old.state.closed
-    drop = outstanding(old) - outstanding(new)
+    drop = old.outstanding - new.outstanding
     if closes:
         names["#outstanding"] = "outstanding"
         conditions.append("#outstanding = :o_now")
-        values[":o_now"] = whole(outstanding(old))
+        values[":o_now"] = whole(old.outstanding)
     elif drop > 0 and not new.state.closed:
         names["#outstanding"] = "outstanding"
         conditions.append("#outstanding > :o_drop")

@@ -25,7 +25,7 @@ from swarm.adapters.dynamodb import (
     call,
     default_client,
 )
-from swarm.adapters.dynamodb_items import BOOKS, SPEC, Item, key, outstanding
+from swarm.adapters.dynamodb_items import BOOKS, SPEC, Item, key
 from swarm.adapters.dynamodb_watch import (
     DEFAULT_WATCH_GRACE_S,
     WATCH_NAMES,
@@ -386,7 +386,7 @@ class DynamoDBLedger:
                 extra = [
                     ("available", "<", projected),
                     ("in_flight", "=", run.in_flight),
-                    ("outstanding", "=", outstanding(run)),
+                    ("outstanding", "=", run.outstanding),
                 ]
             else:
                 extra = [("available", "<", projected)]

@@ -106,7 +106,7 @@ class InMemoryLedger:
 
     def queued_units(self, tenant: str) -> int:
         return sum(
-            r.units_total - r.completed - r.dead_lettered - r.remainder
+            r.outstanding
             for r in self._runs.values()
             if r.spec.tenant == tenant and not r.state.closed
         )

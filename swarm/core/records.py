@@ -213,10 +213,13 @@ class RunRecord:
         return len(self.spec.units)
 
     @property
+    def outstanding(self) -> int:
+        """Units pending or in flight: the run closes exactly when this reaches 0."""
+        return self.units_total - self.completed - self.dead_lettered - self.remainder
+
+    @property
     def pending(self) -> int:
-        return (
-            self.units_total - self.completed - self.dead_lettered - self.remainder - self.in_flight
-        )
+        return self.outstanding - self.in_flight
 
     @property
     def available(self) -> int:

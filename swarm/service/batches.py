@@ -171,10 +171,6 @@ def manifest_items(spec: RunSpec, inputs: Mapping[str, Prompt]) -> list[dict[str
     ]
 
 
-#: Step Functions' limit on a state's input: the UTF-8 of its compact JSON
-STATE_INPUT_MAX_BYTES = MAX_MAP_ITEM_BYTES
-
-
 def map_child_input(run_id: str, index: int, item: Mapping[str, Any]) -> dict[str, Any]:
     """What one Distributed Map child starts with (the ``ItemSelector`` of
     statemachines/fanout.asl.json): the unit's manifest item, wrapped."""
@@ -187,12 +183,12 @@ def check_fits_the_fan_out(items: Sequence[Mapping[str, Any]]) -> None:
     for index, item in enumerate(items):
         child = map_child_input(str(item["run_id"]), index, item)
         size = len(json.dumps(child, separators=(",", ":"), ensure_ascii=False).encode())
-        if size > STATE_INPUT_MAX_BYTES:
+        if size > MAX_MAP_ITEM_BYTES:
             raise InvalidInput(
                 f"units[{index}].input",
                 f"unit {item['unit_id']!r} is {size:,} bytes as the fan-out carries it (its "
                 f"JSON in UTF-8, where a non-ASCII character takes 2-4 bytes); the limit is "
-                f"{STATE_INPUT_MAX_BYTES:,}: shorten its input",
+                f"{MAX_MAP_ITEM_BYTES:,}: shorten its input",
             )
 
 

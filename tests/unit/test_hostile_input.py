@@ -11,13 +11,12 @@ import re
 import pytest
 
 from infra.constants import FANOUT_ASL
-from swarm.api.models import MAX_REMAINDER_LISTED
+from swarm.api.models import MAX_MAP_ITEM_BYTES, MAX_REMAINDER_LISTED
 from swarm.core.errors import Conflict, InvalidInput, NotFound
 from swarm.core.memory import MemoryBlobs, MemoryDrain
 from swarm.core.records import Lane, RunState
 from swarm.service.api_models import Forbidden, parse_resume, parse_submit, tenant_of
 from swarm.service.batches import (
-    STATE_INPUT_MAX_BYTES,
     Draining,
     batch_id_for,
     map_child_input,
@@ -122,9 +121,9 @@ def test_a_unit_too_big_for_a_map_child_is_refused_before_anything_is_written() 
 def test_the_fan_out_limit_is_the_state_input_limit_to_the_byte() -> None:
     run_id = batch_id_for("acme", "k1")
     overhead = _child_bytes(run_id, "")
-    room = STATE_INPUT_MAX_BYTES - overhead
+    room = MAX_MAP_ITEM_BYTES - overhead
     fits = "漢" * (room // 3) + "x" * (room % 3)  # 3 bytes each: within the 100,000 characters
-    assert _child_bytes(run_id, fits) == STATE_INPUT_MAX_BYTES
+    assert _child_bytes(run_id, fits) == MAX_MAP_ITEM_BYTES
     for text, accepted in ((fits, True), (fits + "x", False)):
         body = parse_submit(json.dumps({"units": [unit(text=text)]}))
         if accepted:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from swarm.adapters.simulated_model import SimulatedModelPlane, simulated_output
+from swarm.api.models import MAX_MAP_ITEM_BYTES
 from swarm.core import codec, prompts
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
@@ -19,7 +20,6 @@ from swarm.core.ports import ModelRequest
 from swarm.core.records import Lane
 from swarm.service.api_models import parse_manifest_units, parse_submit
 from swarm.service.batches import (
-    STATE_INPUT_MAX_BYTES,
     batch_id_for,
     manifest_key,
     map_child_input,
@@ -292,15 +292,15 @@ def test_the_fan_out_measures_a_request_as_its_item_carries_it_to_the_byte() -> 
     def request(text: str) -> dict[str, Any]:
         return turns("question", "answer", text, system=[{"text": "s"}])  # in normal form
 
-    room = STATE_INPUT_MAX_BYTES - _child_bytes(run_id, request(""))
+    room = MAX_MAP_ITEM_BYTES - _child_bytes(run_id, request(""))
     fits = "漢" * (room // 3) + "x" * (room % 3)
-    assert len(fits) < 100_000 and _child_bytes(run_id, request(fits)) == STATE_INPUT_MAX_BYTES
+    assert len(fits) < 100_000 and _child_bytes(run_id, request(fits)) == MAX_MAP_ITEM_BYTES
     # Then it is admitted, and one more byte is a 400 naming the unit's input
     body = parse_submit(json.dumps({"units": [{**unit(), "input": request(fits)}]}))
     blobs = MemoryBlobs()
     assert batches(blobs).submit_body("acme", body, "k1", 1.0).created
     stored = blobs.get_json(manifest_key(run_id))[0]
-    assert _child_bytes(run_id, stored["input"]) == STATE_INPUT_MAX_BYTES
+    assert _child_bytes(run_id, stored["input"]) == MAX_MAP_ITEM_BYTES
     over = parse_submit(json.dumps({"units": [{**unit(), "input": request(fits + "x")}]}))
     nothing = MemoryBlobs()
     with pytest.raises(InvalidInput, match="the limit is 262,144") as refused:
