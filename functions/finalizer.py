@@ -1,5 +1,10 @@
 """Finalizer (the state machine's poll loop): sweep expired leases; on closure write results and
-the remainder manifest and publish ``run.completed`` / ``run.exhausted``. Returns ``closed``."""
+the remainder manifest and publish ``run.completed`` / ``run.exhausted``. Returns ``closed``.
+
+Its other action, ``{"action": "open", "batch_id", "spec_key", "cursor"}`` (the state machine's
+first step, ``OpenUnits``): write the next page of a run's unit records
+(:class:`swarm.service.opener.Opener`), stopping ``OPEN_MARGIN_S`` before the function's
+timeout; returns ``{"cursor", "done", "units"}``."""
 
 from __future__ import annotations
 
@@ -12,12 +17,18 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.contract import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
 from swarm.service.finalizer import Finalizer
+from swarm.service.opener import Opener
 from swarm.wiring import Wiring
 
 logger = Logger()
 tracer = Tracer()
 metrics = Metrics()
 _cache: dict[str, Finalizer] = {}
+_openers: dict[str, Opener] = {}
+
+#: the open step stops writing pages this long before the function's timeout (one page of 25
+#: takes milliseconds; the margin covers the books' update and a throttled page's backoff)
+OPEN_MARGIN_S = 60.0
 
 
 def finalizer() -> Finalizer:
@@ -26,12 +37,33 @@ def finalizer() -> Finalizer:
     return _cache["finalizer"]
 
 
+def opener() -> Opener:
+    if "opener" not in _openers:
+        _openers["opener"] = Wiring.from_env().opener()
+    return _openers["opener"]
+
+
+def open_units(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - OPEN_MARGIN_S
+    result = opener().open(
+        str(event["batch_id"]),
+        str(event["spec_key"]),
+        int(event.get("cursor", 0)),
+        time.time(),
+        keep_going=lambda: time.monotonic() < deadline,
+    )
+    logger.info("open", **result)
+    return result
+
+
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     batch_id = str(event["batch_id"])
     logger.append_keys(batch_id=batch_id)
+    if event.get("action") == "open":
+        return open_units(event, context)
     # an execution's first poll records it as the one finalizing the run (for the sweeper)
     execution = None
     if event.get("polls") == 0 and event.get("execution_arn"):

@@ -1,6 +1,7 @@
 """Sweeper (an EventBridge schedule): repair runs whose execution died. For each watched run
 that is due: leave it when an execution of it is running; otherwise sweep its leases and announce
-it when it is closed, or restart its execution (the map, or the finalize loop only)."""
+it when it is closed, or restart its execution (the open step when its open never finished, the
+map, or the finalize loop only)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - MARGIN_S
     report = sweeper().sweep(time.time(), out_of_time=lambda: time.monotonic() > deadline)
     for swept in report.swept:
-        if swept.verdict in (Verdict.FAN_OUT, Verdict.FINALIZE_LOOP):
+        if swept.verdict in (Verdict.OPEN, Verdict.FAN_OUT, Verdict.FINALIZE_LOOP):
             logger.warning(
                 "restarted a run whose execution died",
                 batch_id=swept.run_id,
@@ -57,7 +58,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 metrics.add_metric(name, MetricUnit.Count, 1)
         elif swept.verdict is Verdict.ERROR:
             logger.error("could not sweep a run", batch_id=swept.run_id, error=swept.error)
-    repaired = report.count(Verdict.FAN_OUT) + report.count(Verdict.FINALIZE_LOOP)
+    repaired = sum(report.count(v) for v in (Verdict.OPEN, Verdict.FAN_OUT, Verdict.FINALIZE_LOOP))
     metrics.add_metric(METRIC_RUNS_REPAIRED, MetricUnit.Count, repaired)
     metrics.add_metric(METRIC_SWEEP_ERRORS, MetricUnit.Count, report.count(Verdict.ERROR))
     summary = report.as_dict()

@@ -89,6 +89,11 @@ class FanOutMachine(Construct):
             ),
         )
         self._grant_finalizing(self.finalizer.role)
+        # its open action (the state machine's OpenUnits, swarm.service.opener): the unit items,
+        # 25 per request, and the books' progress and readiness (UpdateItem, granted above);
+        # it reads the run's spec object under manifests/ (granted above). The sweeper, which
+        # shares the finalizing grants, never opens a run: not granted to it.
+        ledger.grant(self.finalizer.role, "dynamodb:BatchWriteItem")
 
         # The name is derived from the stack's (unique per account and region): the role's
         # policy must name the state machine's own ARN (child executions, continue-as-new), and

@@ -43,6 +43,7 @@ from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
+from swarm.service.opener import Opener
 from swarm.service.results import Results
 from swarm.service.sweeper import SweepConfig, Sweeper
 from swarm.service.uploads import Uploads
@@ -340,6 +341,11 @@ class Wiring:
             Results(self.ledger(), self.result_store()),
             watch=self.run_watch(),
         )
+
+    def opener(self) -> Opener:
+        """The open step's (an action of the finalizer function: statemachines/fanout.asl.json
+        ``OpenUnits``)."""
+        return Opener(self.ledger(), self.blobs())
 
     def sweeper(self) -> Sweeper:
         s = self.settings_as(SweeperSettings)

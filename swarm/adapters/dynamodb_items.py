@@ -13,7 +13,7 @@ from typing import Any
 
 from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
-from swarm.core.codec import spec_blob, spec_from_doc
+from swarm.core.codec import spec_from_doc, spec_to_doc
 from swarm.core.ledger import Fate
 from swarm.core.records import (
     AttemptRecord,
@@ -92,12 +92,41 @@ def run_id_of(item: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ records <-> items
-def spec_item(spec: RunSpec) -> Item:
-    return {**key(spec.run_id, SPEC), "spec": {"B": spec_blob(spec)}}
+def spec_item(spec: RunSpec, spec_key: str) -> Item:
+    """The run-level fields, the unit list's totals and digest, and where the list is (the S3
+    key of the submit's ``spec.json``): O(1) in the batch size, so the 400 KB item limit no
+    longer bounds a batch. The unit list itself is in the unit items (see docs/ledger.md)."""
+    doc = spec_to_doc(spec.summary)
+    return {
+        **key(spec.run_id, SPEC),
+        "summary": string(json.dumps(doc, separators=(",", ":"))),
+        "spec_key": string(spec_key),
+    }
+
+
+def no_spec_key(run_id: str) -> str:
+    """``spec_key`` of a run opened in one call (:meth:`DynamoDBLedger.open_run`): no object."""
+    return f"inline:{run_id}"
+
+
+def watch_attributes(sweep_at: float, tenant: str) -> Item:
+    """The watch attributes as item values (a Put of a books item that is watched from the
+    start: :func:`swarm.adapters.dynamodb_watch.watch_values` by name)."""
+    values = watch_values(sweep_at, tenant)
+    return {attr: values[f":{name[1:]}"] for name, attr in WATCH_NAMES.items()}
 
 
 def spec_from(item: Mapping[str, Any]) -> RunSpec:
+    """The run's spec: its summary (units not held); a run opened before the summary items
+    kept its whole spec compressed in ``spec`` (read as it is)."""
+    if "summary" in item:
+        return spec_from_doc(json.loads(item["summary"]["S"]))
     return spec_from_doc(json.loads(zlib.decompress(item["spec"]["B"])))
+
+
+def spec_key_of(item: Mapping[str, Any]) -> str | None:
+    raw = item.get("spec_key")
+    return None if raw is None else str(raw["S"])
 
 
 def books_item(run: RunRecord, ready: bool) -> Item:
@@ -127,8 +156,9 @@ def run_from(books: Mapping[str, Any], spec: RunSpec) -> RunRecord:
     )
 
 
-def unit_item(unit: UnitRecord) -> Item:
-    return {
+def unit_item(unit: UnitRecord, index: int | None = None) -> Item:
+    """A fresh unit's item; ``index``: its place in the submission (``units()`` order)."""
+    item: Item = {
         **key(unit.run_id, unit_sk(unit.unit_id)),
         "unit_id": string(unit.unit_id),
         "projected": whole(unit.projected_tokens),
@@ -137,6 +167,14 @@ def unit_item(unit: UnitRecord) -> Item:
         "spent": whole(unit.spent),
         "drain_epoch": whole(unit.drain_epoch),
     }
+    if index is not None:
+        item["idx"] = whole(index)
+    return item
+
+
+def index_of(item: Mapping[str, Any]) -> int:
+    """A unit item's place in the submission (0 for an item written without one)."""
+    return whole_of(item, "idx")
 
 
 def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:

@@ -63,6 +63,11 @@ from swarm.core.records import (
 
 DEFAULT_ATTEMPT_RETENTION_S = 30 * 24 * 3600.0
 MAX_TRIES = 64  # an operation re-decided this often is starved: report Conflict, don't spin
+#: BatchWriteItem's UnprocessedItems: sent again up to this often, after base * 2**n seconds
+#: (capped, full jitter)
+MAX_UNPROCESSED_RETRIES = 10
+UNPROCESSED_BASE_S = 0.05
+UNPROCESSED_MAX_S = 5.0
 
 T = TypeVar("T")
 
@@ -109,6 +114,7 @@ class DynamoDBLedger:
         attempt_retention_s: float = DEFAULT_ATTEMPT_RETENTION_S,
         rng: random.Random | None = None,
         watch_grace_s: float = DEFAULT_WATCH_GRACE_S,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.table_name = table_name
         self.attempt_retention_s = attempt_retention_s
@@ -119,6 +125,7 @@ class DynamoDBLedger:
         self._client = client
         self._client_factory = client_factory
         self._rng = rng or random.Random()
+        self._sleep = sleep
         self._specs: dict[str, RunSpec] = {}
         self._lock = threading.Lock()
 
@@ -232,7 +239,13 @@ class DynamoDBLedger:
         return spec
 
     def _run_from(self, books: Item) -> RunRecord:
-        return items.run_from(books, self._spec(items.run_id_of(books)))
+        run = items.run_from(books, self._spec(items.run_id_of(books)))
+        if not items.flag_of(books, "ready"):
+            # being opened (a books item of an earlier version may say "open" before ready)
+            run = run.with_(
+                state=RunState.OPENING, units_written=items.whole_of(books, "units_written")
+            )
+        return run
 
     def _read_run_unit(self, run_id: str, unit_id: str) -> tuple[RunRecord, UnitRecord]:
         books, unit = self._get_many([key(run_id, BOOKS), key(run_id, items.unit_sk(unit_id))])
@@ -242,9 +255,9 @@ class DynamoDBLedger:
             raise NotFound(f"run {run_id!r} has no unit {unit_id!r}")
         return self._run_from(books), items.unit_from(run_id, unit)
 
-    def run(self, run_id: str) -> RunRecord:
+    def run(self, run_id: str, opening: bool = False) -> RunRecord:
         (books,) = self._get_many([key(run_id, BOOKS)])
-        if books is None or not items.flag_of(books, "ready"):
+        if books is None or not (opening or items.flag_of(books, "ready")):
             raise NotFound(f"no run {run_id!r}")
         return self._run_from(books)
 
@@ -253,10 +266,16 @@ class DynamoDBLedger:
         return unit.with_(state=effective_state(run, unit))
 
     def _raw_units(self, run_id: str) -> list[UnitRecord]:
+        """Every unit, in submission order: each unit item holds its index (``idx``); a run
+        opened before that keeps its unit list in its spec item."""
         spec = self._spec(run_id)
-        order = {u.unit_id: i for i, u in enumerate(spec.units)}
-        units = [items.unit_from(run_id, it) for it in self._query(run_id, "unit#")]
-        return sorted(units, key=lambda u: order.get(u.unit_id, len(order)))
+        found = self._query(run_id, "unit#")
+        if spec.units:
+            order = {u.unit_id: i for i, u in enumerate(spec.units)}
+            found.sort(key=lambda it: order.get(it["unit_id"]["S"], len(order)))
+        else:
+            found.sort(key=items.index_of)
+        return [items.unit_from(run_id, it) for it in found]
 
     def units(self, run_id: str) -> list[UnitRecord]:
         run = self.run(run_id)
@@ -319,54 +338,120 @@ class DynamoDBLedger:
 
     # ------------------------------------------------------------------ open
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:
-        """Create the books; idempotent for the same spec (also after a crash mid-way)."""
-        run, units = fresh_records(spec, now)
+        """Create the books and every unit item in one call (tests, tools): :meth:`begin_open`
+        then :meth:`open_units` to the end; idempotent for the same spec."""
+        run = self.begin_open(spec, items.no_spec_key(spec.run_id), now)
+        if run.state is RunState.OPENING:
+            self.open_units(spec, 0, spec.units_total, now)
+        return self.run(spec.run_id)
 
-        def created() -> None:
-            self._specs[spec.run_id] = spec
+    def begin_open(self, spec: RunSpec, spec_key: str, now: float) -> RunRecord:
+        """The spec item (run-level fields, totals, digest, ``spec_key``) and the books
+        (``opening``, watched by the sweeper from ``now`` plus the grace) in one transaction:
+        two writes whatever the batch size. Idempotent for the same spec (its run as it stands,
+        opening or open), Conflict for another."""
+        run, _ = fresh_records(spec.summary, now)
 
-        def step() -> RunRecord | _Write[RunRecord | None] | None:
+        def created() -> RunRecord:
+            self._specs[spec.run_id] = spec.summary
+            return self.run(spec.run_id, opening=True)
+
+        def step() -> RunRecord | _Write[RunRecord]:
             existing, spec_item = self._get_many([key(spec.run_id, BOOKS), key(spec.run_id, SPEC)])
             if existing is not None and spec_item is not None:
                 stored = items.spec_from(spec_item)
                 if stored != spec:
                     raise Conflict(f"run {spec.run_id!r} exists with a different spec")
                 self._specs[spec.run_id] = stored
-                if items.flag_of(existing, "ready"):
-                    return self._run_from(existing)
-                return None  # a crashed (or concurrent) open: finish writing the units
-            puts = [items.spec_item(spec), items.books_item(run, ready=False)]
+                return self._run_from(existing)
+            books = items.books_item(run.with_(state=RunState.OPENING), ready=False)
+            books["units_written"] = items.whole(0)
+            books.update(items.watch_attributes(now + self.watch_grace_s, spec.tenant))
+            puts = [items.spec_item(spec, spec_key), books]
             return _Write([items.put_new(self.table_name, p) for p in puts], created)
 
         conflict = f"run {spec.run_id!r} is being opened by another caller; retry"
-        ready = self._optimistic(step, conflict, tries=3, backoff=False)
-        if ready is not None:
-            return ready
-        # Units cannot change before the run is ready (admission requires ready), so an
-        # unconditional batch write is safe, and a repeated open rewrites the same content.
-        for start in range(0, len(units), 25):
+        return self._optimistic(step, conflict, tries=3, backoff=False)
+
+    def open_units(
+        self,
+        spec: RunSpec,
+        cursor: int,
+        limit: int,
+        now: float,
+        keep_going: Callable[[], bool] = lambda: True,
+    ) -> int:
+        """Write the unit items ``spec.units[cursor:cursor + limit]`` (25 per BatchWriteItem,
+        UnprocessedItems retried with exponential backoff and full jitter) while
+        ``keep_going()``; the run becomes ready (and watched as open) once the last is written.
+        Returns the next cursor: ``spec.units_total`` when the run is open. Idempotent from
+        any cursor: units cannot change before the run is ready (admission requires it), so
+        rewriting one writes the same item; a ready run is left alone."""
+        (books,) = self._get_many([key(spec.run_id, BOOKS)])
+        if books is None:
+            raise NotFound(f"no run {spec.run_id!r}")
+        if items.flag_of(books, "ready"):
+            return spec.units_total
+        if len(spec.units) != spec.units_total:
+            raise ValueError("open_units needs the spec's unit list")
+        stop = min(spec.units_total, cursor + limit)
+        while cursor < stop and keep_going():
+            page = spec.units[cursor : min(stop, cursor + 25)]
             requests = [
-                {"PutRequest": {"Item": items.unit_item(u)}} for u in units[start : start + 25]
+                {
+                    "PutRequest": {
+                        "Item": items.unit_item(
+                            UnitRecord(spec.run_id, u.unit_id, u.projected_tokens), cursor + i
+                        )
+                    }
+                }
+                for i, u in enumerate(page)
             ]
-            pending: dict[str, Any] = {self.table_name: requests}
-            while pending:
-                page = self._call("batch_write_item", RequestItems=pending)
-                pending = page.get("UnprocessedItems") or {}
+            self._batch_write(requests)
+            cursor += len(page)
+        if cursor < spec.units_total:
+            self._call(
+                "update_item",
+                TableName=self.table_name,
+                Key=key(spec.run_id, BOOKS),
+                UpdateExpression="SET units_written = :n",
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues={":n": items.whole(cursor)},
+            )
+            return cursor
         # ready, and watched by the sweeper until its closure is announced (the watch attributes
-        # are written here, not by the hot paths: see docs/ledger.md)
+        # are written here and by begin_open, not by the hot paths: see docs/ledger.md)
         self._call(
             "update_item",
             TableName=self.table_name,
             Key=key(spec.run_id, BOOKS),
-            UpdateExpression=f"SET ready = :true, {WATCH_SET}",
+            UpdateExpression=f"SET ready = :true, #state = :open, {WATCH_SET} REMOVE units_written",
             ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeNames=WATCH_NAMES,
+            ExpressionAttributeNames={**WATCH_NAMES, "#state": "state"},
             ExpressionAttributeValues={
                 ":true": items.flag(True),
+                ":open": items.string(RunState.OPEN.value),
                 **watch_values(now + self.watch_grace_s, spec.tenant),
             },
         )
-        return self.run(spec.run_id)
+        return cursor
+
+    def _batch_write(self, requests: list[Item]) -> None:
+        """One BatchWriteItem of up to 25 puts, its UnprocessedItems sent again after an
+        exponential backoff with full jitter (the SDK's retries do not cover them)."""
+        pending: dict[str, Any] = {self.table_name: requests}
+        for retry in range(MAX_UNPROCESSED_RETRIES + 1):
+            page = self._call("batch_write_item", RequestItems=pending)
+            pending = page.get("UnprocessedItems") or {}
+            if not pending:
+                return
+            if retry < MAX_UNPROCESSED_RETRIES:
+                delay = min(UNPROCESSED_MAX_S, UNPROCESSED_BASE_S * 2**retry)
+                self._sleep(delay * self._rng.random())
+        raise Conflict(
+            f"DynamoDB left {len(pending.get(self.table_name, []))} unit items unprocessed "
+            f"{MAX_UNPROCESSED_RETRIES + 1} times (throttled): retry the open"
+        )
 
     # ------------------------------------------------------------------ admission
     def admit(

@@ -34,7 +34,10 @@ from swarm.core.records import ID_PATTERN, Lane, RunState, UnitState
 
 MAX_BODY_BYTES = 5 * 1024 * 1024  # under Lambda's 6 MB synchronous payload limit
 MAX_INLINE_UNITS = 10_000
-MAX_MANIFEST_UNITS = 50_000  # and its compressed spec must fit one item (core.codec)
+#: an uploaded manifest's units: the submit writes O(1) items whatever the count (the open step
+#: writes the unit records, swarm.service.opener), so the bound is the API function's time
+#: and memory to read, validate and write the manifest (measured: docs/scale.md)
+MAX_MANIFEST_UNITS = 100_000
 #: a unit's input: the characters of its text in all (a string, or every text of a request).
 #: Its JSON must also fit a Distributed Map item (swarm.service.batches.check_fits_the_fan_out)
 MAX_INPUT_CHARS = 100_000
@@ -422,6 +425,13 @@ class BatchStatus(BaseModel):
     )
     requeued: int | SkipJsonSchema[None] = Field(
         default=None, description="units requeued: present in a resume's answer only"
+    )
+    units_written: int | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "while the batch is opening (state opening: its execution writes the unit records "
+            "before any is admitted): how many of its units are written so far"
+        ),
     )
 
 

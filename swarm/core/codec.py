@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
 
 from swarm.core.errors import InvalidInput
@@ -26,50 +25,40 @@ Doc = dict[str, Any]
 
 
 def spec_to_doc(spec: RunSpec) -> Doc:
-    return {
+    """The spec as JSON: its unit list when it holds one (the submit's S3 object
+    ``manifests/<run>/spec.json``, state files), else its totals and digest."""
+    doc: Doc = {
         "run_id": spec.run_id,
         "tenant": spec.tenant,
         "lane": spec.lane.value,
         "budget": spec.budget,
         "max_attempts": spec.max_attempts,
-        "units": [[u.unit_id, u.projected_tokens] for u in spec.units],
+        "units_total": spec.units_total,
+        "projected_total": spec.projected_total,
+        "digest": spec.digest,
     }
-
-
-#: The most a run's compressed spec (:func:`spec_blob`) may take: the ledger keeps it in one
-#: DynamoDB item, whose limit is 400 KB with its keys and attribute names (1 KiB is left for
-#: them: a batch id and the item's key names take well under 200 bytes)
-MAX_SPEC_BLOB_BYTES = 400 * 1024 - 1024
-
-
-def spec_blob(spec: RunSpec) -> bytes:
-    """The spec as the ledger stores it: its compact JSON, zlib-compressed. Unit ids compress
-    well when they share a pattern (``unit-00001``...) and badly when random (UUIDs): the
-    number of units a batch can hold depends on them, so the limit is on these bytes."""
-    return zlib.compress(json.dumps(spec_to_doc(spec), separators=(",", ":")).encode())
-
-
-def check_spec_fits(spec: RunSpec) -> None:
-    """Refuse a spec the ledger could not store (one item), naming ``units``."""
-    size = len(spec_blob(spec))
-    if size > MAX_SPEC_BLOB_BYTES:
-        raise InvalidInput(
-            "units",
-            f"the batch's {len(spec.units):,} unit ids and token counts take {size:,} bytes "
-            f"compressed in the run's record; the limit is {MAX_SPEC_BLOB_BYTES:,}: split the "
-            "batch, or use shorter (or patterned) unit ids",
-        )
+    if spec.units:
+        doc["units"] = [[u.unit_id, u.projected_tokens] for u in spec.units]
+    return doc
 
 
 def spec_from_doc(doc: Doc) -> RunSpec:
-    return RunSpec(
+    """A spec with its unit list when the document has one, else its summary."""
+    units = tuple(UnitSpec(str(uid), int(tokens)) for uid, tokens in doc.get("units") or ())
+    spec = RunSpec(
         run_id=doc["run_id"],
         tenant=doc["tenant"],
         lane=Lane.parse(doc["lane"]),
         budget=int(doc["budget"]),
         max_attempts=int(doc["max_attempts"]),
-        units=tuple(UnitSpec(str(uid), int(tokens)) for uid, tokens in doc["units"]),
+        units=units,
+        units_total=int(doc.get("units_total", -1)),
+        projected_total=int(doc.get("projected_total", -1)),
+        digest=str(doc.get("digest", "")),
     )
+    if units and doc.get("digest") not in (None, spec.digest):
+        raise InvalidInput("units", f"run {spec.run_id!r}: the unit list does not match its digest")
+    return spec
 
 
 _RUN_COUNTERS = (

@@ -8,7 +8,7 @@ import copy
 import json
 import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -71,9 +71,15 @@ class InMemoryLedger:
         self._runs: dict[str, RunRecord] = {}
         self._units: dict[str, dict[str, UnitRecord]] = {}
         self._attempts: dict[tuple[str, str, int], Settlement] = {}
+        #: runs being opened (begin_open .. the last open_units): their books and the units
+        #: written so far, invisible to every other method until ready
+        self._opening: dict[str, tuple[RunRecord, dict[str, UnitRecord]]] = {}
 
     # -- reads
-    def run(self, run_id: str) -> RunRecord:
+    def run(self, run_id: str, opening: bool = False) -> RunRecord:
+        if opening and run_id in self._opening:
+            run, written = self._opening[run_id]
+            return run.with_(units_written=len(written))
         try:
             return self._runs[run_id]
         except KeyError:
@@ -105,23 +111,54 @@ class InMemoryLedger:
         return [s.attempt for (r, _, _), s in self._attempts.items() if r == run_id]
 
     def queued_units(self, tenant: str) -> int:
-        return sum(
-            r.outstanding
-            for r in self._runs.values()
-            if r.spec.tenant == tenant and not r.state.closed
-        )
+        runs = [*self._runs.values(), *(run for run, _ in self._opening.values())]
+        return sum(r.outstanding for r in runs if r.spec.tenant == tenant and not r.state.closed)
 
     # -- writes
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:
+        if self.begin_open(spec, "", now).state is RunState.OPENING:
+            self.open_units(spec, 0, spec.units_total, now)
+        return self.run(spec.run_id)
+
+    def begin_open(self, spec: RunSpec, spec_key: str, now: float) -> RunRecord:
         existing = self._runs.get(spec.run_id)
+        if existing is None and spec.run_id in self._opening:
+            existing = self._opening[spec.run_id][0]
         if existing is not None:
             if existing.spec != spec:
                 raise Conflict(f"run {spec.run_id!r} exists with a different spec")
-            return existing
-        run, units = fresh_records(spec, now)
-        self._runs[spec.run_id] = run
-        self._units[spec.run_id] = {u.unit_id: u for u in units}
-        return run
+            return self.run(spec.run_id, opening=True)
+        run, _ = fresh_records(spec.summary, now)
+        self._opening[spec.run_id] = (run.with_(state=RunState.OPENING), {})
+        return self.run(spec.run_id, opening=True)
+
+    def open_units(
+        self,
+        spec: RunSpec,
+        cursor: int,
+        limit: int,
+        now: float,
+        keep_going: Callable[[], bool] = lambda: True,
+    ) -> int:
+        if spec.run_id in self._runs:
+            return spec.units_total
+        if spec.run_id not in self._opening:
+            raise NotFound(f"no run {spec.run_id!r}")
+        if len(spec.units) != spec.units_total:
+            raise ValueError("open_units needs the spec's unit list")
+        run, written = self._opening[spec.run_id]
+        stop = min(spec.units_total, cursor + limit)
+        while cursor < stop and keep_going():
+            for u in spec.units[cursor : min(stop, cursor + 25)]:
+                written[u.unit_id] = UnitRecord(spec.run_id, u.unit_id, u.projected_tokens)
+                cursor += 1
+        if cursor < spec.units_total:
+            return cursor
+        del self._opening[spec.run_id]
+        self._runs[spec.run_id] = run.with_(state=RunState.OPEN)
+        # in submission order, whatever order the pages came in
+        self._units[spec.run_id] = {u.unit_id: written[u.unit_id] for u in spec.units}
+        return cursor
 
     def admit(
         self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
@@ -196,6 +233,10 @@ class InMemoryLedger:
             self._runs[run_id], unit = decide_dead_letter(self.run(run_id), unit, now)
             self._units[run_id][unit_id] = unit
         return self.unit(run_id, unit_id)
+
+    def opening(self) -> list[RunRecord]:
+        """The runs being opened (the sweeper's watch sees them from the submit on)."""
+        return [self.run(run_id, opening=True) for run_id in self._opening]
 
     # -- persistence (the simulator's state files)
     def records(self) -> tuple[list[RunRecord], list[UnitRecord], list[AttemptRecord]]:
@@ -552,12 +593,17 @@ class MemoryExecutions:
     started: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: execution name -> status; a started execution is RUNNING until a test says otherwise
     statuses: dict[str, str] = field(default_factory=dict)
+    #: the execution's open step, run as it starts (an input with ``open``: the run is being
+    #: opened); e.g. swarm.service.opener.open_at_once. None: the run stays opening.
+    open_step: Callable[[Mapping[str, Any]], None] | None = None
 
     def start(self, name: str, payload: Mapping[str, Any]) -> bool:
         if name in self.started:
             return False
         self.started[name] = copy.deepcopy(dict(payload))
         self.statuses[name] = "RUNNING"
+        if self.open_step is not None and "open" in payload:
+            self.open_step(payload)
         return True
 
     def status(self, name: str) -> str | None:
@@ -578,7 +624,7 @@ class MemoryRunWatch:
 
     def _sync(self) -> None:
         runs, _, _ = self.ledger.records()
-        for run in runs:
+        for run in [*self.ledger.opening(), *runs]:  # watched from the submit on
             closure = self.released.get(run.run_id)
             if closure == (run.state, run.exhaustions):
                 continue

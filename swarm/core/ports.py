@@ -8,7 +8,7 @@ EventBridge, Lambda and Bedrock, and :mod:`swarm.core.memory` implements every o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,10 +89,35 @@ class Ledger(Protocol):
     """The run books. Every method is atomic with respect to every other caller."""
 
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:
-        """Create the books for a run; idempotent for the same spec, Conflict for another."""
+        """Create the books for a run and every unit record at once (:meth:`begin_open`, then
+        :meth:`open_units` to the end); idempotent for the same spec, Conflict for another."""
         ...
 
-    def run(self, run_id: str) -> RunRecord: ...
+    def begin_open(self, spec: RunSpec, spec_key: str, now: float) -> RunRecord:
+        """Record the run as ``opening``: its run-level spec (``spec_key``: the S3 object with
+        its unit list) and books, O(1) writes whatever its size; nothing is admitted until
+        :meth:`open_units` has written every unit. Idempotent for the same spec (the run as it
+        stands, opening or open), Conflict for another."""
+        ...
+
+    def open_units(
+        self,
+        spec: RunSpec,
+        cursor: int,
+        limit: int,
+        now: float,
+        keep_going: Callable[[], bool] = ...,
+    ) -> int:
+        """Write up to ``limit`` unit records from ``spec.units[cursor]`` (``spec`` with its unit
+        list) while ``keep_going()``; the run is open once the last is written. Returns the next
+        cursor, ``spec.units_total`` once open; idempotent from any cursor, and a run already
+        open is left alone."""
+        ...
+
+    def run(self, run_id: str, opening: bool = False) -> RunRecord:
+        """The run's books; NotFound for a run being opened unless ``opening`` (its status:
+        state ``opening``, ``units_written`` so far)."""
+        ...
 
     def unit(self, run_id: str, unit_id: str) -> UnitRecord: ...
 

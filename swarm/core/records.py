@@ -7,6 +7,7 @@ cost (what admission reserves); the tokens actually spent are only known when an
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -90,16 +91,34 @@ class UnitSpec:
             )
 
 
+def units_digest(units: tuple[UnitSpec, ...]) -> str:
+    """What identifies a batch's unit list (ids and projections, in submission order) without
+    holding it: compared by an idempotent replay of the submit."""
+    h = hashlib.sha256()
+    for u in units:
+        h.update(f"{u.unit_id}\0{u.projected_tokens}\n".encode())
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """A batch as submitted. Immutable: resume changes the books, never the spec."""
+    """A batch as submitted. Immutable: resume changes the books, never the spec.
+
+    ``units`` is the unit list where it is held (the submit, the open step, the in-memory
+    ledger); the DynamoDB ledger keeps only the run-level fields, so a spec read from it has
+    ``units == ()`` and its totals and digest. Equality compares the run-level fields and the
+    digest, never the list itself: the same batch either way.
+    """
 
     run_id: str
     tenant: str
     lane: Lane
     budget: int
-    units: tuple[UnitSpec, ...]
+    units: tuple[UnitSpec, ...] = field(compare=False)
     max_attempts: int = 3
+    units_total: int = -1  # len(units), or as stored when the list is not held
+    projected_total: int = -1  # the units' projected tokens in all
+    digest: str = ""  # units_digest(units)
 
     def __post_init__(self) -> None:
         check_id("run_id", self.run_id)
@@ -111,22 +130,31 @@ class RunSpec:
         if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 100:
             raise InvalidInput("max_attempts", f"must be 1..100, got {self.max_attempts!r}")
         if not self.units:
-            raise InvalidInput("units", "a run needs at least one unit")
+            if self.units_total < 1 or self.projected_total < 1 or not self.digest:
+                raise InvalidInput("units", "a run needs at least one unit")
+            return
         seen: set[str] = set()
         for unit in self.units:
             if unit.unit_id in seen:
                 raise InvalidInput("units", f"unit id {unit.unit_id!r} appears more than once")
             seen.add(unit.unit_id)
+        object.__setattr__(self, "units_total", len(self.units))
+        object.__setattr__(self, "projected_total", sum(u.projected_tokens for u in self.units))
+        object.__setattr__(self, "digest", units_digest(self.units))
 
     @property
-    def projected_total(self) -> int:
-        return sum(u.projected_tokens for u in self.units)
+    def summary(self) -> RunSpec:
+        """The run-level fields only (what the DynamoDB ledger keeps)."""
+        return replace(self, units=())
 
 
 class RunState(StrEnum):
-    """``open`` admits units; ``exhausting`` admits only retries of units that were in flight when
-    the budget ran out; ``exhausted`` and ``completed`` are closed (a top-up reopens exhausted)."""
+    """``opening``: the submit recorded the run and its execution is writing the unit records
+    (nothing is admitted yet; only the batch's status is shown); ``open`` admits units;
+    ``exhausting`` admits only retries of units that were in flight when the budget ran out;
+    ``exhausted`` and ``completed`` are closed (a top-up reopens exhausted)."""
 
+    OPENING = "opening"
     OPEN = "open"
     EXHAUSTING = "exhausting"
     EXHAUSTED = "exhausted"
@@ -199,6 +227,8 @@ class RunRecord:
     budget: int = field(default=-1)  # the spec's budget plus every top-up
     opened_at: float = 0.0
     closed_at: float | None = None
+    #: while ``opening``: how many unit records the open step has written so far
+    units_written: int | None = None
 
     def __post_init__(self) -> None:
         if self.budget < 0:
@@ -210,7 +240,7 @@ class RunRecord:
 
     @property
     def units_total(self) -> int:
-        return len(self.spec.units)
+        return self.spec.units_total
 
     @property
     def outstanding(self) -> int:

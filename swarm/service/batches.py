@@ -3,11 +3,14 @@
 the response models of :mod:`swarm.api.models`.
 
 Submission order is chosen so a failure leaves nothing half-written that a retry cannot finish:
-everything is validated first; then the manifest goes to S3 (an orphan object is harmless and
-expires by lifecycle rule), then the ledger opens the run (idempotent for the same spec), then the
-fan-out execution starts, named after the batch id (idempotent by name). A client that retries with
-the same ``Idempotency-Key`` gets the same batch id, so a retried submit resumes exactly where the
-failed one stopped and never creates a second batch.
+everything is validated first; then the map manifest and the spec (every unit's id and projected
+tokens: ``manifests/<run>/spec.json``) go to S3 (an orphan object is harmless and expires by
+lifecycle rule), then the ledger records the run as ``opening`` (two items in one transaction,
+idempotent for the same spec), then the fan-out execution starts, named after the batch id
+(idempotent by name): its first step writes the unit records in pages and opens the run
+(:mod:`swarm.service.opener`). The submit's own writes are O(1) in the batch size. A client that
+retries with the same ``Idempotency-Key`` gets the same batch id, so a retried submit resumes
+exactly where the failed one stopped and never creates a second batch.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from swarm.api.models import (
     UnitCounts,
 )
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision, tenant_shed
-from swarm.core.codec import check_spec_fits
+from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
     InvalidInput,
@@ -142,6 +145,11 @@ def manifest_key(run_id: str, part: str = "units") -> str:
     return f"manifests/{run_id}/{part}.json"
 
 
+def spec_key(run_id: str) -> str:
+    """The run's spec with its unit list, as the open step reads it."""
+    return manifest_key(run_id, "spec")
+
+
 def results_key(run_id: str, state: RunState, epoch: int) -> str:
     """One object per closure: a run closes as exhausted at most once per exhaustion epoch and
     as completed once, so ``state-epoch`` never repeats."""
@@ -192,8 +200,14 @@ def check_fits_the_fan_out(items: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
-def execution_input(run_id: str, key: str) -> dict[str, Any]:
-    return {"batch_id": run_id, "manifest_key": key}
+def execution_input(run_id: str, key: str, opening: bool = False) -> dict[str, Any]:
+    """An execution's input; ``opening``: the run is still being opened, so the execution
+    starts with the open step (statemachines/fanout.asl.json ``OpenUnits``) at cursor 0 (the
+    step's idempotent: a run open already is left alone)."""
+    doc: dict[str, Any] = {"batch_id": run_id, "manifest_key": key}
+    if opening:
+        doc["open"] = {"spec_key": spec_key(run_id), "cursor": 0, "done": False}
+    return doc
 
 
 @dataclass
@@ -285,7 +299,6 @@ class Batches:
             units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
             max_attempts=request.max_attempts,
         )
-        check_spec_fits(spec)  # the ledger's run record is one DynamoDB item
         # a unit the governor can never grant would retry until its dead letter
         for index, u in enumerate(request.units):
             try:
@@ -305,14 +318,16 @@ class Batches:
         if idempotency_key is not None:
             existing = self._existing(spec, items)
             if existing is not None:
-                self.executions.start(run_id, execution_input(run_id, manifest_key(run_id)))
+                opening = existing.state is RunState.OPENING
+                payload = execution_input(run_id, manifest_key(run_id), opening)
+                self.executions.start(run_id, payload)
                 return Submitted(existing, created=False)
-        avg = spec.projected_total / len(spec.units)
+        avg = spec.projected_total / spec.units_total
         # the tenant's queued units (a ledger read) matter only if it has a cap or a share
         queue = None
         if limits.max_queued_units is not None or limits.guaranteed_units > 0:
             queued = self.ledger.queued_units(tenant)
-            queue = TenantQueue(tenant, limits, queued, len(spec.units))
+            queue = TenantQueue(tenant, limits, queued, spec.units_total)
         shed = shed_decision(
             self.config.shed_policy,
             spec.lane,
@@ -326,8 +341,9 @@ class Batches:
             raise Shedding(shed, tenant)
         key = manifest_key(run_id)
         self.blobs.put_json(key, items)
-        run = self.ledger.open_run(spec, now)
-        self.executions.start(run_id, execution_input(run_id, key))
+        self.blobs.put_json(spec_key(run_id), spec_to_doc(spec))
+        run = self.ledger.begin_open(spec, spec_key(run_id), now)
+        self.executions.start(run_id, execution_input(run_id, key, run.state is RunState.OPENING))
         return Submitted(run, created=True)
 
     def _existing(self, spec: RunSpec, items: list[dict[str, Any]]) -> RunRecord | None:
@@ -335,10 +351,10 @@ class Batches:
         spec (lane, budget, units and their projections) and the same inputs (as its manifest
         holds them); a different request under the key is a Conflict."""
         try:
-            run = self.ledger.run(spec.run_id)
+            run = self.ledger.run(spec.run_id, opening=True)
         except NotFound:
             return None
-        same = run.spec == spec
+        same = run.spec == spec  # run-level fields and the units' digest
         # a manifest expired by the bucket's lifecycle leaves the spec as all there is to compare
         with contextlib.suppress(NotFound):
             if same:
@@ -360,7 +376,7 @@ class Batches:
             # a batch id from the path is checked before it reaches a key (DynamoDB refuses a
             # partition key over 2,048 bytes with a ValidationException): one that cannot exist
             # is not found
-            run: RunRecord | None = self.ledger.run(check_id("batch_id", run_id))
+            run: RunRecord | None = self.ledger.run(check_id("batch_id", run_id), opening=True)
         except (NotFound, InvalidInput):
             run = None
         # never reveal another tenant's batch: the same error as for an id that does not exist
@@ -406,6 +422,7 @@ class Batches:
             elapsed_s=round(elapsed, 3),
             healthy_line=healthy_line(run, elapsed),
             remainder=remainder,
+            units_written=run.units_written if run.state is RunState.OPENING else None,
         )
 
     # ------------------------------------------------------------------ resume
@@ -414,6 +431,8 @@ class Batches:
         run = self.run_for(tenant, run_id)
         if run.state is RunState.COMPLETED:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
+        if run.state is RunState.OPENING:
+            raise Conflict(f"batch {run_id} is being opened: there is nothing to resume yet")
         if self.drain.draining():
             raise Draining("the control plane is draining for a deploy; resume after it")
         self._check_resume(tenant, run, top_up, now)
@@ -460,7 +479,7 @@ class Batches:
             check_budget(tenant, limits, run.budget + top_up, "top_up", room)
         if run.remainder > 0 and limits.max_queued_units is not None:
             queue = TenantQueue(tenant, limits, self.ledger.queued_units(tenant), run.remainder)
-            avg = run.spec.projected_total / max(1, len(run.spec.units))
+            avg = run.spec.projected_total / max(1, run.spec.units_total)
             shed = tenant_shed(queue, avg, self.governor.snapshot(now))
             if shed is not None:
                 raise Shedding(shed, tenant)

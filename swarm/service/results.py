@@ -74,7 +74,11 @@ class Results:
     def page(self, run: RunRecord, query: ResultsQuery) -> dict[str, Any]:
         """One page of the run's unit outcomes, in unit id order, filtered by state."""
         after = decode_token(query.next_token) if query.next_token is not None else None
-        wanted, after = self._select(run.run_id, query, after)
+        if run.state is RunState.OPENING:  # no unit has an outcome yet (nor a record, maybe)
+            wanted: list[UnitRecord] = []
+            after = None
+        else:
+            wanted, after = self._select(run.run_id, query, after)
         units: list[UnitResult] = []
         size = 0
         for doc in self._docs(run.run_id, wanted):

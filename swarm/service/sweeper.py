@@ -9,6 +9,11 @@ map failed, the finalizer kept failing: ``statemachines/fanout.asl.json`` ends t
 with a clear error and leaves the run to this sweeper). Either way the run stays open with no one
 to close it.
 
+A run whose *open* never finished (the submit recorded it as ``opening`` and died before
+starting its execution, or the execution failed in its open step) is watched from the submit
+on: with no live execution (the batch's own, or the sweeper's latest restart) it is restarted
+from the open step, which is idempotent (verdict ``open``).
+
 The sweeper runs on a schedule (EventBridge, ``fanout.sweeper_rate_minutes``). It reads the runs
 that are due from the ledger's sparse ``OpenRuns`` index (:mod:`swarm.adapters.dynamodb_watch`:
 runs are watched from opening until their closure is announced), at most ``max_runs`` per
@@ -40,7 +45,7 @@ from enum import StrEnum
 from typing import Any
 
 from swarm.core.ports import Ledger, RunWatch, SweptExecutions, WatchedRun
-from swarm.core.records import RunRecord
+from swarm.core.records import RunRecord, RunState
 from swarm.service.batches import execution_input, manifest_key
 from swarm.service.finalizer import Finalizer
 
@@ -109,6 +114,7 @@ def candidate_executions(run: RunRecord, watched: WatchedRun) -> list[str]:
 class Verdict(StrEnum):
     RUNNING = "running"  # an execution takes care of the run: left alone
     ANNOUNCED = "announced"  # closed: the sweeper announced the closure (or found it announced)
+    OPEN = "open"  # restarted from the open step: its open never finished
     FAN_OUT = "fan_out"  # restarted, map first: units wait for admission
     FINALIZE_LOOP = "finalize_loop"  # restarted: the finalize loop only
     UNWATCHED = "unwatched"  # no longer watched (announced meanwhile by its execution)
@@ -210,7 +216,9 @@ class Sweeper:
         watched = self.watch.get(run_id)  # consistent: the index may lag a restart or a release
         if watched is None:
             return Swept(run_id, Verdict.UNWATCHED)
-        run = self.ledger.run(run_id)
+        run = self.ledger.run(run_id, opening=True)
+        if run.state is RunState.OPENING:
+            return self._reopen(run, watched, now)
         for name in candidate_executions(run, watched):
             if self.executions.status(name) in LIVE_STATUSES:
                 self.watch.check(run_id, now + self.config.recheck_after())
@@ -234,14 +242,33 @@ class Sweeper:
         )
         return Swept(run_id, kind, execution=name)
 
-    def _restart(self, run_id: str, kind: Verdict, repair: int) -> tuple[int, str]:
+    def _reopen(self, run: RunRecord, watched: WatchedRun, now: float) -> Swept:
+        """A run whose open never finished (its execution failed in the open step, or the
+        submit died before starting it): left alone while an execution of it runs, else
+        restarted from the open step (idempotent: it rewrites what it wrote already)."""
+        for name in (run.run_id, repair_execution_name(run.run_id, watched.repairs)):
+            if self.executions.status(name) in LIVE_STATUSES:
+                self.watch.check(run.run_id, now + self.config.recheck_after())
+                return Swept(run.run_id, Verdict.RUNNING, execution=name)
+        repairs, name = self._restart(run.run_id, Verdict.FAN_OUT, watched.repairs + 1, True)
+        self.watch.check(
+            run.run_id,
+            now + self.config.recheck_after(repairs),
+            repairs=repairs,
+            forget_execution=True,
+        )
+        return Swept(run.run_id, Verdict.OPEN, execution=name)
+
+    def _restart(
+        self, run_id: str, kind: Verdict, repair: int, opening: bool = False
+    ) -> tuple[int, str]:
         """Start ``<run>-r<repair>``. A name taken already was started by an earlier sweep that
         died before recording it: if that execution is live it is the restart; otherwise the
         next number is tried."""
         for _ in range(8):
             name = repair_execution_name(run_id, repair)
             if kind is Verdict.FAN_OUT:
-                payload = execution_input(run_id, manifest_key(run_id))
+                payload = execution_input(run_id, manifest_key(run_id), opening)
             else:
                 payload = finalize_loop_input(run_id, name)
             if self.executions.start(name, payload):

@@ -35,6 +35,7 @@ from swarm.core.records import Lane
 from swarm.service.api_models import TooLarge, parse_resume, parse_submit, parse_upload
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController, safe_to_deploy
+from swarm.service.opener import open_at_once
 
 #: The JSON Schema draft-4 keywords API Gateway's models accept (no $ref: it is inlined).
 DRAFT4_KEYWORDS = {
@@ -310,12 +311,13 @@ def test_the_upload_model_is_the_same_on_both_sides(body: Any, valid: bool) -> N
 
 
 def batches(blobs: MemoryBlobs | None = None, drain: MemoryDrain | None = None) -> Batches:
+    ledger, blobs = InMemoryLedger(), blobs or MemoryBlobs()
     return Batches(
-        InMemoryLedger(),
+        ledger,
         InMemoryGovernor(GovernorConfig(600_000, 0.95, initial_fill=1.0), now=0.0),
         MemoryQueue(),
-        blobs or MemoryBlobs(),
-        MemoryExecutions(),
+        blobs,
+        MemoryExecutions(open_step=open_at_once(ledger, blobs)),
         drain or MemoryDrain(),
         BatchesConfig(ShedPolicy({}), max_budget=10**9, default_budget=123_456, default_attempts=7),
     )

@@ -11,15 +11,22 @@ import re
 import pytest
 
 from infra.constants import FANOUT_ASL
-from swarm.api.models import MAX_MAP_ITEM_BYTES, MAX_REMAINDER_LISTED
+from swarm.api.models import MAX_MANIFEST_UNITS, MAX_MAP_ITEM_BYTES, MAX_REMAINDER_LISTED
 from swarm.core.errors import Conflict, InvalidInput, NotFound
 from swarm.core.memory import MemoryBlobs, MemoryDrain
 from swarm.core.records import Lane, RunState
-from swarm.service.api_models import Forbidden, parse_resume, parse_submit, tenant_of
+from swarm.service.api_models import (
+    Forbidden,
+    TooLarge,
+    parse_resume,
+    parse_submit,
+    tenant_of,
+)
 from swarm.service.batches import (
     Draining,
     batch_id_for,
     map_child_input,
+    spec_key,
 )
 from tests.unit.test_api_contract import batches, unit
 
@@ -178,21 +185,29 @@ def test_a_big_exhausted_batch_lists_a_bounded_remainder() -> None:
     assert doc["remainder"] == [f"u{i:04d}" for i in range(MAX_REMAINDER_LISTED)]
 
 
-def test_a_batch_whose_spec_the_ledger_cannot_store_is_refused_before_anything_is_written() -> None:
-    # Given an uploaded manifest of 30,000 units (the manifest limit is 50,000) with random,
-    # UUID-like ids: its spec compresses to ~600 KB, past what the ledger's run record holds
+def test_a_batch_at_the_manifest_limit_with_random_ids_is_taken_and_one_more_is_a_413() -> (
+    None
+):
+    # Given an uploaded manifest of MAX_MANIFEST_UNITS (100,000) units with random, UUID-like
+    # ids: its spec compresses to ~2 MB, far past what one ledger item holds (400 KB)
     blobs = MemoryBlobs()
     rng = random.Random(0)
     key = "manifests/uploads/acme/big.json"
-    blobs.put_json(key, [unit(f"{rng.getrandbits(128):032x}") for _ in range(30_000)])
+    ids = [f"{rng.getrandbits(128):032x}" for _ in range(MAX_MANIFEST_UNITS)]
+    blobs.put_json(key, [unit(uid) for uid in ids])
     service = batches(blobs)
-    body = parse_submit(json.dumps({"manifest": {"key": key}}))
+    service.executions.open_step = None  # type: ignore[attr-defined]
     # When it is submitted
-    with pytest.raises(InvalidInput, match="split the batch") as refused:
-        service.submit_body("acme", body, "k1", 1.0)
-    # Then it is a 400 naming the units, and nothing but the upload is stored, nothing started
-    assert refused.value.field == "units"
-    assert list(blobs.objects) == [key]
-    assert service.executions.started == {}  # type: ignore[attr-defined]
+    body = parse_submit(json.dumps({"manifest": {"key": key}}))
+    run = service.submit_body("acme", body, "k1", 1.0).run
+    # Then the batch is taken, opening: the spec (every unit) is in S3, not in the ledger's item
+    assert run.state is RunState.OPENING and run.units_total == MAX_MANIFEST_UNITS
+    assert run.spec.units == ()
+    spec = blobs.get_json(spec_key(run.run_id))
+    assert [uid for uid, _ in spec["units"]] == ids
+    # and one unit more is refused before anything is written (413: too large)
+    blobs.put_json(key, [unit(uid) for uid in [*ids, "one-more"]])
+    with pytest.raises(TooLarge, match="100,000"):
+        service.submit_body("acme", parse_submit(json.dumps({"manifest": {"key": key}})), "k2", 1.0)
     with pytest.raises(NotFound):
-        service.ledger.run(batch_id_for("acme", "k1"))
+        service.ledger.run(batch_id_for("acme", "k2"), opening=True)

@@ -39,8 +39,8 @@ def test_a_batch_is_fanned_out_largest_first() -> None:
         ("u-e", 8_000),
     ]
     assert all(q.input == f"prompt {q.unit_id}" for q in plane.queue.sent)
-    # the run's spec keeps the submission's order (it is the batch as submitted)
-    assert [u.unit_id for u in run.spec.units] == list(SIZES)
+    # the run's units keep the submission's order (it is the batch as submitted)
+    assert [u.unit_id for u in plane.ledger.units(run.run_id)] == list(SIZES)
 
 
 def test_the_order_stays_inside_lane_priority() -> None:

@@ -36,6 +36,7 @@ from swarm.service.batches import (
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer, dead_letter
+from swarm.service.opener import open_at_once
 from swarm.service.results import Results
 from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerTimings
 
@@ -68,6 +69,8 @@ class Plane:
     tenants: TenantPolicy = field(default_factory=TenantPolicy)
 
     def __post_init__(self) -> None:
+        # the execution's open step runs as it starts (a test may set it to None: opening)
+        self.executions.open_step = open_at_once(self.ledger, self.blobs)
         self.governor = InMemoryGovernor(
             GovernorConfig(QUOTA, 0.95, initial_fill=1.0), now=self.clock.now()
         )

@@ -26,6 +26,7 @@ from swarm.core.records import Lane, RunState, UnitState
 from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
+from swarm.service.opener import open_at_once
 from swarm.service.results import Results
 from swarm.service.sweeper import (
     MAX_EXECUTION_NAME,
@@ -53,6 +54,8 @@ class Plane:
     events: MemoryEvents = field(default_factory=MemoryEvents)
 
     def __post_init__(self) -> None:
+        # the execution's open step runs as it starts (a test may set it to None: opening)
+        self.executions.open_step = open_at_once(self.ledger, self.blobs)
         self.watch = MemoryRunWatch(self.ledger, grace_s=GRACE)
         governor = InMemoryGovernor(GovernorConfig(600_000, 0.95), now=self.now)
         self.batches = Batches(

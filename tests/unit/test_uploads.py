@@ -34,6 +34,7 @@ from swarm.core.records import Lane, RunSpec, UnitSpec
 from swarm.service.api_models import TooLarge, check_manifest_key, parse_submit, parse_upload
 from swarm.service.batches import Batches, BatchesConfig, manifest_items
 from swarm.service.fanout import FanOut
+from swarm.service.opener import open_at_once
 from swarm.service.uploads import Uploads
 
 NOW = 1_700_000_000.75
@@ -48,12 +49,13 @@ def manifest(n: int) -> bytes:
 
 
 def batches(blobs: MemoryBlobs) -> Batches:
+    ledger = InMemoryLedger()
     return Batches(
-        InMemoryLedger(),
+        ledger,
         InMemoryGovernor(GovernorConfig(600_000, 0.95, initial_fill=1.0), now=0.0),
         MemoryQueue(),
         blobs,
-        MemoryExecutions(),
+        MemoryExecutions(open_step=open_at_once(ledger, blobs)),
         MemoryDrain(),
         BatchesConfig(ShedPolicy({}), max_budget=10**9, default_budget=10**6),
     )
