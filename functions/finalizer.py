@@ -23,8 +23,7 @@ from swarm.wiring import Wiring
 logger = Logger()
 tracer = Tracer()
 metrics = Metrics()
-_cache: dict[str, Finalizer] = {}
-_openers: dict[str, Opener] = {}
+_cache: dict[str, Finalizer | Opener] = {}  # the wiring (one dict: the local stack resets it)
 
 #: the open step stops writing pages this long before the function's timeout (one page of 25
 #: takes milliseconds; the margin covers the books' update and a throttled page's backoff)
@@ -34,13 +33,17 @@ OPEN_MARGIN_S = 60.0
 def finalizer() -> Finalizer:
     if "finalizer" not in _cache:
         _cache["finalizer"] = Wiring.from_env().finalizer()
-    return _cache["finalizer"]
+    found = _cache["finalizer"]
+    assert isinstance(found, Finalizer)
+    return found
 
 
 def opener() -> Opener:
-    if "opener" not in _openers:
-        _openers["opener"] = Wiring.from_env().opener()
-    return _openers["opener"]
+    if "opener" not in _cache:
+        _cache["opener"] = Wiring.from_env().opener()
+    found = _cache["opener"]
+    assert isinstance(found, Opener)
+    return found
 
 
 def open_units(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

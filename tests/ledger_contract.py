@@ -66,6 +66,60 @@ class LedgerContract:
         assert [u.unit_id for u in ledger.units("run-1")] == ["u0", "u1", "u2", "u3"]
         assert first.state is RunState.OPEN and first.opened_at == 1.0
 
+    def test_a_run_opened_in_pages_is_opening_until_its_last_unit_then_open(
+        self, ledger: Ledger
+    ) -> None:
+        # Given a run recorded as opening (the submit's O(1) writes)
+        s = spec(units=60)
+        opening = ledger.begin_open(s, "manifests/run-1/spec.json", now=1.0)
+        assert opening.state is RunState.OPENING and opening.units_total == 60
+        assert opening.pending == 60 and opening.units_written == 0
+        # Then it is no run to anyone but its status, and nothing can be admitted
+        with pytest.raises(NotFound):
+            ledger.run("run-1")
+        with pytest.raises(NotFound):
+            ledger.admit("run-1", "u0", 0, now=2.0)
+        # and a replay of the same spec returns it, another spec is a Conflict
+        assert ledger.begin_open(s, "manifests/run-1/spec.json", now=3.0) == opening
+        with pytest.raises(Conflict):
+            ledger.begin_open(spec(units=61), "manifests/run-1/spec.json", now=3.0)
+        with pytest.raises(Conflict):
+            ledger.begin_open(replace(s, budget=5), "manifests/run-1/spec.json", now=3.0)
+        # When the open step writes a page of 30, then dies and is restarted from cursor 10
+        assert ledger.open_units(s, 0, 30, now=4.0) == 30
+        assert ledger.run("run-1", opening=True).units_written == 30
+        assert ledger.open_units(s, 10, 30, now=5.0) == 40
+        with pytest.raises(NotFound):
+            ledger.run("run-1")
+        # and goes on to the end
+        assert ledger.open_units(s, 40, 30, now=6.0) == 60
+        # Then the run is open with every unit once, in submission order, as if opened at once
+        run = ledger.run("run-1")
+        assert run.state is RunState.OPEN and run.opened_at == 1.0 and run.units_total == 60
+        assert run.units_written is None
+        assert [u.unit_id for u in ledger.units("run-1")] == [f"u{i}" for i in range(60)]
+        assert ledger.begin_open(s, "manifests/run-1/spec.json", now=7.0) == run
+        # and an open step run again (a restarted execution) changes nothing
+        assert ledger.admit("run-1", "u7", 0, now=8.0).admitted
+        assert ledger.open_units(s, 0, 60, now=9.0) == 60
+        assert ledger.unit("run-1", "u7").state is UnitState.IN_FLIGHT
+        balanced(ledger, "run-1")
+
+    def test_an_open_step_stops_when_told_and_resumes_where_it_stopped(
+        self, ledger: Ledger
+    ) -> None:
+        s = spec(units=80)
+        ledger.begin_open(s, "k", now=0.0)
+        pages = iter([True, True, False])
+        cursor = ledger.open_units(s, 0, 80, now=1.0, keep_going=lambda: next(pages))
+        assert cursor == 50  # two pages of 25, then told to stop
+        assert ledger.open_units(s, cursor, 80, now=2.0) == 80
+        assert len(ledger.units("run-1")) == 80
+
+    def test_an_opening_run_counts_in_its_tenants_queued_units(self, ledger: Ledger) -> None:
+        ledger.begin_open(spec(units=7), "k", now=0.0)
+        assert ledger.queued_units("tenant-a") == 7
+
     def test_units_page_through_every_unit_once_in_id_order_with_effective_states(
         self, ledger: Ledger
     ) -> None:

@@ -352,9 +352,11 @@ class DynamoDBLedger:
         opening or open), Conflict for another."""
         run, _ = fresh_records(spec.summary, now)
 
+        opening = run.with_(spec=spec.summary, state=RunState.OPENING, units_written=0)
+
         def created() -> RunRecord:
             self._specs[spec.run_id] = spec.summary
-            return self.run(spec.run_id, opening=True)
+            return opening
 
         def step() -> RunRecord | _Write[RunRecord]:
             existing, spec_item = self._get_many([key(spec.run_id, BOOKS), key(spec.run_id, SPEC)])
@@ -364,7 +366,7 @@ class DynamoDBLedger:
                     raise Conflict(f"run {spec.run_id!r} exists with a different spec")
                 self._specs[spec.run_id] = stored
                 return self._run_from(existing)
-            books = items.books_item(run.with_(state=RunState.OPENING), ready=False)
+            books = items.books_item(opening, ready=False)
             books["units_written"] = items.whole(0)
             books.update(items.watch_attributes(now + self.watch_grace_s, spec.tenant))
             puts = [items.spec_item(spec, spec_key), books]

@@ -173,7 +173,7 @@ class SweepReport:
             "restarted": [
                 {"batch_id": s.run_id, "verdict": s.verdict.value, "execution": s.execution}
                 for s in self.swept
-                if s.verdict in (Verdict.FAN_OUT, Verdict.FINALIZE_LOOP)
+                if s.verdict in (Verdict.OPEN, Verdict.FAN_OUT, Verdict.FINALIZE_LOOP)
             ],
             "errors": [{"batch_id": s.run_id, "error": s.error} for s in self.swept if s.error],
             "out_of_time": self.out_of_time,

@@ -225,7 +225,10 @@ def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit
     }
     route = states["Continuation?"]
     assert _substituted(synth)["StartAt"] == "Continuation?"
-    assert route["Choices"] == [{"Variable": "$.loop", "IsPresent": True, "Next": "Finalize"}]
+    assert route["Choices"] == [
+        {"Variable": "$.loop", "IsPresent": True, "Next": "Finalize"},
+        {"Variable": "$.open", "IsPresent": True, "Next": "OpenUnits"},
+    ]
     assert route["Default"] == "StartLoop"
     assert states["StartLoop"]["Next"] == "FanOut"
     # and a start that an earlier attempt made already is not an error; anything else is
@@ -348,3 +351,37 @@ def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
     # no role is granted every index of the ledger (Table.grant's "<table>/index/*")
     policies = json.dumps(synth.of_type("AWS::IAM::Policy"))
     assert "/index/*" not in policies
+
+
+def test_a_run_being_opened_writes_its_units_in_a_loop_before_the_map(synth: Synthesized) -> None:
+    states = _substituted(synth)["States"]
+    # Given an input with "open" (the submit's: the run is opening), and none (a restart or a
+    # resume of an open run, a continuation): only the former goes through the open step
+    route = states["Continuation?"]["Choices"]
+    assert route[0]["Variable"] == "$.loop"  # a continuation skips the open step and the map
+    assert route[1] == {"Variable": "$.open", "IsPresent": True, "Next": "OpenUnits"}
+    # When the open step runs: the finalizer function's open action, with the cursor
+    task = states["OpenUnits"]
+    assert task["Resource"] == "arn:aws:states:::lambda:invoke"
+    assert task["Parameters"]["FunctionName"].endswith(":function:swarm-finalizer")
+    assert task["Parameters"]["Payload"] == {
+        "action": "open",
+        "batch_id.$": "$.batch_id",
+        "spec_key.$": "$.open.spec_key",
+        "cursor.$": "$.open.cursor",
+    }
+    assert task["ResultPath"] == "$.open"  # the next cursor replaces the last
+    assert set(task["ResultSelector"]) == {"spec_key.$", "cursor.$", "done.$"}
+    # Then a Choice loops on it until done, then the map; a failure ends the execution for the
+    # sweeper (which restarts it from the open step)
+    assert task["Next"] == "Opened?"
+    loop = states["Opened?"]
+    assert loop["Choices"] == [
+        {"Variable": "$.open.done", "BooleanEquals": True, "Next": "StartLoop"}
+    ]
+    assert loop["Default"] == "OpenUnits"
+    assert task["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "OpenFailed"}
+    ]
+    assert states["OpenFailed"]["Type"] == "Fail"
+    assert _retriers(task)["States.TaskFailed"]["JitterStrategy"] == "FULL"

@@ -174,9 +174,13 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:UpdateItem",
                 # reclaim_unit settles a lost attempt: its attempt item Put (_settle)
                 "dynamodb:PutItem",
+                # its open action (Opener.open): open_units writes the unit items, 25 a request
+                # (the books' progress and readiness are UpdateItem, above)
+                "dynamodb:BatchWriteItem",
             }
         ),
-        # Finalizer.finalize: the manifest's inputs (requeue of lost retries, remainder)
+        # Finalizer.finalize: the manifest's inputs (requeue of lost retries, remainder);
+        # Opener.open: the run's spec object (manifests/<run>/spec.json)
         "manifests/*": frozenset({"s3:GetObject"}),
         "results/*": frozenset(
             {

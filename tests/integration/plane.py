@@ -264,10 +264,22 @@ class ControlPlane:
                 continue
             self.processed_executions.add(arn)
             payload = json.loads(sfn.describe_execution(executionArn=arn)["input"])
+            self.open_step(payload)
             body = s3.get_object(Bucket=self.bucket, Key=payload["manifest_key"])
             for index, item in enumerate(json.loads(body["Body"].read())):
                 events.append({"batch_id": payload["batch_id"], "index": index, "unit": item})
         return events
+
+    def open_step(self, payload: Mapping[str, Any]) -> int:
+        """The state machine's first step for an input that opens the run (``OpenUnits``): the
+        finalizer's open action, looped on its cursor until the run is open; its invocations."""
+        state = payload.get("open")
+        invocations = 0
+        while state is not None and not state["done"]:
+            event = {"action": "open", "batch_id": payload["batch_id"], **state}
+            state = self.invoke("finalizer", event)
+            invocations += 1
+        return invocations
 
     def run_state_machine(self) -> list[str]:
         """Each new execution: every manifest item through the fan-out step (what the

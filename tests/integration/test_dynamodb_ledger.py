@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
-from swarm.adapters import dynamodb_items as items
-from swarm.adapters.dynamodb_ledger import DynamoDBLedger
-from swarm.core.codec import MAX_SPEC_BLOB_BYTES, check_spec_fits, spec_blob
-from swarm.core.errors import InvalidInput
+from swarm.adapters.dynamodb_ledger import (
+    MAX_UNPROCESSED_RETRIES,
+    UNPROCESSED_BASE_S,
+    DynamoDBLedger,
+)
+from swarm.core.errors import Conflict
 from swarm.core.ports import Ledger
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec
 from tests.integration.conftest import TABLE
@@ -63,10 +65,128 @@ def test_a_crash_mid_open_is_finished_by_the_next_open(dynamodb: Any) -> None:
     fresh = DynamoDBLedger(TABLE, client=dynamodb)
     with pytest.raises(Exception, match="no run"):
         fresh.run("run-1")
+    assert fresh.run("run-1", opening=True).state is RunState.OPENING
     # When the (retried) open runs again, Then the run is complete and usable
     assert fresh.open_run(spec(units=3), now=5.0).state is RunState.OPEN
     assert [u.unit_id for u in fresh.units("run-1")] == ["u0", "u1", "u2"]
     assert fresh.admit("run-1", "u2", 0, now=6.0).admitted
+
+
+def _table(dynamodb: Any) -> dict[tuple[str, str], Any]:
+    return {(it["pk"]["S"], it["sk"]["S"]): it for it in dynamodb.scan(TableName=TABLE)["Items"]}
+
+
+def test_an_open_in_pages_resumed_after_a_crash_gives_exactly_the_same_items(
+    dynamodb: Any,
+) -> None:
+    big = _random_ids_spec(230)
+    # Given the items of an open run in one go (a reference)...
+    reference = DynamoDBLedger(TABLE, client=dynamodb)
+    reference.begin_open(big, "manifests/run-1/spec.json", now=1.0)
+    assert reference.open_units(big, 0, 1_000, now=2.0) == 230
+    expected = _table(dynamodb)
+    for k in expected:
+        dynamodb.delete_item(TableName=TABLE, Key={"pk": {"S": k[0]}, "sk": {"S": k[1]}})
+    # ...and the same open in pages of 50 by an open step that crashes mid-page (after 3 of
+    # its requests) and is restarted from its last returned cursor by a fresh Lambda
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.begin_open(big, "manifests/run-1/spec.json", now=1.0)
+    assert ledger.open_units(big, 0, 50, now=2.0) == 50
+    crashing = DynamoDBLedger(TABLE, client=_Crashing(dynamodb, after=3))
+    with pytest.raises(RuntimeError, match="crash"):
+        crashing.open_units(big, 50, 50, now=2.0)
+    fresh = DynamoDBLedger(TABLE, client=dynamodb)
+    cursor = 50
+    while cursor < 230:
+        cursor = fresh.open_units(big, cursor, 50, now=2.0)
+    # Then the table holds exactly the same items as the open in one go
+    assert _table(dynamodb) == expected
+    assert [u.unit_id for u in fresh.units("run-1")] == [u.unit_id for u in big.units]
+
+
+class _Crashing:
+    """A client that dies (as a Lambda timing out would) after ``after`` requests."""
+
+    def __init__(self, client: Any, after: int) -> None:
+        self._client, self._left = client, after
+
+    def __getattr__(self, op: str) -> Any:
+        def call(**kwargs: Any) -> Any:
+            if self._left <= 0:
+                raise RuntimeError("crash")
+            self._left -= 1
+            return getattr(self._client, op)(**kwargs)
+
+        return call
+
+
+class _Unprocessing:
+    """A client whose BatchWriteItem leaves some items unprocessed (DynamoDB's throttling of a
+    batch): the first ``times`` answers hand back all but the first item of the request."""
+
+    def __init__(self, client: Any, times: int) -> None:
+        self._client, self.times, self.batches = client, times, 0
+
+    def __getattr__(self, op: str) -> Any:
+        if op != "batch_write_item":
+            return getattr(self._client, op)
+
+        def call(RequestItems: dict[str, Any]) -> Any:
+            self.batches += 1
+            ((table, requests),) = RequestItems.items()
+            if self.times > 0 and len(requests) > 1:
+                self.times -= 1
+                self._client.batch_write_item(RequestItems={table: requests[:1]})
+                return {"UnprocessedItems": {table: requests[1:]}}
+            return self._client.batch_write_item(RequestItems=RequestItems)
+
+        return call
+
+
+def test_unprocessed_items_are_sent_again_after_an_exponential_backoff_with_jitter(
+    dynamodb: Any,
+) -> None:
+    # Given a table that leaves items unprocessed 4 times in a row
+    client = _Unprocessing(dynamodb, times=4)
+    slept: list[float] = []
+    ledger = DynamoDBLedger(TABLE, client=client, sleep=slept.append, rng=random.Random(7))
+    s = spec(units=25)
+    ledger.begin_open(s, "k", now=0.0)
+    # When the open step writes a page of 25
+    assert ledger.open_units(s, 0, 25, now=1.0) == 25
+    # Then every unit is written, after 4 backoffs that grow (base * 2**n, full jitter)
+    assert len(ledger.units("run-1")) == 25
+    assert client.batches == 5 and len(slept) == 4
+    caps = [UNPROCESSED_BASE_S * 2**n for n in range(4)]
+    assert all(0 <= d <= cap for d, cap in zip(slept, caps, strict=True))
+    assert slept != sorted(slept) or len(set(slept)) == 4  # jittered, not a fixed schedule
+
+
+def test_items_unprocessed_past_the_retries_fail_the_page_and_the_next_try_resumes(
+    dynamodb: Any,
+) -> None:
+    client = _Unprocessing(dynamodb, times=10**6)
+    ledger = DynamoDBLedger(TABLE, client=client, sleep=lambda _: None)
+    s = spec(units=30)
+    ledger.begin_open(s, "k", now=0.0)
+    with pytest.raises(Conflict, match="unprocessed"):
+        ledger.open_units(s, 0, 30, now=1.0)
+    assert client.batches == MAX_UNPROCESSED_RETRIES + 1
+    # the state machine's retry of the task (or a restart) opens it from the start
+    assert DynamoDBLedger(TABLE, client=dynamodb).open_units(s, 0, 30, now=2.0) == 30
+
+
+def test_the_spec_item_is_o1_in_the_batch_size(dynamodb: Any) -> None:
+    # Given 100,000 units with random ids (their list compresses to ~2 MB: five DynamoDB items)
+    big = _random_ids_spec(100_000)
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    # When the run is recorded as opening
+    ledger.begin_open(big, "manifests/run-1/spec.json", now=0.0)
+    # Then that is one transaction of two small items, on DynamoDB's 400 KB item limit
+    assert ledger.requests == 2  # the read of the (missing) books and spec, the transaction
+    spec_item = _table(dynamodb)[("run#run-1", "spec")]
+    assert len(json.dumps(spec_item)) < 1_000
+    assert DynamoDBLedger(TABLE, client=dynamodb).run("run-1", opening=True).spec == big
 
 
 def test_a_large_run_opens_in_batches(dynamodb: Any) -> None:
@@ -79,26 +199,3 @@ def _random_ids_spec(units: int) -> RunSpec:
     rng = random.Random(0)  # UUID-like ids: random hex, as incompressible as real UUIDs
     ids = (f"{rng.getrandbits(128):032x}" for _ in range(units))
     return RunSpec("run-1", "acme", Lane.NORMAL, 10**9, tuple(UnitSpec(i, 10_000) for i in ids))
-
-
-def test_the_spec_limit_at_submit_is_what_one_dynamodb_item_holds(dynamodb: Any) -> None:
-    # Given the most units with random ids whose spec the submit check lets through
-    low, high = 1, 40_000
-    while low < high:  # bisect on the check itself
-        mid = (low + high + 1) // 2
-        low, high = (
-            (mid, high)
-            if len(spec_blob(_random_ids_spec(mid))) <= MAX_SPEC_BLOB_BYTES
-            else (low, mid - 1)
-        )
-    fits, too_many = _random_ids_spec(low), _random_ids_spec(low + 200)
-    check_spec_fits(fits)
-    with pytest.raises(InvalidInput) as refused:
-        check_spec_fits(too_many)
-    assert refused.value.field == "units"
-    # When the ledger stores each spec's item, on a DynamoDB with AWS's 400 KB item limit
-    dynamodb.put_item(TableName=TABLE, Item=items.spec_item(fits))
-    # Then the one the check passes is stored, and the one it refuses DynamoDB refuses too
-    with pytest.raises(ClientError, match="Item size has exceeded"):
-        dynamodb.put_item(TableName=TABLE, Item=items.spec_item(too_many))
-    assert low > 10_000  # a batch of random ids still holds well over the inline maximum

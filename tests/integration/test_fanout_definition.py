@@ -154,7 +154,7 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
     assert continuation["stateMachineArn"] == plane.state_machine_arn
     # The first execution ran the map, polled POLLS_PER_EXECUTION + 1 times and continued
     entered = _entered(plane, batch)
-    assert entered[:3] == ["Continuation?", "StartLoop", "FanOut"]
+    assert entered[:5] == ["Continuation?", "OpenUnits", "Opened?", "StartLoop", "FanOut"]
     assert entered.count("Finalize") == POLLS_PER_EXECUTION + 1
     assert entered[-2:] == ["ContinueAsNew", "Continued"]
     # and the continuation went straight into the finalize loop: no map, nothing admitted again

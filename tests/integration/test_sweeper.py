@@ -243,8 +243,10 @@ def test_a_finished_run_whose_execution_was_stopped_is_announced(
 def test_a_run_whose_map_died_is_fanned_out_again(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a batch whose execution was stopped before its map admitted anything
+    # Given a batch whose execution was stopped after its open step, before its map admitted
+    # anything
     batch_id = submit(plane)
+    assert plane.open_step(json.loads(execution(plane, batch_id)["input"])) == 1
     stop(plane, batch_id)
     plane.processed_executions.add(execution(plane, batch_id)["executionArn"])
     # When the sweeper runs
@@ -269,6 +271,36 @@ def test_a_run_whose_map_died_is_fanned_out_again(
     plane.work()
     assert plane.finalize(batch_id)["state"] == "completed"
     assert sweep(plane, monkeypatch, ahead=3 * 3_600)["examined"] == 0
+
+
+def test_a_run_whose_open_never_finished_is_restarted_from_the_open_step(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a batch whose execution died before its open step wrote a unit (the run is opening:
+    # its status is shown, nothing can be admitted)
+    batch_id = submit(plane)
+    stop(plane, batch_id)
+    plane.processed_executions.add(execution(plane, batch_id)["executionArn"])
+    status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
+    assert status == 200 and doc["state"] == "opening" and doc["units_written"] == 0
+    # When the sweeper runs
+    report = sweep(plane, monkeypatch, ahead=3_600)
+    # Then it restarts the execution from the open step
+    restart = f"{batch_id}-r1"
+    assert report["restarted"] == [{"batch_id": batch_id, "verdict": "open", "execution": restart}]
+    started = execution(plane, restart)
+    assert json.loads(started["input"])["open"] == {
+        "spec_key": f"manifests/{batch_id}/spec.json",
+        "cursor": 0,
+        "done": False,
+    }
+    # and while the restart is alive, the next sweep leaves the run alone
+    assert sweep(plane, monkeypatch, ahead=2 * 3_600)["running"] == 1
+    # and the restart opens the run, fans it out, and the batch completes
+    assert plane.run_state_machine() == [batch_id]
+    assert plane.api("GET", f"/batches/{batch_id}")[1]["state"] == "open"
+    plane.work()
+    assert plane.finalize(batch_id)["state"] == "completed"
 
 
 def test_a_run_whose_finalize_loop_died_gets_it_back_without_the_map(

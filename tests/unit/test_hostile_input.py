@@ -185,9 +185,7 @@ def test_a_big_exhausted_batch_lists_a_bounded_remainder() -> None:
     assert doc["remainder"] == [f"u{i:04d}" for i in range(MAX_REMAINDER_LISTED)]
 
 
-def test_a_batch_at_the_manifest_limit_with_random_ids_is_taken_and_one_more_is_a_413() -> (
-    None
-):
+def test_a_batch_at_the_manifest_limit_with_random_ids_is_taken_and_one_more_is_a_413() -> None:
     # Given an uploaded manifest of MAX_MANIFEST_UNITS (100,000) units with random, UUID-like
     # ids: its spec compresses to ~2 MB, far past what one ledger item holds (400 KB)
     blobs = MemoryBlobs()
