@@ -73,8 +73,13 @@ def progress_line(doc: dict[str, Any], width: int = 30) -> str:
 
     *in flight*: admitted by the ledger (tokens reserved), on its lane or running on a worker;
     *waiting*: not admitted yet (the fan-out has not reached it, or a retry between attempts).
+    A batch being opened (state ``opening``: its execution writes the unit records first) shows
+    ``opening: 20,000/100,000 units written`` instead.
     """
     total = max(1, int(doc["units"]))
+    if doc.get("state") == "opening":
+        written = int(doc.get("units_written") or 0)
+        return f"opening: {written:,}/{total:,} units written | nothing admitted yet"
     counts, tokens = doc["counts"], doc["tokens"]
     done = counts["completed"] + counts["dead_lettered"]
     filled = int(width * done / total)

@@ -31,6 +31,11 @@ def test_progress_line_shows_completion_flight_queue_and_spend() -> None:
     assert "50 in flight | 250 waiting | 1.20M of 6.00M tokens (20%)" in line
 
 
+def test_progress_line_of_a_batch_being_opened_shows_the_units_written() -> None:
+    doc = {**status(0, 0, 0, 400, 0), "state": "opening", "units_written": 150}
+    assert progress_line(doc) == "opening: 150/400 units written | nothing admitted yet"
+
+
 def test_generated_units_look_like_lab_61() -> None:
     units = generated_units(400, seed=0, min_tokens=8_000, max_tokens=16_000)
     assert len({u["unit_id"] for u in units}) == 400

@@ -32,11 +32,12 @@ from swarm.service.batches import (
     Shedding,
     SubmitRequest,
     UnitInput,
+    spec_key,
 )
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer, dead_letter
-from swarm.service.opener import open_at_once
+from swarm.service.opener import Opener, open_at_once
 from swarm.service.results import Results
 from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkerTimings
 
@@ -312,6 +313,53 @@ def test_idempotency_key_returns_the_same_batch_and_refuses_a_different_one() ->
     assert len(plane.executions.started) == 1
     with pytest.raises(Conflict):
         plane.submit(5, key="k1")
+
+
+def test_a_submit_records_an_opening_batch_its_open_step_opens_it_a_replay_is_the_same() -> None:
+    # Given a submit whose execution has not run its open step yet
+    plane = Plane()
+    plane.executions.open_step = None
+    run_id = plane.submit(60, key="k1")
+    # Then the batch is shown, opening, with nothing written or admitted yet
+    doc = plane.batches.status("acme", run_id, plane.clock.now())
+    assert doc["state"] == "opening" and doc["units"] == 60 and doc["units_written"] == 0
+    assert doc["counts"]["pending"] == 60
+    with pytest.raises(NotFound):
+        plane.ledger.run(run_id)  # no hot path sees it
+    (payload,) = plane.executions.started.values()
+    assert payload["open"] == {"spec_key": spec_key(run_id), "cursor": 0, "done": False}
+    # and the spec object holds every unit (ids and projections), in submission order
+    spec = plane.blobs.get_json(spec_key(run_id))
+    assert [uid for uid, _ in spec["units"]] == [f"u{i:03d}" for i in range(60)]
+    # and a replay (same key, same body) is the same batch, still opening; another body a 409
+    assert plane.submit(60, key="k1") == run_id
+    with pytest.raises(Conflict):
+        plane.submit(61, key="k1")
+    with pytest.raises(Conflict):
+        plane.batches.resume("acme", run_id, 10, plane.clock.now())  # nothing to resume yet
+    # When the open step runs a page of 25 (its Lambda ran out of time), the status shows it
+    state = Opener(plane.ledger, plane.blobs, page_units=25).open(
+        run_id, spec_key(run_id), 0, plane.clock.now()
+    )
+    assert state == {"cursor": 25, "done": False, "units": 60, "spec_key": spec_key(run_id)}
+    doc = plane.batches.status("acme", run_id, plane.clock.now())
+    assert doc["state"] == "opening" and doc["units_written"] == 25
+    # Then the rest of the loop opens the run, and the batch runs to completion
+    open_at_once(plane.ledger, plane.blobs)({"batch_id": run_id, "open": state})
+    doc = plane.batches.status("acme", run_id, plane.clock.now())
+    assert doc["state"] == "open" and "units_written" not in doc
+    assert plane.run(run_id)["closed"]
+    assert plane.ledger.run(run_id).completed == 60
+
+
+def test_an_open_step_refuses_a_spec_object_of_another_batch() -> None:
+    plane = Plane()
+    plane.executions.open_step = None
+    a, b = plane.submit(3, key="a"), plane.submit(4, key="b")
+    with pytest.raises(Conflict, match="not the spec"):
+        Opener(plane.ledger, plane.blobs).open(a, spec_key(b), 0, plane.clock.now())
+    with pytest.raises(NotFound):
+        plane.ledger.run(a)
 
 
 def test_other_tenants_cannot_see_a_batch() -> None:

@@ -23,7 +23,14 @@ from swarm.core.memory import (
 )
 from swarm.core.ports import WatchedRun
 from swarm.core.records import Lane, RunState, UnitState
-from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput, manifest_key
+from swarm.service.batches import (
+    Batches,
+    BatchesConfig,
+    SubmitRequest,
+    UnitInput,
+    manifest_key,
+    spec_key,
+)
 from swarm.service.fanout import FanOut
 from swarm.service.finalizer import Finalizer
 from swarm.service.opener import open_at_once
@@ -192,6 +199,33 @@ def test_units_never_admitted_are_fanned_out_again() -> None:
     assert watched is not None and watched.repairs == 1 and watched.execution is None
     # and while the restart runs, the run is left alone
     assert plane.tick() == [(run_id, Verdict.RUNNING)]
+
+
+def test_a_run_whose_open_never_finished_is_restarted_from_the_open_step() -> None:
+    # Given a batch whose execution failed in its open step (the run is still opening)
+    plane = Plane()
+    plane.executions.open_step = None
+    run_id = plane.submit(units=4)
+    assert plane.ledger.run(run_id, opening=True).state is RunState.OPENING
+    # While its execution runs, the sweeper leaves it alone
+    assert plane.tick() == [(run_id, Verdict.RUNNING)]
+    plane.executions.statuses[run_id] = "FAILED"
+    # When the sweeper looks at it again
+    plane.now += 3_600
+    assert plane.tick() == [(run_id, Verdict.OPEN)]
+    # Then it restarted the execution from the open step
+    restart = repair_execution_name(run_id, 1)
+    assert plane.executions.started[restart] == {
+        "batch_id": run_id,
+        "manifest_key": manifest_key(run_id),
+        "open": {"spec_key": spec_key(run_id), "cursor": 0, "done": False},
+    }
+    watched = plane.watch.get(run_id)
+    assert watched is not None and watched.repairs == 1
+    # and that restart's open step opens the run: every unit pending, none admitted
+    open_at_once(plane.ledger, plane.blobs)(plane.executions.started[restart])
+    run = plane.ledger.run(run_id)
+    assert run.state is RunState.OPEN and run.pending == 4 and run.reserved == 0
 
 
 def test_units_in_flight_get_the_finalize_loop_back_without_the_map() -> None:
