@@ -155,6 +155,12 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
     # The first execution ran the map, polled POLLS_PER_EXECUTION + 1 times and continued
     entered = _entered(plane, batch)
     assert entered[:5] == ["Continuation?", "OpenUnits", "Opened?", "StartLoop", "FanOut"]
+    # and its open step (one page: the whole batch) took a handful of history events: a
+    # 100,000-unit open, a few pages, stays far under the 25,000 of an execution
+    arn = first["executionArn"]
+    history = _sfn(plane).get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    names = [e.get("stateEnteredEventDetails", {}).get("name") for e in history]
+    assert names.index("StartLoop") - names.index("OpenUnits") <= 8
     assert entered.count("Finalize") == POLLS_PER_EXECUTION + 1
     assert entered[-2:] == ["ContinueAsNew", "Continued"]
     # and the continuation went straight into the finalize loop: no map, nothing admitted again
