@@ -281,6 +281,12 @@ class ControlPlane:
             invocations += 1
         return invocations
 
+    def open_batch(self, batch_id: str) -> int:
+        """Only the open step of the batch's own execution (the map not run)."""
+        sfn = self.client("stepfunctions")
+        arn = self.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{batch_id}"
+        return self.open_step(json.loads(sfn.describe_execution(executionArn=arn)["input"]))
+
     def run_state_machine(self) -> list[str]:
         """Each new execution: every manifest item through the fan-out step (what the
         Distributed Map does); the finalizer then runs in :meth:`finalize`."""

@@ -594,6 +594,7 @@ def test_log_lines_carry_their_own_ids_never_an_earlier_records_or_invocations(
     status, doc, _ = plane.api("POST", "/batches", {"units": units(1), "lane": "low"})
     assert status == 201, doc
     batch_id = doc["batch_id"]
+    assert plane.open_batch(batch_id) == 1  # its execution's open step
     sqs = plane.client("sqs")
     unit = QueuedUnit(batch_id, "u0000", "acme", Lane.LOW, 0, 10_000, "unit 0")
     sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody=message_body(unit))
