@@ -584,6 +584,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     TOO_LARGE = "too_large"
     SHEDDING = "shedding"
+    TENANT_QUEUE = "tenant_queue"  # the caller's own max_queued_units, not the fleet's load
     DRAINING = "draining"
     MISCONFIGURED = "misconfigured"
 
