@@ -177,3 +177,26 @@ def test_a_poll_reads_the_expired_leases_not_the_units(
     whole_run = _read_units(meter)
     assert whole_run >= 25
     assert reclaiming < whole_run / 2 and idle < whole_run / 10, (reclaiming, idle, whole_run)
+
+
+def test_a_stale_index_entry_is_decided_from_the_fresh_unit(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an index read that lags the table (eventually consistent): it still lists u0, whose
+    # worker unclaimed it with a fresh lease since, u1, settled since, and u2, really expired
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=3), now=0.0)
+    for uid in ("u0", "u1", "u2"):
+        ledger.admit("run-1", uid, 0, now=0.0, lease_s=900)
+        ledger.claim("run-1", uid, 0, now=0.0, lease_s=60)
+    assert ledger.unclaim("run-1", "u0", 0, now=59.0, lease_s=900)
+    ledger.settle("run-1", "u1", 0, 70, True, now=59.0)
+    monkeypatch.setattr(ledger, "_expired_leases", lambda run_id, now: ["u0", "u1", "u2"])
+    # When the finalizer reclaims what the index listed
+    lost = ledger.reclaim_expired("run-1", now=61.0)
+    # Then only u2's attempt is settled as lost; u0 keeps its renewed lease, u1 its settlement
+    assert [s.unit.unit_id for s in lost] == ["u2"]
+    u0 = ledger.unit("run-1", "u0")
+    assert u0.reservation is not None and u0.reservation.lease_expires == 959.0
+    run = ledger.run("run-1")
+    assert (run.completed, run.spent, run.in_flight) == (1, 70 + 100, 1)
