@@ -12,7 +12,13 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import FANOUT_ASL, MANIFEST_PREFIX, OPEN_RUNS_INDEX, RESULTS_PREFIX
+from infra.constants import (
+    FANOUT_ASL,
+    LEASES_INDEX,
+    MANIFEST_PREFIX,
+    OPEN_RUNS_INDEX,
+    RESULTS_PREFIX,
+)
 from infra.functions import Environment, FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
@@ -184,10 +190,16 @@ class FanOutMachine(Construct):
         self._ledger.grant(
             role,
             "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
-            "dynamodb:Query",  # the run's units (lease sweep, results)
+            "dynamodb:Query",  # the run's units (the results, once, at closure)
             # reclaim: books + unit updates; the run's watch entry (record, release)
             "dynamodb:UpdateItem",
             "dynamodb:PutItem",  # reclaim settles a lost attempt: its attempt item
+        )
+        role.add_to_principal_policy(  # DynamoDBLedger.expired_leases: one run's expired leases
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[f"{self._ledger.table_arn}/index/{LEASES_INDEX}"],
+            )
         )
         # Writes results and the remainder manifest (read from the batch's manifest); checks
         # whether its results object exists (HeadObject, authorized as s3:GetObject).

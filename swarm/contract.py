@@ -35,6 +35,13 @@ REPAIRS: Final = "repairs"  # projected: how many times the sweeper restarted th
 TENANT_RUNS_INDEX: Final = "TenantRuns"
 OPEN_TENANT: Final = "open_tenant"  # S, the index's partition key: the run's tenant, while watched
 
+# --- the ledger's sparse index of the leases units hold (the finalizer's lease sweep:
+# DynamoDBLedger.expired_leases). Its partition key is the table's own ``pk`` (the run) and its
+# sort key the unit's lease expiry, an attribute only a unit holding a reservation has: every
+# write that takes, renews or ends a lease already sets or removes it, so the index follows ---
+LEASES_INDEX: Final = "Leases"
+LEASE_EXPIRY: Final = "res_lease"  # N, the index's sort key: when the unit's lease expires
+
 # --- Bedrock's client timeouts (the adapter uses them; infra checks the worker timeout against
 # them at synth) --------------------------------------------------------------------------------
 #: ceil(4,096 / 30) + 30 = 167 s, rounded up: a Converse call that generates the longest answer

@@ -32,7 +32,7 @@ from swarm.adapters.dynamodb_watch import (
     WATCH_SET,
     watch_values,
 )
-from swarm.contract import OPEN_TENANT, TENANT_RUNS_INDEX
+from swarm.contract import LEASE_EXPIRY, LEASES_INDEX, OPEN_TENANT, TENANT_RUNS_INDEX
 from swarm.core.errors import Conflict, NotFound
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
@@ -577,19 +577,57 @@ class DynamoDBLedger:
             step, f"reclaim of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
 
+    def expired_leases(self, run_id: str, now: float) -> list[str]:
+        """The units whose lease expired by ``now``, the oldest expiry first (ties by unit id),
+        from the ``Leases`` index: a Query of the run's expired entries only (keys only, a page
+        at a time), not of every unit.
+
+        The index is eventually consistent: a lease renewed or ended just now may still be
+        listed (the caller re-reads the unit before acting: :meth:`reclaim_unit`), and one that
+        expired just now may be missing (the next poll finds it).
+        """
+        self.run(run_id)  # NotFound for an unknown run
+        return self._expired_leases(run_id, now)
+
+    def _expired_leases(self, run_id: str, now: float) -> list[str]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": LEASES_INDEX,
+            "KeyConditionExpression": "#pk = :pk AND #lease <= :now",
+            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#lease": LEASE_EXPIRY},
+            "ExpressionAttributeValues": {
+                ":pk": items.string(items.run_pk(run_id)),
+                ":now": items.real(now),
+            },
+        }
+        prefix = items.unit_sk("")
+        found: list[tuple[float, str]] = []
+        while True:
+            page = self._call("query", **kwargs)
+            for item in page.get("Items", []):
+                sk = item[SORT_KEY]["S"]
+                if sk.startswith(prefix):  # only units carry a lease
+                    found.append((float(item[LEASE_EXPIRY]["N"]), sk[len(prefix) :]))
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return [unit_id for _, unit_id in sorted(found)]  # the oldest expiry first
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        """Reclaim every expired lease of the run (one Query, then one write per expired one).
+        """Reclaim every expired lease of the run: one Query of the ``Leases`` index (only the
+        expired entries), then, per expired unit, a strongly consistent read and a conditional
+        write (:meth:`reclaim_unit` decides from the fresh records: a lease renewed after the
+        index was read is left alone).
 
         Attempts settled meanwhile (by their worker or another reclaimer) are skipped: each
         attempt is counted once, by whoever settles it first.
         """
         self.run(run_id)
         lost = []
-        for u in self._raw_units(run_id):
-            if u.reservation is not None and u.reservation.lease_expires <= now:
-                settlement = self.reclaim_unit(run_id, u.unit_id, now)
-                if settlement is not None:
-                    lost.append(settlement)
+        for unit_id in self._expired_leases(run_id, now):
+            settlement = self.reclaim_unit(run_id, unit_id, now)
+            if settlement is not None:
+                lost.append(settlement)
         return lost
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:

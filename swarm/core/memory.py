@@ -160,10 +160,19 @@ class InMemoryLedger:
         self._units[run_id][unit_id] = unit
         return done
 
+    def expired_leases(self, run_id: str, now: float) -> list[str]:
+        self.run(run_id)
+        expired = [
+            (u.reservation.lease_expires, u.unit_id)
+            for u in self._units[run_id].values()
+            if u.reservation is not None and u.reservation.lease_expires <= now
+        ]
+        return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
         self.run(run_id)
         lost = []
-        for unit_id in list(self._units[run_id]):
+        for unit_id in self.expired_leases(run_id, now):
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
                 lost.append(settlement)

@@ -134,8 +134,15 @@ class Ledger(Protocol):
         """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
         ...
 
+    def expired_leases(self, run_id: str, now: float) -> list[str]:
+        """The units of the run whose lease expired by ``now``, the oldest expiry first (ties by
+        unit id): the lease index, which holds only units with a lease, so this reads only the
+        expired ones, not every unit. May lag a write just made: callers re-read before acting."""
+        ...
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        """Settle claimed attempts whose lease expired as lost; release unclaimed ones."""
+        """Settle claimed attempts whose lease expired as lost; release unclaimed ones (those
+        :meth:`expired_leases` lists, each decided again from its fresh record)."""
         ...
 
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:

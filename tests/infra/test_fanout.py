@@ -325,7 +325,7 @@ def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
     )
 
     ledger = synth.resources[synth.logical_id(synth.stack.tables.ledger)]["Properties"]
-    index, tenants = ledger["GlobalSecondaryIndexes"]
+    index, tenants, _leases = ledger["GlobalSecondaryIndexes"]
     assert index["IndexName"] == OPEN_RUNS_INDEX
     assert index["KeySchema"] == [
         {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
@@ -348,3 +348,39 @@ def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
     # no role is granted every index of the ledger (Table.grant's "<table>/index/*")
     policies = json.dumps(synth.of_type("AWS::IAM::Policy"))
     assert "/index/*" not in policies
+
+
+def test_the_ledger_has_a_sparse_index_of_leases_by_run_and_expiry(synth: Synthesized) -> None:
+    """Units holding a lease, by run (the table's pk) and expiry (res_lease, present only while
+    a unit holds a reservation), keys only: the finalizer's lease sweep reads the expired ones
+    (which roles may Query it: tests/infra/test_permissions.py, the finalizer and the sweeper)."""
+    from infra.constants import LEASE_EXPIRY, LEASES_INDEX, PARTITION_KEY
+
+    ledger = synth.resources[synth.logical_id(synth.stack.tables.ledger)]["Properties"]
+    (leases,) = [i for i in ledger["GlobalSecondaryIndexes"] if i["IndexName"] == LEASES_INDEX]
+    assert leases == {
+        "IndexName": LEASES_INDEX,
+        "KeySchema": [
+            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": LEASE_EXPIRY, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    }
+    assert {"AttributeName": LEASE_EXPIRY, "AttributeType": "N"} in ledger["AttributeDefinitions"]
+    # the attribute the ledger's items write and remove with every reservation
+    from swarm.adapters import dynamodb_items
+
+    assert LEASE_EXPIRY in dynamodb_items.RESERVATION_ATTRIBUTES
+    # the same index as the adapters create for tests and the local runtime
+    from unittest import mock
+
+    from swarm.adapters.dynamodb import create_table
+
+    client = mock.Mock()
+    create_table(client, "t")
+    (created,) = [
+        i
+        for i in client.create_table.call_args.kwargs["GlobalSecondaryIndexes"]
+        if i["IndexName"] == LEASES_INDEX
+    ]
+    assert created == leases
