@@ -417,6 +417,7 @@ class MemoryQueue:
     delayed: list[tuple[int, QueuedUnit]] = field(default_factory=list)
     in_flight: dict[Lane, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
     sent: list[QueuedUnit] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)  # each send_many's number of items
 
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
         self.sent.append(item)
@@ -424,6 +425,12 @@ class MemoryQueue:
             self.delayed.append((delay_s, item))
         else:
             self.lanes[item.lane].append(item)
+
+    def send_many(self, items: Sequence[QueuedUnit]) -> None:
+        """In order, as SQS keeps each lane's batches (there are no batch limits here)."""
+        self.batches.append(len(items))
+        for item in items:
+            self.send(item)
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
         """Messages here have no receipt handles: a retry is sent again by the test itself."""

@@ -81,9 +81,15 @@ def run_to_close(plane: ControlPlane, batch_id: str, rounds: int = 4) -> dict[st
 
 
 def fan_out_events(plane: ControlPlane) -> list[dict[str, Any]]:
-    """The map's item events, so a test can invoke the fan-out step itself: twice, or with a
-    step in between; in unit order (the manifest is in the fan-out's, largest first)."""
-    return sorted(plane.fan_out_events(), key=lambda event: event["unit"]["unit_id"])
+    """The map's item events cut into chunks of one unit (each a valid map item), so a test can
+    invoke the fan-out step itself for each unit: twice, or with a step in between; in unit
+    order (the manifest is in the fan-out's, largest first)."""
+    events = [
+        {**event, "chunk": {**event["chunk"], "units": [unit]}}
+        for event in plane.fan_out_events()
+        for unit in event["chunk"]["units"]
+    ]
+    return sorted(events, key=lambda event: event["chunk"]["units"][0]["unit_id"])
 
 
 def receive_all(plane: ControlPlane, lane: Lane = Lane.NORMAL) -> list[Any]:
