@@ -35,5 +35,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     chunk = event["chunk"]
     logger.append_keys(batch_id=event.get("batch_id"), chunk=event.get("index"))
     result = fanout().admit_and_enqueue_chunk(chunk, time.time(), batch_id=event["batch_id"])
-    logger.info("fan-out", units=result["units"], outcomes=result["outcomes"])
+    logger.info("fan-out", units=len(result["units"]), counts=result["counts"])
     return result

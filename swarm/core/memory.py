@@ -132,6 +132,16 @@ class InMemoryLedger:
         self._units[run_id][unit_id] = unit
         return admission
 
+    def admit_many(
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> list[Admission]:
+        admissions = []
+        for unit_id in unit_ids:
+            unit = self._raw_unit(run_id, unit_id)
+            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            admissions.append(self.admit(run_id, unit_id, attempt, now, lease_s))
+        return admissions
+
     def settle(
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement:

@@ -117,6 +117,14 @@ class Ledger(Protocol):
         self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
     ) -> Admission: ...
 
+    def admit_many(
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> list[Admission]:
+        """Admit each unit's next attempt (its reservation's, if it holds one: admitted already;
+        else its attempt count), in order: the decisions :meth:`admit` would make one by one,
+        one Admission per unit. The DynamoDB ledger writes many in one transaction."""
+        ...
+
     def settle(
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement: ...

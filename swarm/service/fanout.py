@@ -17,6 +17,7 @@ from typing import Any
 
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
+from swarm.core.ledger import Admission
 from swarm.core.ports import LaneQueue, Ledger
 from swarm.core.prompts import Prompt, from_json
 
@@ -46,11 +47,13 @@ class FanOut:
         """A manifest chunk ``{"run_id", "units": [{"unit_id", "input"}, ...]}`` (an item
         without ``units`` is one unit: a manifest written before chunks). Every unit is read
         before anything is written, so a malformed chunk writes nothing (InvalidInput); then
-        each unit is admitted in turn, and the admitted ones are sent together
-        (:meth:`LaneQueue.send_many`). A unit whose admission fails does not stop the others:
-        they are admitted and sent, then the first failure is raised, so Step Functions retries
-        the chunk; admission is idempotent (a unit admitted already is admitted again with the
-        same attempt) and the worker's claim absorbs a message sent twice."""
+        the units are admitted together (:meth:`Ledger.admit_many`: the DynamoDB ledger writes
+        up to 99 in one transaction), and the admitted ones are sent together
+        (:meth:`LaneQueue.send_many`). If the batched admission fails, each unit is admitted on
+        its own, and a unit whose admission fails does not stop the others: they are admitted
+        and sent, then the first failure is raised, so Step Functions retries the chunk;
+        admission is idempotent (a unit admitted already is admitted again with the same
+        attempt) and the worker's claim absorbs a message sent twice."""
         if not isinstance(chunk.get("units"), list):
             return self._summary([self.admit_and_enqueue(chunk, now, batch_id)])
         run_id = chunk.get("run_id")
@@ -63,6 +66,26 @@ class FanOut:
                 raise InvalidInput(f"chunk.units[{index}]", "a manifest unit is an object")
             _, unit_id, prompt = _named({"run_id": run_id, **unit}, f"chunk.units[{index}]")
             named.append((unit_id, prompt))
+        try:
+            admissions = self.ledger.admit_many(
+                run_id, [unit_id for unit_id, _ in named], now, self.queue_lease_s
+            )
+        except Exception:  # e.g. a DynamoDB error: unit by unit, each failure on its own
+            return self._one_by_one(run_id, named, now)
+        outcomes: list[dict[str, Any]] = []
+        queued: list[QueuedUnit] = []
+        for (unit_id, prompt), admission in zip(named, admissions, strict=True):
+            outcome, message = _outcome(run_id, unit_id, prompt, admission)
+            outcomes.append(outcome)
+            if message is not None:
+                queued.append(message)
+        if queued:
+            self.queue.send_many(queued)
+        return self._summary(outcomes)
+
+    def _one_by_one(
+        self, run_id: str, named: Sequence[tuple[str, Prompt]], now: float
+    ) -> dict[str, Any]:
         outcomes: list[dict[str, Any]] = []
         queued: list[QueuedUnit] = []
         failure: Exception | None = None
@@ -91,27 +114,35 @@ class FanOut:
             return {"unit_id": unit_id, "outcome": unit.state.value}, None
         attempt = unit.reservation.attempt if unit.reservation else unit.attempts
         admission = self.ledger.admit(run_id, unit_id, attempt, now, self.queue_lease_s)
-        if not admission.admitted:
-            return {"unit_id": unit_id, "outcome": "remainder", "reason": admission.reason}, None
-        spec = admission.run.spec  # the tenant, lane and budget the API opened the run with
-        # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
-        message = QueuedUnit(
-            run_id, unit_id, spec.tenant, spec.lane, attempt, unit.projected_tokens, prompt
-        )
-        return {"unit_id": unit_id, "outcome": "enqueued", "attempt": attempt}, message
+        return _outcome(run_id, unit_id, prompt, admission)
 
     @staticmethod
     def _summary(outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """A child's output (the map's results file holds one per chunk): counts by outcome,
-        and the units refused admission."""
+        """A child's output (the map's results file holds one per chunk): each unit's outcome
+        (``enqueued`` with its attempt, ``remainder`` with the reason, or its terminal state),
+        and the count of each."""
         counts: dict[str, int] = {}
         for o in outcomes:
             counts[str(o["outcome"])] = counts.get(str(o["outcome"]), 0) + 1
-        return {
-            "units": len(outcomes),
-            "outcomes": counts,
-            "remainder": [o["unit_id"] for o in outcomes if o["outcome"] == "remainder"],
-        }
+        return {"units": [dict(o) for o in outcomes], "counts": counts}
+
+
+def _outcome(
+    run_id: str, unit_id: str, prompt: Prompt, admission: Admission
+) -> tuple[dict[str, Any], QueuedUnit | None]:
+    """A unit's outcome, and the message to send if it was admitted."""
+    if admission.reason == "terminal":
+        return {"unit_id": unit_id, "outcome": admission.unit.state.value}, None
+    if not admission.admitted:
+        return {"unit_id": unit_id, "outcome": "remainder", "reason": admission.reason}, None
+    spec = admission.run.spec  # the tenant, lane and budget the API opened the run with
+    reservation = admission.unit.reservation
+    attempt = reservation.attempt if reservation is not None else admission.unit.attempts
+    # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
+    message = QueuedUnit(
+        run_id, unit_id, spec.tenant, spec.lane, attempt, admission.unit.projected_tokens, prompt
+    )
+    return {"unit_id": unit_id, "outcome": "enqueued", "attempt": attempt}, message
 
 
 def _check_run(run_id: str, batch_id: str | None, field: str) -> None:

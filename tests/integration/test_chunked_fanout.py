@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from moto.dynamodb.models import DynamoDBBackend
 from moto.sqs.models import SQSBackend
 
 from swarm.core.codec import parse_message_body
@@ -84,15 +85,25 @@ def test_one_child_admits_a_chunk_and_sends_it_ten_per_request(
     (chunk,) = _manifest(plane, batch_id)
     assert chunk["run_id"] == batch_id and len(chunk["units"]) == n
     counter = _count_batches(monkeypatch)
+    transactions: list[int] = []
+    original = DynamoDBBackend.transact_write_items
+
+    def transact(backend: Any, items: list[Any], *args: Any, **kw: Any) -> Any:
+        transactions.append(len(items))
+        return original(backend, items, *args, **kw)
+
+    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", transact)
     # When the map's one child runs the fan-out function
     (event,) = plane.fan_out_events()
     started = time.monotonic()
     result = plane.invoke("fanout", event)
     took = time.monotonic() - started
     # Then every unit is admitted and sent, in ceil(n / 10) SendMessageBatch requests
-    assert result == {"units": n, "outcomes": {"enqueued": n}, "remainder": []}
+    assert result["counts"] == {"enqueued": n} and len(result["units"]) == n
     assert counter.sizes == [10] * (n // 10) + ([n % 10] if n % 10 else [])
     assert len(counter.sizes) == math.ceil(n / 10)
+    # admitted in batches of 99 (one transaction of the books and 99 units each)
+    assert transactions == [1 + k for k in ([99] * (n // 99) + ([n % 99] if n % 99 else []))]
     assert sorted(_all_messages(plane)) == sorted(u["unit_id"] for u in chunk["units"])
     run = ledger(plane).run(batch_id)
     assert run.in_flight == n and run.reserved == sum(u["projected_tokens"] for u in units(n))
@@ -112,7 +123,7 @@ def test_failed_entries_of_a_batch_are_sent_again(
     (event,) = plane.fan_out_events()
     result = plane.invoke("fanout", event)
     # Then those 3 are sent again in a request of their own, and every unit is on its lane once
-    assert result["outcomes"] == {"enqueued": 14}
+    assert result["counts"] == {"enqueued": 14}
     assert counter.sizes == [10, 3, 4]
     sent = _all_messages(plane)
     assert sorted(sent) == sorted(u["unit_id"] for u in units(14)) and len(set(sent)) == 14
@@ -128,6 +139,6 @@ def test_a_chunk_retried_whole_admits_nothing_twice(plane: ControlPlane) -> None
     reserved = ledger(plane).run(batch_id).reserved
     # a Step Functions retry of the same item (e.g. its first answer was lost)
     again = plane.invoke("fanout", event)
-    assert again["outcomes"] == {"enqueued": 12}
+    assert again["counts"] == {"enqueued": 12}
     assert ledger(plane).run(batch_id).reserved == reserved
     assert len(manifest_units(_manifest(plane, batch_id))) == 12

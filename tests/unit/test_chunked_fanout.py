@@ -159,7 +159,10 @@ def test_a_chunk_is_admitted_and_sent_in_one_batch() -> None:
     queue = MemoryQueue()
     (chunk,) = manifest_items(spec, {u.unit_id: f"p {u.unit_id}" for u in spec.units}, 100)
     result = FanOut(ledger, queue, 600).admit_and_enqueue_chunk(chunk, NOW, "b-1")
-    assert result == {"units": 5, "outcomes": {"enqueued": 5}, "remainder": []}
+    assert result["counts"] == {"enqueued": 5}
+    assert result["units"] == [
+        {"unit_id": f"u{i}", "outcome": "enqueued", "attempt": 0} for i in range(5)
+    ]
     assert queue.batches == [5]  # one send_many for the chunk
     assert [(q.unit_id, q.input, q.lane, q.tenant) for q in queue.sent] == [
         (f"u{i}", f"p u{i}", Lane.LOW, "acme") for i in range(5)
@@ -167,7 +170,7 @@ def test_a_chunk_is_admitted_and_sent_in_one_batch() -> None:
     assert ledger.run("b-1").reserved == 5_000
     # a retry of the whole chunk (Step Functions) admits nothing twice
     again = FanOut(ledger, queue, 600).admit_and_enqueue_chunk(chunk, NOW, "b-1")
-    assert again["outcomes"] == {"enqueued": 5}
+    assert again["counts"] == {"enqueued": 5}
     assert ledger.run("b-1").reserved == 5_000
 
 
@@ -176,8 +179,11 @@ def test_a_chunk_past_the_budget_admits_what_fits_and_names_the_remainder() -> N
     queue = MemoryQueue()
     (chunk,) = manifest_items(spec, {}, 100)
     result = FanOut(ledger, queue, 600).admit_and_enqueue_chunk(chunk, NOW, "b-1")
-    assert result["outcomes"] == {"enqueued": 3, "remainder": 2}
-    assert result["remainder"] == ["u3", "u4"]
+    assert result["counts"] == {"enqueued": 3, "remainder": 2}
+    assert [(u["unit_id"], u.get("reason")) for u in result["units"][3:]] == [
+        ("u3", "budget"),
+        ("u4", "exhausting"),
+    ]
     assert [q.unit_id for q in queue.sent] == ["u0", "u1", "u2"]
 
 
@@ -196,14 +202,22 @@ def test_a_malformed_or_foreign_chunk_writes_nothing() -> None:
 
 @dataclass
 class FlakyLedger:
-    """The in-memory ledger, whose admission of some units fails (a DynamoDB error) once."""
+    """The in-memory ledger, whose admission of some units fails (a DynamoDB error) once, and
+    whose batched admission of a batch holding one fails."""
 
     inner: InMemoryLedger
     failing: set[str]
     failed: list[str] = field(default_factory=list)
+    batches: int = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def admit_many(self, run_id: str, unit_ids: Any, *args: Any, **kw: Any) -> Any:
+        self.batches += 1
+        if self.failing & set(unit_ids):
+            raise RuntimeError("TransactionConflict")
+        return self.inner.admit_many(run_id, unit_ids, *args, **kw)
 
     def admit(self, run_id: str, unit_id: str, *args: Any, **kw: Any) -> Any:
         if unit_id in self.failing:
@@ -219,16 +233,19 @@ def test_a_unit_that_fails_does_not_lose_the_others_and_the_retry_finishes_the_c
     queue = MemoryQueue()
     fanout = FanOut(ledger, queue, 600)  # type: ignore[arg-type]
     (chunk,) = manifest_items(spec, {}, 100)
-    # When u2's admission fails, the chunk fails (Step Functions retries it) ...
+    # When the batched admission fails, then u2's own admission, the chunk fails (Step
+    # Functions retries it) ...
     with pytest.raises(RuntimeError, match="u2"):
         fanout.admit_and_enqueue_chunk(chunk, NOW, "b-1")
+    assert ledger.batches == 1 and ledger.failed == ["u2"]
     # ... after the five others were admitted and sent
     assert sorted(q.unit_id for q in queue.sent) == ["u0", "u1", "u3", "u4", "u5"]
     assert inner.unit("b-1", "u2").state is UnitState.PENDING
     # and the retry admits u2; the others are admitted again idempotently (sent again: the
     # worker's claim absorbs the duplicates), nothing is reserved twice
     result = fanout.admit_and_enqueue_chunk(chunk, NOW, "b-1")
-    assert result["outcomes"] == {"enqueued": 6}
+    assert result["counts"] == {"enqueued": 6}
+    assert ledger.batches == 2  # the retry's batched admission went through
     assert inner.run("b-1").reserved == 6_000
     assert all(u.state is UnitState.IN_FLIGHT for u in inner.units("b-1"))
 

@@ -192,7 +192,7 @@ def test_the_fan_out_takes_tenant_lane_and_tokens_from_the_ledger_not_the_item()
     fanout = FanOut(ledger, queue, queue_lease_s=600)
     outcome = fanout.admit_and_enqueue_chunk(forged, NOW, "b-acme")
     # Then the unit goes onto acme's lane, as acme's, reserving the ledger's projection
-    assert outcome == {"units": 1, "outcomes": {"enqueued": 1}, "remainder": []}
+    assert outcome["units"] == [{"unit_id": "u1", "outcome": "enqueued", "attempt": 0}]
     (sent,) = queue.sent
     message = codec.parse_message_body(codec.message_body(sent))
     assert (message.tenant, message.lane, message.tokens) == ("acme", Lane.LOW, 2_000)
