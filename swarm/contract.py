@@ -111,6 +111,13 @@ UPLOAD_URL_SECONDS: Final = "UPLOAD_URL_SECONDS"
 
 
 STATE_MACHINE_ARN: Final = "STATE_MACHINE_ARN"
+#: the most units one Distributed Map child fans out (cdk.json fanout.units_per_child): the API
+#: writes the manifest in chunks of this many (swarm.service.batches.chunk_units)
+UNITS_PER_CHILD: Final = "UNITS_PER_CHILD"
+#: the bound on cdk.json fanout.units_per_child: one fan-out invocation admits (one ledger
+#: transaction each) and sends this many units within its Lambda timeout (infra/fanout.py)
+MAX_UNITS_PER_CHILD: Final = 500
+DEFAULT_UNITS_PER_CHILD: Final = 100
 
 
 EVENT_BUS_NAME: Final = "EVENT_BUS_NAME"
@@ -375,6 +382,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         OPERATOR_PRINCIPAL_PREFIX,
         RESULTS_URL_SECONDS,
         UPLOAD_URL_SECONDS,
+        UNITS_PER_CHILD,
     ),
     "fanout": (
         *_COMMON,

@@ -372,6 +372,50 @@ class LedgerContract:
         with pytest.raises(NotFound):
             ledger.expired_leases("nope", now=0.0)
 
+    # -- batched admission (the fan-out of a manifest chunk)
+    @pytest.mark.parametrize("budget", [20_000, 6_050, 100])
+    def test_admit_many_decides_as_admit_does_one_by_one(self, ledger: Ledger, budget: int) -> None:
+        # Given a run of 150 units (more than one transaction's worth) with some history:
+        # u0 in flight, u1 completed
+        reference = InMemoryLedger()
+        s = spec(units=150, tokens=100, budget=budget)
+        for led in (ledger, reference):
+            led.open_run(s, now=0.0)
+            if budget >= 200:
+                led.admit("run-1", "u0", 0, now=1.0)
+                led.admit("run-1", "u1", 0, now=1.0)
+                led.settle("run-1", "u1", 0, 90, True, now=2.0)
+        # When every unit is admitted in one call (out of submission order)
+        order = [f"u{i}" for i in (*range(149, 74, -1), *range(75))]
+        admissions = ledger.admit_many("run-1", order, now=3.0, lease_s=50.0)
+        # Then each decision is the one admit would make one unit at a time, in that order:
+        # the budget's units admitted, the first one past it starts the exhaustion, the rest
+        # refused; u0 admitted already, u1 terminal
+        expected = []
+        for uid in order:
+            unit = reference.unit("run-1", uid)
+            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            expected.append(reference.admit("run-1", uid, attempt, now=3.0, lease_s=50.0))
+        assert admissions == expected
+        assert ledger.run("run-1") == reference.run("run-1")
+        assert ledger.units("run-1") == reference.units("run-1")
+        run = ledger.run("run-1")
+        assert run.spent + run.reserved <= run.budget
+        balanced(ledger, "run-1")
+        # and a repeat (a retried chunk) changes nothing
+        again = ledger.admit_many("run-1", order, now=4.0, lease_s=50.0)
+        assert [a.admitted for a in again] == [a.admitted for a in admissions]
+        assert ledger.run("run-1") == run
+
+    def test_admit_many_of_an_unknown_unit_admits_those_before_it(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=3), now=0.0)
+        with pytest.raises(NotFound):
+            ledger.admit_many("run-1", ["u0", "nope", "u1"], now=1.0)
+        assert ledger.unit("run-1", "u0").state is UnitState.IN_FLIGHT
+        assert ledger.unit("run-1", "u1").state is UnitState.PENDING
+        with pytest.raises(NotFound):
+            ledger.admit_many("run-2", ["u0"], now=1.0)
+
     # -- the reference, differentially
     @pytest.mark.parametrize("seed", range(6))
     def test_random_operations_match_the_in_memory_reference(
@@ -408,6 +452,7 @@ def _outcome(led: Ledger, *call: Any) -> tuple[str, Any]:
 
 OPS = (
     "admit", "admit", "settle", "settle", "claim", "unclaim", "reclaim", "dead", "top", "leases",
+    "many",
 )  # fmt: skip
 
 
@@ -426,9 +471,19 @@ def replay(ledger: Ledger, seed: int, steps: int) -> None:
         attempt += rng.choice([0, 0, 0, 0, -1])
         op = rng.choice(OPS)
         args = (rng.choice([5.0, 20.0]), rng.randint(0, 150), rng.random() < 0.5)
-        expected = _outcome(reference, op, uid, attempt, now, args)
-        actual = _outcome(ledger, op, uid, attempt, now, args)
-        assert actual == expected, f"step {op} {uid} attempt {attempt} at {now}"
+        if op == "many":  # batched admission against admit() one unit at a time
+            uids = rng.sample([f"u{i}" for i in range(6)], rng.randint(1, 6))
+            actual = ledger.admit_many("run-1", uids, now, args[0])
+            expected = []
+            for u in uids:
+                record = reference.unit("run-1", u)
+                next_attempt = record.reservation.attempt if record.reservation else record.attempts
+                expected.append(reference.admit("run-1", u, next_attempt, now, args[0]))
+            assert actual == expected, f"step many {uids} at {now}"
+        else:
+            expected = _outcome(reference, op, uid, attempt, now, args)
+            actual = _outcome(ledger, op, uid, attempt, now, args)
+            assert actual == expected, f"step {op} {uid} attempt {attempt} at {now}"
         assert ledger.run("run-1") == reference.run("run-1")
         assert ledger.units("run-1") == reference.units("run-1")
     assert sorted(ledger.attempts("run-1"), key=_akey) == sorted(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -63,6 +63,8 @@ from swarm.core.records import (
 
 DEFAULT_ATTEMPT_RETENTION_S = 30 * 24 * 3600.0
 MAX_TRIES = 64  # an operation re-decided this often is starved: report Conflict, don't spin
+#: a batched admission's units: with the books, one TransactWriteItems of at most 100 items
+MAX_BATCH_ADMISSIONS = 99
 
 T = TypeVar("T")
 
@@ -398,6 +400,74 @@ class DynamoDBLedger:
         return self._optimistic(
             step, f"admission of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
+
+    def admit_many(
+        self,
+        run_id: str,
+        unit_ids: Sequence[str],
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> list[Admission]:
+        """Up to :data:`MAX_BATCH_ADMISSIONS` units at a time: one BatchGetItem of the books and
+        the units, :func:`decide_admission` for each in turn on the run as it would stand, and
+        one TransactWriteItems of the books (by deltas, on condition that ``available`` still
+        covers every reservation it adds: what :meth:`admit` asks of one) and each unit written
+        (on condition that it is as read). A decision :meth:`admit` writes with conditions of
+        its own (the refusal that starts exhaustion, a drain retry the budget no longer
+        covers), a Conflict, a unit not found, and a batch whose transaction was cancelled (a
+        concurrent write) go to :meth:`admit`, one unit, and the batching resumes after it."""
+        admissions: list[Admission] = []
+        pending = list(unit_ids)
+        while pending:
+            decided = self._admit_batch(run_id, pending[:MAX_BATCH_ADMISSIONS], now, lease_s)
+            if not decided:
+                unit = self._read_run_unit(run_id, pending[0])[1]
+                attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+                decided = [self.admit(run_id, pending[0], attempt, now, lease_s)]
+            admissions.extend(decided)
+            pending = pending[len(decided) :]
+        return admissions
+
+    def _admit_batch(
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float
+    ) -> list[Admission]:
+        """The admissions of the longest prefix of ``unit_ids`` that one transaction can
+        write (none: the first unit goes to :meth:`admit`)."""
+        found = self._get_many(
+            [key(run_id, BOOKS), *(key(run_id, items.unit_sk(u)) for u in unit_ids)]
+        )
+        books = found[0]
+        if books is None or not items.flag_of(books, "ready"):
+            raise NotFound(f"no run {run_id!r}")
+        read = run = self._run_from(books)
+        decided: list[Admission] = []
+        writes: list[Item] = []
+        reserving = 0
+        for item in found[1:]:
+            if item is None:
+                break  # admit() says NotFound for it
+            unit = items.unit_from(run_id, item)
+            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            try:
+                new_run, new_unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+            except Conflict:
+                break
+            if new_run == run and new_unit == unit:
+                decided.append(admission)  # nothing to write: already admitted, terminal, ...
+                continue
+            if not admission.admitted:
+                break  # a refusal that writes has conditions of its own: admit() writes it
+            writes.append(items.unit_update(self.table_name, unit, new_unit))
+            reserving += unit.projected_tokens
+            run = new_run
+            decided.append(admission)
+        if writes:
+            extra = [("available", ">=", reserving)]
+            try:
+                self._write([items.run_update(self.table_name, read, run, extra), *writes])
+            except _Retry:
+                return []  # a concurrent write: one by one for the first, then batch again
+        return decided
 
     # ------------------------------------------------------------------ settlement
     def settle(

@@ -102,3 +102,46 @@ def test_the_spec_limit_at_submit_is_what_one_dynamodb_item_holds(dynamodb: Any)
     with pytest.raises(ClientError, match="Item size has exceeded"):
         dynamodb.put_item(TableName=TABLE, Item=items.spec_item(too_many))
     assert low > 10_000  # a batch of random ids still holds well over the inline maximum
+
+
+def test_a_batched_admission_that_a_concurrent_write_cancels_is_decided_again(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run of 5 units, and another fan-out (another Lambda) that admits u2 right after
+    # this batch has read the books and the units
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    other = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=5, tokens=100, budget=1_000), now=0.0)
+    read = ledger._get_many
+    raced: list[bool] = []
+
+    def get_many(keys: list[Any]) -> list[Any]:
+        found = read(keys)
+        if len(keys) > 2 and not raced:
+            raced.append(True)
+            other.admit("run-1", "u2", 0, now=1.0)
+        return found
+
+    monkeypatch.setattr(ledger, "_get_many", get_many)
+    transactions: list[int] = []
+    call = ledger._call
+
+    def counted(op: str, **kw: Any) -> Any:
+        if op == "transact_write_items":
+            transactions.append(len(kw["TransactItems"]))
+        return call(op, **kw)
+
+    monkeypatch.setattr(ledger, "_call", counted)
+    # When the batch is written: its transaction is cancelled (u2 is not as read)
+    admissions = ledger.admit_many("run-1", [f"u{i}" for i in range(5)], now=1.0)
+    # Then u0 is admitted on its own, the rest batched again: u2 admitted already, once
+    assert raced and transactions == [6, 2, 4]
+    assert [a.reason for a in admissions] == [
+        "admitted",
+        "admitted",
+        "already_admitted",
+        "admitted",
+        "admitted",
+    ]
+    run = ledger.run("run-1")
+    assert (run.in_flight, run.reserved) == (5, 500)
