@@ -125,7 +125,8 @@ def _too_large(e: TooLarge) -> Response[str]:
 @app.exception_handler(Shedding)
 def _shedding(e: Shedding) -> Response[str]:
     metrics.add_metric(METRIC_SUBMISSIONS_SHED, MetricUnit.Count, 1)
-    return _error(429, ErrorCode.SHEDDING, str(e), e.retry_after_s)
+    code = ErrorCode.TENANT_QUEUE if e.shed.reason == "tenant_queue" else ErrorCode.SHEDDING
+    return _error(429, code, str(e), e.retry_after_s)
 
 
 @app.exception_handler(Draining)

@@ -1,8 +1,10 @@
-"""Fan-out step (the Distributed Map's item processor): admit the unit, then enqueue it.
+"""Fan-out step (the Distributed Map's item processor): admit a chunk's units, then enqueue the
+admitted ones (SendMessageBatch).
 
-Event: ``{"batch_id": ..., "index": n, "unit": <manifest item>}``. A refused admission is not an
-error: the unit joins the remainder and the run starts exhausting. The tenant, lane and budget
-are the ledger's (the run's spec), never the item's; an item of another batch is refused.
+Event: ``{"batch_id": ..., "index": n, "chunk": {"run_id": ..., "units": [...]}}`` (the ASL's
+ItemSelector; swarm.service.batches.map_child_input). A refused admission is not an error: the
+unit joins the remainder and the run starts exhausting. The tenant, lane and budget are the
+ledger's (the run's spec), never the item's; an item of another batch is refused.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ def fanout() -> FanOut:
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    item = event["unit"]
-    logger.append_keys(batch_id=event.get("batch_id"), unit_id=item.get("unit_id"))
-    result = fanout().admit_and_enqueue(item, time.time(), batch_id=event["batch_id"])
-    logger.info("fan-out", **result)
+    chunk = event["chunk"]
+    logger.append_keys(batch_id=event.get("batch_id"), chunk=event.get("index"))
+    result = fanout().admit_and_enqueue_chunk(chunk, time.time(), batch_id=event["batch_id"])
+    logger.info("fan-out", units=len(result["units"]), counts=result["counts"])
     return result

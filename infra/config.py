@@ -19,6 +19,8 @@ from swarm.api.models import MAX_BUDGET_TOKENS
 from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
     BEDROCK_DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_UNITS_PER_CHILD,
+    MAX_UNITS_PER_CHILD,
     bedrock_call_bound_s,
 )
 from swarm.core.governor import GovernorConfig
@@ -138,6 +140,10 @@ class FanoutConfig(_Strict):
     finalizer_polls_per_execution: int = Field(default=1000, ge=1)
     # how often the sweeper looks for runs whose execution died (an EventBridge schedule)
     sweeper_rate_minutes: int = Field(default=15)
+    # the most units one child execution admits and enqueues: the API writes the manifest in
+    # chunks of this many (and under the 256 KiB child input), so a batch costs one child
+    # start, one Express request and one fan-out invocation per chunk, not per unit
+    units_per_child: int = Field(default=DEFAULT_UNITS_PER_CHILD)
 
     @model_validator(mode="after")
     def _bounded(self) -> FanoutConfig:
@@ -147,6 +153,12 @@ class FanoutConfig(_Strict):
                 f"{MAX_POLLS_PER_EXECUTION}: each poll adds 11 events to the execution's history "
                 "and Step Functions ends an execution at 25,000; the loop continues as a new "
                 "execution after this many polls, so a lower value costs nothing"
+            )
+        if not 1 <= self.units_per_child <= MAX_UNITS_PER_CHILD:
+            raise ValueError(
+                f"units_per_child={self.units_per_child} must be a whole number from 1 to "
+                f"{MAX_UNITS_PER_CHILD}: one fan-out invocation admits (a ledger transaction "
+                "each) and sends that many units within its Lambda timeout"
             )
         if not 1 <= self.sweeper_rate_minutes <= 1440:
             raise ValueError(

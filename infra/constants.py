@@ -25,6 +25,10 @@ WATCH_PROJECTED = (contract.EXECUTION, contract.REPAIRS)  # what the sweeper rea
 # The ledger's sparse index of each tenant's watched runs (keys only: the API's queue cap).
 TENANT_RUNS_INDEX = contract.TENANT_RUNS_INDEX
 TENANT_RUNS_PARTITION_KEY = contract.OPEN_TENANT
+# The ledger's sparse index of units holding a lease, by run (pk) and expiry (keys only: the
+# finalizer's lease sweep).
+LEASES_INDEX = contract.LEASES_INDEX
+LEASE_EXPIRY = contract.LEASE_EXPIRY
 
 # Bucket prefixes.
 MANIFEST_PREFIX = "manifests/"

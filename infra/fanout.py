@@ -12,7 +12,13 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import FANOUT_ASL, MANIFEST_PREFIX, OPEN_RUNS_INDEX, RESULTS_PREFIX
+from infra.constants import (
+    FANOUT_ASL,
+    LEASES_INDEX,
+    MANIFEST_PREFIX,
+    OPEN_RUNS_INDEX,
+    RESULTS_PREFIX,
+)
 from infra.functions import Environment, FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
@@ -21,6 +27,17 @@ from swarm.contract import FANOUT, FINALIZER, SWEEP_INTERVAL_SECONDS, SWEEPER
 #: Child executions in AWS are EXPRESS (cheap, at-least-once is fine: admission is idempotent).
 #: moto cannot run EXPRESS children: the local runtime rewrites this substitution to STANDARD.
 MAP_EXECUTION_TYPE = "EXPRESS"
+#: An Express execution runs for 5 minutes at most: the child's every attempt of the fan-out
+#: function (the first and AdmitAndEnqueue's 3 retries of States.TaskFailed, a timeout
+#: included) plus the retries' pauses (at most 2 + 4 + 8 s) must end within it.
+EXPRESS_MAX_SECONDS = 300
+FANOUT_ATTEMPTS = 4
+#: The fan-out function admits a chunk of up to fanout.units_per_child units (a ledger read and
+#: transaction each) and sends them. Measured on moto (in-process, one invocation): a chunk of
+#: 100 units in 2.9 s, ~29 ms per unit; on AWS a DynamoDB request takes a few ms. 60 s is 20
+#: times the measured chunk of 100, 4 times a chunk of MAX_UNITS_PER_CHILD (500) at that rate,
+#: and 4 attempts of it fit an Express child (FANOUT_ATTEMPTS * 60 + 14 < 300).
+FANOUT_TIMEOUT_SECONDS = 60
 
 
 def definition_substitutions(
@@ -67,8 +84,8 @@ class FanOutMachine(Construct):
             "Admit",
             FunctionSpec(
                 name=FANOUT,
-                description="Distributed Map item: ledger admission, then enqueue on the lane",
-                timeout=cdk.Duration.seconds(30),
+                description="Distributed Map item: a chunk's ledger admissions, then its sends",
+                timeout=cdk.Duration.seconds(FANOUT_TIMEOUT_SECONDS),
             ),
         )
         ledger.grant(
@@ -77,7 +94,8 @@ class FanOutMachine(Construct):
             "dynamodb:UpdateItem",  # admit: books (and unit) updates
         )
         for queue in lanes.queues.values():  # SSE-SQS: no KMS key to grant
-            queue.grant(self.admit.role, "sqs:SendMessage")  # the admitted unit, on its lane
+            # the admitted units, on their lane (SendMessageBatch is authorized as SendMessage)
+            queue.grant(self.admit.role, "sqs:SendMessage")
 
         self.finalizer: SwarmFunction = factory.build(
             "Finalizer",
@@ -189,10 +207,16 @@ class FanOutMachine(Construct):
         self._ledger.grant(
             role,
             "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
-            "dynamodb:Query",  # the run's units (lease sweep, results)
+            "dynamodb:Query",  # the run's units (the results, once, at closure)
             # reclaim: books + unit updates; the run's watch entry (record, release)
             "dynamodb:UpdateItem",
             "dynamodb:PutItem",  # reclaim settles a lost attempt: its attempt item
+        )
+        role.add_to_principal_policy(  # DynamoDBLedger.expired_leases: one run's expired leases
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[f"{self._ledger.table_arn}/index/{LEASES_INDEX}"],
+            )
         )
         # Writes results and the remainder manifest (read from the batch's manifest); checks
         # whether its results object exists (HeadObject, authorized as s3:GetObject).

@@ -145,6 +145,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.OPERATOR_PRINCIPAL_PREFIX: config.api.operator_principal_prefix,
         env.RESULTS_URL_SECONDS: str(config.results.download_url_seconds),
         env.UPLOAD_URL_SECONDS: str(config.uploads.url_seconds),
+        env.UNITS_PER_CHILD: str(config.fanout.units_per_child),
         env.MODEL_ADAPTER: config.model.adapter,
         env.BEDROCK_MODEL_ID: config.model.bedrock_model_id,
         env.BEDROCK_READ_TIMEOUT_SECONDS: str(config.model.bedrock.read_timeout_seconds),

@@ -8,6 +8,8 @@ from constructs import Construct
 
 from infra.config import SwarmConfig
 from infra.constants import (
+    LEASE_EXPIRY,
+    LEASES_INDEX,
     OPEN_RUNS_INDEX,
     PARTITION_KEY,
     SORT_KEY,
@@ -65,6 +67,11 @@ class Tables(Construct):
         ``TenantRuns`` beside it: the same watched runs by tenant (``open_tenant``, written with
         the watch attributes), keys only, so the hot writes that change a run's counts never
         touch it; only the API queries it (a tenant's queued units, swarm.core.tenancy).
+
+        ``Leases``: the units that hold a lease, by run (the table's ``pk``) and lease expiry
+        (``res_lease``, present only while a unit holds a reservation), keys only. The finalizer
+        (and the sweeper, which runs it) Query it for the expired leases of one run instead of
+        reading every unit (swarm.adapters.dynamodb_ledger, docs/ledger.md).
         """
         cfn = table.node.default_child
         assert isinstance(cfn, dynamodb.CfnTable)
@@ -76,6 +83,7 @@ class Tables(Construct):
                 {"AttributeName": WATCH_PARTITION_KEY, "AttributeType": "S"},
                 {"AttributeName": WATCH_SORT_KEY, "AttributeType": "N"},
                 {"AttributeName": TENANT_RUNS_PARTITION_KEY, "AttributeType": "S"},
+                {"AttributeName": LEASE_EXPIRY, "AttributeType": "N"},
             ],
         )
         cfn.add_property_override(
@@ -95,6 +103,14 @@ class Tables(Construct):
                 {
                     "IndexName": TENANT_RUNS_INDEX,
                     "KeySchema": [{"AttributeName": TENANT_RUNS_PARTITION_KEY, "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
+                {
+                    "IndexName": LEASES_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+                        {"AttributeName": LEASE_EXPIRY, "KeyType": "RANGE"},
+                    ],
                     "Projection": {"ProjectionType": "KEYS_ONLY"},
                 },
             ],

@@ -35,6 +35,13 @@ REPAIRS: Final = "repairs"  # projected: how many times the sweeper restarted th
 TENANT_RUNS_INDEX: Final = "TenantRuns"
 OPEN_TENANT: Final = "open_tenant"  # S, the index's partition key: the run's tenant, while watched
 
+# --- the ledger's sparse index of the leases units hold (the finalizer's lease sweep:
+# DynamoDBLedger.expired_leases). Its partition key is the table's own ``pk`` (the run) and its
+# sort key the unit's lease expiry, an attribute only a unit holding a reservation has: every
+# write that takes, renews or ends a lease already sets or removes it, so the index follows ---
+LEASES_INDEX: Final = "Leases"
+LEASE_EXPIRY: Final = "res_lease"  # N, the index's sort key: when the unit's lease expires
+
 # --- Bedrock's client timeouts (the adapter uses them; infra checks the worker timeout against
 # them at synth) --------------------------------------------------------------------------------
 #: ceil(4,096 / 30) + 30 = 167 s, rounded up: a Converse call that generates the longest answer
@@ -104,6 +111,13 @@ UPLOAD_URL_SECONDS: Final = "UPLOAD_URL_SECONDS"
 
 
 STATE_MACHINE_ARN: Final = "STATE_MACHINE_ARN"
+#: the most units one Distributed Map child fans out (cdk.json fanout.units_per_child): the API
+#: writes the manifest in chunks of this many (swarm.service.batches.chunk_units)
+UNITS_PER_CHILD: Final = "UNITS_PER_CHILD"
+#: the bound on cdk.json fanout.units_per_child: one fan-out invocation admits (one ledger
+#: transaction each) and sends this many units within its Lambda timeout (infra/fanout.py)
+MAX_UNITS_PER_CHILD: Final = 500
+DEFAULT_UNITS_PER_CHILD: Final = 100
 
 
 EVENT_BUS_NAME: Final = "EVENT_BUS_NAME"
@@ -368,6 +382,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         OPERATOR_PRINCIPAL_PREFIX,
         RESULTS_URL_SECONDS,
         UPLOAD_URL_SECONDS,
+        UNITS_PER_CHILD,
     ),
     "fanout": (
         *_COMMON,

@@ -43,6 +43,7 @@ from swarm.contract import (
     LEDGER_TABLE_NAME,
     MAX_ATTEMPTS,
     MAX_BUDGET_TOKENS,
+    MAX_UNITS_PER_CHILD,
     MODEL_ADAPTER,
     OPERATOR_PRINCIPAL_PREFIX,
     OPTIONAL_VARS,
@@ -66,6 +67,7 @@ from swarm.contract import (
     SWEEP_INTERVAL_SECONDS,
     TENANT_LIMITS,
     TENANT_PRINCIPAL_PREFIX,
+    UNITS_PER_CHILD,
     UPLOAD_URL_SECONDS,
     WORKER_MAPPING_ID_HIGH,
     WORKER_MAPPING_ID_LOW,
@@ -283,6 +285,7 @@ class ApiSettings(
     operator_principal_prefix: str = Field(alias=OPERATOR_PRINCIPAL_PREFIX, min_length=1)
     results_url_seconds: int = Field(alias=RESULTS_URL_SECONDS, ge=1, le=3600)
     upload_url_seconds: int = Field(alias=UPLOAD_URL_SECONDS, ge=1, le=3600)
+    units_per_child: int = Field(alias=UNITS_PER_CHILD, ge=1, le=MAX_UNITS_PER_CHILD)
 
     def shed_depth(self, lane: Lane) -> int:
         """The lane's depth past which new submissions are shed."""

@@ -306,6 +306,7 @@ class Wiring:
                 default_budget=s.default_budget_tokens,
                 default_attempts=s.max_attempts,
                 tenants=s.tenant_policy(),
+                units_per_child=s.units_per_child,
             ),
         )
 

@@ -340,6 +340,136 @@ class LedgerContract:
         assert ledger.run("run-1").state is RunState.COMPLETED
         balanced(ledger, "run-1")
 
+    # -- the lease index: only units holding a lease, found by expiry
+    def test_an_expired_lease_is_reclaimed_exactly_once(self, ledger: Ledger) -> None:
+        # Given a claimed attempt whose worker died, and a unit whose lease is still live
+        ledger.open_run(spec(), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)
+        ledger.admit("run-1", "u1", 0, now=0.0, lease_s=1_000)
+        assert ledger.expired_leases("run-1", now=30.9) == []
+        # When two polls look after the lease expired
+        assert ledger.expired_leases("run-1", now=31.0) == ["u0"]
+        first = ledger.reclaim_expired("run-1", now=31.0)
+        second = ledger.reclaim_expired("run-1", now=32.0)
+        # Then the attempt is settled as lost once, and the unit left the index
+        assert [(s.unit.unit_id, s.attempt.reclaimed, s.fate) for s in first] == [
+            ("u0", True, Fate.RETRY)
+        ]
+        assert second == []
+        assert ledger.expired_leases("run-1", now=10_000.0) == ["u1"]  # only the live lease
+        assert ledger.run("run-1").spent == 100
+        balanced(ledger, "run-1")
+
+    def test_a_renewed_lease_is_not_reclaimed(self, ledger: Ledger) -> None:
+        # Given u0 claimed until 31 and u1 waiting in its lane until 10
+        ledger.open_run(spec(), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)
+        ledger.admit("run-1", "u1", 0, now=0.0, lease_s=10)
+        # When both leases are seen expired, then renewed before the reclaim acts: u0 by its
+        # worker handing it back unstarted (unclaim: a fresh lease), u1 claimed by its worker
+        assert ledger.expired_leases("run-1", now=35.0) == ["u1", "u0"]  # oldest expiry first
+        assert ledger.unclaim("run-1", "u0", 0, now=35.0, lease_s=30)
+        assert ledger.claim("run-1", "u1", 0, now=35.0, lease_s=30).claimed
+        # Then neither is reclaimed (decided from the fresh records, not the index's entries)
+        assert ledger.reclaim_unit("run-1", "u0", now=35.0) is None
+        assert ledger.reclaim_unit("run-1", "u1", now=35.0) is None
+        assert ledger.reclaim_expired("run-1", now=36.0) == []
+        assert ledger.expired_leases("run-1", now=64.0) == []
+        assert ledger.expired_leases("run-1", now=65.0) == ["u0", "u1"]  # ties by unit id
+        for uid, claimed in (("u0", False), ("u1", True)):
+            unit = ledger.unit("run-1", uid)
+            assert unit.state is UnitState.IN_FLIGHT and unit.reservation is not None
+            assert unit.reservation.claimed is claimed and unit.reservation.lease_expires == 65.0
+        # and the next delivery's claim renews u0's lease again
+        assert ledger.claim("run-1", "u0", 0, now=36.0, lease_s=500).claimed
+        assert ledger.expired_leases("run-1", now=100.0) == ["u1"]
+        assert (ledger.run("run-1").spent, ledger.run("run-1").in_flight) == (0, 2)
+        balanced(ledger, "run-1")
+
+    def test_settled_and_terminal_units_leave_the_lease_index(self, ledger: Ledger) -> None:
+        # Given six units admitted (each takes a lease), two of them claimed
+        ledger.open_run(spec(units=6, attempts=2), now=0.0)
+        for i in range(6):
+            ledger.admit("run-1", f"u{i}", 0, now=0.0, lease_s=100)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)
+        ledger.claim("run-1", "u1", 0, now=1.0, lease_s=30)
+        assert len(ledger.expired_leases("run-1", now=1_000.0)) == 6
+        # When u0 completes, u1 fails (a retry: pending, no lease), u2 is dead-lettered
+        # unclaimed, u3 is dead-lettered claimed, u4's lease is released by a reclaim
+        ledger.settle("run-1", "u0", 0, 80, True, now=2.0)
+        assert ledger.settle("run-1", "u1", 0, 80, False, now=2.0).fate is Fate.RETRY
+        ledger.dead_letter("run-1", "u2", now=3.0)
+        ledger.claim("run-1", "u3", 0, now=3.0, lease_s=30)
+        ledger.dead_letter("run-1", "u3", now=4.0)
+        assert ledger.reclaim_expired("run-1", now=101.0) == []  # u4, u5: released
+        # Then no unit holds a lease any more, and the index is empty even far in the future
+        assert ledger.expired_leases("run-1", now=1e12) == []
+        states = {u.unit_id: u.state for u in ledger.units("run-1")}
+        assert states == {
+            "u0": UnitState.COMPLETED,
+            "u1": UnitState.PENDING,
+            "u2": UnitState.DEAD_LETTERED,
+            "u3": UnitState.DEAD_LETTERED,
+            "u4": UnitState.PENDING,
+            "u5": UnitState.PENDING,
+        }
+        # a retry admitted takes a lease again, and settling it ends it
+        ledger.admit("run-1", "u1", 1, now=102.0, lease_s=100)
+        assert ledger.expired_leases("run-1", now=202.0) == ["u1"]
+        ledger.settle("run-1", "u1", 1, 50, True, now=103.0)
+        assert ledger.expired_leases("run-1", now=1e12) == []
+        balanced(ledger, "run-1")
+
+    def test_expired_leases_of_an_unknown_run_is_not_found(self, ledger: Ledger) -> None:
+        with pytest.raises(NotFound):
+            ledger.expired_leases("nope", now=0.0)
+
+    # -- batched admission (the fan-out of a manifest chunk)
+    @pytest.mark.parametrize("budget", [20_000, 6_050, 100])
+    def test_admit_many_decides_as_admit_does_one_by_one(self, ledger: Ledger, budget: int) -> None:
+        # Given a run of 150 units (more than one transaction's worth) with some history:
+        # u0 in flight, u1 completed
+        reference = InMemoryLedger()
+        s = spec(units=150, tokens=100, budget=budget)
+        for led in (ledger, reference):
+            led.open_run(s, now=0.0)
+            if budget >= 200:
+                led.admit("run-1", "u0", 0, now=1.0)
+                led.admit("run-1", "u1", 0, now=1.0)
+                led.settle("run-1", "u1", 0, 90, True, now=2.0)
+        # When every unit is admitted in one call (out of submission order)
+        order = [f"u{i}" for i in (*range(149, 74, -1), *range(75))]
+        admissions = ledger.admit_many("run-1", order, now=3.0, lease_s=50.0)
+        # Then each decision is the one admit would make one unit at a time, in that order:
+        # the budget's units admitted, the first one past it starts the exhaustion, the rest
+        # refused; u0 admitted already, u1 terminal
+        expected = []
+        for uid in order:
+            unit = reference.unit("run-1", uid)
+            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            expected.append(reference.admit("run-1", uid, attempt, now=3.0, lease_s=50.0))
+        assert admissions == expected
+        assert ledger.run("run-1") == reference.run("run-1")
+        assert ledger.units("run-1") == reference.units("run-1")
+        run = ledger.run("run-1")
+        assert run.spent + run.reserved <= run.budget
+        balanced(ledger, "run-1")
+        # and a repeat (a retried chunk) changes nothing
+        again = ledger.admit_many("run-1", order, now=4.0, lease_s=50.0)
+        assert [a.admitted for a in again] == [a.admitted for a in admissions]
+        assert ledger.run("run-1") == run
+
+    def test_admit_many_of_an_unknown_unit_admits_those_before_it(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=3), now=0.0)
+        with pytest.raises(NotFound):
+            ledger.admit_many("run-1", ["u0", "nope", "u1"], now=1.0)
+        assert ledger.unit("run-1", "u0").state is UnitState.IN_FLIGHT
+        assert ledger.unit("run-1", "u1").state is UnitState.PENDING
+        with pytest.raises(NotFound):
+            ledger.admit_many("run-2", ["u0"], now=1.0)
+
     # -- the reference, differentially
     @pytest.mark.parametrize("seed", range(6))
     def test_random_operations_match_the_in_memory_reference(
@@ -362,6 +492,8 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
         return led.reclaim_expired("run-1", now)
     if op == "dead":
         return led.dead_letter("run-1", uid, now)
+    if op == "leases":
+        return led.expired_leases("run-1", now + lease)
     return led.top_up("run-1", 400, now)
 
 
@@ -372,7 +504,10 @@ def _outcome(led: Ledger, *call: Any) -> tuple[str, Any]:
         return type(e).__name__, None
 
 
-OPS = ("admit", "admit", "settle", "settle", "claim", "unclaim", "reclaim", "dead", "top")
+OPS = (
+    "admit", "admit", "settle", "settle", "claim", "unclaim", "reclaim", "dead", "top", "leases",
+    "many",
+)  # fmt: skip
 
 
 def replay(ledger: Ledger, seed: int, steps: int) -> None:
@@ -390,9 +525,19 @@ def replay(ledger: Ledger, seed: int, steps: int) -> None:
         attempt += rng.choice([0, 0, 0, 0, -1])
         op = rng.choice(OPS)
         args = (rng.choice([5.0, 20.0]), rng.randint(0, 150), rng.random() < 0.5)
-        expected = _outcome(reference, op, uid, attempt, now, args)
-        actual = _outcome(ledger, op, uid, attempt, now, args)
-        assert actual == expected, f"step {op} {uid} attempt {attempt} at {now}"
+        if op == "many":  # batched admission against admit() one unit at a time
+            uids = rng.sample([f"u{i}" for i in range(6)], rng.randint(1, 6))
+            actual = ledger.admit_many("run-1", uids, now, args[0])
+            expected = []
+            for u in uids:
+                record = reference.unit("run-1", u)
+                next_attempt = record.reservation.attempt if record.reservation else record.attempts
+                expected.append(reference.admit("run-1", u, next_attempt, now, args[0]))
+            assert actual == expected, f"step many {uids} at {now}"
+        else:
+            expected = _outcome(reference, op, uid, attempt, now, args)
+            actual = _outcome(ledger, op, uid, attempt, now, args)
+            assert actual == expected, f"step {op} {uid} attempt {attempt} at {now}"
         assert ledger.run("run-1") == reference.run("run-1")
         assert ledger.units("run-1") == reference.units("run-1")
     assert sorted(ledger.attempts("run-1"), key=_akey) == sorted(

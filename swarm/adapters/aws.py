@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,8 @@ from swarm.core.errors import InvalidInput, NotFound, ObjectTooLarge, ReadDenied
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ports import (
     MAX_SQS_DELAY_S,
+    SQS_BATCH_BYTES,
+    SQS_BATCH_MESSAGES,
     DrainState,
     LaneDepth,
     MappingState,
@@ -28,6 +30,34 @@ from swarm.core.ports import (
     upload_headers,
 )
 from swarm.core.records import LANES, Lane
+
+#: how many times a SendMessageBatch is sent for the entries SQS failed (not the sender's
+#: fault: e.g. an internal error), with a doubling pause from SEND_RETRY_PAUSE_S between
+SEND_ATTEMPTS = 4
+SEND_RETRY_PAUSE_S = 0.05
+
+
+class SendFailed(Exception):
+    """SQS did not take every message of a batch (after :data:`SEND_ATTEMPTS` for a failure
+    that was not the sender's fault)."""
+
+
+def message_batches(sizes: Sequence[int]) -> list[list[int]]:
+    """The messages of ``sizes`` (each body's bytes) cut in order into SendMessageBatch
+    requests: at most SQS_BATCH_MESSAGES messages and SQS_BATCH_BYTES of bodies each; a
+    message over SQS_BATCH_BYTES is a request of its own (SQS refuses it as it would alone)."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for index, size in enumerate(sizes):
+        if current and (len(current) >= SQS_BATCH_MESSAGES or total + size > SQS_BATCH_BYTES):
+            batches.append(current)
+            current, total = [], 0
+        current.append(index)
+        total += size
+    if current:
+        batches.append(current)
+    return batches
 
 
 @dataclass
@@ -37,6 +67,7 @@ class SqsLanes:
 
     client: Any
     urls: Mapping[Lane, str]
+    sleep: Callable[[float], None] = time.sleep  # between sends of a batch's failed entries
 
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
         self.client.send_message(
@@ -44,6 +75,49 @@ class SqsLanes:
             MessageBody=codec.message_body(item),
             DelaySeconds=max(0, min(MAX_SQS_DELAY_S, int(delay_s))),
             MessageGroupId=item.tenant,
+        )
+
+    def send_many(self, items: Sequence[QueuedUnit]) -> None:
+        """SendMessageBatch per lane (:func:`message_batches`); a batch's failed entries are
+        sent again, up to :data:`SEND_ATTEMPTS` times, unless SQS says they are the sender's
+        fault (SendFailed at once). A message over the size limit goes alone through
+        :meth:`send`, and SQS refuses it as it always has."""
+        by_lane: dict[Lane, list[QueuedUnit]] = {}
+        for item in items:
+            by_lane.setdefault(item.lane, []).append(item)
+        for lane, group in by_lane.items():
+            bodies = [codec.message_body(item) for item in group]
+            sizes = [len(body.encode()) for body in bodies]
+            for batch in message_batches(sizes):
+                if len(batch) == 1 and sizes[batch[0]] > SQS_BATCH_BYTES:
+                    self.send(group[batch[0]])
+                    continue
+                self._send_batch(self.urls[lane], [(group[i], bodies[i]) for i in batch])
+
+    def _send_batch(self, url: str, entries: Sequence[tuple[QueuedUnit, str]]) -> None:
+        pending = {str(n): entry for n, entry in enumerate(entries)}  # Id: unique per request
+        for attempt in range(SEND_ATTEMPTS):
+            if attempt:
+                self.sleep(SEND_RETRY_PAUSE_S * 2 ** (attempt - 1))
+            answer = self.client.send_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": entry_id, "MessageBody": body, "MessageGroupId": item.tenant}
+                    for entry_id, (item, body) in pending.items()
+                ],
+            )
+            failed = answer.get("Failed") or []
+            if not failed:
+                return
+            ours = [f for f in failed if f.get("SenderFault")]
+            if ours:
+                raise SendFailed(
+                    f"SQS refused {len(ours)} message(s) of a batch on {url}: "
+                    + "; ".join(f"{f.get('Code')}: {f.get('Message', '')}" for f in ours[:3])
+                )
+            pending = {f["Id"]: pending[f["Id"]] for f in failed}
+        raise SendFailed(
+            f"SQS failed {len(pending)} message(s) of a batch on {url} {SEND_ATTEMPTS} times"
         )
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:

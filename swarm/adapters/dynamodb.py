@@ -39,12 +39,14 @@ def default_client() -> Any:
 
 
 def create_table(client: Any, table_name: str) -> None:
-    """Create a table with the adapters' key schema, TTL and the ledger's ``OpenRuns`` index
-    (tests and the local runtime; CDK owns the governor and ledger tables in AWS, see
-    infra/tables.py). Idempotent: an existing table is left as it is.
+    """Create a table with the adapters' key schema, TTL and the ledger's indexes (``OpenRuns``,
+    ``TenantRuns``, ``Leases``) (tests and the local runtime; CDK owns the governor and ledger
+    tables in AWS, see infra/tables.py). Idempotent: an existing table is left as it is.
     """
     from swarm.contract import (
         EXECUTION,
+        LEASE_EXPIRY,
+        LEASES_INDEX,
         OPEN_RUNS_INDEX,
         OPEN_TENANT,
         REPAIRS,
@@ -62,6 +64,7 @@ def create_table(client: Any, table_name: str) -> None:
                 {"AttributeName": WATCH, "AttributeType": "S"},
                 {"AttributeName": SWEEP_AT, "AttributeType": "N"},
                 {"AttributeName": OPEN_TENANT, "AttributeType": "S"},
+                {"AttributeName": LEASE_EXPIRY, "AttributeType": "N"},
             ],
             KeySchema=[
                 {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
@@ -82,6 +85,14 @@ def create_table(client: Any, table_name: str) -> None:
                 {
                     "IndexName": TENANT_RUNS_INDEX,
                     "KeySchema": [{"AttributeName": OPEN_TENANT, "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
+                {
+                    "IndexName": LEASES_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+                        {"AttributeName": LEASE_EXPIRY, "KeyType": "RANGE"},
+                    ],
                     "Projection": {"ProjectionType": "KEYS_ONLY"},
                 },
             ],

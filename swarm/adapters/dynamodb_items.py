@@ -13,6 +13,7 @@ from typing import Any
 
 from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
+from swarm.contract import LEASE_EXPIRY
 from swarm.core.codec import spec_from_doc, spec_to_doc
 from swarm.core.ledger import Fate
 from swarm.core.records import (
@@ -36,7 +37,10 @@ COUNTERS = (
     "remainder", "in_flight", "exhaustions",
 )  # fmt: skip
 
-_RESERVATION = ("res_attempt", "res_projected", "res_lease", "res_claimed")
+#: a unit's reservation, set and removed together (:func:`unit_update`). ``res_lease`` is also
+#: the ``Leases`` index's sort key (swarm.contract.LEASE_EXPIRY): only a unit holding a lease is in
+#: that index, and the write that takes, renews or ends the lease moves it there, in the same write
+RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed")
 
 
 # ------------------------------------------------------------------ attribute values
@@ -370,7 +374,7 @@ def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
             }
         )
     elif old_res is not None:
-        removes = _RESERVATION
+        removes = RESERVATION_ATTRIBUTES
     expr = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     item_key = key(old.run_id, unit_sk(old.unit_id))
     return _update(table_name, item_key, expr, conditions, names, values)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -32,7 +32,7 @@ from swarm.adapters.dynamodb_watch import (
     WATCH_SET,
     watch_values,
 )
-from swarm.contract import OPEN_TENANT, TENANT_RUNS_INDEX
+from swarm.contract import LEASE_EXPIRY, LEASES_INDEX, OPEN_TENANT, TENANT_RUNS_INDEX
 from swarm.core.errors import Conflict, NotFound
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
@@ -68,6 +68,8 @@ MAX_TRIES = 64  # an operation re-decided this often is starved: report Conflict
 MAX_UNPROCESSED_RETRIES = 10
 UNPROCESSED_BASE_S = 0.05
 UNPROCESSED_MAX_S = 5.0
+#: a batched admission's units: with the books, one TransactWriteItems of at most 100 items
+MAX_BATCH_ADMISSIONS = 99
 
 T = TypeVar("T")
 
@@ -486,6 +488,74 @@ class DynamoDBLedger:
             step, f"admission of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
 
+    def admit_many(
+        self,
+        run_id: str,
+        unit_ids: Sequence[str],
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> list[Admission]:
+        """Up to :data:`MAX_BATCH_ADMISSIONS` units at a time: one BatchGetItem of the books and
+        the units, :func:`decide_admission` for each in turn on the run as it would stand, and
+        one TransactWriteItems of the books (by deltas, on condition that ``available`` still
+        covers every reservation it adds: what :meth:`admit` asks of one) and each unit written
+        (on condition that it is as read). A decision :meth:`admit` writes with conditions of
+        its own (the refusal that starts exhaustion, a drain retry the budget no longer
+        covers), a Conflict, a unit not found, and a batch whose transaction was cancelled (a
+        concurrent write) go to :meth:`admit`, one unit, and the batching resumes after it."""
+        admissions: list[Admission] = []
+        pending = list(unit_ids)
+        while pending:
+            decided = self._admit_batch(run_id, pending[:MAX_BATCH_ADMISSIONS], now, lease_s)
+            if not decided:
+                unit = self._read_run_unit(run_id, pending[0])[1]
+                attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+                decided = [self.admit(run_id, pending[0], attempt, now, lease_s)]
+            admissions.extend(decided)
+            pending = pending[len(decided) :]
+        return admissions
+
+    def _admit_batch(
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float
+    ) -> list[Admission]:
+        """The admissions of the longest prefix of ``unit_ids`` that one transaction can
+        write (none: the first unit goes to :meth:`admit`)."""
+        found = self._get_many(
+            [key(run_id, BOOKS), *(key(run_id, items.unit_sk(u)) for u in unit_ids)]
+        )
+        books = found[0]
+        if books is None or not items.flag_of(books, "ready"):
+            raise NotFound(f"no run {run_id!r}")
+        read = run = self._run_from(books)
+        decided: list[Admission] = []
+        writes: list[Item] = []
+        reserving = 0
+        for item in found[1:]:
+            if item is None:
+                break  # admit() says NotFound for it
+            unit = items.unit_from(run_id, item)
+            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            try:
+                new_run, new_unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+            except Conflict:
+                break
+            if new_run == run and new_unit == unit:
+                decided.append(admission)  # nothing to write: already admitted, terminal, ...
+                continue
+            if not admission.admitted:
+                break  # a refusal that writes has conditions of its own: admit() writes it
+            writes.append(items.unit_update(self.table_name, unit, new_unit))
+            reserving += unit.projected_tokens
+            run = new_run
+            decided.append(admission)
+        if writes:
+            extra = [("available", ">=", reserving)]
+            try:
+                self._write([items.run_update(self.table_name, read, run, extra), *writes])
+            except _Retry:
+                return []  # a concurrent write: one by one for the first, then batch again
+        return decided
+
     # ------------------------------------------------------------------ settlement
     def settle(
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
@@ -664,19 +734,57 @@ class DynamoDBLedger:
             step, f"reclaim of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
 
+    def expired_leases(self, run_id: str, now: float) -> list[str]:
+        """The units whose lease expired by ``now``, the oldest expiry first (ties by unit id),
+        from the ``Leases`` index: a Query of the run's expired entries only (keys only, a page
+        at a time), not of every unit.
+
+        The index is eventually consistent: a lease renewed or ended just now may still be
+        listed (the caller re-reads the unit before acting: :meth:`reclaim_unit`), and one that
+        expired just now may be missing (the next poll finds it).
+        """
+        self.run(run_id)  # NotFound for an unknown run
+        return self._expired_leases(run_id, now)
+
+    def _expired_leases(self, run_id: str, now: float) -> list[str]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": LEASES_INDEX,
+            "KeyConditionExpression": "#pk = :pk AND #lease <= :now",
+            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#lease": LEASE_EXPIRY},
+            "ExpressionAttributeValues": {
+                ":pk": items.string(items.run_pk(run_id)),
+                ":now": items.real(now),
+            },
+        }
+        prefix = items.unit_sk("")
+        found: list[tuple[float, str]] = []
+        while True:
+            page = self._call("query", **kwargs)
+            for item in page.get("Items", []):
+                sk = item[SORT_KEY]["S"]
+                if sk.startswith(prefix):  # only units carry a lease
+                    found.append((float(item[LEASE_EXPIRY]["N"]), sk[len(prefix) :]))
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return [unit_id for _, unit_id in sorted(found)]  # the oldest expiry first
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        """Reclaim every expired lease of the run (one Query, then one write per expired one).
+        """Reclaim every expired lease of the run: one Query of the ``Leases`` index (only the
+        expired entries), then, per expired unit, a strongly consistent read and a conditional
+        write (:meth:`reclaim_unit` decides from the fresh records: a lease renewed after the
+        index was read is left alone).
 
         Attempts settled meanwhile (by their worker or another reclaimer) are skipped: each
         attempt is counted once, by whoever settles it first.
         """
         self.run(run_id)
         lost = []
-        for u in self._raw_units(run_id):
-            if u.reservation is not None and u.reservation.lease_expires <= now:
-                settlement = self.reclaim_unit(run_id, u.unit_id, now)
-                if settlement is not None:
-                    lost.append(settlement)
+        for unit_id in self._expired_leases(run_id, now):
+            settlement = self.reclaim_unit(run_id, unit_id, now)
+            if settlement is not None:
+                lost.append(settlement)
         return lost
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:

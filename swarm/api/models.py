@@ -41,8 +41,9 @@ MAX_MANIFEST_UNITS = 100_000
 #: a unit's input: the characters of its text in all (a string, or every text of a request).
 #: Its JSON must also fit a Distributed Map item (swarm.service.batches.check_fits_the_fan_out)
 MAX_INPUT_CHARS = 100_000
-#: Step Functions' limit on a state's input: a Distributed Map child's (a unit as the fan-out
-#: carries it) must fit (swarm.service.batches.check_fits_the_fan_out)
+#: Step Functions' limit on a state's input: a Distributed Map child's (a chunk of units as the
+#: fan-out carries it: each unit must fit alone, swarm.service.batches.check_fits_the_fan_out,
+#: and the chunks are cut to fit, swarm.service.batches.chunk_units)
 MAX_MAP_ITEM_BYTES = 256 * 1024
 #: a Converse-shaped input's shape: turns, text blocks per turn, system blocks, stop sequences
 MAX_MESSAGES = 100
@@ -594,6 +595,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     TOO_LARGE = "too_large"
     SHEDDING = "shedding"
+    TENANT_QUEUE = "tenant_queue"  # the caller's own max_queued_units, not the fleet's load
     DRAINING = "draining"
     MISCONFIGURED = "misconfigured"
 

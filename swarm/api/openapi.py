@@ -153,9 +153,9 @@ ROUTES: tuple[Route, ...] = (
                 "the batch"
             ),
             429: Reply(
-                "shedding load (shedding): the caller's own queued units plus this batch pass "
-                "its max_queued_units (tenant_queue), the lanes are past their shed depth and "
-                "the caller is past its guaranteed_units (lane_depth), or the model plane is "
+                "the caller's own queued units plus this batch pass its max_queued_units "
+                "(tenant_queue); or shedding load (shedding): the lanes are past their shed depth "
+                "and the caller is past its guaranteed_units (lane_depth), or the model plane is "
                 "throttling; or over the stage's throttle (THROTTLED): retry after Retry-After "
                 "seconds",
                 retry_after=True,
@@ -227,7 +227,7 @@ ROUTES: tuple[Route, ...] = (
             413: Reply(_BODY_TOO_LARGE),
             429: Reply(
                 "the remainder requeued would take the caller past its max_queued_units "
-                "(shedding, tenant_queue), or over the stage's throttle (THROTTLED): retry "
+                "(tenant_queue), or over the stage's throttle (THROTTLED): retry "
                 "after Retry-After seconds",
                 retry_after=True,
             ),

@@ -169,6 +169,16 @@ class InMemoryLedger:
         self._units[run_id][unit_id] = unit
         return admission
 
+    def admit_many(
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> list[Admission]:
+        admissions = []
+        for unit_id in unit_ids:
+            unit = self._raw_unit(run_id, unit_id)
+            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            admissions.append(self.admit(run_id, unit_id, attempt, now, lease_s))
+        return admissions
+
     def settle(
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement:
@@ -197,10 +207,19 @@ class InMemoryLedger:
         self._units[run_id][unit_id] = unit
         return done
 
+    def expired_leases(self, run_id: str, now: float) -> list[str]:
+        self.run(run_id)
+        expired = [
+            (u.reservation.lease_expires, u.unit_id)
+            for u in self._units[run_id].values()
+            if u.reservation is not None and u.reservation.lease_expires <= now
+        ]
+        return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
         self.run(run_id)
         lost = []
-        for unit_id in list(self._units[run_id]):
+        for unit_id in self.expired_leases(run_id, now):
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
                 lost.append(settlement)
@@ -458,6 +477,7 @@ class MemoryQueue:
     delayed: list[tuple[int, QueuedUnit]] = field(default_factory=list)
     in_flight: dict[Lane, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
     sent: list[QueuedUnit] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)  # each send_many's number of items
 
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
         self.sent.append(item)
@@ -465,6 +485,12 @@ class MemoryQueue:
             self.delayed.append((delay_s, item))
         else:
             self.lanes[item.lane].append(item)
+
+    def send_many(self, items: Sequence[QueuedUnit]) -> None:
+        """In order, as SQS keeps each lane's batches (there are no batch limits here)."""
+        self.batches.append(len(items))
+        for item in items:
+            self.send(item)
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
         """Messages here have no receipt handles: a retry is sent again by the test itself."""

@@ -142,6 +142,14 @@ class Ledger(Protocol):
         self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
     ) -> Admission: ...
 
+    def admit_many(
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float = DEFAULT_LEASE_S
+    ) -> list[Admission]:
+        """Admit each unit's next attempt (its reservation's, if it holds one: admitted already;
+        else its attempt count), in order: the decisions :meth:`admit` would make one by one,
+        one Admission per unit. The DynamoDB ledger writes many in one transaction."""
+        ...
+
     def settle(
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement: ...
@@ -159,8 +167,15 @@ class Ledger(Protocol):
         """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
         ...
 
+    def expired_leases(self, run_id: str, now: float) -> list[str]:
+        """The units of the run whose lease expired by ``now``, the oldest expiry first (ties by
+        unit id): the lease index, which holds only units with a lease, so this reads only the
+        expired ones, not every unit. May lag a write just made: callers re-read before acting."""
+        ...
+
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        """Settle claimed attempts whose lease expired as lost; release unclaimed ones."""
+        """Settle claimed attempts whose lease expired as lost; release unclaimed ones (those
+        :meth:`expired_leases` lists, each decided again from its fresh record)."""
         ...
 
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
@@ -197,12 +212,25 @@ class LaneDepth:
 
 #: SQS's longest DelaySeconds: a requeued unit comes back after at most this long
 MAX_SQS_DELAY_S = 900
+#: SendMessageBatch: at most 10 messages; their bodies together within 256 KiB (SQS now takes
+#: 1 MiB for a batch, but the lanes' messages are bounded as a single message always was, and the
+#: smaller bound holds on every queue and on the local stack)
+SQS_BATCH_MESSAGES = 10
+SQS_BATCH_BYTES = 262_144
 
 
 class LaneQueue(Protocol):
     """The SQS lanes (one queue per lane, each with its DLQ)."""
 
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None: ...
+
+    def send_many(self, items: Sequence[QueuedUnit]) -> None:
+        """Send every item on its lane, in order per lane (SQS: SendMessageBatch, up to
+        :data:`SQS_BATCH_MESSAGES` messages and :data:`SQS_BATCH_BYTES` of bodies per request;
+        the entries SQS reports as failed are sent again). Raises if one cannot be sent; the
+        items sent before stay sent (a caller that retries sends those twice: the worker's
+        claim absorbs a duplicate)."""
+        ...
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
         """Make a received message visible again after ``seconds`` (a failed attempt's retry)."""

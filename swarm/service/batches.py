@@ -38,6 +38,7 @@ from swarm.api.models import (
     Unit,
     UnitCounts,
 )
+from swarm.contract import DEFAULT_UNITS_PER_CHILD
 from swarm.core.backpressure import Shed, ShedPolicy, shed_decision, tenant_shed
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
@@ -139,6 +140,8 @@ class BatchesConfig:
     default_attempts: int = 3  # a submission that gives no max_attempts
     # per tenant: lanes, queue cap and share, budget per batch (default: no limits of their own)
     tenants: TenantPolicy = field(default_factory=TenantPolicy)
+    # a map child's units at most (cdk.json fanout.units_per_child): one child, one chunk
+    units_per_child: int = DEFAULT_UNITS_PER_CHILD
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -163,41 +166,108 @@ def batch_id_for(tenant: str, idempotency_key: str | None) -> str:
     return f"{BATCH_ID_PREFIX}{digest[:24]}"
 
 
-def manifest_items(spec: RunSpec, inputs: Mapping[str, Prompt]) -> list[dict[str, Any]]:
-    """The Distributed Map's items: one per unit, everything the fan-out step needs."""
-    return [
-        {
-            "run_id": spec.run_id,
-            "unit_id": u.unit_id,
-            "tenant": spec.tenant,
-            "lane": spec.lane.value,
-            "attempt": 0,  # the fan-out step asks the ledger for the real next attempt
-            "tokens": u.projected_tokens,
-            "input": inputs.get(u.unit_id, ""),
-        }
-        for u in spec.units
-    ]
+def manifest_unit(unit_id: str, input_: Prompt) -> dict[str, Any]:
+    """One unit as a manifest chunk holds it: what the fan-out needs and the ledger does not
+    hold (the ledger is the truth for the tenant, the lane, the budget and the projection)."""
+    return {"unit_id": unit_id, "input": input_}
 
 
-def map_child_input(run_id: str, index: int, item: Mapping[str, Any]) -> dict[str, Any]:
+def map_child_input(run_id: str, index: int, chunk: Mapping[str, Any]) -> dict[str, Any]:
     """What one Distributed Map child starts with (the ``ItemSelector`` of
-    statemachines/fanout.asl.json): the unit's manifest item, wrapped."""
-    return {"batch_id": run_id, "index": index, "unit": dict(item)}
+    statemachines/fanout.asl.json): the manifest's chunk ``index``, wrapped."""
+    return {"batch_id": run_id, "index": index, "chunk": dict(chunk)}
 
 
-def check_fits_the_fan_out(items: Sequence[Mapping[str, Any]]) -> None:
-    """Every unit must fit a map child's input (256 KiB), or it could never be admitted: refuse
-    the batch with the unit's field named, before anything is written."""
-    for index, item in enumerate(items):
-        child = map_child_input(str(item["run_id"]), index, item)
-        size = len(json.dumps(child, separators=(",", ":"), ensure_ascii=False).encode())
+def _json_bytes(doc: Any) -> int:
+    """The size Step Functions measures a payload in: its JSON, in UTF-8."""
+    return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def child_input_bytes(run_id: str, index: int, chunk: Mapping[str, Any]) -> int:
+    """The exact size of the map child's input for ``chunk`` at ``index`` (256 KiB at most)."""
+    return _json_bytes(map_child_input(run_id, index, chunk))
+
+
+def check_fits_the_fan_out(run_id: str, units: Sequence[Mapping[str, Any]]) -> None:
+    """Every unit must fit a map child's input (256 KiB) alone in its chunk, or it could never
+    be admitted: refuse the batch with the unit's field named, before anything is written.
+    ``units`` (:func:`manifest_unit`) in submission order. Measured at the last index the
+    manifest could give its chunk (one unit per chunk), so the chunker can always place it."""
+    last = max(0, len(units) - 1)
+    for index, unit in enumerate(units):
+        size = child_input_bytes(run_id, last, {"run_id": run_id, "units": [dict(unit)]})
         if size > MAX_MAP_ITEM_BYTES:
             raise InvalidInput(
                 f"units[{index}].input",
-                f"unit {item['unit_id']!r} is {size:,} bytes as the fan-out carries it (its "
+                f"unit {unit['unit_id']!r} is {size:,} bytes as the fan-out carries it (its "
                 f"JSON in UTF-8, where a non-ASCII character takes 2-4 bytes); the limit is "
                 f"{MAX_MAP_ITEM_BYTES:,}: shorten its input",
             )
+
+
+def chunk_units(
+    run_id: str, units: Sequence[Mapping[str, Any]], units_per_child: int
+) -> list[dict[str, Any]]:
+    """The Distributed Map's items: ``units`` (:func:`manifest_unit`, in fan-out order) cut in
+    order into chunks ``{"run_id", "units": [...]}`` of at most ``units_per_child`` units each,
+    and each small enough that its child's input (:func:`child_input_bytes`, exactly) is at
+    most MAX_MAP_ITEM_BYTES. One child execution and one fan-out invocation per chunk: the
+    billing of an ``ItemBatcher``, which moto cannot run (statemachines/fanout.asl.json)."""
+    if units_per_child < 1:
+        raise InvalidInput("units_per_child", f"must be at least 1, got {units_per_child!r}")
+    chunks: list[dict[str, Any]] = []
+    current: list[dict[str, Any]] = []
+    current_bytes = 0  # the current chunk's units' JSON, without the commas between them
+    base = child_input_bytes(run_id, 0, {"run_id": run_id, "units": []})
+
+    def close() -> None:
+        nonlocal current, current_bytes, base
+        chunks.append({"run_id": run_id, "units": current})
+        current, current_bytes = [], 0
+        base = child_input_bytes(run_id, len(chunks), {"run_id": run_id, "units": []})
+
+    for unit in units:
+        item = dict(unit)
+        size = _json_bytes(item)
+        # the child's JSON is its empty form plus each unit's, with a comma between two units
+        if current and (
+            len(current) >= units_per_child
+            or base + current_bytes + len(current) + size > MAX_MAP_ITEM_BYTES
+        ):
+            close()
+        if base + size > MAX_MAP_ITEM_BYTES:  # check_fits_the_fan_out refuses it at submit
+            raise InvalidInput(
+                "units", f"unit {item['unit_id']!r} does not fit a map child's input alone"
+            )
+        current.append(item)
+        current_bytes += size
+    if current:
+        close()
+    return chunks
+
+
+def manifest_items(
+    spec: RunSpec, inputs: Mapping[str, Prompt], units_per_child: int
+) -> list[dict[str, Any]]:
+    """The manifest the Distributed Map reads: the run's units in the scheduling policy's
+    fan-out order (swarm.core.scheduling: largest first), cut into chunks (:func:`chunk_units`),
+    so the order holds across chunks."""
+    ordered = fanout_order(spec.units, lambda u: u.projected_tokens)
+    units = [manifest_unit(u.unit_id, inputs.get(u.unit_id, "")) for u in ordered]
+    return chunk_units(spec.run_id, units, units_per_child)
+
+
+def manifest_units(doc: Any) -> list[dict[str, Any]]:
+    """Every unit of a manifest, in its order: a chunk's units (``{"run_id", "units"}``), or an
+    item that is one unit itself (a manifest written before chunks, whose run may still be
+    open: its items also carried the tenant, lane and projection, which nothing reads)."""
+    units: list[dict[str, Any]] = []
+    for item in doc:
+        if isinstance(item, Mapping) and isinstance(item.get("units"), list):
+            units.extend(item["units"])
+        else:
+            units.append(item)
+    return units
 
 
 def execution_input(run_id: str, key: str, opening: bool = False) -> dict[str, Any]:
@@ -306,10 +376,9 @@ class Batches:
             except InvalidInput as e:
                 raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
         inputs = {u.unit_id: u.input for u in request.units}
-        items = manifest_items(spec, inputs)
-        check_fits_the_fan_out(items)  # in submission order: its errors name units[i]
-        # the scheduling policy's fan-out order (swarm.core.scheduling: largest first)
-        items = fanout_order(items, lambda item: int(item["tokens"]))
+        # in submission order: its errors name units[i]
+        check_fits_the_fan_out(run_id, [manifest_unit(u.unit_id, u.input) for u in request.units])
+        items = manifest_items(spec, inputs, self.config.units_per_child)
         # a replay too: it may start the batch's execution (a first attempt that died before)
         # cached for a few seconds: GET /drain calls a deploy safe only once every cache has
         # seen the switch (swarm.service.drain.safe_to_deploy)
@@ -358,9 +427,10 @@ class Batches:
         # a manifest expired by the bucket's lifecycle leaves the spec as all there is to compare
         with contextlib.suppress(NotFound):
             if same:
-                stored = self.blobs.get_json(manifest_key(spec.run_id))
-                # in any order: a batch fanned out before the order changed is the same batch
-                same = sorted(stored, key=_unit_id) == sorted(items, key=_unit_id)
+                stored = manifest_units(self.blobs.get_json(manifest_key(spec.run_id)))
+                # in any order and any chunking: a batch fanned out before the order or the
+                # chunks changed is the same batch
+                same = _unit_inputs(stored) == _unit_inputs(manifest_units(items))
         if not same:
             raise Conflict(
                 "this Idempotency-Key was used for a different batch; use a new key for new work"
@@ -440,7 +510,7 @@ class Batches:
         # lifecycle expired it) must refuse the resume, not leave the run reopened with nothing
         # fanned out
         try:
-            original = self.blobs.get_json(manifest_key(run_id))
+            original = manifest_units(self.blobs.get_json(manifest_key(run_id)))
         except (NotFound, ReadDenied):
             # ReadDenied is read as "expired" here, and only here among our own objects: this
             # role wrote the manifest itself (SSE-S3, bucket-owner-enforced) and may read
@@ -460,9 +530,13 @@ class Batches:
             # execution's name and its manifest never collide with an earlier resume's
             epoch = top.run.exhaustions
             wanted = set(top.requeue)
-            items = [item for item in original if item["unit_id"] in wanted]
+            units = [
+                manifest_unit(item["unit_id"], item.get("input", ""))
+                for item in original  # in the fan-out order it was written in
+                if item["unit_id"] in wanted
+            ]
             key = manifest_key(run_id, f"resume-{epoch}")
-            self.blobs.put_json(key, items)
+            self.blobs.put_json(key, chunk_units(run_id, units, self.config.units_per_child))
             self.executions.start(f"{run_id}-resume-{epoch}", execution_input(run_id, key))
         status = self._status(self.run_for(tenant, run_id), now)
         return _doc(status.model_copy(update={"requeued": len(top.requeue)}))
@@ -514,8 +588,11 @@ class Batches:
         return drain_view(self.drain.state(), self.queue.depths(), None, now)
 
 
-def _unit_id(item: Mapping[str, Any]) -> str:
-    return str(item["unit_id"])
+def _unit_inputs(units: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """Each unit's id and input (as JSON: text or a request), sorted: what a replay compares."""
+    return sorted(
+        (str(u["unit_id"]), json.dumps(u.get("input", ""), sort_keys=True)) for u in units
+    )
 
 
 def _doc(status: BatchStatus) -> dict[str, Any]:

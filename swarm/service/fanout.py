@@ -1,28 +1,30 @@
-"""Fan-out: one Distributed Map item admits a unit's next attempt in the ledger, then enqueues it
-on its lane.
+"""Fan-out: one Distributed Map item (a chunk of a run's units) admits each unit's next attempt
+in the ledger, then enqueues the admitted ones on their lane.
 
 Who pays and where it runs come from the ledger, never from the item: the run's spec (written
 by the API from the SigV4-verified caller) holds the tenant, the lane and the budget; the unit's
-record its projected tokens and its attempt. The item only names the unit and carries its input
-(the manifest the API wrote under ``manifests/<batch>/``), so an item that claims another tenant
-or lane changes nothing, and an item of another run than the execution's is refused.
+record its projected tokens and its attempt. The item only names the units and carries their
+inputs (the manifest the API wrote under ``manifests/<batch>/``, chunked by
+:func:`swarm.service.batches.chunk_units`), so an item that claims another tenant or lane
+changes nothing, and an item of another run than the execution's is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
+from swarm.core.ledger import Admission
 from swarm.core.ports import LaneQueue, Ledger
 from swarm.core.prompts import Prompt, from_json
 
 
 @dataclass
 class FanOut:
-    """One Distributed Map item: admit the unit's next attempt, then enqueue it on its lane."""
+    """One Distributed Map item: admit each unit's next attempt, then enqueue the admitted."""
 
     ledger: Ledger
     queue: LaneQueue
@@ -31,42 +33,133 @@ class FanOut:
     def admit_and_enqueue(
         self, item: Mapping[str, Any], now: float, batch_id: str | None = None
     ) -> dict[str, Any]:
-        """``batch_id``: the execution's batch (its input, which the API or the sweeper wrote);
-        an item naming another run is refused (InvalidInput) before anything is written."""
-        run_id, unit_id, prompt = _named(item)
-        if batch_id is not None and run_id != batch_id:
-            raise InvalidInput(
-                "unit.run_id", f"item of run {run_id!r} in the execution of batch {batch_id!r}"
+        """One unit (``{"run_id", "unit_id", "input"}``): a chunk of one."""
+        run_id, unit_id, prompt = _named(item, "unit")
+        _check_run(run_id, batch_id, "unit")
+        outcome, queued = self._admit(run_id, unit_id, prompt, now)
+        if queued is not None:
+            self.queue.send(queued)
+        return outcome
+
+    def admit_and_enqueue_chunk(
+        self, chunk: Mapping[str, Any], now: float, batch_id: str | None = None
+    ) -> dict[str, Any]:
+        """A manifest chunk ``{"run_id", "units": [{"unit_id", "input"}, ...]}`` (an item
+        without ``units`` is one unit: a manifest written before chunks). Every unit is read
+        before anything is written, so a malformed chunk writes nothing (InvalidInput); then
+        the units are admitted together (:meth:`Ledger.admit_many`: the DynamoDB ledger writes
+        up to 99 in one transaction), and the admitted ones are sent together
+        (:meth:`LaneQueue.send_many`). If the batched admission fails, each unit is admitted on
+        its own, and a unit whose admission fails does not stop the others: they are admitted
+        and sent, then the first failure is raised, so Step Functions retries the chunk;
+        admission is idempotent (a unit admitted already is admitted again with the same
+        attempt) and the worker's claim absorbs a message sent twice."""
+        if not isinstance(chunk.get("units"), list):
+            return self._summary([self.admit_and_enqueue(chunk, now, batch_id)])
+        run_id = chunk.get("run_id")
+        if not isinstance(run_id, str):
+            raise InvalidInput("chunk.run_id", "a manifest chunk's run_id is a string")
+        _check_run(run_id, batch_id, "chunk")
+        named = []
+        for index, unit in enumerate(chunk["units"]):
+            if not isinstance(unit, Mapping):
+                raise InvalidInput(f"chunk.units[{index}]", "a manifest unit is an object")
+            _, unit_id, prompt = _named({"run_id": run_id, **unit}, f"chunk.units[{index}]")
+            named.append((unit_id, prompt))
+        try:
+            admissions = self.ledger.admit_many(
+                run_id, [unit_id for unit_id, _ in named], now, self.queue_lease_s
             )
+        except Exception:  # e.g. a DynamoDB error: unit by unit, each failure on its own
+            return self._one_by_one(run_id, named, now)
+        outcomes: list[dict[str, Any]] = []
+        queued: list[QueuedUnit] = []
+        for (unit_id, prompt), admission in zip(named, admissions, strict=True):
+            outcome, message = _outcome(run_id, unit_id, prompt, admission)
+            outcomes.append(outcome)
+            if message is not None:
+                queued.append(message)
+        if queued:
+            self.queue.send_many(queued)
+        return self._summary(outcomes)
+
+    def _one_by_one(
+        self, run_id: str, named: Sequence[tuple[str, Prompt]], now: float
+    ) -> dict[str, Any]:
+        outcomes: list[dict[str, Any]] = []
+        queued: list[QueuedUnit] = []
+        failure: Exception | None = None
+        for unit_id, prompt in named:
+            try:
+                outcome, message = self._admit(run_id, unit_id, prompt, now)
+            except Exception as e:
+                failure = failure or e
+                outcomes.append({"unit_id": unit_id, "outcome": "failed"})
+                continue
+            outcomes.append(outcome)
+            if message is not None:
+                queued.append(message)
+        if queued:
+            self.queue.send_many(queued)
+        if failure is not None:
+            raise failure
+        return self._summary(outcomes)
+
+    def _admit(
+        self, run_id: str, unit_id: str, prompt: Prompt, now: float
+    ) -> tuple[dict[str, Any], QueuedUnit | None]:
+        """The unit's admission, and the message to send if it was admitted."""
         unit = self.ledger.unit(run_id, unit_id)
         if unit.state.terminal:
-            return {"unit_id": unit_id, "outcome": unit.state.value}
+            return {"unit_id": unit_id, "outcome": unit.state.value}, None
         attempt = unit.reservation.attempt if unit.reservation else unit.attempts
         admission = self.ledger.admit(run_id, unit_id, attempt, now, self.queue_lease_s)
-        if not admission.admitted:
-            return {"unit_id": unit_id, "outcome": "remainder", "reason": admission.reason}
-        spec = admission.run.spec  # the tenant, lane and budget the API opened the run with
-        # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
-        self.queue.send(
-            QueuedUnit(
-                run_id,
-                unit_id,
-                spec.tenant,
-                spec.lane,
-                attempt,
-                unit.projected_tokens,
-                prompt,
-            )
+        return _outcome(run_id, unit_id, prompt, admission)
+
+    @staticmethod
+    def _summary(outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A child's output (the map's results file holds one per chunk): each unit's outcome
+        (``enqueued`` with its attempt, ``remainder`` with the reason, or its terminal state),
+        and the count of each."""
+        counts: dict[str, int] = {}
+        for o in outcomes:
+            counts[str(o["outcome"])] = counts.get(str(o["outcome"]), 0) + 1
+        return {"units": [dict(o) for o in outcomes], "counts": counts}
+
+
+def _outcome(
+    run_id: str, unit_id: str, prompt: Prompt, admission: Admission
+) -> tuple[dict[str, Any], QueuedUnit | None]:
+    """A unit's outcome, and the message to send if it was admitted."""
+    if admission.reason == "terminal":
+        return {"unit_id": unit_id, "outcome": admission.unit.state.value}, None
+    if not admission.admitted:
+        return {"unit_id": unit_id, "outcome": "remainder", "reason": admission.reason}, None
+    spec = admission.run.spec  # the tenant, lane and budget the API opened the run with
+    reservation = admission.unit.reservation
+    attempt = reservation.attempt if reservation is not None else admission.unit.attempts
+    # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
+    message = QueuedUnit(
+        run_id, unit_id, spec.tenant, spec.lane, attempt, admission.unit.projected_tokens, prompt
+    )
+    return {"unit_id": unit_id, "outcome": "enqueued", "attempt": attempt}, message
+
+
+def _check_run(run_id: str, batch_id: str | None, field: str) -> None:
+    """``batch_id``: the execution's batch (its input, which the API or the sweeper wrote); an
+    item naming another run is refused (InvalidInput) before anything is written."""
+    if batch_id is not None and run_id != batch_id:
+        raise InvalidInput(
+            f"{field}.run_id", f"item of run {run_id!r} in the execution of batch {batch_id!r}"
         )
-        return {"unit_id": unit_id, "outcome": "enqueued", "attempt": attempt}
 
 
-def _named(item: Mapping[str, Any]) -> tuple[str, str, Prompt]:
+def _named(item: Mapping[str, Any], field: str) -> tuple[str, str, Prompt]:
     """The run and unit an item names, and its input; a malformed item is an InvalidInput."""
     try:
         run_id, unit_id = item["run_id"], item["unit_id"]
     except KeyError as missing:
-        raise InvalidInput(f"unit.{missing.args[0]}", "missing from the manifest item") from None
+        raise InvalidInput(f"{field}.{missing.args[0]}", "missing from the manifest item") from None
     if not isinstance(run_id, str) or not isinstance(unit_id, str):
-        raise InvalidInput("unit", "a manifest item's run_id and unit_id are strings")
+        raise InvalidInput(field, "a manifest item's run_id and unit_id are strings")
     return run_id, unit_id, from_json(item.get("input", ""))

@@ -26,7 +26,7 @@ from swarm.core.ports import (
 from swarm.core.prompts import Prompt
 from swarm.core.records import UnitState
 from swarm.core.report import healthy_line
-from swarm.service.batches import manifest_key, results_key
+from swarm.service.batches import manifest_key, manifest_units, results_key
 from swarm.service.results import Results
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class Finalizer:
         if retries:  # the dead workers' messages may be gone: requeue them, input included
             inputs: dict[str, Prompt] = {  # as the manifest holds it: text or a request
                 item["unit_id"]: item.get("input", "")
-                for item in self.blobs.get_json(manifest_key(run_id))
+                for item in manifest_units(self.blobs.get_json(manifest_key(run_id)))
             }
             for lost in retries:
                 run = lost.run
@@ -91,11 +91,21 @@ class Finalizer:
             ]
             remainder = [u.unit_id for u in units if u.state is UnitState.REMAINDER]
             if remainder:
-                original = self.blobs.get_json(manifest_key(run_id))
+                original = manifest_units(self.blobs.get_json(manifest_key(run_id)))
+                projected = {u.unit_id: u.projected_tokens for u in units}
                 wanted = set(remainder)
+                # the remainder's units as a submission takes them (in fan-out order)
                 self.blobs.put_json(
                     f"results/{run_id}/remainder-{epoch}.json",
-                    [i for i in original if i["unit_id"] in wanted],
+                    [
+                        {
+                            "unit_id": i["unit_id"],
+                            "projected_tokens": projected[i["unit_id"]],
+                            "input": i.get("input", ""),
+                        }
+                        for i in original
+                        if i["unit_id"] in wanted
+                    ],
                 )
             elapsed = (run.closed_at or now) - run.opened_at
             # the results file first: the summary written last is what marks the closure done

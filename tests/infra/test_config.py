@@ -401,6 +401,9 @@ def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:
         ({"sweeper_rate_minutes": 2.5}, "fanout.sweeper_rate_minutes"),
         ({"finalizer_polls_per_execution": 1501}, "25,000"),
         ({"finalizer_polls_per_execution": 0}, "fanout.finalizer_polls_per_execution"),
+        ({"units_per_child": 0}, "units_per_child=0 must be a whole number from 1 to 500"),
+        ({"units_per_child": 501}, "within its Lambda timeout"),
+        ({"units_per_child": 2.5}, "fanout.units_per_child"),
     ],
 )
 def test_the_sweeper_rate_and_the_poll_limit_are_checked(
@@ -416,9 +419,25 @@ def test_the_sweeper_rate_and_the_poll_limit_have_defaults() -> None:
     base = dict(cdk_json_context()["fanout"])
     base.pop("sweeper_rate_minutes", None)
     base.pop("finalizer_polls_per_execution", None)
+    base.pop("units_per_child", None)
     config = load_config(_context(fanout=base))
     assert config.fanout.sweeper_rate_minutes == 15
     assert config.fanout.finalizer_polls_per_execution == 1000
+    assert config.fanout.units_per_child == 100
+
+
+def test_the_api_writes_chunks_of_the_configured_size(synth: Synthesized) -> None:
+    # the API function writes the manifest; cdk.json's fanout.units_per_child reaches it
+    variables = {
+        env["SWARM_FUNCTION"]: env
+        for r in synth.resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+        and "SWARM_FUNCTION" in (env := r["Properties"].get("Environment", {}).get("Variables", {}))
+    }
+    api = variables.pop("api")
+    assert api["UNITS_PER_CHILD"] == str(synth.config.fanout.units_per_child) == "100"
+    # and no other function needs it (a resume's manifest is the API's too)
+    assert variables and all("UNITS_PER_CHILD" not in v for v in variables.values())
 
 
 # ------------------------------------------------------------ worker.concurrency: "auto"

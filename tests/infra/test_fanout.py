@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from infra.constants import FANOUT_ASL, ROOT
-from infra.fanout import definition_substitutions
+from infra.fanout import (
+    EXPRESS_MAX_SECONDS,
+    FANOUT_ATTEMPTS,
+    FANOUT_TIMEOUT_SECONDS,
+    definition_substitutions,
+)
 from infra.local_definition import local_definitions
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import arn, as_list, statements_of_role
@@ -67,8 +72,17 @@ def test_distributed_map_reads_the_manifest_and_writes_results(synth: Synthesize
     assert fan_out["ToleratedFailurePercentage"] == synth.config.fanout.tolerated_failure_percentage
     assert fan_out["ResultWriter"]["Resource"] == "arn:aws:states:::s3:putObject"
     assert fan_out["ResultWriter"]["Parameters"]["Prefix"] == "results/"
-    assert "ItemBatcher" not in fan_out  # moto rejects it; one unit per admission anyway
+    # No ItemBatcher: moto rejects it, and one definition must run locally and on AWS alike.
+    # The manifest is written pre-chunked instead (swarm.service.batches.chunk_units): each
+    # item is a chunk of units, which gives ItemBatcher's billing (one child per chunk).
+    assert "ItemBatcher" not in fan_out
+    assert fan_out["ItemSelector"] == {
+        "batch_id.$": "$.batch_id",
+        "index.$": "$$.Map.Item.Index",
+        "chunk.$": "$$.Map.Item.Value",
+    }
     item = fan_out["ItemProcessor"]["States"]["AdmitAndEnqueue"]
+    assert item["Parameters"]["Payload.$"] == "$"  # the child's input: the chunk, wrapped
     assert item["Resource"] == "arn:aws:states:::lambda:invoke"
     assert fan_out["Next"] == "Finalize"
 
@@ -133,7 +147,7 @@ def test_local_definition_for_moto(synth: Synthesized) -> None:
     assert isinstance(fan_out["ToleratedFailurePercentage"], float)
     assert fan_out["MaxConcurrency"] == synth.config.fanout.max_concurrency
     assert fan_out["ItemReader"]["Parameters"]["Bucket"] == "local-bucket"
-    assert fan_out["ItemSelector"]["unit.$"] == "$$.Map.Item.Value"  # context paths survive
+    assert fan_out["ItemSelector"]["chunk.$"] == "$$.Map.Item.Value"  # context paths survive
 
 
 # ---------------------------------------------------------------------- error handling, repair
@@ -167,6 +181,25 @@ def test_lambda_tasks_retry_service_errors_then_function_errors_with_backoff_and
         assert retrier["MaxAttempts"] >= 3
         assert retrier["BackoffRate"] >= 2
         assert retrier["JitterStrategy"] == "FULL"
+
+
+def test_a_chunks_every_attempt_fits_its_express_child(synth: Synthesized) -> None:
+    # Given the fan-out function's timeout and the child task's retries of a function error
+    fanout = synth.resources[synth.logical_id(synth.stack.fanout.admit.function)]["Properties"]
+    assert fanout["Timeout"] == FANOUT_TIMEOUT_SECONDS
+    item = _substituted(synth)["States"]["FanOut"]["ItemProcessor"]["States"]["AdmitAndEnqueue"]
+    task_failed = _retriers(item)["States.TaskFailed"]
+    attempts = 1 + task_failed["MaxAttempts"]
+    assert attempts == FANOUT_ATTEMPTS
+    pauses = sum(
+        min(
+            task_failed["IntervalSeconds"] * task_failed["BackoffRate"] ** n,
+            task_failed["MaxDelaySeconds"],
+        )
+        for n in range(task_failed["MaxAttempts"])
+    )
+    # Then every attempt of a chunk, each timing out, ends within an Express child's 5 minutes
+    assert attempts * FANOUT_TIMEOUT_SECONDS + pauses < EXPRESS_MAX_SECONDS
 
 
 def test_a_failed_map_or_finalizer_ends_the_execution_for_the_sweeper(synth: Synthesized) -> None:
@@ -328,7 +361,7 @@ def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
     )
 
     ledger = synth.resources[synth.logical_id(synth.stack.tables.ledger)]["Properties"]
-    index, tenants = ledger["GlobalSecondaryIndexes"]
+    index, tenants, _leases = ledger["GlobalSecondaryIndexes"]
     assert index["IndexName"] == OPEN_RUNS_INDEX
     assert index["KeySchema"] == [
         {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
@@ -351,6 +384,42 @@ def test_the_ledger_has_a_sparse_index_of_watched_runs_only_the_sweeper_queries(
     # no role is granted every index of the ledger (Table.grant's "<table>/index/*")
     policies = json.dumps(synth.of_type("AWS::IAM::Policy"))
     assert "/index/*" not in policies
+
+
+def test_the_ledger_has_a_sparse_index_of_leases_by_run_and_expiry(synth: Synthesized) -> None:
+    """Units holding a lease, by run (the table's pk) and expiry (res_lease, present only while
+    a unit holds a reservation), keys only: the finalizer's lease sweep reads the expired ones
+    (which roles may Query it: tests/infra/test_permissions.py, the finalizer and the sweeper)."""
+    from infra.constants import LEASE_EXPIRY, LEASES_INDEX, PARTITION_KEY
+
+    ledger = synth.resources[synth.logical_id(synth.stack.tables.ledger)]["Properties"]
+    (leases,) = [i for i in ledger["GlobalSecondaryIndexes"] if i["IndexName"] == LEASES_INDEX]
+    assert leases == {
+        "IndexName": LEASES_INDEX,
+        "KeySchema": [
+            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": LEASE_EXPIRY, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    }
+    assert {"AttributeName": LEASE_EXPIRY, "AttributeType": "N"} in ledger["AttributeDefinitions"]
+    # the attribute the ledger's items write and remove with every reservation
+    from swarm.adapters import dynamodb_items
+
+    assert LEASE_EXPIRY in dynamodb_items.RESERVATION_ATTRIBUTES
+    # the same index as the adapters create for tests and the local runtime
+    from unittest import mock
+
+    from swarm.adapters.dynamodb import create_table
+
+    client = mock.Mock()
+    create_table(client, "t")
+    (created,) = [
+        i
+        for i in client.create_table.call_args.kwargs["GlobalSecondaryIndexes"]
+        if i["IndexName"] == LEASES_INDEX
+    ]
+    assert created == leases
 
 
 def test_a_run_being_opened_writes_its_units_in_a_loop_before_the_map(synth: Synthesized) -> None:

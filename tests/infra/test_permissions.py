@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from infra.constants import OPEN_RUNS_INDEX, TENANT_RUNS_INDEX
+from infra.constants import LEASES_INDEX, OPEN_RUNS_INDEX, TENANT_RUNS_INDEX
 from swarm.contract import API, DLQ, DRAIN, FANOUT, FINALIZER, SWEEPER, WORKER
 from swarm.core.records import LANES
 from swarm.settings import FunctionName
@@ -167,7 +167,7 @@ EXPECTED: dict[FunctionName, Table] = {
             {
                 # ledger.run, and reclaim_unit's reads (_get_many)
                 "dynamodb:BatchGetItem",
-                # reclaim_expired and units: the run's unit items (_query)
+                # units: the run's unit items (_query), once, for the results at closure
                 "dynamodb:Query",
                 # reclaim_unit: books + unit Updates of a lost attempt or an expired lease;
                 # DynamoDBRunWatch.record (first poll) and .release (closure announced)
@@ -179,6 +179,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:BatchWriteItem",
             }
         ),
+        # reclaim_expired: DynamoDBLedger.expired_leases, the run's expired leases only
+        "leases index": frozenset({"dynamodb:Query"}),
         # Finalizer.finalize: the manifest's inputs (requeue of lost retries, remainder);
         # Opener.open: the run's spec object (manifests/<run>/spec.json)
         "manifests/*": frozenset({"s3:GetObject"}),
@@ -210,7 +212,7 @@ EXPECTED: dict[FunctionName, Table] = {
                 # Sweeper.repair: ledger.run; DynamoDBRunWatch.get (the watch entry, consistent);
                 # Finalizer.finalize's reads (reclaim_unit: _get_many)
                 "dynamodb:BatchGetItem",
-                # Finalizer.finalize: reclaim_expired and units (_query of the unit items)
+                # Finalizer.finalize: units (_query of the unit items) for the results
                 "dynamodb:Query",
                 # DynamoDBRunWatch.check (next look, restarts); Finalizer.finalize: reclaim
                 # Updates and DynamoDBRunWatch.release
@@ -221,6 +223,8 @@ EXPECTED: dict[FunctionName, Table] = {
         ),
         # DynamoDBRunWatch.due: Query of the sparse index of watched runs, nothing else
         "open runs index": frozenset({"dynamodb:Query"}),
+        # Finalizer.finalize: reclaim_expired's Query of the run's expired leases
+        "leases index": frozenset({"dynamodb:Query"}),
         # Finalizer.finalize (as the finalizer's row): manifest inputs, results, their checks
         "manifests/*": frozenset({"s3:GetObject"}),
         "results/*": frozenset({"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"}),
@@ -262,6 +266,10 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         json.dumps(f"/index/{TENANT_RUNS_INDEX}") + "]]}"
     ):
         return "tenant runs index"
+    if references(resource, synth.logical_id(stack.tables.ledger)) and text.endswith(
+        json.dumps(f"/index/{LEASES_INDEX}") + "]]}"
+    ):
+        return "leases index"
     if f":execution:{stack.fanout.state_machine_name}:*" in text:
         return "fanout executions"
     bucket = synth.logical_id(stack.storage.bucket)

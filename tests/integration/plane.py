@@ -255,7 +255,8 @@ class ControlPlane:
     # ------------------------------------------------------------------ the state machine
     def fan_out_events(self) -> list[dict[str, Any]]:
         """The Distributed Map's item events of every execution not processed yet (marked
-        processed now): what the map would pass to the fan-out step, one per manifest item."""
+        processed now): what the map would pass to the fan-out step, one per manifest item (a
+        chunk of units)."""
         sfn, s3 = self.client("stepfunctions"), self.client("s3")
         events = []
         for execution in sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]:
@@ -267,7 +268,7 @@ class ControlPlane:
             self.open_step(payload)
             body = s3.get_object(Bucket=self.bucket, Key=payload["manifest_key"])
             for index, item in enumerate(json.loads(body["Body"].read())):
-                events.append({"batch_id": payload["batch_id"], "index": index, "unit": item})
+                events.append({"batch_id": payload["batch_id"], "index": index, "chunk": item})
         return events
 
     def open_step(self, payload: Mapping[str, Any]) -> int:

@@ -199,3 +199,46 @@ def _random_ids_spec(units: int) -> RunSpec:
     rng = random.Random(0)  # UUID-like ids: random hex, as incompressible as real UUIDs
     ids = (f"{rng.getrandbits(128):032x}" for _ in range(units))
     return RunSpec("run-1", "acme", Lane.NORMAL, 10**9, tuple(UnitSpec(i, 10_000) for i in ids))
+
+
+def test_a_batched_admission_that_a_concurrent_write_cancels_is_decided_again(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run of 5 units, and another fan-out (another Lambda) that admits u2 right after
+    # this batch has read the books and the units
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    other = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=5, tokens=100, budget=1_000), now=0.0)
+    read = ledger._get_many
+    raced: list[bool] = []
+
+    def get_many(keys: list[Any]) -> list[Any]:
+        found = read(keys)
+        if len(keys) > 2 and not raced:
+            raced.append(True)
+            other.admit("run-1", "u2", 0, now=1.0)
+        return found
+
+    monkeypatch.setattr(ledger, "_get_many", get_many)
+    transactions: list[int] = []
+    call = ledger._call
+
+    def counted(op: str, **kw: Any) -> Any:
+        if op == "transact_write_items":
+            transactions.append(len(kw["TransactItems"]))
+        return call(op, **kw)
+
+    monkeypatch.setattr(ledger, "_call", counted)
+    # When the batch is written: its transaction is cancelled (u2 is not as read)
+    admissions = ledger.admit_many("run-1", [f"u{i}" for i in range(5)], now=1.0)
+    # Then u0 is admitted on its own, the rest batched again: u2 admitted already, once
+    assert raced and transactions == [6, 2, 4]
+    assert [a.reason for a in admissions] == [
+        "admitted",
+        "admitted",
+        "already_admitted",
+        "admitted",
+        "admitted",
+    ]
+    run = ledger.run("run-1")
+    assert (run.in_flight, run.reserved) == (5, 500)

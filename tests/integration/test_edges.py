@@ -31,6 +31,7 @@ from swarm.adapters import dynamodb_ledger
 from swarm.core.codec import parse_message_body
 from swarm.core.ports import ModelRequest, ModelResult
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRecord, UnitState
+from swarm.service.batches import manifest_units
 from swarm.service.worker import Worker
 from swarm.wiring import QUEUE_LEASE_S
 from tests.integration.plane import ControlPlane, freeze_sqs_clock, ledger, units
@@ -81,9 +82,15 @@ def run_to_close(plane: ControlPlane, batch_id: str, rounds: int = 4) -> dict[st
 
 
 def fan_out_events(plane: ControlPlane) -> list[dict[str, Any]]:
-    """The map's item events, so a test can invoke the fan-out step itself: twice, or with a
-    step in between; in unit order (the manifest is in the fan-out's, largest first)."""
-    return sorted(plane.fan_out_events(), key=lambda event: event["unit"]["unit_id"])
+    """The map's item events cut into chunks of one unit (each a valid map item), so a test can
+    invoke the fan-out step itself for each unit: twice, or with a step in between; in unit
+    order (the manifest is in the fan-out's, largest first)."""
+    events = [
+        {**event, "chunk": {**event["chunk"], "units": [unit]}}
+        for event in plane.fan_out_events()
+        for unit in event["chunk"]["units"]
+    ]
+    return sorted(events, key=lambda event: event["chunk"]["units"][0]["unit_id"])
 
 
 def receive_all(plane: ControlPlane, lane: Lane = Lane.NORMAL) -> list[Any]:
@@ -429,7 +436,7 @@ def test_a_retried_fan_out_item_is_admitted_and_run_once(
     # Given a batch of 3 units, fanned out once
     batch_id = submit(plane, {"units": units(3)})
     items = fan_out_events(plane)
-    first = [plane.invoke("fanout", item) for item in items]
+    first = [plane.invoke("fanout", item)["units"][0] for item in items]  # chunks of one
     assert [(r["outcome"], r["attempt"]) for r in first] == [("enqueued", 0)] * 3
     # When the Distributed Map runs every item again (a retry after the function had run):
     # before any copy ran, while u0001's attempt is on the model, after all completed, or after
@@ -440,7 +447,7 @@ def test_a_retried_fan_out_item_is_admitted_and_run_once(
 
     def retry() -> None:
         run, unit = ledger(plane).run(batch_id), ledger(plane).unit(batch_id, "u0001")
-        again.extend(plane.invoke("fanout", item) for item in items)
+        again.extend(plane.invoke("fanout", item)["units"][0] for item in items)
         books.append((run, ledger(plane).run(batch_id)))
         u0001.append((unit, ledger(plane).unit(batch_id, "u0001")))
 
@@ -668,7 +675,7 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
         fired = run_before(monkeypatch, fin.ledger, "units", top_up)
     # When the original execution fans the batch out (the top-up may land in between)
     for item in fan_out_events(plane):
-        outcome = plane.invoke("fanout", item)
+        (outcome,) = plane.invoke("fanout", item)["units"]  # a chunk of one
         refused = outcome["outcome"] == "remainder"
         if top_up_lands == "during_the_fan_out" and refused and not resumed:
             top_up()
@@ -722,7 +729,7 @@ def test_a_second_resume_after_the_run_exhausted_again_requeues_the_new_remainde
     assert second["requeued"] == 3 and second["state"] == "open"
     assert executions(plane) == sorted([batch_id, f"{batch_id}-resume-1", f"{batch_id}-resume-2"])
     resumes = {
-        key: sorted(i["unit_id"] for i in read_json(plane, key))
+        key: sorted(i["unit_id"] for i in manifest_units(read_json(plane, key)))
         for key in objects(plane, f"manifests/{batch_id}/resume-")
     }
     assert resumes == {

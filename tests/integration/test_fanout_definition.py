@@ -168,7 +168,12 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
     assert _entered(plane, f"{batch}-c1")[:2] == ["Continuation?", "Finalize"]
     assert "FanOut" not in _entered(plane, f"{batch}-c1")
     with functions.lock:
-        fanned = [event["unit"]["unit_id"] for name, event in functions.calls if name == "fanout"]
+        fanned = [
+            unit["unit_id"]
+            for name, event in functions.calls
+            if name == "fanout"
+            for unit in event["chunk"]["units"]
+        ]
     assert sorted(fanned) == ["u0", "u1", "u2"]
     # and the first poll of each execution recorded it as the one finalizing the run
     watch = DynamoDBRunWatch(plane.ledger_table, client=plane.client("dynamodb"))

@@ -77,6 +77,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.MAX_BUDGET_TOKENS: "1000000",
             env.RESULTS_URL_SECONDS: "300",
             env.UPLOAD_URL_SECONDS: "300",
+            env.UNITS_PER_CHILD: "100",
             env.TENANT_LIMITS: "",  # no tenant limits of their own
             env.TENANT_PRINCIPAL_PREFIX: "swarm-tenant-",
             env.OPERATOR_PRINCIPAL_PREFIX: "swarm-operator-",

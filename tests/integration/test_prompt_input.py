@@ -11,6 +11,7 @@ from swarm.adapters.simulated_model import MODEL_ID, simulated_input_tokens, sim
 from swarm.core.codec import parse_message_body
 from swarm.core.prompts import normalise
 from swarm.core.records import Lane
+from swarm.service.batches import manifest_units
 from tests.integration.plane import ControlPlane, ledger
 
 TURNS = [
@@ -54,7 +55,8 @@ def test_a_request_runs_from_the_api_to_the_model_in_normal_form(plane: ControlP
     # Then the manifest holds each in normal form
     s3 = plane.client("s3")
     manifest = s3.get_object(Bucket=plane.bucket, Key=f"manifests/{batch_id}/units.json")
-    assert {i["unit_id"]: i["input"] for i in json.loads(manifest["Body"].read())} == normal
+    chunks = json.loads(manifest["Body"].read())
+    assert {i["unit_id"]: i["input"] for i in manifest_units(chunks)} == normal
     # and the fan-out's lane messages carry it unchanged
     plane.run_state_machine()
     messages = plane.receive(Lane.NORMAL)

@@ -39,7 +39,7 @@ def test_tenant_a_over_its_share_gets_429_with_retry_after_while_tenant_b_is_acc
             "POST", "/batches", {"units": units(10, prefix="m")}, tenant="a", headers=key
         )
         # Then it is refused with 429 and a Retry-After, naming its own queue
-        assert status == 429 and body["error"] == "shedding", body
+        assert status == 429 and body["error"] == "tenant_queue", body
         assert int(headers["Retry-After"]) >= 1
         assert "20 units queued" in body["message"] and "at most 25" in body["message"]
         # and nothing was written: the batch that key would make does not exist

@@ -109,8 +109,8 @@ def test_a_tenant_no_role_name_could_have_is_refused(name: str) -> None:
 
 
 def _child_bytes(run_id: str, text: str) -> int:
-    item = {"run_id": run_id, "unit_id": "u1", "tenant": "acme", "lane": "normal"}
-    child = map_child_input(run_id, 0, {**item, "attempt": 0, "tokens": 5, "input": text})
+    chunk = {"run_id": run_id, "units": [{"unit_id": "u1", "input": text}]}
+    child = map_child_input(run_id, 0, chunk)
     return len(json.dumps(child, separators=(",", ":"), ensure_ascii=False).encode())
 
 
@@ -145,7 +145,7 @@ def test_the_map_child_input_is_what_the_state_machine_builds() -> None:
     definition = json.loads(re.sub(r"\$\{\w+\}", "0", FANOUT_ASL.read_text()))
     selector = definition["States"]["FanOut"]["ItemSelector"]
     assert {k.removesuffix(".$") for k in selector} == set(map_child_input("b", 0, {}))
-    assert selector["unit.$"] == "$$.Map.Item.Value"
+    assert selector["chunk.$"] == "$$.Map.Item.Value"
 
 
 def test_a_unit_the_governor_can_never_grant_is_refused_at_submit() -> None:

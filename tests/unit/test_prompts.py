@@ -22,6 +22,7 @@ from swarm.service.api_models import parse_manifest_units, parse_submit
 from swarm.service.batches import (
     batch_id_for,
     manifest_key,
+    manifest_units,
     map_child_input,
 )
 from swarm.service.fanout import FanOut
@@ -246,12 +247,13 @@ def test_a_request_goes_from_the_submit_to_the_model_in_normal_form() -> None:
     run = service.submit_body("acme", body, None, 1.0).run
     # Then the manifest holds each input as the control plane carries it
     items = service.blobs.get_json(manifest_key(run.run_id))
-    assert {item["unit_id"]: item["input"] for item in items} == {"a": "hi", "b": NORMAL}
+    units = manifest_units(items)
+    assert {item["unit_id"]: item["input"] for item in units} == {"a": "hi", "b": NORMAL}
     # and the fan-out puts it on the lane, and the lane message brings it back unchanged
     queue = MemoryQueue()
     fanout = FanOut(service.ledger, queue, queue_lease_s=600)
     for item in items:
-        fanout.admit_and_enqueue(item, 2.0)
+        fanout.admit_and_enqueue_chunk(item, 2.0)
     sent = [codec.parse_message_body(codec.message_body(q)) for q in queue.sent]
     assert {q.unit_id: q.input for q in sent} == {"a": "hi", "b": NORMAL}
     # and the model answers what it was asked
@@ -279,8 +281,8 @@ def test_a_replay_with_the_same_request_written_another_way_is_the_same_batch() 
 
 
 def _child_bytes(run_id: str, input_: Any) -> int:
-    item = {"run_id": run_id, "unit_id": "u1", "tenant": "acme", "lane": "normal"}
-    child = map_child_input(run_id, 0, {**item, "attempt": 0, "tokens": 5, "input": input_})
+    chunk = {"run_id": run_id, "units": [{"unit_id": "u1", "input": input_}]}
+    child = map_child_input(run_id, 0, chunk)
     return len(json.dumps(child, separators=(",", ":"), ensure_ascii=False).encode())
 
 
@@ -299,7 +301,7 @@ def test_the_fan_out_measures_a_request_as_its_item_carries_it_to_the_byte() -> 
     body = parse_submit(json.dumps({"units": [{**unit(), "input": request(fits)}]}))
     blobs = MemoryBlobs()
     assert batches(blobs).submit_body("acme", body, "k1", 1.0).created
-    stored = blobs.get_json(manifest_key(run_id))[0]
+    stored = manifest_units(blobs.get_json(manifest_key(run_id)))[0]
     assert _child_bytes(run_id, stored["input"]) == MAX_MAP_ITEM_BYTES
     over = parse_submit(json.dumps({"units": [{**unit(), "input": request(fits + "x")}]}))
     nothing = MemoryBlobs()

@@ -10,7 +10,7 @@ from swarm.core.lanes import Policy, QueuedUnit
 from swarm.core.memory import InMemoryLanes
 from swarm.core.records import Lane
 from swarm.core.scheduling import fanout_order
-from swarm.service.batches import SubmitRequest, UnitInput, manifest_key
+from swarm.service.batches import SubmitRequest, UnitInput, manifest_key, manifest_units
 from tests.unit.test_service_flow import Plane
 
 SIZES = {"u-a": 9_000, "u-b": 15_000, "u-c": 12_000, "u-d": 15_000, "u-e": 8_000}
@@ -27,7 +27,7 @@ def test_a_batch_is_fanned_out_largest_first() -> None:
     run = plane.batches.submit("acme", _request(SIZES), None, plane.clock.now()).run
     # Then its manifest (the Distributed Map's items, read in order) is largest first, equal
     # sizes in submission order
-    manifest = plane.blobs.get_json(manifest_key(run.run_id))
+    manifest = manifest_units(plane.blobs.get_json(manifest_key(run.run_id)))
     assert [item["unit_id"] for item in manifest] == ["u-b", "u-d", "u-c", "u-a", "u-e"]
     # and the fan-out step enqueues the units in that order, each with its own input
     plane.fan_out()
@@ -92,6 +92,15 @@ def test_a_retried_submit_is_the_same_batch_whatever_order_its_manifest_was_writ
     assert first.created and not again.created and again.run.run_id == first.run.run_id
     # a batch fanned out before the order was largest first (its manifest in submission order)
     key = manifest_key(first.run.run_id)
-    stored = plane.blobs.get_json(key)
-    plane.blobs.put_json(key, sorted(stored, key=lambda item: list(SIZES).index(item["unit_id"])))
+    stored = manifest_units(plane.blobs.get_json(key))
+    in_submission_order = sorted(stored, key=lambda item: list(SIZES).index(item["unit_id"]))
+    run_id = first.run.run_id
+    plane.blobs.put_json(key, [{"run_id": run_id, "units": in_submission_order}])
     assert not plane.batches.submit("acme", _request(SIZES), "key-1", 3.0).created
+    # and one written before chunks: an item per unit, with the tenant, lane and projection
+    old = [
+        {**u, "run_id": run_id, "tenant": "acme", "lane": "normal", "tokens": SIZES[u["unit_id"]]}
+        for u in in_submission_order
+    ]
+    plane.blobs.put_json(key, old)
+    assert not plane.batches.submit("acme", _request(SIZES), "key-1", 4.0).created

@@ -120,7 +120,7 @@ class Plane:
             if payload.get("done"):
                 continue
             for item in self.blobs.get_json(payload["manifest_key"]):
-                self.fanout.admit_and_enqueue(item, self.clock.now())
+                self.fanout.admit_and_enqueue_chunk(item, self.clock.now())
             payload["done"] = True
 
     def pump(self, max_steps: int = 100_000) -> None:

@@ -36,6 +36,7 @@ VALUES = {
     env.DEFAULT_BUDGET_TOKENS: "6000000",
     env.RESULTS_URL_SECONDS: "300",
     env.UPLOAD_URL_SECONDS: "300",
+    env.UNITS_PER_CHILD: "100",
     env.OPERATOR_PRINCIPAL_PREFIX: "swarm-operator-",
     env.SWEEP_INTERVAL_SECONDS: "900",
     env.MODEL_ADAPTER: "simulated",

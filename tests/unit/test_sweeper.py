@@ -72,7 +72,8 @@ class Plane:
             self.blobs,
             self.executions,
             MemoryDrain(),
-            BatchesConfig(ShedPolicy({}), max_budget=10**9),
+            # a chunk per unit: a map that dies after its first item admitted one unit
+            BatchesConfig(ShedPolicy({}), max_budget=10**9, units_per_child=1),
         )
         self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=86_400)
         self.finalizer = Finalizer(
@@ -101,10 +102,11 @@ class Plane:
         return self.batches.submit("acme", request, None, self.now).run.run_id
 
     def map(self, run_id: str, only: int | None = None) -> None:
-        """The Distributed Map of the run's execution (or its first ``only`` items)."""
+        """The Distributed Map of the run's execution (or its first ``only`` items: chunks of
+        one unit here)."""
         items = self.blobs.get_json(manifest_key(run_id))
         for item in items[:only]:
-            self.fanout.admit_and_enqueue(item, self.now)
+            self.fanout.admit_and_enqueue_chunk(item, self.now)
 
     def settle_all(self, run_id: str) -> None:
         """Workers run every admitted unit to success."""

@@ -186,12 +186,15 @@ def test_the_fan_out_takes_tenant_lane_and_tokens_from_the_ledger_not_the_item()
     ledger, queue = InMemoryLedger(), MemoryQueue()
     spec = RunSpec("b-acme", "acme", Lane.LOW, 50_000, (UnitSpec("u1", 2_000),))
     ledger.open_run(spec, NOW)
-    (item,) = manifest_items(spec, {"u1": "summarise"})
+    (chunk,) = manifest_items(spec, {"u1": "summarise"}, 100)
+    assert chunk == {"run_id": "b-acme", "units": [{"unit_id": "u1", "input": "summarise"}]}
     # When its manifest item claims another tenant, the high lane and a tiny projection
-    forged = {**item, "tenant": "globex", "lane": "high", "tokens": 1}
-    outcome = FanOut(ledger, queue, queue_lease_s=600).admit_and_enqueue(forged, NOW, "b-acme")
+    forged_unit = {**chunk["units"][0], "tenant": "globex", "lane": "high", "tokens": 1}
+    forged = {**chunk, "tenant": "globex", "lane": "high", "units": [forged_unit]}
+    fanout = FanOut(ledger, queue, queue_lease_s=600)
+    outcome = fanout.admit_and_enqueue_chunk(forged, NOW, "b-acme")
     # Then the unit goes onto acme's lane, as acme's, reserving the ledger's projection
-    assert outcome == {"unit_id": "u1", "outcome": "enqueued", "attempt": 0}
+    assert outcome["units"] == [{"unit_id": "u1", "outcome": "enqueued", "attempt": 0}]
     (sent,) = queue.sent
     message = codec.parse_message_body(codec.message_body(sent))
     assert (message.tenant, message.lane, message.tokens) == ("acme", Lane.LOW, 2_000)

@@ -1,0 +1,55 @@
+"""A 10,000-unit batch through the local stack, with exact books (issue 15, point 5).
+
+The manifest is uploaded (``POST /uploads``, then a PUT to the presigned URL) and submitted by
+key, as a tenant with a batch past API Gateway's payload limit would. The units are small (a few
+hundred tokens) so the run is bound by the emulator's throughput rather than the model's quota;
+the model's failure rate is the stack's (some units retry, a few are dead-lettered). The books
+must be exact: every unit terminal, each with the attempts and tokens the model's seed dictates,
+and the run's spend equal to what the model billed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.e2e.conftest import Stack, assert_books, expected_books, units, wait_for
+
+UNITS = 10_000
+
+
+def small(i: int) -> int:
+    return 200 + (i * 397) % 400  # 200-599 tokens, deterministic
+
+
+def test_a_10000_unit_batch_completes_with_exact_books(stack: Stack) -> None:
+    # Given a 10,000-unit manifest uploaded by the tenant
+    client = stack.client("e2e-big-batch")
+    batch = units(UNITS, "big", small)
+    books = expected_books(stack.model(), batch)
+    key = client.upload(json.dumps(batch).encode())
+
+    # When it is submitted by key
+    started = time.monotonic()
+    doc = client.submit({"manifest": {"key": key}, "budget": 50_000_000})
+    answered = time.monotonic() - started
+    final = wait_for(client, doc["batch_id"], timeout_s=3_600, interval_s=10)
+    took = time.monotonic() - started
+
+    # Then every unit is terminal, with exactly the attempts and tokens the seed dictates
+    assert final["state"] == "completed", final
+    counts = final["counts"]
+    assert counts["completed"] == len(books.completed), counts
+    assert counts["dead_lettered"] == len(books.dead), counts
+    results = stack.results(doc["batch_id"], "completed")
+    assert len(results["units"]) == UNITS
+    assert_books(books, results)
+    assert final["tokens"]["spent"] == books.spent
+    seen = stack.model(doc["batch_id"])
+    assert seen["tokens_billed"] == books.spent
+    assert seen["calls"] == final["attempts"] == sum(books.attempts.values())
+    print(
+        f"big batch: {UNITS:,} units, submit answered in {answered:.1f}s, completed in "
+        f"{took:.0f}s ({UNITS / took:.1f} units/s), {final['attempts']:,} attempts, "
+        f"{len(books.dead)} dead-lettered, spent {books.spent:,} tokens"
+    )
