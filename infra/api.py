@@ -126,9 +126,10 @@ class FrontDoor(Construct):
             role,
             "dynamodb:BatchGetItem",  # every read (run, spec, unit)
             "dynamodb:Query",  # a run's units (status remainder, resume, results pages)
-            "dynamodb:PutItem",  # open_run: spec and books (TransactWriteItems Puts)
-            "dynamodb:BatchWriteItem",  # open_run: the unit items
-            "dynamodb:UpdateItem",  # open_run marks the books ready; resume tops up; bindings
+            # begin_open: the spec and the opening books (TransactWriteItems Puts); the unit
+            # items are the open step's (the finalizer's role), not the API's
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",  # resume tops up; bindings
             "dynamodb:DeleteItem",  # an operator's re-bind of a tenant (its binding item)
         )
         role.add_to_principal_policy(  # DynamoDBLedger.queued_units: the tenant's open runs

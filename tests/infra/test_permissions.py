@@ -50,11 +50,10 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:BatchGetItem",
                 # DynamoDBLedger._query: units of a run (status remainder, top_up's remainder)
                 "dynamodb:Query",
-                # open_run: TransactWriteItems Put of the spec and the books items
+                # begin_open: TransactWriteItems Put of the spec and the (opening) books items;
+                # no BatchWriteItem: the unit items are the open step's (the finalizer's)
                 "dynamodb:PutItem",
-                # open_run: BatchWriteItem of the unit items
-                "dynamodb:BatchWriteItem",
-                # open_run marks the books ready; top_up (resume) updates the books;
+                # top_up (resume) updates the books;
                 # DynamoDBBindings.bind: a tenant's role binding (one conditional update)
                 "dynamodb:UpdateItem",
                 # DynamoDBBindings.unbind: POST /tenants/{tenant}/rebind (operators)
