@@ -51,6 +51,11 @@ class LocalOptions:
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
     sweeper_rate_minutes: int = 1  # the schema's minimum: the sweeper looks every 6 s at x10
+    #: the most map children at once (cdk.json's fanout.max_concurrency, if lower): the emulator
+    #: runs every child's fan-out invocation inside its one process, and 100 children admitting
+    #: 100 units each (a 10,000-unit batch) starve its request threads (measured: the API's GET
+    #: unanswered for 60 s, the children's invokes refused a connection)
+    map_concurrency: int = 10
     failure_rate: float | None = None  # None: cdk.json's
     model_seed: int | None = None  # the simulated model's seed; None: cdk.json's
 
@@ -73,6 +78,7 @@ class LocalOptions:
             **base["fanout"],
             "finalizer_poll_seconds": self.finalizer_poll_s,
             "sweeper_rate_minutes": self.sweeper_rate_minutes,
+            "max_concurrency": min(int(base["fanout"]["max_concurrency"]), self.map_concurrency),
         }
         return {
             "stage": self.stage,
