@@ -138,12 +138,23 @@ def patch_sqs_fair_queues() -> None:
             visible: list[Any] = original.fget(self)  # type: ignore[attr-defined]
             if self.fifo_queue or len(visible) < 2:
                 return visible
+            if len({m.group_id or "" for m in visible}) < 2:
+                return visible  # one group: its fair order is its send order
             in_flight: Counter[str] = Counter(
                 m.group_id or "" for m in self._messages if not m.visible
             )
             return fair_order(visible, in_flight)
 
+        def visible_count(self: Any) -> int:  # a count needs no order
+            return len(original.fget(self))  # type: ignore[attr-defined]
+
+        def wait_for_messages(self: Any, timeout: int) -> None:  # nor does "is there one?"
+            with self._messages_lock:
+                self._messages_lock.wait_for(lambda: original.fget(self), timeout=timeout)
+
         Queue.messages = property(messages)  # type: ignore[method-assign,assignment]
+        Queue.approximate_number_of_messages = property(visible_count)  # type: ignore[method-assign,assignment]
+        Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign]
 
     _once("sqs-fair-queues", apply)
 
