@@ -117,7 +117,10 @@ class FrontDoor(Construct):
                 name=API,
                 description="The batch API: submit, status, resume, fleet, drain status",
                 timeout=cdk.Duration.seconds(29),  # API Gateway's integration limit
-                memory_mb=512,
+                # one full vCPU (Lambda gives CPU in proportion to memory): validating a
+                # 100,000-unit manifest took 7.5 s on one core here, and must fit the 29 s; the
+                # API is called once per batch, so its memory is not what a unit costs
+                memory_mb=1769,
             ),
         )
         # Exactly the calls its code makes (tests/infra/test_permissions.py lists who calls what).
