@@ -21,6 +21,9 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   every message of the queue (a send computes all the queue's attributes, three scans). With a
   2,000-unit batch queued that clock was ~25% of the stack's CPU. The patch reads the same clock
   (epoch milliseconds) with ``time.time()``.
+* :func:`patch_sqs_retention_check`: moto's receive checks each message's retention period by
+  computing every queue attribute (the message counts: a scan) per message, so a receive was
+  quadratic in the queue's depth; the patch reads the one attribute.
 * :func:`patch_sfn_client_cache`: moto's Step Functions interpreter builds a new boto3 client for
   every task it runs (every ``lambda:invoke`` of every map child), so each child costs a client
   build (~5% of the stack's CPU) and a new connection, for which the server's single accept
@@ -159,6 +162,29 @@ def patch_sqs_fair_queues() -> None:
     _once("sqs-fair-queues", apply)
 
 
+def patch_sqs_retention_check() -> None:
+    """moto's receive checks each visible message's retention period through
+    ``get_queue_attributes``, which computes every attribute, the message counts included (a pass
+    over the queue): a receive was quadratic in the queue's depth (10,000 queued units: most of
+    the emulator's time). Read the one attribute instead; the rule is moto's."""
+
+    def apply() -> None:
+        from moto.core.utils import unix_time
+        from moto.sqs.models import SQSBackend
+
+        def is_message_valid_based_on_retention_period(
+            self: Any, queue_name: str, message: Any
+        ) -> bool:
+            retention_s = int(self.get_queue(queue_name).message_retention_period)
+            return bool(retention_s + message.sent_timestamp / 1000 > unix_time())
+
+        SQSBackend.is_message_valid_based_on_retention_period = (  # type: ignore[method-assign]
+            is_message_valid_based_on_retention_period
+        )
+
+    _once("sqs-retention-check", apply)
+
+
 def patch_sqs_message_clock() -> None:
     def apply() -> None:
         from moto.sqs.models import Message
@@ -239,6 +265,7 @@ def apply_all() -> None:
     patch_sqs_no_builtin_esm()
     patch_sqs_fair_queues()
     patch_sqs_message_clock()
+    patch_sqs_retention_check()
     patch_sfn_client_cache()
     sfn_patch.patch_sfn_start_execution()  # the continue-as-new task (patches/stepfunctions.py)
     limits.apply_all()  # AWS's service limits (patches/limits.py)
