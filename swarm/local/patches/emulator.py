@@ -135,10 +135,10 @@ def patch_sqs_fair_queues() -> None:
     def apply() -> None:
         from moto.sqs.models import Queue
 
-        original = Queue.messages
+        unordered: Callable[[Any], list[Any]] = Queue.messages.fget  # type: ignore[attr-defined]
 
         def messages(self: Any) -> list[Any]:
-            visible: list[Any] = original.fget(self)  # type: ignore[attr-defined]
+            visible = unordered(self)
             if self.fifo_queue or len(visible) < 2:
                 return visible
             if len({m.group_id or "" for m in visible}) < 2:
@@ -149,11 +149,11 @@ def patch_sqs_fair_queues() -> None:
             return fair_order(visible, in_flight)
 
         def visible_count(self: Any) -> int:  # a count needs no order
-            return len(original.fget(self))  # type: ignore[attr-defined]
+            return len(unordered(self))
 
         def wait_for_messages(self: Any, timeout: int) -> None:  # nor does "is there one?"
             with self._messages_lock:
-                self._messages_lock.wait_for(lambda: original.fget(self), timeout=timeout)
+                self._messages_lock.wait_for(lambda: unordered(self), timeout=timeout)
 
         Queue.messages = property(messages)  # type: ignore[method-assign,assignment]
         Queue.approximate_number_of_messages = property(visible_count)  # type: ignore[method-assign,assignment]
