@@ -72,13 +72,14 @@ class Stack:
         doc: dict[str, Any] = self.local("GET", path)
         return doc
 
-    def results(self, batch_id: str, state: str) -> dict[str, Any]:
-        """The finalizer's results object for the run's latest closure as ``state``."""
+    def results(self, batch_id: str, state: str, timeout_s: float = 30) -> dict[str, Any]:
+        """The finalizer's results object for the run's latest closure as ``state`` (written
+        after the closure, reading every outcome: a big batch needs a longer ``timeout_s``)."""
         s3 = self.aws("s3")
         bucket = next(b["Name"] for b in s3.list_buckets()["Buckets"] if "batches" in b["Name"])
         prefix = f"results/{batch_id}/{state}-"
         # the finalizer (the state machine's poll loop, 1 s locally) writes it once the run closes
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout_s
         while True:
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
             summaries = [o["Key"] for o in listed if o["Key"].endswith(".json")]  # not .jsonl
