@@ -9,7 +9,8 @@ timeout; returns ``{"cursor", "done", "units"}``."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
@@ -25,25 +26,28 @@ tracer = Tracer()
 metrics = Metrics()
 _cache: dict[str, Finalizer | Opener] = {}  # the wiring (one dict: the local stack resets it)
 
+W = TypeVar("W", Finalizer, Opener)
+
 #: the open step stops writing pages this long before the function's timeout (one page of 25
 #: takes milliseconds; the margin covers the books' update and a throttled page's backoff)
 OPEN_MARGIN_S = 60.0
 
 
-def finalizer() -> Finalizer:
-    if "finalizer" not in _cache:
-        _cache["finalizer"] = Wiring.from_env().finalizer()
-    found = _cache["finalizer"]
-    assert isinstance(found, Finalizer)
+def _wired(name: str, kind: type[W], build: Callable[[Wiring], W]) -> W:
+    """The service ``name``, built from the environment once per container."""
+    if name not in _cache:
+        _cache[name] = build(Wiring.from_env())
+    found = _cache[name]
+    assert isinstance(found, kind)
     return found
+
+
+def finalizer() -> Finalizer:
+    return _wired("finalizer", Finalizer, Wiring.finalizer)
 
 
 def opener() -> Opener:
-    if "opener" not in _cache:
-        _cache["opener"] = Wiring.from_env().opener()
-    found = _cache["opener"]
-    assert isinstance(found, Opener)
-    return found
+    return _wired("opener", Opener, Wiring.opener)
 
 
 def open_units(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
