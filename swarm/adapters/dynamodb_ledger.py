@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -70,6 +71,9 @@ UNPROCESSED_BASE_S = 0.05
 UNPROCESSED_MAX_S = 5.0
 #: a batched admission's units: with the books, one TransactWriteItems of at most 100 items
 MAX_BATCH_ADMISSIONS = 99
+#: the (books, unit) views a client keeps for its next write to the same unit (a worker's claim
+#: after its read): at most this many, the oldest dropped first
+MAX_VIEWS = 256
 
 T = TypeVar("T")
 
@@ -130,6 +134,7 @@ class DynamoDBLedger:
         self._sleep = sleep
         self._specs: dict[str, RunSpec] = {}
         self._lock = threading.Lock()
+        self._views: OrderedDict[tuple[str, str], tuple[RunRecord, UnitRecord]] = OrderedDict()
 
     # ------------------------------------------------------------------ requests
     @property
@@ -257,6 +262,24 @@ class DynamoDBLedger:
             raise NotFound(f"run {run_id!r} has no unit {unit_id!r}")
         return self._run_from(books), items.unit_from(run_id, unit)
 
+    # A view is what this client last read of a unit (with its run's books), kept for its claim:
+    # the worker reads the unit, then claims it, and the claim decides on the view instead of
+    # reading again. It is sound because a view may only lead to a conditional write, never to
+    # an answer: the claim's write is conditional on the unit being exactly as viewed, and its
+    # answer carries only the unit it wrote. A decision on a view that writes nothing is decided
+    # again on a fresh read; a view is taken out when used, so a write that fails re-reads. The
+    # settlement reads afresh: its answer carries the books as they stand after it.
+    def _keep_view(self, run: RunRecord, unit: UnitRecord) -> None:
+        with self._lock:
+            self._views[(run.run_id, unit.unit_id)] = (run, unit)
+            self._views.move_to_end((run.run_id, unit.unit_id))
+            while len(self._views) > MAX_VIEWS:
+                self._views.popitem(last=False)
+
+    def _take_view(self, run_id: str, unit_id: str) -> tuple[RunRecord, UnitRecord] | None:
+        with self._lock:
+            return self._views.pop((run_id, unit_id), None)
+
     def run(self, run_id: str, opening: bool = False) -> RunRecord:
         (books,) = self._get_many([key(run_id, BOOKS)])
         if books is None or not (opening or items.flag_of(books, "ready")):
@@ -265,6 +288,7 @@ class DynamoDBLedger:
 
     def unit(self, run_id: str, unit_id: str) -> UnitRecord:
         run, unit = self._read_run_unit(run_id, unit_id)
+        self._keep_view(run, unit)  # for the claim that follows (see _keep_view)
         return unit.with_(state=effective_state(run, unit))
 
     def _raw_units(self, run_id: str) -> list[UnitRecord]:
@@ -594,6 +618,9 @@ class DynamoDBLedger:
             return _AGAIN if found is None else found
 
         def step() -> Settlement | _Write[Settlement | None] | None:
+            # read afresh, never from a view: a settlement answers with the run's books as they
+            # stand after it, which a view of older books would get wrong
+            self._take_view(run_id, unit_id)
             run, unit = self._read_run_unit(run_id, unit_id)
             reservation = unit.reservation
             if (
@@ -654,12 +681,14 @@ class DynamoDBLedger:
 
     # ------------------------------------------------------------------ claims and leases
     def claim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> Claim:
-        def step() -> Claim | _Write[Claim]:
-            run, unit = self._read_run_unit(run_id, unit_id)
+        def step() -> Claim | _Write[Claim] | _Again:
+            view = self._take_view(run_id, unit_id)
+            run, unit = view or self._read_run_unit(run_id, unit_id)
             new_unit, claim = decide_claim(run, unit, attempt, now, lease_s)
             if new_unit == unit:
-                return claim
-            return _Write([items.unit_update(self.table_name, unit, new_unit)], lambda: claim)
+                return claim if view is None else _AGAIN  # never an answer from a view
+            write = items.unit_update(self.table_name, unit, new_unit)
+            return _Write([write], lambda: claim)
 
         return self._optimistic(
             step, f"claim of unit {unit_id} (run {run_id}) kept colliding; retry"
