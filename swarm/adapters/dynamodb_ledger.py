@@ -618,9 +618,7 @@ class DynamoDBLedger:
             return _AGAIN if found is None else found
 
         def step() -> Settlement | _Write[Settlement | None] | None:
-            # read afresh, never from a view: a settlement answers with the run's books as they
-            # stand after it, which a view of older books would get wrong
-            self._take_view(run_id, unit_id)
+            # never from a view (see _keep_view): the answer carries the books after it
             run, unit = self._read_run_unit(run_id, unit_id)
             reservation = unit.reservation
             if (

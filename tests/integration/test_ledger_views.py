@@ -68,8 +68,8 @@ def test_a_view_gone_stale_never_changes_an_answer(dynamodb: Any) -> None:
     assert not other.claim("run-1", "u0", 0, 5.0, 60.0).claimed
 
 
-def test_a_view_of_books_another_settlement_changed_still_closes_the_run(dynamodb: Any) -> None:
-    # Given two units in flight, each claimed by its own worker
+def test_claims_from_views_then_settlements_close_the_run_with_exact_books(dynamodb: Any) -> None:
+    # Given two units in flight, each claimed from its own worker's view
     a, b = DynamoDBLedger(TABLE, client=dynamodb), DynamoDBLedger(TABLE, client=dynamodb)
     a.open_run(spec(units=2), now=0.0)
     a.admit_many("run-1", ["u0", "u1"], now=1.0)
@@ -77,7 +77,7 @@ def test_a_view_of_books_another_settlement_changed_still_closes_the_run(dynamod
         worker.unit("run-1", unit_id)
         assert worker.claim("run-1", unit_id, 0, 2.0, 60.0).claimed
 
-    # When b settles first, and a settles from the books it saw before that
+    # When b settles first, then a, whose view of the books predates b's settlement
     b.settle("run-1", "u1", 0, 70, True, now=3.0)
     last = a.settle("run-1", "u0", 0, 80, True, now=4.0)
 
@@ -86,6 +86,24 @@ def test_a_view_of_books_another_settlement_changed_still_closes_the_run(dynamod
     run = DynamoDBLedger(TABLE, client=dynamodb).run("run-1")
     assert (run.state, run.completed, run.spent) == (RunState.COMPLETED, 2, 150)
     balanced(DynamoDBLedger(TABLE, client=dynamodb), "run-1")
+
+
+def test_a_settlement_answers_with_the_books_as_they_stand_after_it(dynamodb: Any) -> None:
+    # Given a worker that read and claimed u0, and another that then settled u1
+    a, b = DynamoDBLedger(TABLE, client=dynamodb), DynamoDBLedger(TABLE, client=dynamodb)
+    a.open_run(spec(units=3), now=0.0)
+    a.admit_many("run-1", ["u0", "u1"], now=1.0)
+    for worker, unit_id in ((a, "u0"), (b, "u1")):
+        worker.unit("run-1", unit_id)
+        assert worker.claim("run-1", unit_id, 0, 2.0, 60.0).claimed
+    b.settle("run-1", "u1", 0, 70, True, now=3.0)
+
+    # When a settles u0 (the run stays open: u2 is pending)
+    settled = a.settle("run-1", "u0", 0, 80, True, now=4.0)
+
+    # Then its answer counts b's settlement too (a view of the books before it would not)
+    assert settled.run == DynamoDBLedger(TABLE, client=dynamodb).run("run-1")
+    assert (settled.run.completed, settled.run.spent) == (2, 150)
 
 
 def test_a_settlement_whose_attempt_was_settled_as_lost_is_a_duplicate(dynamodb: Any) -> None:
