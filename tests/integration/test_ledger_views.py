@@ -68,14 +68,20 @@ def test_a_view_gone_stale_never_changes_an_answer(dynamodb: Any) -> None:
     assert not other.claim("run-1", "u0", 0, 5.0, 60.0).claimed
 
 
-def test_claims_from_views_then_settlements_close_the_run_with_exact_books(dynamodb: Any) -> None:
-    # Given two units in flight, each claimed from its own worker's view
+def _two_claimed(dynamodb: Any, units: int) -> tuple[DynamoDBLedger, DynamoDBLedger]:
+    """Two workers (clients), each of which read and then claimed its unit: u0 and u1."""
     a, b = DynamoDBLedger(TABLE, client=dynamodb), DynamoDBLedger(TABLE, client=dynamodb)
-    a.open_run(spec(units=2), now=0.0)
+    a.open_run(spec(units=units), now=0.0)
     a.admit_many("run-1", ["u0", "u1"], now=1.0)
     for worker, unit_id in ((a, "u0"), (b, "u1")):
         worker.unit("run-1", unit_id)
         assert worker.claim("run-1", unit_id, 0, 2.0, 60.0).claimed
+    return a, b
+
+
+def test_claims_from_views_then_settlements_close_the_run_with_exact_books(dynamodb: Any) -> None:
+    # Given two units in flight, each claimed from its own worker's view
+    a, b = _two_claimed(dynamodb, units=2)
 
     # When b settles first, then a, whose view of the books predates b's settlement
     b.settle("run-1", "u1", 0, 70, True, now=3.0)
@@ -90,12 +96,7 @@ def test_claims_from_views_then_settlements_close_the_run_with_exact_books(dynam
 
 def test_a_settlement_answers_with_the_books_as_they_stand_after_it(dynamodb: Any) -> None:
     # Given a worker that read and claimed u0, and another that then settled u1
-    a, b = DynamoDBLedger(TABLE, client=dynamodb), DynamoDBLedger(TABLE, client=dynamodb)
-    a.open_run(spec(units=3), now=0.0)
-    a.admit_many("run-1", ["u0", "u1"], now=1.0)
-    for worker, unit_id in ((a, "u0"), (b, "u1")):
-        worker.unit("run-1", unit_id)
-        assert worker.claim("run-1", unit_id, 0, 2.0, 60.0).claimed
+    a, b = _two_claimed(dynamodb, units=3)
     b.settle("run-1", "u1", 0, 70, True, now=3.0)
 
     # When a settles u0 (the run stays open: u2 is pending)
