@@ -122,3 +122,97 @@ def test_no_write_interleaves_inside_one_update_item_request(
         ReturnValues="UPDATED_OLD",
     )
     assert other_done == [False], "a PutItem ran inside another request's UpdateItem"
+
+
+# ------------------------------------------------------------------ Query candidates
+# The local stack's patch (swarm/local/patches/emulator.py) hands moto's Query only the items
+# that can match; these tests pin that every Query the control plane makes answers as moto's own
+# full-table pass did: the same items, in the same order, on the same pages.
+
+
+def _query_pages(dynamodb: Any, limit: int | None = None, **kwargs: Any) -> list[list[Any]]:
+    pages: list[list[Any]] = []
+    while True:
+        page = dynamodb.query(TableName=TABLE, **kwargs, **({"Limit": limit} if limit else {}))
+        pages.append(page["Items"])
+        if "LastEvaluatedKey" not in page:
+            return pages
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+@pytest.fixture
+def many_partitions(dynamodb: Any) -> Any:
+    from swarm.contract import LEASE_EXPIRY, OPEN_TENANT, SWEEP_AT, WATCH
+
+    for run in ("run#a", "run#b", "run#c"):
+        for i in range(12):
+            item: dict[str, Any] = _key(run, f"unit#{i:03d}")
+            if i % 3:  # a sparse index: only some units carry a lease
+                item[LEASE_EXPIRY] = {"N": str(100 + (i * 7) % 12 + (0.5 if run == "run#b" else 0))}
+            dynamodb.put_item(TableName=TABLE, Item=item)
+            dynamodb.put_item(TableName=TABLE, Item=_key(run, f"attempt#{i:03d}"))
+        books = {**_key(run, "books"), WATCH: {"S": "run"}, SWEEP_AT: {"N": str(len(run))}}
+        books[OPEN_TENANT] = {"S": "t1" if run != "run#c" else "t2"}
+        dynamodb.put_item(TableName=TABLE, Item=books)
+    return dynamodb
+
+
+@pytest.mark.parametrize("limit", [None, 1, 4])
+@pytest.mark.parametrize(
+    ("query", "found"),
+    [
+        (
+            {  # a run's units (the ledger's pages of units)
+                "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
+                "ExpressionAttributeValues": {":pk": {"S": "run#b"}, ":p": {"S": "unit#"}},
+                "ConsistentRead": True,
+            },
+            12,
+        ),
+        (
+            {  # a partition nobody wrote
+                "KeyConditionExpression": "pk = :pk",
+                "ExpressionAttributeValues": {":pk": {"S": "run#zzz"}},
+            },
+            0,
+        ),
+        (
+            {  # the finalizer's expired leases, newest first
+                "IndexName": "Leases",
+                "KeyConditionExpression": "pk = :pk AND res_lease <= :now",
+                "ExpressionAttributeValues": {":pk": {"S": "run#a"}, ":now": {"N": "108"}},
+                "ScanIndexForward": False,
+            },
+            6,
+        ),
+        (
+            {  # a tenant's open runs (an index whose key is not the table's)
+                "IndexName": "TenantRuns",
+                "KeyConditionExpression": "open_tenant = :t",
+                "ExpressionAttributeValues": {":t": {"S": "t1"}},
+            },
+            2,
+        ),
+        (
+            {  # the sweeper's due runs
+                "IndexName": "OpenRuns",
+                "KeyConditionExpression": "#w = :w AND sweep_at <= :at",
+                "ExpressionAttributeNames": {"#w": "watch"},
+                "ExpressionAttributeValues": {":w": {"S": "run"}, ":at": {"N": "5"}},
+            },
+            3,
+        ),
+    ],
+    ids=["units", "no-partition", "leases", "tenant-runs", "open-runs"],
+)
+def test_a_query_answers_as_moto_s_full_table_pass(
+    many_partitions: Any, query: dict[str, Any], found: int, limit: int | None
+) -> None:
+    from swarm.local.patches import emulator
+
+    emulator.patch_dynamodb_query_candidates()
+    patched = _query_pages(many_partitions, limit, **query)
+    with emulator.dynamodb_query_unpatched():
+        unpatched = _query_pages(many_partitions, limit, **query)
+    assert patched == unpatched
+    assert len([item for page in patched for item in page]) == found

@@ -24,6 +24,19 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
 * :func:`patch_sqs_retention_check`: moto's receive checks each message's retention period by
   computing every queue attribute (the message counts: a scan) per message, so a receive was
   quadratic in the queue's depth; the patch reads the one attribute.
+* :func:`patch_sqs_send_attributes`: moto's send computes every queue attribute (the message
+  counts: three passes over the queue) to read ``ContentBasedDeduplication``, which only a FIFO
+  queue has, so fanning out a batch was quadratic in its size (10,000 units: ~62% of the
+  emulator's CPU, the workers starved while the chunks were sent). A send to a standard queue
+  skips them.
+* :func:`patch_dynamodb_query_candidates`: moto answers every Query by sorting *every item of
+  the table* and comparing each with the key condition, then sorting the matches: a Query cost
+  O(table size), so the finalizer's poll of a run's expired leases (a sparse index) grew with
+  every unit and attempt the table held (10,000 queued units: ~40% of the emulator's CPU). The
+  patch hands moto's query only the items that can match, unsorted (moto sorts its matches
+  itself): the key's partition when the key condition names the table's partition key, and for
+  an index only the items that carry every key attribute of the index, as DynamoDB's sparse
+  indexes hold. Same answers, by moto's own code.
 * :func:`patch_sfn_client_cache`: moto's Step Functions interpreter builds a new boto3 client for
   every task it runs (every ``lambda:invoke`` of every map child), so each child costs a client
   build (~5% of the stack's CPU) and a new connection, for which the server's single accept
@@ -34,11 +47,13 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from swarm.local.patches import limits
@@ -185,6 +200,96 @@ def patch_sqs_retention_check() -> None:
     _once("sqs-retention-check", apply)
 
 
+def patch_sqs_send_attributes() -> None:
+    def apply() -> None:
+        from moto.sqs.models import Queue, SQSBackend
+
+        every_attribute: Callable[[Any], dict[str, Any]] = Queue.attributes.fget  # type: ignore[attr-defined]
+        original = SQSBackend.send_message
+        sending = threading.local()
+
+        def attributes(self: Any) -> dict[str, Any]:
+            if getattr(sending, "active", False) and not self.fifo_queue:
+                # all a send reads is ContentBasedDeduplication, a FIFO queue's attribute alone
+                return {}
+            return every_attribute(self)
+
+        def send_message(self: Any, *args: Any, **kw: Any) -> Any:
+            sending.active = True
+            try:
+                return original(self, *args, **kw)
+            finally:
+                sending.active = False
+
+        Queue.attributes = property(attributes)  # type: ignore[method-assign,assignment]
+        SQSBackend.send_message = send_message  # type: ignore[method-assign]
+
+    _once("sqs-send-attributes", apply)
+
+
+def patch_dynamodb_query_candidates() -> None:
+    def apply() -> None:
+        from moto.dynamodb.models.table import Table
+
+        every_item: Callable[[Any], list[Any]] = Table.all_items
+        original = Table.query
+        querying = threading.local()
+
+        def candidates(table: Any, hash_key: Any, index_name: str | None, kw: Any) -> list[Any]:
+            if not table.range_key_attr:
+                return every_item(table)
+            if not index_name:
+                return [] if hash_key is None else list(table.items.get(hash_key, {}).values())
+            index = next((i for i in table.all_indexes() if i.name == index_name), None)
+            if index is None:
+                return every_item(table)  # moto's own error follows
+            partition = dict(kw.get("hash_key_conditions") or []).get(table.hash_key_attr)
+            partitions = (
+                table.items.values() if partition is None else [table.items.get(partition, {})]
+            )
+            keys = [k["AttributeName"] for k in index.schema]
+            return [
+                item
+                for items in partitions
+                for item in items.values()
+                if all(k in item.attrs for k in keys)
+            ]
+
+        def all_items(self: Any) -> list[Any]:
+            pool = getattr(querying, "pool", None)
+            if pool is not None and pool[0] is self:
+                return list(pool[1])
+            return every_item(self)
+
+        @functools.wraps(original)
+        def query(self: Any, hash_key: Any, *args: Any, **kw: Any) -> Any:
+            # moto's signature: index_name is the 8th parameter, after hash_key and six others
+            index_name = args[6] if len(args) > 6 else kw.get("index_name")
+            querying.pool = (self, candidates(self, hash_key, index_name, kw))
+            try:
+                return original(self, hash_key, *args, **kw)
+            finally:
+                querying.pool = None
+
+        Table.all_items = all_items  # type: ignore[method-assign]
+        Table.query = query  # type: ignore[method-assign]
+
+    _once("dynamodb-query-candidates", apply)
+
+
+@contextmanager
+def dynamodb_query_unpatched() -> Iterator[None]:
+    """moto's own Query for the duration (the test that pins the patch's answers)."""
+    from moto.dynamodb.models.table import Table
+
+    patched = Table.query
+    Table.query = getattr(patched, "__wrapped__", patched)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Table.query = patched  # type: ignore[method-assign]
+
+
 def patch_sqs_message_clock() -> None:
     def apply() -> None:
         from moto.sqs.models import Message
@@ -266,6 +371,8 @@ def apply_all() -> None:
     patch_sqs_fair_queues()
     patch_sqs_message_clock()
     patch_sqs_retention_check()
+    patch_sqs_send_attributes()
+    patch_dynamodb_query_candidates()
     patch_sfn_client_cache()
     sfn_patch.patch_sfn_start_execution()  # the continue-as-new task (patches/stepfunctions.py)
     limits.apply_all()  # AWS's service limits (patches/limits.py)
