@@ -34,9 +34,10 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   O(table size), so the finalizer's poll of a run's expired leases (a sparse index) grew with
   every unit and attempt the table held (10,000 queued units: ~40% of the emulator's CPU). The
   patch hands moto's query only the items that can match, unsorted (moto sorts its matches
-  itself): the key's partition when the key condition names the table's partition key, and for
-  an index only the items that carry every key attribute of the index, as DynamoDB's sparse
-  indexes hold. Same answers, by moto's own code.
+  itself): the key's partition when the key condition names the table's partition key, for an
+  index only the items that carry every key attribute of the index (DynamoDB's sparse indexes),
+  and only those whose sort key meets the key condition (moto's own comparison). Same answers,
+  by moto's own code.
 * :func:`patch_sfn_client_cache`: moto's Step Functions interpreter builds a new boto3 client for
   every task it runs (every ``lambda:invoke`` of every map child), so each child costs a client
   build (~5% of the stack's CPU) and a new connection, for which the server's single accept
@@ -235,25 +236,41 @@ def patch_dynamodb_query_candidates() -> None:
         original = Table.query
         querying = threading.local()
 
-        def candidates(table: Any, hash_key: Any, index_name: str | None, kw: Any) -> list[Any]:
-            if not table.range_key_attr:
+        def candidates(table: Any, hash_key: Any, args: tuple[Any, ...], kw: Any) -> list[Any]:
+            # moto's parameters after hash_key: range_comparison, range_objs, limit,
+            # exclusive_start_key, scan_index_forward, projection_expressions, index_name
+            comparison, objects = args[0], args[1]
+            index_name = args[6] if len(args) > 6 else kw.get("index_name")
+            if not table.range_key_attr or len(kw.get("range_key_conditions") or []) > 1:
                 return every_item(table)
             if not index_name:
-                return [] if hash_key is None else list(table.items.get(hash_key, {}).values())
-            index = next((i for i in table.all_indexes() if i.name == index_name), None)
-            if index is None:
-                return every_item(table)  # moto's own error follows
-            partition = dict(kw.get("hash_key_conditions") or []).get(table.hash_key_attr)
-            partitions = (
-                table.items.values() if partition is None else [table.items.get(partition, {})]
-            )
-            keys = [k["AttributeName"] for k in index.schema]
-            return [
+                if hash_key is None:
+                    return []
+                partitions, keys, sort_key = (
+                    [table.items.get(hash_key, {})],
+                    [],
+                    table.range_key_attr,
+                )
+            else:
+                index = next((i for i in table.all_indexes() if i.name == index_name), None)
+                if index is None:
+                    return every_item(table)  # moto's own error follows
+                partition = dict(kw.get("hash_key_conditions") or []).get(table.hash_key_attr)
+                partitions = (
+                    table.items.values() if partition is None else [table.items.get(partition, {})]
+                )
+                keys = [k["AttributeName"] for k in index.schema]
+                ranges = [k["AttributeName"] for k in index.schema if k["KeyType"] == "RANGE"]
+                sort_key = ranges[0] if len(ranges) == 1 else None
+            found = [
                 item
                 for items in partitions
                 for item in items.values()
-                if all(k in item.attrs for k in keys)
+                if all(k in item.attrs for k in keys)  # an index holds only items with its keys
             ]
+            if comparison and sort_key:  # the key condition on the sort key, by moto's compare
+                found = [i for i in found if i.attrs[sort_key].compare(comparison, objects)]
+            return found
 
         def all_items(self: Any) -> list[Any]:
             pool = getattr(querying, "pool", None)
@@ -263,9 +280,7 @@ def patch_dynamodb_query_candidates() -> None:
 
         @functools.wraps(original)
         def query(self: Any, hash_key: Any, *args: Any, **kw: Any) -> Any:
-            # moto's signature: index_name is the 8th parameter, after hash_key and six others
-            index_name = args[6] if len(args) > 6 else kw.get("index_name")
-            querying.pool = (self, candidates(self, hash_key, index_name, kw))
+            querying.pool = (self, candidates(self, hash_key, args, kw))
             try:
                 return original(self, hash_key, *args, **kw)
             finally:
