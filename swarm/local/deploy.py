@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm.core.records import LANES
+
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP_QUALIFIER = "hnb659fds"
 BOOTSTRAP_VERSION = "30"
@@ -80,12 +82,18 @@ class LocalOptions:
             "sweeper_rate_minutes": self.sweeper_rate_minutes,
             "max_concurrency": min(int(base["fanout"]["max_concurrency"]), self.map_concurrency),
         }
+        # every tenant may use every lane here (cdk.json grants `high` to no tenant by default:
+        # a deployment names the tenants that may, in tenants.overrides), so the demo and the
+        # scenarios can submit to `high` under any tenant name
+        tenants = json.loads(json.dumps(base["tenants"]))
+        tenants["defaults"]["lanes"] = [lane.value for lane in LANES]
         return {
             "stage": self.stage,
             "quota_tpm": int(base["quota_tpm"] * self.time_scale),
             "model": model,
             "worker": worker,
             "fanout": fanout,
+            "tenants": tenants,
             # timeouts are not enforced here, and worker_timeout_s is below what a batch of
             # governor waits needs on AWS: skip that one check (infra/config.py)
             "swarm:local-emulator": True,

@@ -386,6 +386,17 @@ def test_only_the_local_emulators_context_skips_the_timing_check() -> None:
         load_config({**local, "max_receive_count": 2})
 
 
+def test_the_local_stack_lets_every_tenant_use_every_lane_and_keeps_the_rest_of_tenants() -> None:
+    from swarm.local.deploy import LocalOptions
+
+    shipped = cdk_json_context()["tenants"]
+    local = load_config(_context(**LocalOptions().context())).tenants
+    assert local.defaults.lanes == (Lane.HIGH, Lane.NORMAL, Lane.LOW)
+    assert "high" not in shipped["defaults"]["lanes"]
+    # only the lanes differ from what cdk.json ships
+    assert {**local.defaults.doc(), "lanes": shipped["defaults"]["lanes"]} == shipped["defaults"]
+
+
 def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:
     worker = prod_synth.logical_id(prod_synth.stack.workers.worker.function)
     variables = prod_synth.resources[worker]["Properties"]["Environment"]["Variables"]
@@ -643,7 +654,7 @@ def test_tenant_overrides_take_the_defaults_for_what_they_leave_out() -> None:
     assert config.tenants.of("someone") == defaults
     doc = json.loads(config.tenants.env_value())
     assert doc["overrides"]["acme"]["lanes"] == ["low"]
-    assert doc["defaults"]["lanes"] == ["high", "normal", "low"]
+    assert doc["defaults"]["lanes"] == ["normal", "low"]  # high is granted per tenant
 
 
 def test_the_api_function_gets_the_resolved_tenant_limits(synth: Synthesized) -> None:
@@ -658,5 +669,7 @@ def test_the_api_function_gets_the_resolved_tenant_limits(synth: Synthesized) ->
     # Then the API function carries every tenant's limits, as the settings read them back
     api = variables.pop("api")
     assert json.loads(api["TENANT_LIMITS"]) == json.loads(synth.config.tenants.env_value())
+    # and the high lane is a tenant's only where an override grants it
+    assert json.loads(api["TENANT_LIMITS"])["defaults"]["lanes"] == ["normal", "low"]
     # and no other function has them
     assert variables and all("TENANT_LIMITS" not in v for v in variables.values())
