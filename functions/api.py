@@ -125,7 +125,8 @@ def _too_large(e: TooLarge) -> Response[str]:
 @app.exception_handler(Shedding)
 def _shedding(e: Shedding) -> Response[str]:
     metrics.add_metric(METRIC_SUBMISSIONS_SHED, MetricUnit.Count, 1)
-    code = ErrorCode.TENANT_QUEUE if e.shed.reason == "tenant_queue" else ErrorCode.SHEDDING
+    tenant_own = e.shed.reason in ("tenant_queue", "tenant_busy")  # not the fleet's load
+    code = ErrorCode.TENANT_QUEUE if tenant_own else ErrorCode.SHEDDING
     return _error(429, code, str(e), e.retry_after_s)
 
 

@@ -9,16 +9,18 @@ requires identical answers and identical books after every step.
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryLedger
 from swarm.core.ports import Ledger
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.tenancy import HOLD_WINDOW_S
 
 
 def spec(
@@ -292,6 +294,63 @@ class LedgerContract:
         # When a top-up reopens it, its units are queued again
         ledger.top_up("run-1", 500, now=2.0)
         assert ledger.queued_units("tenant-a") == 2
+
+    def test_a_hold_counts_a_run_before_it_exists_then_its_own_units_once(
+        self, ledger: Ledger
+    ) -> None:
+        # Given tenant-a with one open run of 4 units
+        ledger.open_run(spec("run-1", units=4), now=0.0)
+        view = ledger.tenant_queue("tenant-a", now=1.0)
+        assert view.units == 4
+        # When a submission holds 6 units for run-2, which does not exist yet
+        ledger.hold_queue("tenant-a", view.version, "run-2", 6, now=1.0)
+        # Then the next decision counts them (an index may not show run-2 for a moment)
+        assert ledger.tenant_queue("tenant-a", now=2.0).units == 10
+        assert ledger.tenant_queue("tenant-b", now=2.0).units == 0  # nobody else's
+        # When run-2 opens and one of its units completes, it counts as itself, once
+        ledger.open_run(spec("run-2", units=6), now=3.0)
+        ledger.admit("run-2", "u0", 0, now=3.0)
+        ledger.settle("run-2", "u0", 0, 100, True, now=4.0)
+        assert ledger.tenant_queue("tenant-a", now=5.0).units == 9
+        # and a hold for a run never created stops counting after the window
+        again = ledger.tenant_queue("tenant-a", now=5.0)
+        ledger.hold_queue("tenant-a", again.version, "run-never", 50, now=5.0)
+        assert ledger.tenant_queue("tenant-a", now=6.0).units == 59
+        assert ledger.tenant_queue("tenant-a", now=5.0 + HOLD_WINDOW_S).units == 9
+
+    def test_a_hold_on_a_version_another_decision_held_since_is_contended(
+        self, ledger: Ledger
+    ) -> None:
+        # Given two submissions of tenant-a that read the same count
+        first = ledger.tenant_queue("tenant-a", now=0.0)
+        second = ledger.tenant_queue("tenant-a", now=0.0)
+        assert first == second
+        # When the first holds, the second's hold on the same version is refused
+        ledger.hold_queue("tenant-a", first.version, "run-1", 5, now=1.0)
+        with pytest.raises(Contended):
+            ledger.hold_queue("tenant-a", second.version, "run-2", 5, now=1.0)
+        # and its fresh read sees the first's units, on which it may hold
+        fresh = ledger.tenant_queue("tenant-a", now=2.0)
+        assert fresh.units == 5 and fresh.version != first.version
+        ledger.hold_queue("tenant-a", fresh.version, "run-2", 5, now=2.0)
+        assert ledger.tenant_queue("tenant-a", now=3.0).units == 10
+        # and another tenant's holds are its own
+        other = ledger.tenant_queue("tenant-b", now=3.0)
+        ledger.hold_queue("tenant-b", other.version, "run-b", 1, now=3.0)
+
+    def test_a_tenant_holds_at_most_max_holds_runs_a_window(
+        self, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(sys.modules[type(ledger).__module__], "MAX_HOLDS", 2)
+        for i in range(2):
+            view = ledger.tenant_queue("tenant-a", now=float(i))
+            ledger.hold_queue("tenant-a", view.version, f"run-{i}", 1, now=float(i))
+        view = ledger.tenant_queue("tenant-a", now=2.0)
+        with pytest.raises(Contended, match="2 submissions in the last minute"):
+            ledger.hold_queue("tenant-a", view.version, "run-2", 1, now=2.0)
+        # once the first has left the window there is room again
+        later = ledger.tenant_queue("tenant-a", now=HOLD_WINDOW_S + 0.5)
+        ledger.hold_queue("tenant-a", later.version, "run-2", 1, now=HOLD_WINDOW_S + 0.5)
 
     # -- claims and leases
     def test_claims_make_duplicate_deliveries_busy_and_reclaim_charges_lost_work(

@@ -34,7 +34,7 @@ from swarm.adapters.dynamodb_watch import (
     watch_values,
 )
 from swarm.contract import LEASE_EXPIRY, LEASES_INDEX, OPEN_TENANT, TENANT_RUNS_INDEX
-from swarm.core.errors import Conflict, NotFound
+from swarm.core.errors import Conflict, Contended, NotFound
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
     Admission,
@@ -51,7 +51,7 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
-from swarm.core.ports import UnitsPage
+from swarm.core.ports import TenantQueued, UnitsPage
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -61,6 +61,7 @@ from swarm.core.records import (
     UnitRecord,
     UnitState,
 )
+from swarm.core.tenancy import HOLD_WINDOW_S, MAX_HOLDS
 
 DEFAULT_ATTEMPT_RETENTION_S = 30 * 24 * 3600.0
 MAX_TRIES = 64  # an operation re-decided this often is starved: report Conflict, don't spin
@@ -135,6 +136,7 @@ class DynamoDBLedger:
         self._specs: dict[str, RunSpec] = {}
         self._lock = threading.Lock()
         self._views: OrderedDict[tuple[str, str], tuple[RunRecord, UnitRecord]] = OrderedDict()
+        self._holds: dict[str, tuple[int, dict[str, tuple[int, float]]]] = {}  # see _holds_key
 
     # ------------------------------------------------------------------ requests
     @property
@@ -341,6 +343,11 @@ class DynamoDBLedger:
         """One Query of the sparse ``TenantRuns`` index (keys only: the tenant's watched runs,
         eventually consistent), then their books' ``outstanding``, strongly consistent, 100
         runs per read: the cost grows with the tenant's own open runs, nobody else's."""
+        return sum(n or 0 for n in self._queued_by_run(tenant, []).values())
+
+    def _queued_by_run(self, tenant: str, also: Sequence[str]) -> dict[str, int | None]:
+        """Each of the tenant's open runs (the index's, and the runs ``also`` names) with its
+        units not yet terminal: 0 for a closed run, None for a run whose books do not exist."""
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "IndexName": TENANT_RUNS_INDEX,
@@ -348,19 +355,92 @@ class DynamoDBLedger:
             "ExpressionAttributeNames": {"#tenant": OPEN_TENANT},
             "ExpressionAttributeValues": {":tenant": items.string(tenant)},
         }
-        keys: list[Item] = []
+        run_ids: dict[str, None] = {}  # in order, once each
         while True:
             page = self._call("query", **kwargs)
-            keys += [key(items.run_id_of(it), BOOKS) for it in page.get("Items", [])]
+            run_ids.update((items.run_id_of(it), None) for it in page.get("Items", []))
             if "LastEvaluatedKey" not in page:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        total = 0
-        for start in range(0, len(keys), 100):
-            for books in self._get_many(keys[start : start + 100]):
-                if books is not None and not RunState(books["state"]["S"]).closed:
-                    total += items.whole_of(books, "outstanding")
-        return total
+        run_ids.update((run_id, None) for run_id in also)
+        ordered = list(run_ids)
+        queued: dict[str, int | None] = {}
+        for start in range(0, len(ordered), 100):
+            batch = ordered[start : start + 100]
+            for run_id, books in zip(
+                batch, self._get_many([key(r, BOOKS) for r in batch]), strict=True
+            ):
+                if books is None:
+                    queued[run_id] = None
+                elif RunState(books["state"]["S"]).closed:
+                    queued[run_id] = 0
+                else:
+                    queued[run_id] = items.whole_of(books, "outstanding")
+        return queued
+
+    # A tenant's holds: one item (``tenant#<tenant>`` / ``queue``) with a version and the runs
+    # held in the last HOLD_WINDOW_S ({run id: {units, at}}). A hold is written on the version
+    # the decision read, so two decisions on the same count cannot both pass; the holds read
+    # for a version are kept for the hold that follows (sound: the write is conditional on it).
+    @staticmethod
+    def _holds_key(tenant: str) -> Item:
+        return {PARTITION_KEY: items.string(f"tenant#{tenant}"), SORT_KEY: items.string("queue")}
+
+    def _read_holds(self, tenant: str, now: float) -> tuple[int, dict[str, tuple[int, float]]]:
+        (item,) = self._get_many([self._holds_key(tenant)])
+        version = 0 if item is None else items.whole_of(item, "version")
+        held: dict[str, tuple[int, float]] = {}
+        for run_id, value in ({} if item is None else item.get("holds", {}).get("M", {})).items():
+            units, at = int(value["M"]["units"]["N"]), float(value["M"]["at"]["N"])
+            if at > now - HOLD_WINDOW_S:
+                held[run_id] = (units, at)
+        with self._lock:
+            self._holds[tenant] = (version, held)
+        return version, held
+
+    def tenant_queue(self, tenant: str, now: float) -> TenantQueued:
+        version, held = self._read_holds(tenant, now)
+        queued = self._queued_by_run(tenant, list(held))
+        units = sum(held[r][0] if n is None and r in held else n or 0 for r, n in queued.items())
+        return TenantQueued(units, version)
+
+    def hold_queue(self, tenant: str, version: int, run_id: str, units: int, now: float) -> None:
+        with self._lock:
+            read = self._holds.pop(tenant, None)
+        current, held = read if read is not None and read[0] == version else (None, {})
+        if current is None:
+            current, held = self._read_holds(tenant, now)
+        if current != version:
+            raise Contended(f"tenant {tenant!r}: another submission was decided meanwhile")
+        held = {r: h for r, h in held.items() if h[1] > now - HOLD_WINDOW_S}
+        if len(held) >= MAX_HOLDS:
+            raise Contended(f"tenant {tenant!r}: {MAX_HOLDS} submissions in the last minute")
+        held[run_id] = (units, now)
+        holds = {
+            r: {"M": {"units": items.whole(n), "at": items.real(at)}} for r, (n, at) in held.items()
+        }
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table_name,
+                Key=self._holds_key(tenant),
+                UpdateExpression="SET #version = :next, #holds = :holds",
+                ConditionExpression=(
+                    "attribute_not_exists(#version)" if version == 0 else "#version = :version"
+                ),
+                ExpressionAttributeNames={"#version": "version", "#holds": "holds"},
+                ExpressionAttributeValues={
+                    ":next": items.whole(version + 1),
+                    ":holds": {"M": holds},
+                    **({} if version == 0 else {":version": items.whole(version)}),
+                },
+            )
+        except client_error_type() as e:
+            if error_code(e) == CONDITIONAL_CHECK_FAILED:
+                raise Contended(
+                    f"tenant {tenant!r}: another submission was decided meanwhile"
+                ) from None
+            raise
 
     # ------------------------------------------------------------------ open
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:

@@ -39,7 +39,7 @@ class ShedPolicy:
 
 @dataclass(frozen=True)
 class Shed:
-    reason: str  # tenant_queue | lane_depth | throttling
+    reason: str  # tenant_queue | tenant_busy | lane_depth | throttling
     retry_after_s: int
     depth_ahead: int
     tenant_queued: int | None = None  # the tenant's queued units (tenant_queue)

@@ -28,6 +28,11 @@ class Conflict(SwarmError):
     """The request contradicts what the books already hold (e.g. a different spec for a run id)."""
 
 
+class Contended(SwarmError):
+    """What a decision read changed before its write: decide again on a fresh read (e.g. two
+    submissions of one tenant deciding on the same count of its queued units)."""
+
+
 class ReadDenied(SwarmError):
     """A store refused to read an object (S3's 403 ``AccessDenied`` on GetObject/HeadObject).
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from swarm.core.errors import Conflict, InvalidInput, NotFound, ObjectTooLarge
+from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound, ObjectTooLarge
 from swarm.core.governor import (
     BucketState,
     Draw,
@@ -47,6 +47,7 @@ from swarm.core.ports import (
     LaneDepth,
     MappingState,
     SignedUpload,
+    TenantQueued,
     UnitsPage,
     WatchedRun,
     upload_headers,
@@ -62,6 +63,7 @@ from swarm.core.records import (
     UnitState,
 )
 from swarm.core.results import AttemptOutcome, attempt_key, results_file_key
+from swarm.core.tenancy import HOLD_WINDOW_S, MAX_HOLDS
 
 
 class InMemoryLedger:
@@ -74,6 +76,8 @@ class InMemoryLedger:
         #: runs being opened (begin_open .. the last open_units): their books and the units
         #: written so far, invisible to every other method until ready
         self._opening: dict[str, tuple[RunRecord, dict[str, UnitRecord]]] = {}
+        #: per tenant: its holds' version and the runs held (units, when), see hold_queue
+        self._holds: dict[str, tuple[int, dict[str, tuple[int, float]]]] = {}
 
     # -- reads
     def run(self, run_id: str, opening: bool = False) -> RunRecord:
@@ -111,8 +115,35 @@ class InMemoryLedger:
         return [s.attempt for (r, _, _), s in self._attempts.items() if r == run_id]
 
     def queued_units(self, tenant: str) -> int:
+        return sum(self._queued_by_run(tenant).values())
+
+    def _queued_by_run(self, tenant: str) -> dict[str, int]:
         runs = [*self._runs.values(), *(run for run, _ in self._opening.values())]
-        return sum(r.outstanding for r in runs if r.spec.tenant == tenant and not r.state.closed)
+        return {
+            r.run_id: r.outstanding for r in runs if r.spec.tenant == tenant and not r.state.closed
+        }
+
+    def _live_holds(self, tenant: str, now: float) -> dict[str, tuple[int, float]]:
+        _, holds = self._holds.get(tenant, (0, {}))
+        return {run: held for run, held in holds.items() if held[1] > now - HOLD_WINDOW_S}
+
+    def tenant_queue(self, tenant: str, now: float) -> TenantQueued:
+        queued = self._queued_by_run(tenant)
+        known = {*self._runs, *self._opening}
+        for run_id, (units, _) in self._live_holds(tenant, now).items():
+            if run_id not in known:  # held, not created yet: what it will queue
+                queued[run_id] = units
+        return TenantQueued(sum(queued.values()), self._holds.get(tenant, (0, {}))[0])
+
+    def hold_queue(self, tenant: str, version: int, run_id: str, units: int, now: float) -> None:
+        current, _ = self._holds.get(tenant, (0, {}))
+        holds = self._live_holds(tenant, now)
+        if current != version:
+            raise Contended(f"tenant {tenant!r}: another submission was decided meanwhile")
+        if len(holds) >= MAX_HOLDS:
+            raise Contended(f"tenant {tenant!r}: {MAX_HOLDS} submissions in the last minute")
+        holds[run_id] = (units, now)
+        self._holds[tenant] = (version + 1, holds)
 
     # -- writes
     def open_run(self, spec: RunSpec, now: float) -> RunRecord:

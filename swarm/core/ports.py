@@ -85,6 +85,15 @@ class UnitsPage:
     last: str | None  # the last unit id read, when there may be more; None at the end
 
 
+@dataclass(frozen=True)
+class TenantQueued:
+    """A tenant's queued units as a decision reads them, with the version of the tenant's
+    holds: :meth:`Ledger.hold_queue` writes only if no other decision held since."""
+
+    units: int
+    version: int
+
+
 class Ledger(Protocol):
     """The run books. Every method is atomic with respect to every other caller."""
 
@@ -136,6 +145,20 @@ class Ledger(Protocol):
         """The tenant's queued units: its open runs' units not yet terminal (pending or in
         flight; a remainder is not queued). Cheap: it reads the tenant's own open runs only,
         and may lag a run opened or closed a moment ago (an index read)."""
+        ...
+
+    def tenant_queue(self, tenant: str, now: float) -> TenantQueued:
+        """:meth:`queued_units` for a decision to admit more of the tenant's work: it also
+        counts the runs held (:meth:`hold_queue`) in the last ``HOLD_WINDOW_S``, which the
+        index may not show yet (a held run not created yet counts its held units), and reads
+        the holds' version."""
+        ...
+
+    def hold_queue(self, tenant: str, version: int, run_id: str, units: int, now: float) -> None:
+        """Record that ``run_id`` is about to queue ``units`` of the tenant's work, if no other
+        decision held since ``version`` was read (else :class:`~swarm.core.errors.Contended`):
+        two submissions deciding on the same count cannot both pass the tenant's cap. Holds
+        older than ``HOLD_WINDOW_S`` are dropped; at most ``MAX_HOLDS`` are kept."""
         ...
 
     def admit(

@@ -29,6 +29,14 @@ from dataclasses import dataclass, field
 from swarm.core.errors import InvalidInput
 from swarm.core.records import LANES, Lane
 
+#: how long a submission's hold on its tenant's queue counts (Ledger.hold_queue): longer than the
+#: ledger's index takes to show a new run (DynamoDB's global secondary indexes: typically well
+#: under a second)
+HOLD_WINDOW_S = 60.0
+#: the most holds a tenant's queue keeps in the window: more submissions than this in a minute
+#: from one tenant are refused with 429 until older holds expire
+MAX_HOLDS = 500
+
 
 @dataclass(frozen=True)
 class TenantLimits:

@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +39,17 @@ from swarm.api.models import (
     UnitCounts,
 )
 from swarm.contract import DEFAULT_UNITS_PER_CHILD
-from swarm.core.backpressure import Shed, ShedPolicy, shed_decision, tenant_shed
+from swarm.core.backpressure import (
+    MIN_RETRY_AFTER_S,
+    Shed,
+    ShedPolicy,
+    shed_decision,
+    tenant_shed,
+)
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
+    Contended,
     InvalidInput,
     NotFound,
     ObjectTooLarge,
@@ -72,6 +79,7 @@ from swarm.core.records import (
 from swarm.core.report import healthy_line
 from swarm.core.scheduling import fanout_order
 from swarm.core.tenancy import (
+    MAX_HOLDS,
     TenantPolicy,
     TenantQueue,
     check_batch_size,
@@ -90,12 +98,22 @@ class Draining(SwarmError):
     retry_after_s = DRAIN_RETRY_AFTER_S
 
 
+#: decisions on a tenant's queued units before a submission colliding with the tenant's others
+#: is refused (429): each collision means another submission of the tenant was just accepted
+QUEUE_HOLD_TRIES = 3
+
+
 class Shedding(SwarmError):
     """Backpressure: the tenant's own queue is full, the lanes are too deep or the model plane
     is throttling."""
 
     def __init__(self, shed: Shed, tenant: str | None = None) -> None:
-        if shed.reason == "tenant_queue":
+        if shed.reason == "tenant_busy":
+            message = (
+                f"other submissions of tenant {tenant!r} were being decided at the same moment "
+                f"(tenant_queue; at most {MAX_HOLDS} a minute); retry after {shed.retry_after_s}s"
+            )
+        elif shed.reason == "tenant_queue":
             message = (
                 f"tenant {tenant!r} has {shed.tenant_queued:,} units queued and may have at most "
                 f"{shed.tenant_max:,} (tenant_queue; cdk.json tenants); retry after "
@@ -392,21 +410,17 @@ class Batches:
                 self.executions.start(run_id, payload)
                 return Submitted(existing, created=False)
         avg = spec.projected_total / spec.units_total
-        # the tenant's queued units (a ledger read) matter only if it has a cap or a share
-        queue = None
+        depths = {lane: d.queued for lane, d in self.queue.depths().items()}
+        snapshot = self.governor.snapshot(now)
+        policy = self.config.shed_policy
+
+        def decide(queue: TenantQueue | None) -> Shed | None:
+            return shed_decision(policy, spec.lane, depths, snapshot, avg, now, queue)
+
+        # the tenant's queued units (ledger reads, and a hold) matter only with a cap or a share
         if limits.max_queued_units is not None or limits.guaranteed_units > 0:
-            queued = self.ledger.queued_units(tenant)
-            queue = TenantQueue(tenant, limits, queued, spec.units_total)
-        shed = shed_decision(
-            self.config.shed_policy,
-            spec.lane,
-            {lane: d.queued for lane, d in self.queue.depths().items()},
-            self.governor.snapshot(now),
-            avg,
-            now,
-            queue,
-        )
-        if shed is not None:
+            self._decide_and_hold(tenant, run_id, spec.units_total, now, decide)
+        elif (shed := decide(None)) is not None:
             raise Shedding(shed, tenant)
         key = manifest_key(run_id)
         self.blobs.put_json(key, items)
@@ -414,6 +428,31 @@ class Batches:
         run = self.ledger.begin_open(spec, spec_key(run_id), now)
         self.executions.start(run_id, execution_input(run_id, key, run.state is RunState.OPENING))
         return Submitted(run, created=True)
+
+    def _decide_and_hold(
+        self,
+        tenant: str,
+        run_id: str,
+        units: int,
+        now: float,
+        decide: Callable[[TenantQueue], Shed | None],
+    ) -> None:
+        """Decide on the tenant's queued units and hold them for ``run_id`` (Ledger.hold_queue),
+        deciding again on a fresh count when another submission of the tenant held meanwhile:
+        racing submissions cannot both pass its cap. Shedding (429) when the decision refuses,
+        or when the tenant's submissions keep colliding."""
+        limits = self.config.tenants.of(tenant)
+        for _ in range(QUEUE_HOLD_TRIES):
+            view = self.ledger.tenant_queue(tenant, now)
+            shed = decide(TenantQueue(tenant, limits, view.units, units))
+            if shed is not None:
+                raise Shedding(shed, tenant)
+            try:
+                self.ledger.hold_queue(tenant, view.version, run_id, units, now)
+                return
+            except Contended:
+                continue
+        raise Shedding(Shed("tenant_busy", MIN_RETRY_AFTER_S, 0), tenant)
 
     def _existing(self, spec: RunSpec, items: list[dict[str, Any]]) -> RunRecord | None:
         """The batch this Idempotency-Key already made, if the request is the same one: the same
@@ -505,7 +544,7 @@ class Batches:
             raise Conflict(f"batch {run_id} is being opened: there is nothing to resume yet")
         if self.drain.draining():
             raise Draining("the control plane is draining for a deploy; resume after it")
-        self._check_resume(tenant, run, top_up, now)
+        self._check_resume(tenant, run, top_up)
         # read what the requeue needs before the top-up commits: a manifest gone (the bucket's
         # lifecycle expired it) must refuse the resume, not leave the run reopened with nothing
         # fanned out
@@ -521,8 +560,22 @@ class Batches:
                 f"batch {run_id}'s manifest has expired (the bucket's lifecycle rule): it cannot "
                 "be resumed; submit the remainder as a new batch"
             ) from None
-        cap = self.config.tenants.of(tenant).max_budget_per_batch
+        limits = self.config.tenants.of(tenant)
+        cap = limits.max_budget_per_batch
         ceiling = self.config.max_budget if cap is None else min(cap, self.config.max_budget)
+        # the remainder the resume queues again, within the tenant's queue cap (429), held last
+        # and only for a top-up the ledger will take: a refused resume writes nothing
+        valid = type(top_up) is int and 0 < top_up <= ceiling - run.budget
+        if run.remainder > 0 and limits.max_queued_units is not None and valid:
+            avg = run.spec.projected_total / max(1, run.spec.units_total)
+            snapshot = self.governor.snapshot(now)
+            self._decide_and_hold(
+                tenant,
+                run.run_id,
+                run.remainder,
+                now,
+                lambda queue: tenant_shed(queue, avg, snapshot),
+            )
         top = self.ledger.top_up(run_id, top_up, now, ceiling)
         if top.requeue:
             # the exhaustion this top-up ended (read atomically with it, not before: the run may
@@ -541,22 +594,15 @@ class Batches:
         status = self._status(self.run_for(tenant, run_id), now)
         return _doc(status.model_copy(update={"requeued": len(top.requeue)}))
 
-    def _check_resume(self, tenant: str, run: RunRecord, top_up: int, now: float) -> None:
+    def _check_resume(self, tenant: str, run: RunRecord, top_up: int) -> None:
         """The tenant's limits as they stand now: the batch's lane must still be one of its
-        lanes, the budget after the top-up within its per-batch maximum (400s), and the
-        remainder the resume queues again within its queue cap (429)."""
+        lanes, and the budget after the top-up within its per-batch maximum (400s)."""
         limits = self.config.tenants.of(tenant)
         check_lane(tenant, limits, run.spec.lane)
         cap = limits.max_budget_per_batch
         if isinstance(top_up, int) and top_up > 0:  # else the ledger's own 400 on top_up
             room = 0 if cap is None else max(0, cap - run.budget)
             check_budget(tenant, limits, run.budget + top_up, "top_up", room)
-        if run.remainder > 0 and limits.max_queued_units is not None:
-            queue = TenantQueue(tenant, limits, self.ledger.queued_units(tenant), run.remainder)
-            avg = run.spec.projected_total / max(1, run.spec.units_total)
-            shed = tenant_shed(queue, avg, self.governor.snapshot(now))
-            if shed is not None:
-                raise Shedding(shed, tenant)
 
     # ------------------------------------------------------------------ fleet
 

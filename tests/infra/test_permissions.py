@@ -54,13 +54,14 @@ EXPECTED: dict[FunctionName, Table] = {
                 # no BatchWriteItem: the unit items are the open step's (the finalizer's)
                 "dynamodb:PutItem",
                 # top_up (resume) updates the books;
-                # DynamoDBBindings.bind: a tenant's role binding (one conditional update)
+                # DynamoDBBindings.bind: a tenant's role binding (one conditional update);
+                # DynamoDBLedger.hold_queue: the tenant's holds (submit, resume)
                 "dynamodb:UpdateItem",
                 # DynamoDBBindings.unbind: POST /tenants/{tenant}/rebind (operators)
                 "dynamodb:DeleteItem",
             }
         ),
-        # DynamoDBLedger.queued_units: a tenant's open runs (POST /batches, resume)
+        # DynamoDBLedger.tenant_queue: a tenant's open runs (POST /batches, resume)
         "tenant runs index": frozenset({"dynamodb:Query"}),
         # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, GET /fleet);
         # a missing bucket reads as its initial state, so no PutItem (the workers create it)

@@ -4,6 +4,8 @@ refused submission writes nothing."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from swarm.core.errors import InvalidInput
@@ -144,10 +146,59 @@ def test_a_tenant_without_a_cap_or_a_share_costs_no_ledger_read() -> None:
     # Given a deployment whose tenants have no queue cap and no share of their own
     p = Plane()
 
-    def unexpected(tenant: str) -> int:
+    def unexpected(*args: object) -> Any:
         raise AssertionError("the ledger was read for a tenant without a cap or a share")
 
-    p.ledger.queued_units = unexpected  # type: ignore[method-assign]
+    p.ledger.tenant_queue = unexpected  # type: ignore[method-assign,assignment]
+    p.ledger.hold_queue = unexpected  # type: ignore[method-assign,assignment]
     # When a tenant submits
     # Then the submission is decided without reading the tenant's queued units
     p.submit(3, tenant="a", budget=100_000)
+
+
+def test_two_submissions_racing_for_a_tenants_last_room_cannot_both_pass() -> None:
+    # Given tenant a with 60 of its 100 units queued, and two submissions of 30 that each fit
+    p = plane()
+    p.submit(60, tenant="a", budget=1_000_000)
+    p.fan_out()
+    real = p.ledger.tenant_queue
+    raced: list[str] = []
+
+    def tenant_queue(tenant: str, now: float) -> Any:
+        view = real(tenant, now)
+        if not raced:  # the first submission has read 60; the second is decided meanwhile
+            raced.append("deciding")
+            raced.append(p.submit(30, tenant="a", budget=1_000_000, key="second"))
+        return view
+
+    p.ledger.tenant_queue = tenant_queue  # type: ignore[method-assign]
+    before = written(p)
+    # When the first goes on with the count it read (60 + 30 fits)
+    with pytest.raises(Shedding) as shed:
+        p.submit(30, tenant="a", budget=1_000_000, key="first")
+    # Then it decides again on the second's units and is refused: 60 + 30 + 30 is past 100
+    assert shed.value.shed.reason == "tenant_queue"
+    assert "'a' has 90 units queued" in str(shed.value)
+    # and only the second's batch was written (its run, manifest and spec, and its execution)
+    assert written(p) == (before[0] + 1, before[1] + 2, before[2] + 1)
+    assert p.ledger.run(raced[1]).spec.units_total == 30
+
+
+def test_a_tenant_whose_submissions_keep_colliding_is_told_to_retry() -> None:
+    # Given a ledger on which another submission of the tenant always holds first
+    p = plane()
+    real = p.ledger.tenant_queue
+
+    def stale(tenant: str, now: float) -> Any:
+        view = real(tenant, now)
+        p.ledger.hold_queue(tenant, view.version, f"other-{view.version}", 1, now)
+        return view
+
+    p.ledger.tenant_queue = stale  # type: ignore[method-assign]
+    # When it submits
+    with pytest.raises(Shedding) as shed:
+        p.submit(3, tenant="a", budget=100_000)
+    # Then it is a 429 with a short Retry-After that says why, and its batch is not written
+    assert shed.value.shed.reason == "tenant_busy" and shed.value.retry_after_s == 1
+    assert "being decided at the same moment" in str(shed.value)
+    assert written(p)[0] == 0
