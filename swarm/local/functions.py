@@ -41,6 +41,7 @@ around :meth:`swarm.service.worker.Worker.process`, installed with the host).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import importlib.util
@@ -289,7 +290,50 @@ def install(function_host: FunctionHost, process_env: Mapping[str, str]) -> None
     _HOST[:] = [function_host]
     patch_lambda_invoke()
     probe_worker_reports()
+    keep_log_keys_per_invocation()
     wiring.run_on(function_host)
+
+
+#: per thread (each invocation runs on its own): the keys of each Powertools formatter
+_LOG_FORMATS: contextvars.ContextVar[dict[int, dict[str, Any]]] = contextvars.ContextVar(
+    "swarm_local_log_formats"
+)
+
+
+def keep_log_keys_per_invocation() -> None:
+    """Powertools keeps a logger's keys (``append_keys``, ``inject_lambda_context``'s
+    ``function_name`` and request id) on its formatter, one per service name, so every sandbox
+    of every function in this process shares one: concurrent invocations wrote each other's
+    keys (a worker's line carried the sweeper's function name and another worker's unit id). On
+    AWS each execution environment is its own process. Here each formatter's keys are kept per
+    thread, as each invocation runs on a thread of its own; an invocation's first line starts
+    from the formatter's own keys, as ``clear_state`` leaves them."""
+    from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+
+    if "log-format" in _ORIGINALS:
+        return
+    _ORIGINALS["log-format"] = LambdaPowertoolsFormatter.__dict__.get("log_format")
+
+    def formats() -> dict[int, dict[str, Any]]:
+        found = _LOG_FORMATS.get(None)
+        if found is None:
+            found = {}
+            _LOG_FORMATS.set(found)
+        return found
+
+    def get(self: Any) -> dict[str, Any]:
+        mine = formats()
+        keys = mine.get(id(self))
+        if keys is None:
+            keys = dict.fromkeys(self.log_record_order)
+            keys.update(getattr(self, "keys_combined", {}))
+            mine[id(self)] = keys
+        return keys
+
+    def put(self: Any, value: dict[str, Any]) -> None:
+        formats()[id(self)] = value
+
+    LambdaPowertoolsFormatter.log_format = property(get, put)  # type: ignore[assignment]
 
 
 def _current_invocation() -> Invocation | None:
