@@ -109,6 +109,11 @@ class _Write(Generic[T]):
     on_conflict: Callable[[list[str | None]], T | _Again] | None = None
 
 
+def _held_meanwhile(tenant: str) -> Contended:
+    """A hold refused: another submission of the tenant held after this decision's read."""
+    return Contended(f"tenant {tenant!r}: another submission was decided meanwhile")
+
+
 class DynamoDBLedger:
     """The Ledger port on one DynamoDB table (item layout: docs/ledger.md)."""
 
@@ -411,7 +416,7 @@ class DynamoDBLedger:
         if current is None:
             current, held = self._read_holds(tenant, now)
         if current != version:
-            raise Contended(f"tenant {tenant!r}: another submission was decided meanwhile")
+            raise _held_meanwhile(tenant)
         held = {r: h for r, h in held.items() if h[1] > now - HOLD_WINDOW_S}
         if len(held) >= MAX_HOLDS:
             raise Contended(f"tenant {tenant!r}: {MAX_HOLDS} submissions in the last minute")
@@ -437,9 +442,7 @@ class DynamoDBLedger:
             )
         except client_error_type() as e:
             if error_code(e) == CONDITIONAL_CHECK_FAILED:
-                raise Contended(
-                    f"tenant {tenant!r}: another submission was decided meanwhile"
-                ) from None
+                raise _held_meanwhile(tenant) from None
             raise
 
     # ------------------------------------------------------------------ open
