@@ -29,6 +29,11 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   queue has, so fanning out a batch was quadratic in its size (10,000 units: ~62% of the
   emulator's CPU, the workers starved while the chunks were sent). A send to a standard queue
   skips them.
+* :func:`patch_sqs_delete_in_place`: moto's delete builds a new list of the queue's messages
+  without the deleted one and assigns it, holding no lock, so two deletes from one queue at once
+  (two batches of a lane done together) undid one of them (a duplicate delivery) and dropped a
+  message sent in between (seen: a unit requeued by a worker never came back, and its batch
+  never closed). The patch removes the message in place, under the lock moto's send takes.
 * :func:`patch_dynamodb_query_candidates`: moto answers every Query by sorting *every item of
   the table* and comparing each with the key condition, then sorting the matches: a Query cost
   O(table size), so the finalizer's poll of a run's expired leases (a sparse index) grew with
@@ -228,6 +233,31 @@ def patch_sqs_send_attributes() -> None:
     _once("sqs-send-attributes", apply)
 
 
+def patch_sqs_delete_in_place() -> None:
+    def apply() -> None:
+        from moto.sqs.exceptions import ReceiptHandleIsInvalid
+        from moto.sqs.models import Queue
+
+        original = Queue.delete_message
+
+        def delete_message(self: Any, receipt_handle: str) -> None:
+            if receipt_handle in self.deleted_messages:
+                return  # deleted already: SQS takes a second delete
+            with self._messages_lock:  # what add_message holds while it appends
+                found = [m for m in self._messages if m.had_receipt_handle(receipt_handle)]
+                if not found:
+                    raise ReceiptHandleIsInvalid()
+                for message in found:
+                    self._messages.remove(message)
+                    self.pending_messages.discard(message)
+                    self.deleted_messages.update(message.all_receipt_handles)
+
+        delete_message.unpatched = original  # type: ignore[attr-defined]  # for its test
+        Queue.delete_message = delete_message  # type: ignore[method-assign]
+
+    _once("sqs-delete-in-place", apply)
+
+
 def patch_dynamodb_query_candidates() -> None:
     def apply() -> None:
         from moto.dynamodb.models.table import Table
@@ -387,6 +417,7 @@ def apply_all() -> None:
     patch_sqs_message_clock()
     patch_sqs_retention_check()
     patch_sqs_send_attributes()
+    patch_sqs_delete_in_place()
     patch_dynamodb_query_candidates()
     patch_sfn_client_cache()
     sfn_patch.patch_sfn_start_execution()  # the continue-as-new task (patches/stepfunctions.py)
