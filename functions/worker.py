@@ -1,23 +1,27 @@
-"""Worker: an SQS batch from one lane, with partial batch responses.
+"""Worker: an SQS batch from one lane, its messages at once, with partial batch responses.
 
 Per message: the worker loop in :mod:`swarm.service.worker` (drain check, admission of a retry,
 governor draw with a bounded wait, claim, model call, settlement), then its outcome on SQS: delete
 (success), redeliver after a short backoff (a failed attempt: "retries by redelivery"), or a
 delayed copy (backpressure, draining, a throttle: the unit did not run, so no attempt is spent).
+
+The batch's messages run at the same time, one thread each (at most the mapping's batch size,
+10): a worker spends nearly all its time waiting for the model, and Lambda bills the invocation's
+duration, so a batch run one message after another billed the sum of its model calls and one run
+at once bills about the longest (docs/scale.md, "The bill per unit"). Each message runs in a copy
+of the invocation's context, so its log lines carry its own ids (Powertools' thread-safe keys);
+the metrics are added on the invocation's thread, from the messages' reports.
 """
 
 from __future__ import annotations
 
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.batch import (
-    BatchProcessor,
-    EventType,
-    process_partial_response,
-)
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -33,14 +37,16 @@ from swarm.contract import (
 from swarm.core.codec import parse_message_body
 from swarm.core.ledger import Fate
 from swarm.core.ports import LaneQueue
-from swarm.service.worker import Ack, Requeue, RetryLater, Worker
+from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkReport
 from swarm.wiring import Wiring
 
 logger = Logger()
-RECORD_KEYS = ("batch_id", "unit_id", "tenant")
 tracer = Tracer()
 metrics = Metrics()
-processor = BatchProcessor(event_type=EventType.SQS)
+#: an SQS event source mapping's largest batch (infra/config.py bounds worker.batch_size to it)
+MAX_BATCH = 10
+#: one thread per message of a batch; kept by the sandbox, idle between invocations
+_pool = ThreadPoolExecutor(max_workers=MAX_BATCH, thread_name_prefix="unit")
 
 _cache: dict[str, Any] = {}
 
@@ -58,12 +64,36 @@ def _services() -> tuple[Worker, LaneQueue]:
 
 
 @tracer.capture_method
-def record_handler(record: SQSRecord) -> None:
-    logger.remove_keys(RECORD_KEYS)  # a record's lines carry its own ids, not the last one's
+def record_handler(record: SQSRecord) -> WorkReport:
+    """One message, on a thread of its own: the unit's outcome on SQS; raises for a redelivery."""
     item = parse_message_body(record.body)
-    logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
+    # this message's context is its own (a copy of the invocation's): its lines carry its ids
+    logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes = _services()
     report = worker.process(item)
+    outcome = report.outcome
+    logger.info(
+        "unit processed",
+        outcome=type(outcome).__name__,
+        reason=outcome.reason,
+        attempt=report.attempt,
+        tokens=report.tokens,
+        delay_s=outcome.delay_s if isinstance(outcome, Requeue) else None,
+    )
+    match outcome:
+        case Ack():
+            pass
+        case Requeue(delay_s=delay, ticket=ticket):
+            # a fresh copy (with the governor booking the outcome names, if any; never the one
+            # this delivery carried and spent); this delivery is deleted as a success
+            lanes.send(replace(item, ticket=ticket), delay)
+        case RetryLater(after_s=after):
+            lanes.change_visibility(item.lane, record.receipt_handle, after)
+            raise AttemptFailed(outcome.reason)
+    return report
+
+
+def add_metrics(report: WorkReport) -> None:
     if report.attempt is not None:  # the unit drew from the governor
         metrics.add_metric(METRIC_GOVERNOR_WAIT_MS, MetricUnit.Milliseconds, report.waited_s * 1e3)
         saturated = 100.0 if report.waited_s > 0.05 else 0.0  # had to wait for tokens
@@ -79,24 +109,6 @@ def record_handler(record: SQSRecord) -> None:
         metrics.add_metric(METRIC_UNITS_DEAD_LETTERED, MetricUnit.Count, 1)
     elif report.fate is Fate.RETRY:
         metrics.add_metric(METRIC_UNITS_FAILED, MetricUnit.Count, 1)
-    outcome = report.outcome
-    logger.info(
-        "unit processed",
-        outcome=type(outcome).__name__,
-        reason=outcome.reason,
-        attempt=report.attempt,
-        tokens=report.tokens,
-    )
-    match outcome:
-        case Ack():
-            return
-        case Requeue(delay_s=delay, ticket=ticket):
-            # a fresh copy (with the governor booking the outcome names, if any; never the one
-            # this delivery carried and spent); this delivery is deleted as a success
-            lanes.send(replace(item, ticket=ticket), delay)
-        case RetryLater(after_s=after):
-            lanes.change_visibility(item.lane, record.receipt_handle, after)
-            raise AttemptFailed(outcome.reason)
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -104,4 +116,22 @@ def record_handler(record: SQSRecord) -> None:
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # the drain switch is read per message, cached (SsmDrainSwitch): a batch costs no SSM read
-    return dict(process_partial_response(event, record_handler, processor, context))
+    records = [SQSRecord(raw) for raw in event.get("Records") or []]
+    if len(records) > MAX_BATCH:
+        raise ValueError(f"{len(records)} records in one batch: SQS delivers at most {MAX_BATCH}")
+    _services()  # a cold start builds the wiring once, on this thread, before the messages run
+    running = [_pool.submit(contextvars.copy_context().run, record_handler, r) for r in records]
+    errors = [future.exception() for future in running]  # waits for every message
+    for error in errors:
+        if error is not None and not isinstance(error, Exception):
+            raise error  # the sandbox itself is going down (a BaseException): the whole batch
+    failures: list[dict[str, str]] = []
+    for record, future, error in zip(records, running, errors, strict=True):
+        if error is None:
+            add_metrics(future.result())
+        elif isinstance(error, AttemptFailed):  # a failed attempt: redelivered after its backoff
+            failures.append({"itemIdentifier": record.message_id})
+        else:  # redelivered after the visibility timeout; the others' outcomes stand
+            logger.exception("message failed", message_id=record.message_id, exc_info=error)
+            failures.append({"itemIdentifier": record.message_id})
+    return {"batchItemFailures": failures}

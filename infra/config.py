@@ -359,10 +359,6 @@ class ObservabilityConfig(_Strict):
 WORKER_MESSAGE_OVERHEAD_S = 2.0
 #: Lambda's longest function timeout.
 LAMBDA_MAX_TIMEOUT_S = 900
-#: A context key (ignored by validation, like every key with a colon) that the local emulator's
-#: context sets: it does not enforce function timeouts, and its context shortens the worker's
-#: timeout below what a batch needs. Skips only :func:`worker_timing_problem`.
-EMULATOR_CONTEXT_KEY = "swarm:local-emulator"
 
 
 class SwarmConfig(_Strict):
@@ -550,18 +546,18 @@ class SwarmConfig(_Strict):
 def worker_timing_problem(config: SwarmConfig) -> str | None:
     """Why the worker's batch cannot fit its Lambda timeout, or None.
 
-    A worker runs its SQS batch one message after another, and each message may wait for the
-    governor up to ``governor_max_wait_seconds`` and then for the model up to its call bound.
-    A worker that Lambda times out mid-batch reports nothing, so SQS redelivers the whole batch
-    after the lanes' visibility timeout (six worker timeouts), finished messages included: every
-    unit of it waits minutes, and the ones that ran find their attempt settled or, if they were
-    mid-call, retry with the lost attempt's tokens settled.
+    A worker runs its SQS batch's messages at once (functions/worker.py), and each message may
+    wait for the governor up to ``governor_max_wait_seconds`` and then for the model up to its
+    call bound, so the batch takes as long as its slowest message. A worker that Lambda times
+    out mid-batch reports nothing, so SQS redelivers the whole batch after the lanes' visibility
+    timeout (six worker timeouts), finished messages included: every unit of it waits minutes,
+    and the ones that ran find their attempt settled or, if they were mid-call, retry with the
+    lost attempt's tokens settled.
     """
     worker, model = config.worker, config.model
     wait, call = worker.governor_max_wait_seconds, model.call_bound_s()
     per_message = wait + call + WORKER_MESSAGE_OVERHEAD_S
-    worst = worker.batch_size * per_message
-    if worst <= worker.timeout_seconds:
+    if per_message <= worker.timeout_seconds:
         return None
     terms = [f"worker.governor_max_wait_seconds={wait:g}"]
     if model.adapter == "bedrock":
@@ -571,35 +567,18 @@ def worker_timing_problem(config: SwarmConfig) -> str | None:
         terms.append(f"{count:g} s to count the input's tokens")
     terms.append(f"{WORKER_MESSAGE_OVERHEAD_S:g} s of ledger and governor calls")
     problem = (
-        f"worker.batch_size={worker.batch_size} x ({' + '.join(terms)}) = {worst:,.0f} s does "
-        f"not fit worker.timeout_seconds={worker.timeout_seconds}: a worker timed out mid-batch "
-        "returns the whole SQS batch for redelivery, finished units included"
+        f"a message of the worker's batch may take {' + '.join(terms)} = {per_message:,.0f} s, "
+        f"more than worker.timeout_seconds={worker.timeout_seconds} (the batch's messages run "
+        "at once): a worker timed out mid-batch returns the whole SQS batch for redelivery, "
+        "finished units included"
+    )
+    lower = "lower worker.governor_max_wait_seconds" + (
+        " or model.bedrock.read_timeout_seconds" if model.adapter == "bedrock" else ""
     )
     if per_message > LAMBDA_MAX_TIMEOUT_S:
-        return (
-            f"{problem}; one message alone needs {per_message:,.0f} s, more than Lambda's "
-            f"{LAMBDA_MAX_TIMEOUT_S} s: lower worker.governor_max_wait_seconds"
-            + (" or model.bedrock.read_timeout_seconds" if model.adapter == "bedrock" else "")
-        )
-    fixes = []
-    fitting = int(worker.timeout_seconds // per_message)
-    if fitting >= 1:
-        fixes.append(f"set worker.batch_size to {fitting} or less")
-    else:
-        fixes.append(
-            f"set worker.batch_size to 1 and worker.timeout_seconds to "
-            f"{math.ceil(per_message)} or more"
-        )
-    needed = math.ceil(worst)
-    most = int(LAMBDA_MAX_TIMEOUT_S // per_message)
-    if needed <= LAMBDA_MAX_TIMEOUT_S:
-        fixes.append(f"raise worker.timeout_seconds to {needed} or more")
-    elif most > 1:
-        fixes.append(
-            f"raise worker.timeout_seconds to {LAMBDA_MAX_TIMEOUT_S} (Lambda's most) with "
-            f"worker.batch_size {most} or less"
-        )
-    return f"{problem}; {', or '.join(fixes)}"
+        return f"{problem}; that is more than Lambda's {LAMBDA_MAX_TIMEOUT_S} s: {lower}"
+    needed = math.ceil(per_message)
+    return f"{problem}; raise worker.timeout_seconds to {needed} or more, or {lower}"
 
 
 CONFIG_KEYS = tuple(SwarmConfig.model_fields)
@@ -650,7 +629,7 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             else:
                 problems.append(f"context key '{key}': {message} (got {item.get('input')!r})")
         raise ConfigError("invalid cdk.json context: " + "; ".join(problems)) from None
-    timing = None if context.get(EMULATOR_CONTEXT_KEY) is True else worker_timing_problem(config)
+    timing = worker_timing_problem(config)
     if timing is not None:
         raise ConfigError(f"invalid cdk.json context: {timing}")
     return config

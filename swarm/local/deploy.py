@@ -94,9 +94,6 @@ class LocalOptions:
             "worker": worker,
             "fanout": fanout,
             "tenants": tenants,
-            # timeouts are not enforced here, and worker_timeout_s is below what a batch of
-            # governor waits needs on AWS: skip that one check (infra/config.py)
-            "swarm:local-emulator": True,
         }
 
     @property

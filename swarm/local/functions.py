@@ -34,8 +34,11 @@ real model endpoint's quota is shared by the whole fleet; its latency is time-sc
 The bill (:mod:`swarm.local.billing`): every invocation is metered where it runs, with its
 measured duration, its function's configured memory (:class:`FunctionProfile`), the time it
 spent in the model call and, for the worker, sleeping for tokens (both time-scaled: the meter
-converts them back to the deployed clock) and the ``waited_s`` its ``WorkReport`` gives (a probe
-around :meth:`swarm.service.worker.Worker.process`, installed with the host).
+converts them back to the deployed clock; a worker runs its batch's messages at once, so these
+are the unions of its threads' spans, :meth:`Invocation.scaled_s`) and the rest of the
+``waited_s`` its ``WorkReport`` gives (a probe around
+:meth:`swarm.service.worker.Worker.process`, installed with the host). The running invocation is
+a context variable: a handler's threads that run in a copy of its context are metered with it.
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class FaultyModelPlane:
         finally:  # the model call's share of the invocation (time-scaled), for the bill
             invocation = _current_invocation()
             if invocation is not None:
-                invocation.model_s += time.perf_counter() - started
+                invocation.span(MODEL, started, time.perf_counter())
         with self._lock:
             fault = next((f for f in self._armed if f.hits(request)), None)
             if fault is not None:
@@ -131,15 +134,49 @@ class FaultyModelPlane:
         return result
 
 
+#: the kinds of time-scaled spans of an invocation
+MODEL, SLEEP = "model", "sleep"
+
+
 @dataclass
 class Invocation:
+    """One invocation, and for the bill the spans of it (on the local clock) in which one of its
+    threads was in a model call or sleeping for tokens: both time-scaled. A worker runs its
+    batch's messages at once, so spans overlap; the bill takes their union (:meth:`scaled_s`)."""
+
     function_name: str
     env: Mapping[str, str]
-    #: for the bill, on the local clock: time in the model call, sleeping for tokens, and the
-    #: worker's own account of its waits for tokens (its reports' ``waited_s``)
-    model_s: float = 0.0
-    slept_s: float = 0.0
-    waited_s: float = 0.0
+    #: (kind, start, end) in ``time.perf_counter()`` seconds
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    #: the worker's reported waits for tokens outside its sleeps (its draws' requests)
+    drawing_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def span(self, kind: str, start: float, end: float) -> None:
+        with self._lock:
+            self.spans.append((kind, start, end))
+
+    def add_drawing(self, seconds: float) -> None:
+        with self._lock:
+            self.drawing_s += max(0.0, seconds)
+
+    def scaled_s(self) -> tuple[float, float]:
+        """(in the model call, sleeping for tokens): the time in which at least one thread was
+        in a model call, and the time in which none was but at least one slept for tokens."""
+        with self._lock:
+            spans = list(self.spans)
+        model = union_s([(a, b) for kind, a, b in spans if kind == MODEL])
+        return model, union_s([(a, b) for _, a, b in spans]) - model
+
+
+def union_s(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals ``spans``."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 @dataclass(frozen=True)
@@ -185,7 +222,11 @@ class FunctionHost:
         self.role_clients = dict(role_clients or {})
         self.model = model
         self.time_scale = time_scale  # the handlers' timers run this many times faster
-        self._local = threading.local()
+        # the running invocation: a context variable, so the threads a handler runs its work on
+        # in a copy of its context (the worker's messages) are metered with it
+        self._current: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+            f"swarm_local_invocation_{id(self)}", default=None
+        )
         self._lock = threading.Lock()
         self.invocations: Counter[str] = Counter()
         self._idle: dict[str, list[ModuleType]] = {}
@@ -208,15 +249,13 @@ class FunctionHost:
         return self.model
 
     def current(self) -> Invocation | None:
-        inv: Invocation | None = getattr(self._local, "invocation", None)
-        return inv
+        return self._current.get()
 
     def call(self, function_name: str, handler: str, env: Mapping[str, str], event: Any) -> Any:
         module_name, _, attr = handler.rpartition(".")
         sandbox = self._acquire(function_name, module_name)
-        previous = self.current()
         invocation = Invocation(function_name, dict(env))
-        self._local.invocation = invocation
+        token = self._current.set(invocation)
         serial = SERIALIZED.get(module_name, contextlib.nullcontext())
         started: float | None = None
         try:
@@ -225,7 +264,7 @@ class FunctionHost:
                 return getattr(sandbox, attr)(event, LambdaContext(function_name))
         finally:
             measured = 0.0 if started is None else time.perf_counter() - started
-            self._local.invocation = previous
+            self._current.reset(token)
             with self._lock:
                 self._idle.setdefault(function_name, []).append(sandbox)
             self._bill(function_name, module_name, invocation, measured)
@@ -236,13 +275,14 @@ class FunctionHost:
         profile = self.profiles.get(function_name) or FunctionProfile(
             module_name.rpartition(".")[2], DEFAULT_MEMORY_MB
         )
+        model_s, slept_s = invocation.scaled_s()
         billing.METER.lambda_invocation(
             profile.label,
             profile.memory_mb,
             measured_s,
-            model_s=invocation.model_s,
-            slept_s=invocation.slept_s,
-            waited_s=invocation.waited_s,
+            model_s=model_s,
+            slept_s=slept_s,
+            waited_s=slept_s + invocation.drawing_s,
             architecture=profile.architecture,
         )
 
@@ -341,11 +381,17 @@ def _current_invocation() -> Invocation | None:
     return None if fn_host is None else fn_host.current()
 
 
+#: per thread: the seconds the running ``Worker.process`` has slept for tokens so far
+_SLEPT = threading.local()
+
+
 def probe_worker_reports() -> None:
-    """For the bill: around :meth:`Worker.process`, the time the worker sleeps for tokens
-    (its injected ``sleep``, the governor's wait: time-scaled) and the ``waited_s`` its report
-    gives, added to the running invocation. Observes only: the unit's processing is unchanged.
-    (A worker whose ``sleep`` cannot be swapped counts its whole reported wait as sleeping.)"""
+    """For the bill: around :meth:`Worker.process`, the spans in which the worker sleeps for
+    tokens (its injected ``sleep``, the governor's wait: time-scaled) and the rest of the
+    ``waited_s`` its report gives (its draws' requests), added to the running invocation.
+    Observes only: the unit's processing is unchanged. The worker's ``sleep`` is wrapped once,
+    not swapped per call (a worker runs its batch's messages at once, on one ``Worker``). (A
+    worker whose ``sleep`` cannot be wrapped counts its whole reported wait as drawing.)"""
     from swarm.service.worker import Worker
 
     if "worker.process" in _ORIGINALS:
@@ -353,36 +399,34 @@ def probe_worker_reports() -> None:
     original: Callable[..., Any] = Worker.process
     _ORIGINALS["worker.process"] = original
 
+    def measured(sleep: Callable[[float], None]) -> Callable[[float], None]:
+        def sleep_metered(seconds: float) -> None:
+            started = time.perf_counter()
+            try:
+                sleep(seconds)
+            finally:
+                ended = time.perf_counter()
+                _SLEPT.seconds = getattr(_SLEPT, "seconds", 0.0) + ended - started
+                invocation = _current_invocation()
+                if invocation is not None:
+                    invocation.span(SLEEP, started, ended)
+
+        sleep_metered.metered = True  # type: ignore[attr-defined]
+        return sleep_metered
+
     @functools.wraps(original)
     def process(self: Any, item: Any) -> Any:
         invocation = _current_invocation()
         if invocation is None:
             return original(self, item)
         sleep = getattr(self, "sleep", None)
-        swapped = False
-        if callable(sleep):
-
-            def measured(seconds: float) -> None:
-                started = time.perf_counter()
-                try:
-                    sleep(seconds)
-                finally:
-                    invocation.slept_s += time.perf_counter() - started
-
-            try:
-                self.sleep = measured
-                swapped = True
-            except (AttributeError, TypeError):  # a frozen worker: see the docstring
-                swapped = False
-        try:
-            report = original(self, item)
-        finally:
-            if swapped:
-                self.sleep = sleep
+        if callable(sleep) and not getattr(sleep, "metered", False):
+            with contextlib.suppress(AttributeError, TypeError):  # a frozen worker: see above
+                self.sleep = measured(sleep)
+        _SLEPT.seconds = 0.0
+        report = original(self, item)
         waited = float(getattr(report, "waited_s", 0.0) or 0.0)
-        invocation.waited_s += waited
-        if not swapped:
-            invocation.slept_s += waited
+        invocation.add_drawing(waited - _SLEPT.seconds)
         return report
 
     Worker.process = process  # type: ignore[method-assign]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app import build_app
-from infra.config import EMULATOR_CONTEXT_KEY, ConfigError, load_config, worker_timing_problem
+from infra.config import ConfigError, load_config, worker_timing_problem
 from infra.constants import ROOT
 from infra.context import cdk_json_context
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
@@ -281,8 +281,8 @@ def _bedrock(**bedrock: Any) -> dict[str, Any]:
 
 
 def test_the_shipped_defaults_fit_the_worker_timeout() -> None:
-    # 5 messages x (20 s governor wait + 2 s ledger and governor calls) = 110 s of 120 s; the
-    # simulated model answers at once on AWS
+    # a batch's messages run at once: 20 s governor wait + 2 s ledger and governor calls = 22 s
+    # of 120 s; the simulated model answers at once on AWS
     config = load_config(cdk_json_context())
     assert worker_timing_problem(config) is None
     assert config.model.bedrock.read_timeout_seconds == DEFAULT_READ_TIMEOUT_S == 180
@@ -291,25 +291,26 @@ def test_the_shipped_defaults_fit_the_worker_timeout() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        # Bedrock with the shipped worker: 5 x (20 + 180 + 10 + 5 + 2) = 1,085 s in 120 s
+        # Bedrock with the shipped worker: 20 + 180 + 10 + 5 + 2 = 217 s in 120 s
         (
             {"model": _bedrock()},
             (
-                "worker.batch_size=5 x (worker.governor_max_wait_seconds=20 + "
+                "a message of the worker's batch may take worker.governor_max_wait_seconds=20 + "
                 "model.bedrock.read_timeout_seconds=180 + 10 s to connect + 5 s to count the "
-                "input's tokens + 2 s of ledger and governor calls) = 1,085 s does not fit "
-                "worker.timeout_seconds=120",
-                "set worker.batch_size to 1 and worker.timeout_seconds to 217 or more",
-                "raise worker.timeout_seconds to 900 (Lambda's most) with worker.batch_size 4",
+                "input's tokens + 2 s of ledger and governor calls = 217 s, more than "
+                "worker.timeout_seconds=120 (the batch's messages run at once)",
+                "raise worker.timeout_seconds to 217 or more, or lower "
+                "worker.governor_max_wait_seconds or model.bedrock.read_timeout_seconds",
             ),
         ),
-        # the simulated model: governor waits alone, 10 x (20 + 2) = 220 s in 120 s
+        # the simulated model: the governor's wait alone, 29 + 2 s in 30 s
         (
-            {"worker": _worker(batch_size=10)},
+            {"worker": _worker(governor_max_wait_seconds=29, timeout_seconds=30)},
             (
-                "worker.batch_size=10 x (worker.governor_max_wait_seconds=20 + 2 s of ledger and "
-                "governor calls) = 220 s does not fit worker.timeout_seconds=120",
-                "set worker.batch_size to 5 or less, or raise worker.timeout_seconds to 220",
+                "worker.governor_max_wait_seconds=29 + 2 s of ledger and governor calls = 31 s, "
+                "more than worker.timeout_seconds=30",
+                "raise worker.timeout_seconds to 31 or more, or lower "
+                "worker.governor_max_wait_seconds",
             ),
         ),
         # one call longer than Lambda allows: 20 + 900 + 10 + 5 + 2 = 937 s
@@ -319,8 +320,9 @@ def test_the_shipped_defaults_fit_the_worker_timeout() -> None:
                 "worker": _worker(batch_size=1, timeout_seconds=900),
             },
             (
-                "one message alone needs 937 s, more than Lambda's 900 s",
-                "lower worker.governor_max_wait_seconds or model.bedrock.read_timeout_seconds",
+                "= 937 s, more than worker.timeout_seconds=900",
+                "that is more than Lambda's 900 s: lower worker.governor_max_wait_seconds or "
+                "model.bedrock.read_timeout_seconds",
             ),
         ),
     ],
@@ -338,12 +340,11 @@ def test_a_worker_batch_that_cannot_fit_its_timeout_fails_synth_with_the_numbers
 @pytest.mark.parametrize(
     "overrides",
     [
-        # one model call per invocation (README): 20 + 10 + 5 + 180 + 2 = 217 s in 240 s
-        {"model": _bedrock(), "worker": _worker(batch_size=1, timeout_seconds=240)},
-        # four per invocation: 868 s in 900 s
-        {"model": _bedrock(), "worker": _worker(batch_size=4, timeout_seconds=900)},
-        # a faster model's shorter read timeout: 5 x (20 + 10 + 5 + 60 + 2) = 485 s in 490 s
-        {"model": _bedrock(read_timeout_seconds=60), "worker": _worker(timeout_seconds=490)},
+        # one Converse call per message, the batch's at once: 20 + 10 + 5 + 180 + 2 = 217 s
+        {"model": _bedrock(), "worker": _worker(timeout_seconds=240)},
+        {"model": _bedrock(), "worker": _worker(batch_size=10, timeout_seconds=217)},
+        # a faster model's shorter read timeout: 20 + 10 + 5 + 60 + 2 = 97 s in 120 s
+        {"model": _bedrock(read_timeout_seconds=60)},
     ],
 )
 def test_bedrock_configurations_that_fit_are_accepted(overrides: dict[str, Any]) -> None:
@@ -371,19 +372,16 @@ def test_a_model_override_without_bedrock_gets_the_default_read_timeout() -> Non
     assert load_config(_context(model=model)).model.bedrock.read_timeout_seconds == 180
 
 
-def test_only_the_local_emulators_context_skips_the_timing_check() -> None:
-    """The emulator enforces no function timeout, and its context shortens the worker's timeout
-    to 10 s (the lanes' visibility timeout follows it) below what 5 governor waits need."""
+def test_the_local_stacks_context_passes_every_synth_check_the_timing_included() -> None:
+    """The local context shortens the worker's timeout to 10 s (the lanes' visibility timeout
+    follows it): a batch's messages run at once, so one governor wait (5 s) and 2 s fit."""
     from swarm.local.deploy import LocalOptions
 
     local = _context(**LocalOptions().context())
-    assert local[EMULATOR_CONTEXT_KEY] is True
-    load_config(local)
-    with pytest.raises(ConfigError, match=r"does not fit worker\.timeout_seconds=10"):
-        load_config({k: v for k, v in local.items() if k != EMULATOR_CONTEXT_KEY})
-    # every other check still holds there
-    with pytest.raises(ConfigError, match="max_receive_count=2"):
-        load_config({**local, "max_receive_count": 2})
+    config = load_config(local)
+    assert config.worker.timeout_seconds == 10 and worker_timing_problem(config) is None
+    with pytest.raises(ConfigError, match=r"= 12 s, more than worker\.timeout_seconds=10"):
+        load_config({**local, "worker": {**local["worker"], "governor_max_wait_seconds": 9.5}})
 
 
 def test_the_local_stack_lets_every_tenant_use_every_lane_and_keeps_the_rest_of_tenants() -> None:

@@ -31,6 +31,8 @@ import functools
 import hashlib
 import importlib
 import json
+import os
+import sys
 import threading
 import time
 import warnings
@@ -302,6 +304,21 @@ class ControlPlane:
         result: dict[str, Any] = self.invoke("finalizer", {"batch_id": batch_id})
         return result
 
+    def run_to_close(self, batch_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Every new execution's fan-out, the workers (waiting for the units sent back to their
+        lane: :meth:`work`), then the finalizer, until the run closes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.run_state_machine()
+            self.work(wait_delayed_s=max(0.0, deadline - time.monotonic()))
+            result = self.finalize(batch_id)
+            if result["closed"]:
+                return result
+            if time.monotonic() > deadline:
+                run = ledger(self).run(batch_id)
+                raise AssertionError(f"run {batch_id} never closed in {timeout_s:g} s: {run}")
+            time.sleep(0.2)
+
     # ------------------------------------------------------------------ the ESM pollers
     def receive(self, lane: Lane, max_messages: int = 10, dlq: bool = False) -> list[Any]:
         """What the lane's mapping would poll, with the worker's lease as visibility timeout."""
@@ -347,17 +364,39 @@ class ControlPlane:
                 )
         return response
 
-    def work(self, max_batches: int = 500) -> int:
-        """Poll every lane (highest first) until nothing is visible; returns batches delivered."""
-        for n in range(max_batches):
+    def work(self, max_batches: int = 500, wait_delayed_s: float = 30.0) -> int:
+        """Poll every lane (highest first) until nothing is visible or delayed; returns batches
+        delivered. A delayed message is waited for on moto's real clock, up to
+        ``wait_delayed_s`` in all: the units a worker sent back to their lane for a second or
+        more (a worker runs its batch's messages at once, so some draw before the bucket has
+        refilled; SQS delays are whole seconds)."""
+        deadline = time.monotonic() + wait_delayed_s
+        delivered = 0
+        while delivered < max_batches:
             for lane in LANES:
                 messages = self.receive(lane)
                 if messages:
                     self.deliver(lane, messages)
+                    delivered += 1
                     break
             else:
-                return n
+                if time.monotonic() < deadline and self.delayed() > 0:
+                    time.sleep(0.1)
+                    continue
+                return delivered
         raise AssertionError("the lanes never drained")
+
+    def delayed(self) -> int:
+        """Messages delayed in the lanes."""
+        sqs = self.client("sqs")
+        return sum(
+            int(
+                sqs.get_queue_attributes(
+                    QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesDelayed"]
+                )["Attributes"]["ApproximateNumberOfMessagesDelayed"]
+            )
+            for url in self.queue_urls.values()
+        )
 
     # ------------------------------------------------------------------ EventBridge
     def observe_events(self) -> None:
@@ -548,6 +587,14 @@ def _process_environment(
         assert len(values) <= 1, f"{name} differs between functions: {sorted(values)}"
         if values:
             monkeypatch.setenv(name, values.pop())
+    # the handler modules were imported (their Powertools objects built) before these were set:
+    # give their metrics the deployed namespace, as on AWS (a metric set that fills to 100
+    # values is flushed, and Powertools refuses to serialize one without a namespace)
+    namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE")
+    for function in functions.values():
+        metrics = getattr(sys.modules.get(function.module), "metrics", None)
+        if namespace and metrics is not None:
+            monkeypatch.setattr(metrics, "namespace", namespace)
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     monkeypatch.delenv(SWARM_FUNCTION, raising=False)

@@ -70,17 +70,6 @@ def resume(plane: ControlPlane, batch_id: str, top_up: int, tenant: str = "acme"
     return doc
 
 
-def run_to_close(plane: ControlPlane, batch_id: str, rounds: int = 4) -> dict[str, Any]:
-    """Every new execution's fan-out, the workers, then the finalizer, until the run closes."""
-    for _ in range(rounds):
-        plane.run_state_machine()
-        plane.work()
-        result = plane.finalize(batch_id)
-        if result["closed"]:
-            return result
-    raise AssertionError(f"run {batch_id} never closed: {ledger(plane).run(batch_id)}")
-
-
 def fan_out_events(plane: ControlPlane) -> list[dict[str, Any]]:
     """The map's item events cut into chunks of one unit (each a valid map item), so a test can
     invoke the fan-out step itself for each unit: twice, or with a step in between; in unit
@@ -283,7 +272,7 @@ def test_another_tenants_resume_is_refused_as_not_found_and_changes_nothing(
 ) -> None:
     # Given acme's batch, closed as exhausted with a remainder
     batch_id = submit(plane, {"units": SIX, "budget": TIGHT})
-    run_to_close(plane, batch_id)
+    plane.run_to_close(batch_id)
     _, status_doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert status_doc["state"] == "exhausted" and len(status_doc["remainder"]) == 4
     books, unit_records = ledger(plane).run(batch_id), ledger(plane).units(batch_id)
@@ -318,7 +307,7 @@ def test_another_tenants_resume_is_refused_as_not_found_and_changes_nothing(
     assert objects(plane) == keys and executions(plane) == started and plane.events() == events
     # while acme's own resume requeues its whole remainder and completes the batch
     assert resume(plane, batch_id, 1_000_000)["requeued"] == 4
-    run_to_close(plane, batch_id)
+    plane.run_to_close(batch_id)
     assert assert_books_exact(plane, batch_id).completed == 6
     # once completed, globex still learns nothing: 404, where acme gets 409
     status, doc, _ = plane.api(
@@ -570,7 +559,7 @@ def test_an_expired_queued_reservation_during_exhaustion_joins_the_remainder(
     # When the tenant tops up, the whole remainder runs, each unit once, with exact books
     assert resume(plane, batch_id, 1_000_000)["requeued"] == 5
     monkeypatch.setattr(finalizer_handler, "time", time)
-    assert run_to_close(plane, batch_id)["state"] == "completed"
+    assert plane.run_to_close(batch_id)["state"] == "completed"
     run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 6 and len(ledger(plane).attempts(batch_id)) == 6
 
@@ -692,7 +681,7 @@ def test_a_top_up_racing_the_workers_and_the_finalizer_keeps_the_books_exact(
     assert resumed[0]["state"] == "open"
     assert resumed[0]["requeued"] == len(remainder_before[0])
     # and the run finishes: every unit completed once, nothing ran after it completed
-    final = first if first["state"] == "completed" else run_to_close(plane, batch_id)
+    final = first if first["state"] == "completed" else plane.run_to_close(batch_id)
     assert final["state"] == "completed"
     run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 6 and run.budget == TIGHT + 1_000_000
@@ -715,7 +704,7 @@ def test_a_second_resume_after_the_run_exhausted_again_requeues_the_new_remainde
     model = watch_model(plane, monkeypatch)
     # Given a run exhausted with u0002..u0005 in its remainder
     batch_id = submit(plane, {"units": SIX, "budget": TIGHT})
-    assert run_to_close(plane, batch_id)["state"] == "exhausted"
+    assert plane.run_to_close(batch_id)["state"] == "exhausted"
     # and a first resume whose top-up covers one more unit only
     assert resume(plane, batch_id, top_up_for(plane, batch_id, ONE_MORE))["requeued"] == 4
     # When a second resume (a client retrying, a second operator) reads the run while it is
@@ -737,7 +726,7 @@ def test_a_second_resume_after_the_run_exhausted_again_requeues_the_new_remainde
         f"manifests/{batch_id}/resume-2.json": ["u0003", "u0004", "u0005"],
     }
     # and the run completes: nothing stuck open, every unit run once
-    assert run_to_close(plane, batch_id)["state"] == "completed"
+    assert plane.run_to_close(batch_id)["state"] == "completed"
     run = assert_books_exact(plane, batch_id, model)
     assert run.completed == 6
     assert sorted(u for u, _, _, _ in model.of(batch_id)) == [u["unit_id"] for u in SIX]

@@ -59,21 +59,13 @@ def items(plane: ControlPlane) -> int:
     )
 
 
-def run_to_close(plane: ControlPlane, batch_id: str) -> dict[str, Any]:
-    plane.run_state_machine()
-    plane.work()
-    result = plane.finalize(batch_id)
-    assert result["closed"], result
-    return result
-
-
 def test_a_batch_runs_through_admission_workers_and_the_finalizer(plane: ControlPlane) -> None:
     # Given a tenant's batch of 60 units submitted through the API
     status, doc, headers = plane.api("POST", "/batches", {"units": units(60), "budget": 2_000_000})
     assert status == 201 and headers["Location"] == f"/batches/{doc['batch_id']}"
     batch_id = doc["batch_id"]
     # When the state machine fans it out and the workers drain the lanes
-    result = run_to_close(plane, batch_id)
+    result = plane.run_to_close(batch_id)
     # Then the run completes, the books reconcile and the results are written
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert status == 200
@@ -88,7 +80,7 @@ def test_a_batch_runs_through_admission_workers_and_the_finalizer(plane: Control
 def test_exhaustion_enumerates_the_remainder_and_resume_completes_it(plane: ControlPlane) -> None:
     status, doc, _ = plane.api("POST", "/batches", {"units": units(30), "budget": 150_000})
     batch_id = doc["batch_id"]
-    run_to_close(plane, batch_id)
+    plane.run_to_close(batch_id)
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert doc["state"] == "exhausted"
     assert doc["tokens"]["spent"] <= 150_000
@@ -101,7 +93,7 @@ def test_exhaustion_enumerates_the_remainder_and_resume_completes_it(plane: Cont
     # When the tenant tops up and resumes
     status, doc, _ = plane.api("POST", f"/batches/{batch_id}/resume", {"top_up": 500_000})
     assert status == 200 and doc["requeued"] == len(remainder) and doc["state"] == "open"
-    run_to_close(plane, batch_id)
+    plane.run_to_close(batch_id)
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert doc["state"] == "completed" and doc["counts"]["completed"] == 30
     for attempt in ledger(plane).attempts(batch_id):  # nothing completed ran again
@@ -226,7 +218,7 @@ def test_failed_attempts_are_redelivered_and_their_tokens_counted(
     with control_plane(monkeypatch, SIM_MODEL_FAILURE_RATE="0.3") as plane:
         _, doc, _ = plane.api("POST", "/batches", {"units": units(40)})
         batch_id = doc["batch_id"]
-        run_to_close(plane, batch_id)
+        plane.run_to_close(batch_id)
         run = ledger(plane).run(batch_id)
         attempts = ledger(plane).attempts(batch_id)
         failed = [a for a in attempts if not a.succeeded]
@@ -415,7 +407,7 @@ def test_manifest_submissions_read_the_tenants_upload(plane: ControlPlane) -> No
     plane.client("s3").put_object(Bucket=plane.bucket, Key=key, Body=json.dumps(units(25)).encode())
     status, doc, _ = plane.api("POST", "/batches", {"manifest": {"key": key}})
     assert status == 201 and doc["units"] == 25
-    run_to_close(plane, doc["batch_id"])
+    plane.run_to_close(doc["batch_id"])
     assert ledger(plane).run(doc["batch_id"]).completed == 25
 
 
@@ -501,7 +493,7 @@ def test_each_handler_runs_as_its_own_role_with_iam_enforced(plane: ControlPlane
     refused_before = len(iam.AUDIT.report()["denied"])
     # When a batch runs through the API, the fan-out, the workers and the finalizer
     _, doc, _ = plane.api("POST", "/batches", {"units": units(2)})
-    run_to_close(plane, doc["batch_id"])
+    plane.run_to_close(doc["batch_id"])
     # Then nothing was refused, and each of them called as its own role
     report = iam.AUDIT.report()
     assert report["denied"][refused_before:] == []

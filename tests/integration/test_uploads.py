@@ -17,7 +17,7 @@ from swarm.core.codec import parse_message_body
 from swarm.core.records import Lane
 from swarm.local.patches import iam
 from tests.integration.plane import ControlPlane, ledger, units
-from tests.integration.test_functions import objects, run_to_close
+from tests.integration.test_functions import objects
 
 
 def executions(plane: ControlPlane) -> list[str]:
@@ -53,7 +53,7 @@ def test_a_tenant_uploads_through_the_url_and_submits_the_key(plane: ControlPlan
     # and the key is a manifest the tenant submits
     status, batch, _ = plane.api("POST", "/batches", {"manifest": {"key": key}, "lane": "low"})
     assert status == 201 and batch["units"] == 20, batch
-    run_to_close(plane, batch["batch_id"])
+    plane.run_to_close(batch["batch_id"])
     assert ledger(plane).run(batch["batch_id"]).completed == 20
 
 

@@ -387,8 +387,10 @@ from swarm.local import functions
 
 def handler(event, context):
     invocation = functions.host().current()
+    started = time.perf_counter()
     time.sleep(event["sleep"])
-    invocation.model_s += event.get("model_s", 0.0)  # as the shared model plane records it
+    for offset, length in event.get("model_spans", []):  # as the shared model plane records them
+        invocation.span(functions.MODEL, started + offset, started + offset + length)
     return {"function": invocation.function_name}
 """
 
@@ -409,9 +411,9 @@ def test_the_function_host_bills_each_invocation_with_its_functions_memory(
     monkeypatch.setattr(meter, "time_scale", 10.0)
     meter.reset()
     try:
-        assert host.call("fn-1", "billprobe.handler", {}, {"sleep": 0.02, "model_s": 0.01}) == {
-            "function": "fn-1"
-        }
+        # two model calls at once (a worker's messages run together), 10 ms in all
+        event = {"sleep": 0.02, "model_spans": [[0.0, 0.008], [0.004, 0.006]]}
+        assert host.call("fn-1", "billprobe.handler", {}, event) == {"function": "fn-1"}
         host.call("fn-2", "billprobe.handler", {}, {"sleep": 0.0})
         snapshot = meter.snapshot()
     finally:
@@ -419,8 +421,23 @@ def test_the_function_host_bills_each_invocation_with_its_functions_memory(
     probe = snapshot["lambda"]["probe"]
     assert probe["invocations"] == 1 and probe["memory_mb"] == 256
     assert probe["measured_s"] >= 0.02 and probe["model_s"] == pytest.approx(0.01)
-    # the model's 10 ms are 100 ms deployed: billed at least 0.01 + 0.1 s, on 256 MB
+    # the model's 10 ms (the union of its calls) are 100 ms deployed: billed at least 0.01 +
+    # 0.1 s, on 256 MB
     assert probe["billed_s"] >= 0.11
     assert probe["gb_s"] == pytest.approx(probe["billed_s"] * 256 / 1024)
     # a function without a profile: its handler's module, Lambda's default 128 MB
     assert snapshot["lambda"]["billprobe"]["memory_mb"] == 128
+
+
+def test_an_invocations_scaled_time_is_the_union_of_its_threads_spans() -> None:
+    from swarm.local.functions import MODEL, SLEEP, Invocation, union_s
+
+    assert union_s([]) == 0.0
+    assert union_s([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.5, 3.6)]) == pytest.approx(3.0)
+    invocation = Invocation("fn", {})
+    invocation.span(MODEL, 0.0, 2.0)
+    invocation.span(MODEL, 1.0, 3.0)  # another message's call, at the same time: billed once
+    invocation.span(SLEEP, 2.5, 5.0)  # sleeping for tokens while a call runs counts as the call
+    invocation.span(SLEEP, 4.0, 4.5)
+    model_s, slept_s = invocation.scaled_s()
+    assert model_s == pytest.approx(3.0) and slept_s == pytest.approx(2.0)

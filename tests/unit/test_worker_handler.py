@@ -1,0 +1,127 @@
+"""The worker function's handler (functions/worker.py): a batch's messages run at once, each
+message's outcome on SQS is its own, and a dying sandbox fails the whole batch."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import functions.worker as worker_handler
+from swarm.core.codec import message_body
+from swarm.core.lanes import QueuedUnit
+from swarm.core.records import Lane
+from swarm.local.events import LambdaContext, sqs_event
+from swarm.service.worker import Ack, Requeue, RetryLater, WorkReport
+
+ARN = "arn:aws:sqs:us-east-1:123456789012:lane-normal"
+
+
+def item(unit_id: str) -> QueuedUnit:
+    return QueuedUnit("run-1", unit_id, "acme", Lane.NORMAL, 0, 10_000, input=unit_id)
+
+
+def event(*unit_ids: str) -> dict[str, Any]:
+    messages = [
+        {"MessageId": f"m-{u}", "ReceiptHandle": f"r-{u}", "Body": message_body(item(u))}
+        for u in unit_ids
+    ]
+    return sqs_event(ARN, messages, "us-east-1")
+
+
+class Crash(BaseException):
+    """The sandbox going down (the local stack's simulated worker death is one)."""
+
+
+@dataclass
+class FakeWorker:
+    """Each unit's scripted outcome: a report, or an exception to raise."""
+
+    outcomes: dict[str, WorkReport | BaseException]
+    #: every message waits here until this many are in process at once (None: no wait)
+    together: threading.Barrier | None = None
+    seen: list[str] = field(default_factory=list)
+
+    def process(self, queued: QueuedUnit) -> WorkReport:
+        self.seen.append(queued.unit_id)
+        if self.together is not None:
+            self.together.wait()  # BrokenBarrierError if the messages run one after another
+        outcome = self.outcomes[queued.unit_id]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+@dataclass
+class FakeLanes:
+    sent: list[tuple[str, int]] = field(default_factory=list)
+    visibility: list[tuple[str, int]] = field(default_factory=list)
+
+    def send(self, queued: QueuedUnit, delay_s: int = 0) -> None:
+        self.sent.append((queued.unit_id, delay_s))
+
+    def change_visibility(self, lane: Lane, receipt_handle: str, after_s: int) -> None:
+        self.visibility.append((receipt_handle, after_s))
+
+
+@pytest.fixture
+def lanes(monkeypatch: pytest.MonkeyPatch) -> FakeLanes:
+    fake = FakeLanes()
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    monkeypatch.setattr(worker_handler.metrics, "namespace", "Swarm")
+    return fake
+
+
+def run(monkeypatch: pytest.MonkeyPatch, worker: FakeWorker, lanes: FakeLanes, ev: Any) -> Any:
+    monkeypatch.setattr(worker_handler, "_services", lambda: (worker, lanes))
+    return worker_handler.handler(ev, LambdaContext("worker"))
+
+
+def test_a_batchs_messages_run_at_once(monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes) -> None:
+    units = [f"u{i}" for i in range(5)]
+    worker = FakeWorker(
+        {u: WorkReport(Ack("completed")) for u in units}, together=threading.Barrier(5, timeout=10)
+    )
+    assert run(monkeypatch, worker, lanes, event(*units)) == {"batchItemFailures": []}
+    assert sorted(worker.seen) == units
+
+
+def test_each_message_has_its_own_outcome_on_sqs(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    worker = FakeWorker(
+        {
+            "done": WorkReport(Ack("completed")),
+            "later": WorkReport(Requeue(7, "governor: tokens not there yet")),
+            "failed": WorkReport(RetryLater(10, "attempt failed: retry")),
+            "broken": RuntimeError("the ledger could not be reached"),
+        }
+    )
+    response = run(monkeypatch, worker, lanes, event("done", "later", "failed", "broken"))
+    # a failed attempt and an unexpected error are redelivered; the others are deleted
+    assert response == {
+        "batchItemFailures": [{"itemIdentifier": "m-failed"}, {"itemIdentifier": "m-broken"}]
+    }
+    assert lanes.sent == [("later", 7)]  # a fresh, delayed copy of the requeued unit
+    assert lanes.visibility == [("r-failed", 10)]  # redelivered after its backoff
+
+
+def test_a_dying_sandbox_fails_the_whole_batch_after_every_message_has_stopped(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    worker = FakeWorker({"u0": WorkReport(Ack("completed")), "u1": Crash("killed")})
+    with pytest.raises(Crash):
+        run(monkeypatch, worker, lanes, event("u0", "u1"))
+    assert sorted(worker.seen) == ["u0", "u1"]
+
+
+def test_more_records_than_sqs_delivers_are_refused(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    units = [f"u{i}" for i in range(worker_handler.MAX_BATCH + 1)]
+    worker = FakeWorker({u: WorkReport(Ack("completed")) for u in units})
+    with pytest.raises(ValueError, match="at most 10"):
+        run(monkeypatch, worker, lanes, event(*units))
+    assert worker.seen == []
