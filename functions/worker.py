@@ -16,8 +16,10 @@ the metrics are added on the invocation's thread, from the messages' reports.
 from __future__ import annotations
 
 import contextvars
+import math
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -35,9 +37,10 @@ from swarm.contract import (
     METRIC_UNITS_FAILED,
 )
 from swarm.core.codec import parse_message_body
+from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import LaneQueue
-from swarm.service.worker import Ack, Requeue, RetryLater, Worker, WorkReport
+from swarm.service.worker import Requeue, RetryLater, Worker, WorkReport
 from swarm.wiring import Wiring
 
 logger = Logger()
@@ -63,9 +66,19 @@ def _services() -> tuple[Worker, LaneQueue]:
     return _cache["worker"], _cache["lanes"]
 
 
+@dataclass(frozen=True)
+class Done:
+    """A message's work: its report, and when it ended (a requeued copy's delay runs from it)."""
+
+    report: WorkReport
+    item: QueuedUnit
+    ended: float
+
+
 @tracer.capture_method
-def record_handler(record: SQSRecord) -> WorkReport:
-    """One message, on a thread of its own: the unit's outcome on SQS; raises for a redelivery."""
+def record_handler(record: SQSRecord) -> Done:
+    """One message, on a thread of its own; raises for a redelivery. A unit to requeue is sent
+    by the handler with the batch's others (one SendMessageBatch)."""
     item = parse_message_body(record.body)
     # this message's context is its own (a copy of the invocation's): its lines carry its ids
     logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
@@ -80,17 +93,34 @@ def record_handler(record: SQSRecord) -> WorkReport:
         tokens=report.tokens,
         delay_s=outcome.delay_s if isinstance(outcome, Requeue) else None,
     )
-    match outcome:
-        case Ack():
-            pass
-        case Requeue(delay_s=delay, ticket=ticket):
-            # a fresh copy (with the governor booking the outcome names, if any; never the one
-            # this delivery carried and spent); this delivery is deleted as a success
-            lanes.send(replace(item, ticket=ticket), delay)
-        case RetryLater(after_s=after):
-            lanes.change_visibility(item.lane, record.receipt_handle, after)
-            raise AttemptFailed(outcome.reason)
-    return report
+    if isinstance(outcome, RetryLater):
+        lanes.change_visibility(item.lane, record.receipt_handle, outcome.after_s)
+        raise AttemptFailed(outcome.reason)
+    return Done(report, item, time.monotonic())
+
+
+def requeue(lanes: LaneQueue, done: list[tuple[str, Done]]) -> list[str]:
+    """Send a fresh copy of each unit to requeue (with the governor booking its outcome names,
+    if any; never the one its delivery carried and spent), delayed by what is left of its delay,
+    all in one SendMessageBatch per lane; the originals are then deleted as successes. The
+    message ids whose copies may not have been sent (SQS failed): redelivered instead."""
+    copies = [(mid, d) for mid, d in done if isinstance(d.report.outcome, Requeue)]
+    if not copies:
+        return []
+    now = time.monotonic()
+    items, delays = [], []
+    for _, d in copies:
+        outcome = d.report.outcome
+        assert isinstance(outcome, Requeue)
+        items.append(replace(d.item, ticket=outcome.ticket))
+        # whole seconds, never shorter than asked: the time since the decision is cut down
+        delays.append(max(0, outcome.delay_s - math.floor(now - d.ended)))
+    try:
+        lanes.send_many(items, delays)
+    except Exception:
+        logger.exception("requeue failed: the units are redelivered", units=len(items))
+        return [mid for mid, _ in copies]
+    return []
 
 
 def add_metrics(report: WorkReport) -> None:
@@ -125,13 +155,17 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     for error in errors:
         if error is not None and not isinstance(error, Exception):
             raise error  # the sandbox itself is going down (a BaseException): the whole batch
-    failures: list[dict[str, str]] = []
+    failures: list[str] = []
+    done: list[tuple[str, Done]] = []
     for record, future, error in zip(records, running, errors, strict=True):
         if error is None:
-            add_metrics(future.result())
+            done.append((record.message_id, future.result()))
+            add_metrics(future.result().report)
         elif isinstance(error, AttemptFailed):  # a failed attempt: redelivered after its backoff
-            failures.append({"itemIdentifier": record.message_id})
+            failures.append(record.message_id)
         else:  # redelivered after the visibility timeout; the others' outcomes stand
             logger.exception("message failed", message_id=record.message_id, exc_info=error)
-            failures.append({"itemIdentifier": record.message_id})
-    return {"batchItemFailures": failures}
+            failures.append(record.message_id)
+    _, lanes = _services()
+    failures += requeue(lanes, done)
+    return {"batchItemFailures": [{"itemIdentifier": mid} for mid in failures]}

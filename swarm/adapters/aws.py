@@ -20,13 +20,14 @@ from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ObjectTooLarge, ReadDenied
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ports import (
-    MAX_SQS_DELAY_S,
     SQS_BATCH_BYTES,
     SQS_BATCH_MESSAGES,
     DrainState,
     LaneDepth,
     MappingState,
     SignedUpload,
+    check_delays,
+    sqs_delay,
     upload_headers,
 )
 from swarm.core.records import LANES, Lane
@@ -73,28 +74,29 @@ class SqsLanes:
         self.client.send_message(
             QueueUrl=self.urls[item.lane],
             MessageBody=codec.message_body(item),
-            DelaySeconds=max(0, min(MAX_SQS_DELAY_S, int(delay_s))),
+            DelaySeconds=sqs_delay(delay_s),
             MessageGroupId=item.tenant,
         )
 
-    def send_many(self, items: Sequence[QueuedUnit]) -> None:
-        """SendMessageBatch per lane (:func:`message_batches`); a batch's failed entries are
-        sent again, up to :data:`SEND_ATTEMPTS` times, unless SQS says they are the sender's
-        fault (SendFailed at once). A message over the size limit goes alone through
-        :meth:`send`, and SQS refuses it as it always has."""
-        by_lane: dict[Lane, list[QueuedUnit]] = {}
-        for item in items:
-            by_lane.setdefault(item.lane, []).append(item)
+    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[int] = ()) -> None:
+        """SendMessageBatch per lane (:func:`message_batches`), each entry with its delay; a
+        batch's failed entries are sent again, up to :data:`SEND_ATTEMPTS` times, unless SQS
+        says they are the sender's fault (SendFailed at once). A message over the size limit
+        goes alone through :meth:`send`, and SQS refuses it as it always has."""
+        by_lane: dict[Lane, list[tuple[QueuedUnit, int]]] = {}
+        for item, delay in zip(items, check_delays(items, delays_s), strict=True):
+            by_lane.setdefault(item.lane, []).append((item, delay))
         for lane, group in by_lane.items():
-            bodies = [codec.message_body(item) for item in group]
+            bodies = [codec.message_body(item) for item, _ in group]
             sizes = [len(body.encode()) for body in bodies]
             for batch in message_batches(sizes):
                 if len(batch) == 1 and sizes[batch[0]] > SQS_BATCH_BYTES:
-                    self.send(group[batch[0]])
+                    self.send(*group[batch[0]])
                     continue
-                self._send_batch(self.urls[lane], [(group[i], bodies[i]) for i in batch])
+                entries = [(group[i][0], bodies[i], group[i][1]) for i in batch]
+                self._send_batch(self.urls[lane], entries)
 
-    def _send_batch(self, url: str, entries: Sequence[tuple[QueuedUnit, str]]) -> None:
+    def _send_batch(self, url: str, entries: Sequence[tuple[QueuedUnit, str, int]]) -> None:
         pending = {str(n): entry for n, entry in enumerate(entries)}  # Id: unique per request
         for attempt in range(SEND_ATTEMPTS):
             if attempt:
@@ -102,8 +104,13 @@ class SqsLanes:
             answer = self.client.send_message_batch(
                 QueueUrl=url,
                 Entries=[
-                    {"Id": entry_id, "MessageBody": body, "MessageGroupId": item.tenant}
-                    for entry_id, (item, body) in pending.items()
+                    {
+                        "Id": entry_id,
+                        "MessageBody": body,
+                        "MessageGroupId": item.tenant,
+                        **({"DelaySeconds": sqs_delay(delay)} if delay else {}),
+                    }
+                    for entry_id, (item, body, delay) in pending.items()
                 ],
             )
             failed = answer.get("Failed") or []

@@ -50,6 +50,7 @@ from swarm.core.ports import (
     TenantQueued,
     UnitsPage,
     WatchedRun,
+    check_delays,
     upload_headers,
 )
 from swarm.core.records import (
@@ -517,11 +518,11 @@ class MemoryQueue:
         else:
             self.lanes[item.lane].append(item)
 
-    def send_many(self, items: Sequence[QueuedUnit]) -> None:
+    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[int] = ()) -> None:
         """In order, as SQS keeps each lane's batches (there are no batch limits here)."""
         self.batches.append(len(items))
-        for item in items:
-            self.send(item)
+        for item, delay in zip(items, check_delays(items, delays_s), strict=True):
+            self.send(item, delay)
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
         """Messages here have no receipt handles: a retry is sent again by the test itself."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from swarm.core.errors import SwarmError
+from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, Grant, Ticket, TrueUp
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Settlement, TopUp
@@ -242,17 +242,32 @@ SQS_BATCH_MESSAGES = 10
 SQS_BATCH_BYTES = 262_144
 
 
+def sqs_delay(seconds: int) -> int:
+    """A message's ``DelaySeconds``: whole seconds within what SQS takes (0..MAX_SQS_DELAY_S)."""
+    return max(0, min(MAX_SQS_DELAY_S, int(seconds)))
+
+
+def check_delays(items: Sequence[object], delays_s: Sequence[int]) -> Sequence[int]:
+    """``send_many``'s delays: one per item, or none (every item undelayed)."""
+    if not delays_s:
+        return [0] * len(items)
+    if len(delays_s) != len(items):
+        raise InvalidInput("delays_s", f"{len(delays_s)} delays for {len(items)} items")
+    return delays_s
+
+
 class LaneQueue(Protocol):
     """The SQS lanes (one queue per lane, each with its DLQ)."""
 
     def send(self, item: QueuedUnit, delay_s: int = 0) -> None: ...
 
-    def send_many(self, items: Sequence[QueuedUnit]) -> None:
+    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[int] = ()) -> None:
         """Send every item on its lane, in order per lane (SQS: SendMessageBatch, up to
         :data:`SQS_BATCH_MESSAGES` messages and :data:`SQS_BATCH_BYTES` of bodies per request;
-        the entries SQS reports as failed are sent again). Raises if one cannot be sent; the
-        items sent before stay sent (a caller that retries sends those twice: the worker's
-        claim absorbs a duplicate)."""
+        the entries SQS reports as failed are sent again), each delayed by its entry of
+        ``delays_s`` (none: no delay). Raises if one cannot be sent; the items sent before stay
+        sent (a caller that retries sends those twice: the worker's claim absorbs a
+        duplicate)."""
         ...
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:

@@ -56,11 +56,14 @@ class FakeWorker:
 
 @dataclass
 class FakeLanes:
-    sent: list[tuple[str, int]] = field(default_factory=list)
+    sends: list[list[tuple[str, int]]] = field(default_factory=list)  # each send_many's
     visibility: list[tuple[str, int]] = field(default_factory=list)
+    broken: bool = False
 
-    def send(self, queued: QueuedUnit, delay_s: int = 0) -> None:
-        self.sent.append((queued.unit_id, delay_s))
+    def send_many(self, items: list[QueuedUnit], delays_s: list[int]) -> None:
+        if self.broken:
+            raise RuntimeError("SQS is unreachable")
+        self.sends.append([(i.unit_id, d) for i, d in zip(items, delays_s, strict=True)])
 
     def change_visibility(self, lane: Lane, receipt_handle: str, after_s: int) -> None:
         self.visibility.append((receipt_handle, after_s))
@@ -104,7 +107,7 @@ def test_each_message_has_its_own_outcome_on_sqs(
     assert response == {
         "batchItemFailures": [{"itemIdentifier": "m-failed"}, {"itemIdentifier": "m-broken"}]
     }
-    assert lanes.sent == [("later", 7)]  # a fresh, delayed copy of the requeued unit
+    assert lanes.sends == [[("later", 7)]]  # a fresh, delayed copy of the requeued unit
     assert lanes.visibility == [("r-failed", 10)]  # redelivered after its backoff
 
 
@@ -125,3 +128,22 @@ def test_more_records_than_sqs_delivers_are_refused(
     with pytest.raises(ValueError, match="at most 10"):
         run(monkeypatch, worker, lanes, event(*units))
     assert worker.seen == []
+
+
+def test_the_units_to_requeue_go_back_together_and_are_redelivered_if_sqs_fails(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    later = {
+        f"u{i}": WorkReport(Requeue(3 + i, "governor: tokens not there yet")) for i in range(3)
+    }
+    worker = FakeWorker({**later, "done": WorkReport(Ack("completed"))})
+    assert run(monkeypatch, worker, lanes, event("u0", "done", "u1", "u2")) == {
+        "batchItemFailures": []
+    }
+    assert lanes.sends == [[("u0", 3), ("u1", 4), ("u2", 5)]]  # one SendMessageBatch
+    # the copies could not be sent: their originals are redelivered, the completed one is not
+    lanes.broken = True
+    response = run(monkeypatch, worker, lanes, event("u0", "done", "u1"))
+    assert response == {
+        "batchItemFailures": [{"itemIdentifier": "m-u0"}, {"itemIdentifier": "m-u1"}]
+    }
