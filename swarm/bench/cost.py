@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from swarm.bench import prices
 from swarm.client import Client
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.records import Lane
 from swarm.local import billing
 from swarm.local.deploy import LocalOptions
 
@@ -59,6 +60,9 @@ class CostConfig:
     max_tokens: int = 16_000
     state_dir: Path = field(default_factory=lambda: Path(".swarm") / "bench-cost")
     timeout_s: float = 900.0
+    #: the batch's lane: the API's default, which keeps a reserve for the high lane and so
+    #: never books ahead (docs/governor.md); ``high`` books
+    lane: Lane = Lane.NORMAL
 
     def check(self) -> None:
         if self.units < 1:
@@ -86,7 +90,7 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
         client = Client(target)
         client.request("POST", "/_local/bill/reset")
         doc = client.submit(
-            {"units": units, "budget": budget},
+            {"units": units, "budget": budget, "lane": cfg.lane.value},
             idempotency_key=f"bench-cost-{cfg.seed}-{cfg.units}-{int(time.time())}",
         )
         batch = str(doc["batch_id"])
@@ -102,6 +106,7 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
         )
     result = summarize(bill, cfg.units, batch=batch, status=final)
     result["local_timings"] = timings
+    result["lane"] = cfg.lane.value
     return result
 
 
@@ -262,8 +267,8 @@ def render(result: dict[str, Any], top: int = 30) -> str:
     units = result["units"]
     scale = result["time_scale"]
     out = [
-        f"swarm bench cost: {units:,} units, one batch on the happy path (failure rate 0), "
-        f"local stack at x{scale:g}",
+        f"swarm bench cost: {units:,} units, one batch on the happy path (failure rate 0) on "
+        f"the {result.get('lane', 'normal')} lane, local stack at x{scale:g}",
         f"batch {result['batch_id']}: {result['state']}, {result['attempts']} attempts, "
         f"{result['retries']} retries; {result['window_s']:.0f} s on the local clock "
         f"(~{result['window_deployed_s']:.0f} s deployed)",

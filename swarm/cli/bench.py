@@ -6,6 +6,7 @@ import argparse
 import json
 
 from swarm.cli.argtypes import float_in, int_in, share
+from swarm.core.records import LANES, Lane
 
 
 def cmd_governor(args: argparse.Namespace) -> int:
@@ -167,6 +168,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         seed=args.seed,
         state_dir=args.state_dir,
         timeout_s=args.timeout,
+        lane=Lane(args.lane),
     )
     result = cost.run(cfg)
     print(json.dumps(result, indent=2) if args.json else cost.render(result))
@@ -201,6 +203,15 @@ def register_cost(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help=f"the local stack's clock (x{d.time_scale:g}, as `swarm local up`)",
     )
     p.add_argument("--seed", type=int_in(0, 2**31), default=d.seed, help=f"units' seed ({d.seed})")
+    p.add_argument(
+        "--lane",
+        choices=[lane.value for lane in LANES],
+        default=d.lane.value,
+        help=(
+            f"the batch's lane ({d.lane.value}: the API's default; it keeps a reserve for the "
+            "high lane, so the governor never books ahead for it)"
+        ),
+    )
     p.add_argument(
         "--state-dir",
         type=Path,

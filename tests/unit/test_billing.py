@@ -345,7 +345,8 @@ def test_the_bill_per_unit_applies_each_lines_price() -> None:
     assert result["usd_per_million_units"] == pytest.approx(1.875 + 25 + 8.33335)
     assert result["by_service"]["stepfunctions"]["usd_per_million_units"] == pytest.approx(25)
     assert result["window_deployed_s"] == 600.0
-    text = cost.render(result)
+    text = cost.render({**result, "lane": "high"})
+    assert "on the high lane" in text
     assert "billed requests per unit: 3.00 (target <= 8)" in text
     assert f"US dollars per million units: {result['usd_per_million_units']:.2f}" in text
 
@@ -365,6 +366,7 @@ def test_the_bench_runs_cdk_jsons_timings_on_the_local_clock() -> None:
     [
         (["bench", "cost", "--units", "0"], "--units: 0 is out of range"),
         (["bench", "cost", "--time-scale", "0"], "--time-scale: 0 is out of range"),
+        (["bench", "cost", "--lane", "urgent"], "--lane: invalid choice: 'urgent'"),
     ],
 )
 def test_bench_cost_refuses_bad_options_in_one_line(
