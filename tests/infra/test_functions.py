@@ -215,8 +215,8 @@ def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
     # The simulated model plane needs no Bedrock access
     assert not any(a.startswith("bedrock:") for a in all_actions(statements))
     # Every Requeue (draining, governor wait bound, model throttle, busy) sends a fresh copy of
-    # the unit to its lane (functions/worker.py -> SqsLanes.send): SendMessage on exactly the
-    # three lanes, never on a dead-letter queue
+    # the unit to its lane (functions/worker.py -> SqsLanes.send_many, SendMessageBatch, which
+    # IAM authorizes as sqs:SendMessage): on exactly the three lanes, never on a dead-letter queue
     send = [s for s in statements if "sqs:SendMessage" in as_list(s["Action"])]
     assert sorted(str(r) for s in send for r in as_list(s["Resource"])) == sorted(
         str(arn(synth, stack.lanes.queues[lane])) for lane in LANES

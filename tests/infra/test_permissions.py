@@ -138,7 +138,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 "sqs:GetQueueAttributes",
                 # RetryLater: SqsLanes.change_visibility (functions/worker.py)
                 "sqs:ChangeMessageVisibility",
-                # Requeue (draining, governor wait bound, throttle, busy): SqsLanes.send
+                # Requeue (draining, governor wait bound, throttle, busy): a batch's copies in
+                # one SqsLanes.send_many (SendMessageBatch is authorized as sqs:SendMessage)
                 "sqs:SendMessage",
             },
         ),
