@@ -1,5 +1,7 @@
 """Finalizer (the state machine's poll loop): sweep expired leases; on closure write results and
-the remainder manifest and publish ``run.completed`` / ``run.exhausted``. Returns ``closed``.
+the remainder manifest and publish ``run.completed`` / ``run.exhausted``. Returns ``closed``, and
+for a run still open ``wait_s``, the seconds until the loop's next poll (``PollPacing``, within
+the event's ``poll_s`` and ``max_poll_s``).
 
 Its other action, ``{"action": "open", "batch_id", "spec_key", "cursor"}`` (the state machine's
 first step, ``OpenUnits``): write the next page of a run's unit records
@@ -17,7 +19,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.contract import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
-from swarm.service.finalizer import Finalizer
+from swarm.service.finalizer import Finalizer, PollPacing
 from swarm.service.opener import Opener
 from swarm.wiring import Wiring
 
@@ -75,7 +77,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     execution = None
     if event.get("polls") == 0 and event.get("execution_arn"):
         execution = str(event["execution_arn"]).rsplit(":", 1)[-1]
-    result = finalizer().finalize(batch_id, time.time(), execution=execution)
+    pacing = None
+    if "poll_s" in event:  # the loop's bounds (statemachines/fanout.asl.json, from cdk.json)
+        pacing = PollPacing(int(event["poll_s"]), int(event["max_poll_s"]))
+    result = finalizer().finalize(batch_id, time.time(), execution=execution, pacing=pacing)
     if result["closed"] and result.get("announced"):
         name = METRIC_RUNS_COMPLETED if result["state"] == "completed" else METRIC_RUNS_EXHAUSTED
         metrics.add_metric(name, MetricUnit.Count, 1)

@@ -136,6 +136,10 @@ class FanoutConfig(_Strict):
     max_concurrency: int = Field(ge=1, le=10000)  # Distributed Map child executions at once
     tolerated_failure_percentage: int = Field(ge=0, le=100)
     finalizer_poll_seconds: int = Field(ge=1, le=3600)
+    # the longest wait between two polls of the finalize loop: it waits half the time the run
+    # still needs at its pace, within [finalizer_poll_seconds, this] (swarm.service.finalizer
+    # PollPacing), so this bounds how late a closure is announced
+    finalizer_max_poll_seconds: int = Field(default=300, ge=1, le=3600)
     # polls of the finalize loop before an execution continues as a new one (history limit)
     finalizer_polls_per_execution: int = Field(default=1000, ge=1)
     # how often the sweeper looks for runs whose execution died (an EventBridge schedule)
@@ -153,6 +157,12 @@ class FanoutConfig(_Strict):
                 f"{MAX_POLLS_PER_EXECUTION}: each poll adds 11 events to the execution's history "
                 "and Step Functions ends an execution at 25,000; the loop continues as a new "
                 "execution after this many polls, so a lower value costs nothing"
+            )
+        if self.finalizer_max_poll_seconds < self.finalizer_poll_seconds:
+            raise ValueError(
+                f"finalizer_max_poll_seconds={self.finalizer_max_poll_seconds} is below "
+                f"finalizer_poll_seconds={self.finalizer_poll_seconds}: the finalize loop waits "
+                "between the two, so the longest wait must be at least the shortest"
             )
         if not 1 <= self.units_per_child <= MAX_UNITS_PER_CHILD:
             raise ValueError(

@@ -56,6 +56,7 @@ def definition_substitutions(
         "MaxConcurrency": str(config.fanout.max_concurrency),
         "ToleratedFailurePercentage": str(config.fanout.tolerated_failure_percentage),
         "FinalizerPollSeconds": str(config.fanout.finalizer_poll_seconds),
+        "FinalizerMaxPollSeconds": str(config.fanout.finalizer_max_poll_seconds),
         "MaxPollsPerExecution": str(config.fanout.finalizer_polls_per_execution),
         "ResultsPrefix": RESULTS_PREFIX,
     }

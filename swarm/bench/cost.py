@@ -111,9 +111,9 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
 
 
 def deployed_timings(time_scale: float) -> dict[str, Any]:
-    """cdk.json's worker timeout, governor wait, finalizer poll and sweeper schedule, as
+    """cdk.json's worker timeout, governor wait, finalizer poll bounds and sweeper schedule, as
     :class:`LocalOptions` takes them: in deployed seconds (the wiring scales them), except the
-    finalizer's poll, a Wait state's whole seconds on the local clock (30 s at x10: 3 s)."""
+    finalizer's poll bounds, a Wait state's whole seconds on the local clock (30 s at x10: 3 s)."""
     from swarm.local.deploy import ROOT
 
     if str(ROOT) not in sys.path:  # infra/ next to swarm/, as the local stack imports it
@@ -122,10 +122,15 @@ def deployed_timings(time_scale: float) -> dict[str, Any]:
 
     context = cdk_json_context()
     worker, fanout = context["worker"], context["fanout"]
+
+    def local_wait(deployed_s: float) -> int:
+        return max(1, round(float(deployed_s) / time_scale))
+
     return {
         "worker_timeout_s": int(worker["timeout_seconds"]),
         "governor_max_wait_s": float(worker["governor_max_wait_seconds"]),
-        "finalizer_poll_s": max(1, round(float(fanout["finalizer_poll_seconds"]) / time_scale)),
+        "finalizer_poll_s": local_wait(fanout["finalizer_poll_seconds"]),
+        "finalizer_max_poll_s": local_wait(fanout["finalizer_max_poll_seconds"]),
         "sweeper_rate_minutes": int(fanout["sweeper_rate_minutes"]),
     }
 
@@ -245,7 +250,8 @@ def _timings_line(timings: dict[str, Any] | None, scale: float) -> list[str]:
     if not timings:
         return []
     return [
-        f"deployed timings: finalizer poll {timings['finalizer_poll_s'] * scale:g} s, sweeper "
+        f"deployed timings: finalizer poll every {timings['finalizer_poll_s'] * scale:g}-"
+        f"{timings['finalizer_max_poll_s'] * scale:g} s, sweeper "
         f"every {timings['sweeper_rate_minutes']} min, governor wait up to "
         f"{timings['governor_max_wait_s']:g} s, worker timeout {timings['worker_timeout_s']} s"
     ]

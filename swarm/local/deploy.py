@@ -52,6 +52,7 @@ class LocalOptions:
     worker_timeout_s: int = 10  # the schema's minimum; lanes' visibility timeout = 6 x this
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
+    finalizer_max_poll_s: int = 3  # the finalize loop's longest wait (deployed: 300 s)
     sweeper_rate_minutes: int = 1  # the schema's minimum: the sweeper looks every 6 s at x10
     #: the most map children at once (cdk.json's fanout.max_concurrency, if lower): the emulator
     #: runs every child's fan-out invocation inside its one process, and 100 children admitting
@@ -79,6 +80,7 @@ class LocalOptions:
         fanout = {
             **base["fanout"],
             "finalizer_poll_seconds": self.finalizer_poll_s,
+            "finalizer_max_poll_seconds": max(self.finalizer_poll_s, self.finalizer_max_poll_s),
             "sweeper_rate_minutes": self.sweeper_rate_minutes,
             "max_concurrency": min(int(base["fanout"]["max_concurrency"]), self.map_concurrency),
         }

@@ -535,6 +535,7 @@ TIMING_OPTIONS: dict[str, str] = {
     "--worker-timeout-s": "worker_timeout_s",
     "--governor-max-wait-s": "governor_max_wait_s",
     "--finalizer-poll-s": "finalizer_poll_s",
+    "--finalizer-max-poll-s": "finalizer_max_poll_s",
     "--sweeper-rate-minutes": "sweeper_rate_minutes",
 }
 

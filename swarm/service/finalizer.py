@@ -12,6 +12,7 @@ in their lanes for as long as the deploy takes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +25,46 @@ from swarm.core.ports import (
     Ledger,
 )
 from swarm.core.prompts import Prompt
-from swarm.core.records import UnitState
+from swarm.core.records import RunRecord, UnitState
 from swarm.core.report import healthy_line
 from swarm.service.batches import manifest_key, manifest_units, results_key
 from swarm.service.results import Results
 
 if TYPE_CHECKING:
     from swarm.core.ports import RunWatch
+
+
+@dataclass(frozen=True)
+class PollPacing:
+    """How long the finalize loop waits before its next poll (the Wait state's ``SecondsPath``).
+
+    Each poll is four state transitions of the Standard parent, so a loop at a fixed interval
+    costs in proportion to the run's duration, which grows with its units at the fleet's pace:
+    30 s polls billed ~$8.5 per million units whatever the batch's size (docs/scale.md). The
+    wait is half the time the run still needs at the pace it has kept since it opened (its
+    outstanding units at its completion rate, or its budget at its spending rate if that runs
+    out first), within ``[min_s, max_s]``: polls thin out geometrically as the end nears, so a
+    run takes about log2(duration / min_s) polls plus a few at ``min_s`` near its end. Its
+    closure is announced at most ``max_s`` after it happens (and usually ``min_s``: the
+    estimate halves at each poll); a run with no progress yet is polled every ``min_s``.
+    """
+
+    min_s: int
+    max_s: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_s <= self.max_s:
+            raise ValueError(f"poll pacing needs 1 <= min_s <= max_s, got {self}")
+
+    def wait_s(self, run: RunRecord, now: float) -> int:
+        elapsed = now - run.opened_at
+        done = run.completed + run.dead_lettered
+        if run.state.closed or elapsed <= 0 or done <= 0:
+            return self.min_s
+        eta = run.outstanding * elapsed / done
+        if run.spent > 0:  # exhaustion closes the run before its units are done
+            eta = min(eta, max(0, run.budget - run.spent) * elapsed / run.spent)
+        return int(min(self.max_s, max(self.min_s, math.ceil(eta / 2))))
 
 
 @dataclass
@@ -44,13 +78,20 @@ class Finalizer:
     #: loop is recorded there, and a run whose closure is announced leaves it
     watch: RunWatch | None = None
 
-    def finalize(self, run_id: str, now: float, execution: str | None = None) -> dict[str, Any]:
+    def finalize(
+        self,
+        run_id: str,
+        now: float,
+        execution: str | None = None,
+        pacing: PollPacing | None = None,
+    ) -> dict[str, Any]:
         """Sweep expired leases; on closure write results + remainder and announce the event.
 
         Idempotent: the results object is keyed by the run's closure epoch, so a repeated call
         (a Step Functions retry) neither rewrites it nor announces the closure twice.
         ``execution``: the calling execution's name, on its first poll (the sweeper's record of
-        who is finalizing the run).
+        who is finalizing the run). ``pacing``: the loop's; a run still open then answers the
+        seconds until the next poll as ``wait_s``.
         """
         if execution is not None and self.watch is not None:
             self.watch.record(run_id, execution)
@@ -74,8 +115,10 @@ class Finalizer:
                     )
                 )
         run = self.ledger.run(run_id)
+        # the loop's next poll (a closed run's is never waited for, but the answer has it)
+        paced = {} if pacing is None else {"wait_s": pacing.wait_s(run, now)}
         if not run.state.closed:
-            return {"run_id": run_id, "closed": False, "state": run.state.value}
+            return {"run_id": run_id, "closed": False, "state": run.state.value, **paced}
         epoch = run.exhaustions
         key = results_key(run_id, run.state, epoch)
         announced = False
@@ -164,6 +207,7 @@ class Finalizer:
             "state": run.state.value,
             "results_key": key,
             "announced": announced,
+            **paced,
         }
 
 

@@ -413,6 +413,8 @@ def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:
         ({"units_per_child": 0}, "units_per_child=0 must be a whole number from 1 to 500"),
         ({"units_per_child": 501}, "within its Lambda timeout"),
         ({"units_per_child": 2.5}, "fanout.units_per_child"),
+        ({"finalizer_max_poll_seconds": 29}, "finalizer_max_poll_seconds=29 is below"),
+        ({"finalizer_max_poll_seconds": 3601}, "fanout.finalizer_max_poll_seconds"),
     ],
 )
 def test_the_sweeper_rate_and_the_poll_limit_are_checked(
@@ -429,10 +431,12 @@ def test_the_sweeper_rate_and_the_poll_limit_have_defaults() -> None:
     base.pop("sweeper_rate_minutes", None)
     base.pop("finalizer_polls_per_execution", None)
     base.pop("units_per_child", None)
+    base.pop("finalizer_max_poll_seconds", None)
     config = load_config(_context(fanout=base))
     assert config.fanout.sweeper_rate_minutes == 15
     assert config.fanout.finalizer_polls_per_execution == 1000
     assert config.fanout.units_per_child == 100
+    assert config.fanout.finalizer_max_poll_seconds == 300
 
 
 def test_the_api_writes_chunks_of_the_configured_size(synth: Synthesized) -> None:

@@ -283,6 +283,23 @@ def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit
     assert payload["execution_arn.$"] == "$$.Execution.Id"
 
 
+def test_the_finalize_loop_waits_as_long_as_the_finalizer_says_within_cdk_jsons_bounds(
+    synth: Synthesized,
+) -> None:
+    states = _substituted(synth)["States"]
+    fanout = synth.config.fanout
+    # Given each poll handed the bounds (a fixed loop bills its transitions by the run's length)
+    payload = states["Finalize"]["Parameters"]["Payload"]
+    assert (payload["poll_s"], payload["max_poll_s"]) == (
+        fanout.finalizer_poll_seconds,
+        fanout.finalizer_max_poll_seconds,
+    )
+    # Then the wait is the finalizer's answer (swarm.service.finalizer.PollPacing), not a constant
+    assert states["Finalize"]["ResultSelector"]["wait_s.$"] == "$.Payload.wait_s"
+    assert states["WaitForUnits"]["SecondsPath"] == "$.finalize.wait_s"
+    assert "Seconds" not in states["WaitForUnits"]
+
+
 #: history events per state an execution enters (Task: entered, scheduled, started, succeeded,
 #: exited; the others: entered, exited); a retried task adds scheduled, started, failed
 _EVENTS = {"Task": 5}

@@ -175,6 +175,13 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
             for unit in event["chunk"]["units"]
         ]
     assert sorted(fanned) == ["u0", "u1", "u2"]
+    # and every poll carried the loop's bounds, from the template
+    with functions.lock:
+        polls = [
+            event for name, event in functions.calls if name == "finalizer" and "polls" in event
+        ]
+    bounds = (OPTIONS.finalizer_poll_s, OPTIONS.finalizer_max_poll_s)
+    assert polls and {(e["poll_s"], e["max_poll_s"]) for e in polls} == {bounds}
     # and the first poll of each execution recorded it as the one finalizing the run
     watch = DynamoDBRunWatch(plane.ledger_table, client=plane.client("dynamodb"))
 
