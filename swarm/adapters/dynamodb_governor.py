@@ -42,6 +42,7 @@ from swarm.core.governor import (
     cut_rate,
     initial_shard,
     micro,
+    plan_slot,
     plan_write,
     predicted_wait,
     rebase,
@@ -91,8 +92,24 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
         lost=lost or ZERO,
         refunded=refunded or ZERO,
         highs=int(highs or 0),
-        legacy=lost is None or refunded is None or highs is None,
+        legacy=lost is None
+        or refunded is None
+        or highs is None
+        or any(queue_attribute(lane) not in item for lane in Lane),
+        queues={
+            lane.value: {
+                tenant: Decimal(end["N"])
+                for tenant, end in item.get(queue_attribute(lane), {}).get("M", {}).items()
+            }
+            for lane in Lane
+        },
     )
+
+
+def queue_attribute(lane: Lane) -> str:
+    """The shard attribute holding a reserved lane's queues, a map of tenant to the credit its
+    queue ends at (``ShardState.queues``)."""
+    return f"queue_{lane.value}"
 
 
 # ------------------------------------------------------------------ the adapter
@@ -122,11 +139,15 @@ class GovernorStats:
     ticket_grants: int = 0  # grants of a ticket presented ready: no request
     refused_in_view: int = 0  # draws refused from the cached view: no request
     expired: int = 0  # tickets presented after their grace: drawn afresh, their tokens unused
+    slots: int = 0  # places taken in a reserved lane's queue (one write each)
+    slot_waits: int = 0  # slots presented whose tokens another unit took: they keep their place
     refunded: int = 0  # unused tokens given back (with a write that drew at least as many)
     refund_dropped: int = 0  # unused tokens that could not go back soundly
     debited: int = 0  # tokens the model used beyond its grants, drawn after the call
 
 
+#: the queue of draws that name no tenant (never a tenant's name: "*" is not in a role name)
+ANONYMOUS = "*"
 #: a debit's conditional write is retried this often before it lands unconditionally
 DEBIT_TRIES = 12
 #: defaults of the writes' timing (see DynamoDBGovernor): how late a write may land after its
@@ -245,6 +266,7 @@ class DynamoDBGovernor:
             "recovery": _num(s.recovery),
             "shards": _num(Decimal(self.shards)),
             "throttles": _num(Decimal(s.throttles)),
+            **{queue_attribute(lane): {"M": {}} for lane in Lane},
         }
 
     def _writable(self, operation: str) -> None:
@@ -349,10 +371,27 @@ class DynamoDBGovernor:
         return self._cache[index]
 
     # -- the port
-    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
         self._writable("draw")
         check_amount(self._shard_config, amount, lane)
+        tenant = tenant or ANONYMOUS  # a map key is never empty
         with self._lock:
+            if ticket is not None and ticket.slot and self._honours(ticket, amount, lane):
+                if now < ticket.ready_at:
+                    left = self._shard_tokens(ticket.shard, now)
+                    return Draw(False, ticket.ready_at - now, left, ticket=ticket)
+                if now - ticket.ready_at <= self.ticket_grace_s:
+                    # at the head of its tenant's queue: drawn ahead of it, or, if another unit
+                    # took the tokens meanwhile, it keeps its place until they are there
+                    drawn = self._draw_locked(amount, lane, now, tenant, slot=ticket.shard)
+                    if drawn.granted:
+                        return drawn
+                    self.stats.slot_waits += 1
+                    return replace(drawn, ticket=replace(ticket, ready_at=now + drawn.wait_s))
+                self.stats.expired += 1  # too late: it queues again
+                return self._draw_locked(amount, lane, now, tenant)
             if ticket is not None and self._honours(ticket, amount, lane):
                 ready = ticket_ready_at(ticket, self._cache.get(ticket.shard))
                 left = self._shard_tokens(ticket.shard, now)
@@ -367,7 +406,7 @@ class DynamoDBGovernor:
                     self.last_grant_at = ready
                     return Draw(True, 0.0, left, grant=ticket.grant())
                 self.stats.expired += 1  # too late to be honoured: its tokens went unused
-            return self._draw_locked(amount, lane, now)
+            return self._draw_locked(amount, lane, now, tenant)
 
     def _honours(self, ticket: Ticket, amount: int, lane: Lane) -> bool:
         """A ticket of this bucket, for this draw."""
@@ -378,17 +417,29 @@ class DynamoDBGovernor:
             and ticket.lane == lane
         )
 
-    def _draw_locked(self, amount: int, lane: Lane, now: float) -> Draw:
+    def _draw_locked(
+        self, amount: int, lane: Lane, now: float, tenant: str, slot: int | None = None
+    ) -> Draw:
+        """A fresh draw; ``slot``: the shard of the queue slot the caller presents (drawn from
+        that shard only, ahead of its tenant's queue, and never queued again)."""
         t = micro(now)
         reserve = self.config.reserves.get(lane, 0.0)
-        # a lane with a reserve never books: its booked tickets would delay a higher lane's draw
+        # a lane with a reserve never books tokens (they would delay a higher lane's draw): its
+        # tenants queue for them instead (a slot: docs/governor.md), which a higher lane overtakes
         book = self.horizon_s > 0 and reserve == 0
+        queues = self.horizon_s > 0 and reserve > 0
         requests = 0
         best_wait: float | None = None
         best_tokens = ZERO
-        for index in self._shard_order(amount, reserve, t, now):
+        behind: list[int] = []  # shards whose lane queue this draw must join
+        order = [slot] if slot is not None else self._shard_order(amount, reserve, t, now)
+        for index in order:
             while requests < self._max_requests:
                 s = self._shard(index, now)
+                guard = queues and slot is None
+                if guard and self._queue_ahead(s, lane, tenant):
+                    behind.append(index)  # the tenant's units queued ahead: join them
+                    break
                 ahead = booking_ahead(s, t, self.horizon_s) if book else ZERO
                 plan = plan_write(
                     s,
@@ -404,9 +455,12 @@ class DynamoDBGovernor:
                 if plan.wait_s is not None:
                     if best_wait is None or plan.wait_s < best_wait:
                         best_wait, best_tokens = plan.wait_s, s.tokens(t)
+                    if guard:
+                        behind.append(index)
                     break  # this shard cannot serve it now: try the next one
                 requests += 1
-                written, s = self._write(index, plan, now)
+                queue = (lane, tenant) if guard else None
+                written, s = self._write(index, plan, now, queue=queue)
                 if not written:
                     self.stats.condition_failures += 1
                     continue
@@ -435,11 +489,93 @@ class DynamoDBGovernor:
                 return Draw(False, ready - now, left, ticket=ticket)
             if requests >= self._max_requests:
                 break
+        if behind and requests < self._max_requests:
+            tries = self._max_requests - requests
+            return self._queue(behind, amount, lane, tenant, reserve, now, tries)
         if best_wait is None:  # every try collided: back off briefly, with jitter
             best_wait = 0.005 + 0.02 * self._rng.random()
         elif requests == 0:
             self.stats.refused_in_view += 1
         return Draw(False, best_wait, float(best_tokens))
+
+    def _queue_ahead(self, s: ShardState, lane: Lane, tenant: str) -> bool:
+        """The tenant's units were queued in ``lane`` ahead of the credit when this client last
+        saw the shard. Judged at that instant, not now: a view is often old (the unit was last
+        drawn for by another worker's client), and the queue has grown since, so a view that
+        showed one then joins it (one write, even if it was served meanwhile: the slot is then
+        ready at once) rather than try a draw its write's guard would refuse (a failed write,
+        then the same booking)."""
+        end = s.queues.get(lane.value, {}).get(tenant)
+        return end is not None and end > s.credit(micro(self._seen_at[s.index]))
+
+    def _queue(
+        self,
+        shards: list[int],
+        amount: int,
+        lane: Lane,
+        tenant: str,
+        reserve: float,
+        now: float,
+        tries: int,
+    ) -> Draw:
+        """Join the tenant's queue in a reserved lane on the shard where the unit's tokens come
+        first: one conditional write of the queue's end (:class:`SlotWrite`) gives the unit a
+        slot, ready when the credit reaches it. Beyond the booking horizon it is refused without
+        a slot, for as long as its tokens take to be there behind its queue."""
+        t = micro(now)
+
+        def ready(i: int) -> Decimal:
+            s = self._shard(i, now)
+            return s.time_for_credit(plan_slot(s, t, lane, tenant, amount, reserve).target)
+
+        index = min(shards, key=ready)
+        attribute = queue_attribute(lane)
+        mine = f"{attribute}.#tenant"
+        for _ in range(tries):
+            s = self._shard(index, now)
+            if s.legacy:
+                self._upgrade(index, now)
+                continue
+            plan = plan_slot(s, t, lane, tenant, amount, reserve)
+            wait = float(s.time_for_credit(plan.target)) - now
+            if wait > self.horizon_s:
+                self.stats.refused_in_view += 1
+                return Draw(False, wait, float(s.tokens(t)))
+            if plan.extend:
+                update, condition = f"SET {mine} = {mine} + :step", f"{mine} >= :start"
+            else:
+                update = f"SET {mine} = :start + :step"
+                condition = f"attribute_not_exists({mine}) OR {mine} < :start"
+            names = {"#tenant": tenant}
+            for i, stale in enumerate(plan.stale):
+                names[f"#stale{i}"] = stale
+            if plan.stale:
+                update += " REMOVE " + ", ".join(
+                    f"{attribute}.#stale{i}" for i in range(len(plan.stale))
+                )
+            values = {":step": plan.step, ":start": plan.start}
+            written, s = self._update_shard(index, update, condition, values, now, names)
+            self._remember(s, now)
+            if not written:
+                self.stats.condition_failures += 1
+                continue
+            self.stats.slots += 1
+            target = s.queues[lane.value][tenant]  # the queue's end after this write: the slot
+            ready_at = float(s.time_for_credit(target))
+            self._waits.append(ready_at - now)
+            ticket = Ticket(
+                governor=self.name,
+                shard=index,
+                amount=amount,
+                lane=lane,
+                ready_at=ready_at,
+                position=target,
+                base_time=s.base_time,
+                booked_at=now,
+                slot=True,
+            )
+            return Draw(False, ready_at - now, float(s.tokens(t)), ticket=ticket)
+        return Draw(False, 0.005 + 0.02 * self._rng.random(), float(self._shard_tokens(index, now)))
 
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
         """Settle ``grant`` with the ``used`` tokens the model counted (docs/governor.md,
@@ -519,8 +655,12 @@ class DynamoDBGovernor:
         self.stats.debited += over
         return 0
 
-    def _write(self, index: int, plan: ShardWrite, now: float) -> tuple[bool, ShardState]:
-        """The plan's conditional UpdateItem (see :class:`~swarm.core.governor.ShardWrite`)."""
+    def _write(
+        self, index: int, plan: ShardWrite, now: float, queue: tuple[Lane, str] | None = None
+    ) -> tuple[bool, ShardState]:
+        """The plan's conditional UpdateItem (see :class:`~swarm.core.governor.ShardWrite`);
+        ``queue``: a reserved lane's draw without a slot, for a tenant, which goes only if none
+        of that tenant's units is queued ahead of it (the credit has reached its queue's end)."""
         if self._cache[index].legacy:
             self._upgrade(index, now)
         sets = ["drawn = drawn + :add", "lost = :lost"]
@@ -545,11 +685,17 @@ class DynamoDBGovernor:
         if plan.highs_is is not None:
             conditions.append("highs = :highs_is")
             values[":highs_is"] = Decimal(plan.highs_is)
+        names: dict[str, str] = {}
+        if queue is not None:
+            mine = f"{queue_attribute(queue[0])}.#tenant"
+            conditions.append(f"(attribute_not_exists({mine}) OR {mine} <= :credit)")
+            values[":credit"] = plan.credit
+            names["#tenant"] = queue[1]
         update = "SET " + ", ".join(sets)
         if plan.saw_high:
             update += " ADD highs :one"
             values[":one"] = Decimal(1)
-        written, s = self._update_shard(index, update, " AND ".join(conditions), values, now)
+        written, s = self._update_shard(index, update, " AND ".join(conditions), values, now, names)
         self._remember(s, now, plan.add if written else ZERO)
         if written and plan.refund > 0:
             self.stats.refunded += int(plan.refund)
@@ -560,7 +706,8 @@ class DynamoDBGovernor:
         return written, s
 
     def _upgrade(self, index: int, now: float) -> None:
-        """Add the attributes a shard stored by an earlier version lacks (once, idempotent)."""
+        """Add the attributes a shard stored by an earlier version lacks (once, idempotent):
+        ``lost``, ``refunded``, ``highs``, the lanes' queues."""
         result = self._call(
             "update_item",
             TableName=self.table_name,
@@ -568,15 +715,25 @@ class DynamoDBGovernor:
             UpdateExpression=(
                 "SET lost = if_not_exists(lost, :zero), "
                 "refunded = if_not_exists(refunded, :zero), "
-                "highs = if_not_exists(highs, :zero)"
+                "highs = if_not_exists(highs, :zero), "
+                + ", ".join(
+                    f"{queue_attribute(lane)} = if_not_exists({queue_attribute(lane)}, :empty)"
+                    for lane in Lane
+                )
             ),
-            ExpressionAttributeValues={":zero": _num(ZERO)},
+            ExpressionAttributeValues={":zero": _num(ZERO), ":empty": {"M": {}}},
             ReturnValues="ALL_NEW",
         )
         self._remember(shard_from_item(result["Attributes"]), now)
 
     def _update_shard(
-        self, index: int, update: str, condition: str, values: Mapping[str, Decimal], now: float
+        self,
+        index: int,
+        update: str,
+        condition: str,
+        values: Mapping[str, Decimal],
+        now: float,
+        names: Mapping[str, str] | None = None,
     ) -> tuple[bool, ShardState]:
         """One conditional UpdateItem of a shard: whether it was written, and the shard as it
         is now (a failed write returns the item for free; without it, every shard is read)."""
@@ -588,6 +745,7 @@ class DynamoDBGovernor:
                 UpdateExpression=update,
                 ConditionExpression=condition,
                 ExpressionAttributeValues={k: _num(v) for k, v in values.items()},
+                **({"ExpressionAttributeNames": dict(names)} if names else {}),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )

@@ -119,6 +119,11 @@ class Ticket:
     refunded: Decimal = ZERO  # as in Grant: the shard's marks right after the booking
     highs: int = 0
     tag: str = ""
+    #: a place in its tenant's queue in a reserved lane, not tokens: from ``ready_at`` its holder
+    #: draws ahead of that queue (one conditional write that still keeps the lane's reserve),
+    #: where a draw without one waits behind it (docs/governor.md, "Lanes with a reserve queue,
+    #: tenant by tenant")
+    slot: bool = False
 
     def grant(self) -> Grant:
         return Grant(self.amount, self.lane, self.booked_at, self.shard, self.refunded, self.highs)
@@ -138,6 +143,7 @@ def ticket_to_doc(ticket: Ticket) -> dict[str, Any]:
         "refunded": format(ticket.refunded, "f"),
         "highs": ticket.highs,
         "tag": ticket.tag,
+        **({"slot": True} if ticket.slot else {}),
     }
 
 
@@ -159,6 +165,7 @@ def ticket_from_doc(doc: object) -> Ticket | None:
             refunded=Decimal(str(doc.get("refunded", "0"))),
             highs=int(doc.get("highs", 0)),
             tag=str(doc.get("tag", "")),
+            slot=doc.get("slot") is True,
         )
     except (KeyError, TypeError, ValueError, InvalidOperation):
         return None
@@ -359,7 +366,11 @@ class ShardState:
     lost: Decimal = ZERO
     refunded: Decimal = ZERO
     highs: int = 0
-    legacy: bool = False  # stored before lost/refunded/highs existed: add them before a write
+    #: stored before lost/refunded/highs or the lanes' queues existed: add them before a write
+    legacy: bool = False
+    #: per reserved lane (its name), each tenant's queue in it: the credit C(t) must reach for
+    #: every unit the tenant queued to have its tokens (:func:`plan_slot`)
+    queues: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
 
     @property
     def position(self) -> Decimal:
@@ -612,6 +623,58 @@ def plan_write(
     )
 
 
+@dataclass(frozen=True)
+class SlotWrite:
+    """A place in a tenant's queue in a reserved lane, planned on a view of the shard
+    (docs/governor.md, "Lanes with a reserve queue, tenant by tenant")::
+
+        extend:  SET q.#tenant = q.#tenant + :step  IF q.#tenant >= :start
+        start:   SET q.#tenant = :start + :step     IF attribute_not_exists(q.#tenant)
+                                                       OR q.#tenant < :start
+
+    ``start`` is the shard's position plus the lane's reserve, as seen: the credit at which a
+    unit with nothing queued ahead of it would have its tokens' first token. Each tenant queues
+    apart, at its share of the refill: its units are ``step = amount x tenants`` of credit apart,
+    ``tenants`` being the tenants queued in the lane as seen (this one included), so a tenant
+    that comes to a lane where another has queued a thousand units is served within a few of
+    theirs, not behind them all. A tenant's units queueing at once all extend its queue
+    (additions commute: none of their writes fails). The slot is the tenant's queue end after
+    the write: ready when C(t) reaches it. The shares are an estimate made at booking time (a
+    tenant that comes later takes its share of tokens slots booked before it counted on): a
+    slot whose tokens are not there when it comes keeps its place until they are.
+    ``stale``: tenants whose queues were served more than a bucket ago, removed by the write.
+    """
+
+    extend: bool
+    start: Decimal
+    step: Decimal
+    target: Decimal  # the tenant's queue end after the write, if the view is current
+    stale: tuple[str, ...] = ()
+
+
+#: the most served tenants' queues one slot write removes
+MAX_STALE_REMOVALS = 8
+
+
+def plan_slot(
+    s: ShardState, t: Decimal, lane: Lane, tenant: str, amount: int, reserve: float
+) -> SlotWrite:
+    with localcontext(_CTX):
+        floor = micro(reserve * float(s.capacity), ROUND_CEILING)
+        start = s.position + floor
+        queues = s.queues.get(lane.value, {})
+        credit = s.credit(t)
+        queued = {u for u, end in queues.items() if end > credit} | {tenant}
+        step = Decimal(amount) * len(queued)
+        stale = tuple(
+            sorted(u for u, end in queues.items() if end < credit - s.capacity and u != tenant)
+        )[:MAX_STALE_REMOVALS]
+        own = queues.get(tenant)
+        if own is not None and own >= start:
+            return SlotWrite(True, start, step, own + step, stale)
+        return SlotWrite(False, start, step, start + step, stale)
+
+
 def ticket_ready_at(ticket: Ticket, seen: ShardState | None) -> float:
     """When a ticket's tokens are its holder's: the time it was booked with, or later if the
     shard's rate was cut since (the holder's client has seen a newer credit function)."""
@@ -694,6 +757,7 @@ def acquire(
     sleep: Callable[[float], None],
     max_wait_s: float,
     ticket: Ticket | None = None,
+    tenant: str = "",
 ) -> Acquired:
     """Draw ``amount`` (with the ``ticket`` the caller already holds for it, if any), sleeping
     exactly as long as the governor says, for at most ``max_wait_s``.
@@ -707,7 +771,7 @@ def acquire(
     while True:
         draws += 1
         asked_at = now()
-        result = governor.draw(amount, lane, asked_at, ticket=ticket)
+        result = governor.draw(amount, lane, asked_at, ticket=ticket, tenant=tenant)
         current = now()
         waited = current - start
         if result.granted:

@@ -365,7 +365,9 @@ class InMemoryGovernor:
         self.state = BucketState.fresh(config, now)
         self.history = LevelHistory()  # what bounds a refund (docs/governor.md, "True-up")
 
-    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
         before = self.state.available(self.config, now)
         self.state, result = self.state.draw(self.config, amount, lane, now)
         if not result.granted:

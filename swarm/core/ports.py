@@ -60,12 +60,16 @@ class Governor(Protocol):
 
     config: GovernorConfig
 
-    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
-        """Draw ``amount`` for ``lane``. Granted: ``Draw.grant`` is what the true-up after the
-        call needs. Refused: ``Draw.wait_s`` is when the tokens will really be there for it (the
-        queue booked ahead included); an implementation that books ahead returns the booking
-        as ``Draw.ticket``, which the caller keeps (a unit carries it back to its lane) and
-        presents to any client of the same bucket: granted without a request once ready."""
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
+        """Draw ``amount`` for ``lane`` (for ``tenant``: a lane that keeps a reserve may queue
+        its tenants apart). Granted: ``Draw.grant`` is what the true-up after the call needs.
+        Refused: ``Draw.wait_s`` is when the tokens will really be there for it (the queue
+        booked ahead included); an implementation that books ahead returns the booking, or a
+        place in the tenant's queue, as ``Draw.ticket``, which the caller keeps (a unit carries
+        it back to its lane) and presents to any client of the same bucket: a booking is
+        granted without a request once ready, a place is drawn ahead of the tenant's queue."""
         ...
 
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:

@@ -146,7 +146,14 @@ class Worker:
         held = item.ticket if item.ticket is not None and item.ticket.tag == str(attempt) else None
         hold_s = min(self.config.max_wait_s, self.config.max_hold_s)
         got = acquire(
-            self.governor, res.projected, item.lane, self.now, self.sleep, hold_s, ticket=held
+            self.governor,
+            res.projected,
+            item.lane,
+            self.now,
+            self.sleep,
+            hold_s,
+            ticket=held,
+            tenant=item.tenant,
         )
         if not got.granted:
             # back to the lane until its tokens will really be there (the queue booked ahead

@@ -156,7 +156,9 @@ class EarlyGrantGovernor(DynamoDBGovernor):
     time (``last_grant_at``), exactly as the real one does. A check that trusts that time sees
     a perfectly paced governor."""
 
-    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
         result = super().draw(amount, lane, now, ticket)
         booked = result.ticket
         if result.granted or booked is None:

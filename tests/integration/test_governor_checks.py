@@ -157,7 +157,9 @@ class SlowGovernor:
         self.clock, self.latency = clock, latency
         self.asked: list[float] = []
 
-    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
         self.asked.append(now)
         result = self.inner.draw(amount, lane, now)
         self.clock.t += self.latency

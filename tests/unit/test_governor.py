@@ -29,6 +29,7 @@ from swarm.core.governor import (
     cut_rate,
     initial_shard,
     micro,
+    plan_slot,
     plan_write,
     predicted_wait,
     rebase,
@@ -449,7 +450,14 @@ def test_acquire_hands_back_the_ticket_and_when_its_tokens_are_there() -> None:
             super().__init__(LAB)
             self.presented: list[Ticket | None] = []
 
-        def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+        def draw(
+            self,
+            amount: int,
+            lane: Lane,
+            now: float,
+            ticket: Ticket | None = None,
+            tenant: str = "",
+        ) -> Draw:
             self.presented.append(ticket)
             if ticket is None:
                 return Draw(False, 30.0, -10_000.0, ticket=ticket_for_now)
@@ -492,6 +500,28 @@ def test_a_ticket_travels_as_json_and_an_unreadable_one_is_dropped() -> None:
     assert ticket_from_doc({"governor": "g"}) is None  # missing fields
     assert ticket_from_doc({**ticket_to_doc(ticket), "position": "NaN?"}) is None
     assert ticket.grant() == Grant(12_345, Lane.HIGH, 1_700_000_100.5, 2, Decimal("42.5"), 7)
+    # a place in a tenant's queue travels as one too; a message written before slots has none
+    slot = replace(ticket, lane=Lane.NORMAL, slot=True)
+    assert ticket_from_doc(ticket_to_doc(slot)) == slot
+    assert "slot" not in ticket_to_doc(ticket)
+    assert ticket_from_doc({**ticket_to_doc(slot), "slot": "yes"}) == replace(slot, slot=False)
+
+
+def test_a_tenant_queues_at_its_share_of_the_refill_behind_its_own_units() -> None:
+    s = shard(drawn=Decimal(10_000))  # 1,000/s; credit 10,000 at t=100, all of it given out
+    t = Decimal(100)
+    # Given nothing queued: a unit starts its tenant's queue above the reserve (10% of 60,000)
+    first = plan_slot(s, t, Lane.NORMAL, "a", 2_000, 0.1)
+    assert (first.extend, first.start, first.target) == (False, Decimal(16_000), Decimal(18_000))
+    # When the tenant's queue is ahead: its next unit extends it
+    queued = replace(s, queues={"normal": {"a": Decimal(18_000)}})
+    assert plan_slot(queued, t, Lane.NORMAL, "a", 2_000, 0.1).target == Decimal(20_000)
+    # and another tenant coming queues at its share: two tenants queued, two units' step
+    other = plan_slot(queued, t, Lane.NORMAL, "b", 2_000, 0.1)
+    assert (other.extend, other.step, other.target) == (False, Decimal(4_000), Decimal(20_000))
+    # a queue served more than a bucket ago goes with the next write; one served lately stays
+    old = replace(s, queues={"normal": {"gone": Decimal(-60_000), "lately": Decimal(5_000)}})
+    assert plan_slot(old, t, Lane.NORMAL, "a", 2_000, 0.1).stale == ("gone",)
 
 
 def test_a_ticket_is_retimed_after_a_rate_cut_its_holder_has_seen() -> None:

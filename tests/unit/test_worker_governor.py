@@ -29,7 +29,9 @@ class BookingGovernor(InMemoryGovernor):
         self.presented: list[Ticket | None] = []
         self.true_ups: list[tuple[Grant, int]] = []
 
-    def draw(self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None) -> Draw:
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
         self.presented.append(ticket)
         if ticket is None:
             self.bookings += 1
