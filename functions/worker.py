@@ -83,7 +83,9 @@ def record_handler(record: SQSRecord) -> Done:
     # this message's context is its own (a copy of the invocation's): its lines carry its ids
     logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes = _services()
-    report = worker.process(item)
+    # a copy delivered again may carry a ticket an earlier delivery spent (swarm.service.worker)
+    first = (record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", "1") == "1"
+    report = worker.process(item, first_delivery=first)
     outcome = report.outcome
     logger.info(
         "unit processed",

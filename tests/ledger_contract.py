@@ -19,7 +19,7 @@ from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryLedger
 from swarm.core.ports import Ledger
-from swarm.core.records import Lane, RunSpec, RunState, UnitSpec, UnitState
+from swarm.core.records import Lane, Reservation, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.tenancy import HOLD_WINDOW_S
 
 
@@ -371,6 +371,27 @@ class LedgerContract:
         assert ledger.claim("run-1", "u0", 0, now=33.0, lease_s=30).reason == "settled"
         balanced(ledger, "run-1")
 
+    def test_a_unit_waiting_for_its_attempt_is_claimed_by_one_write(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=3), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=100)
+        # When a worker claims the attempt the unit waits for in its lane, without a read
+        claim = ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30)
+        # Then it holds it, as a claim after a read would
+        assert claim is not None and claim.claimed and claim.reason == "claimed"
+        assert claim.unit == ledger.unit("run-1", "u0")
+        assert claim.unit.reservation == Reservation(0, 100, 31.0, claimed=True)
+        # and a unit in any other state is left to a read: claimed, waiting for another attempt,
+        # pending, settled, or unknown
+        assert ledger.claim_queued("run-1", "u0", 0, now=2.0, lease_s=30) is None
+        assert ledger.claim_queued("run-1", "u0", 1, now=2.0, lease_s=30) is None
+        assert ledger.claim_queued("run-1", "u1", 0, now=2.0, lease_s=30) is None
+        ledger.settle("run-1", "u0", 0, 50, True, now=3.0)
+        assert ledger.claim_queued("run-1", "u0", 0, now=4.0, lease_s=30) is None
+        assert ledger.claim_queued("run-1", "nope", 0, now=4.0, lease_s=30) is None
+        assert ledger.claim_queued("run-x", "u0", 0, now=4.0, lease_s=30) is None
+        assert ledger.unit("run-1", "u0").state is UnitState.COMPLETED
+        balanced(ledger, "run-1")
+
     def test_an_expired_unclaimed_reservation_is_released_not_charged(self, ledger: Ledger) -> None:
         ledger.open_run(spec(), now=0.0)
         ledger.admit("run-1", "u1", 0, now=0.0, lease_s=10)
@@ -545,6 +566,8 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
         return led.settle("run-1", uid, attempt, tokens, ok, now)
     if op == "claim":
         return led.claim("run-1", uid, attempt, now, lease)
+    if op == "quick":
+        return led.claim_queued("run-1", uid, attempt, now, lease)
     if op == "unclaim":
         return led.unclaim("run-1", uid, attempt, now, lease)
     if op == "reclaim":
@@ -564,8 +587,8 @@ def _outcome(led: Ledger, *call: Any) -> tuple[str, Any]:
 
 
 OPS = (
-    "admit", "admit", "settle", "settle", "claim", "unclaim", "reclaim", "dead", "top", "leases",
-    "many",
+    "admit", "admit", "settle", "settle", "claim", "quick", "unclaim", "reclaim", "dead", "top",
+    "leases", "many",
 )  # fmt: skip
 
 

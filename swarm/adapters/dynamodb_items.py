@@ -336,6 +336,25 @@ def run_update(
     return _update(table_name, key(old.run_id, BOOKS), " ".join(parts), conditions, names, values)
 
 
+def queued_claim(
+    table_name: str, run_id: str, unit_id: str, attempt: int, lease_expires: float
+) -> Item:
+    """An Update that claims attempt ``attempt`` of a unit only if it is in flight for it and
+    unclaimed (``Ledger.claim_queued``): what the claim decides on a read, checked by the write
+    itself, so no read comes first. The new lease moves the unit in the lease index."""
+    names = {"#state": "state"}
+    values: Item = {
+        ":in_flight": string(UnitState.IN_FLIGHT.value),
+        ":attempt": whole(attempt),
+        ":unclaimed": flag(False),
+        ":claimed": flag(True),
+        ":lease": real(lease_expires),
+    }
+    conditions = ["#state = :in_flight", "res_attempt = :attempt", "res_claimed = :unclaimed"]
+    expression = f"SET res_claimed = :claimed, {LEASE_EXPIRY} = :lease"
+    return _update(table_name, key(run_id, unit_sk(unit_id)), expression, conditions, names, values)
+
+
 def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
     """An Update of a unit from ``old`` to ``new``, conditional on ``old`` being current."""
     names = {"#state": "state"}

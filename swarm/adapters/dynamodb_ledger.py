@@ -775,6 +775,19 @@ class DynamoDBLedger:
             step, f"claim of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
 
+    def claim_queued(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+    ) -> Claim | None:
+        update = items.queued_claim(self.table_name, run_id, unit_id, attempt, now + lease_s)
+        try:
+            written = self._call("update_item", **update["Update"], ReturnValues="ALL_NEW")
+        except client_error_type() as e:
+            if error_code(e) == CONDITIONAL_CHECK_FAILED:
+                return None  # not waiting for this attempt (or no such unit): read and decide
+            raise
+        unit = items.unit_from(run_id, written["Attributes"])
+        return Claim(True, "claimed", unit)
+
     def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
         def step() -> bool | _Write[bool]:
             _, unit = self._read_run_unit(run_id, unit_id)

@@ -233,6 +233,17 @@ class InMemoryLedger:
         self._units[run_id][unit_id] = unit
         return claim
 
+    def claim_queued(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+    ) -> Claim | None:
+        unit = self._units.get(run_id, {}).get(unit_id)
+        res = None if unit is None else unit.reservation
+        if unit is None or unit.state is not UnitState.IN_FLIGHT or res is None:
+            return None
+        if res.attempt != attempt or res.claimed:
+            return None
+        return self.claim(run_id, unit_id, attempt, now, lease_s)
+
     def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
         self.run(run_id)
         unit, done = decide_unclaim(self._raw_unit(run_id, unit_id), attempt, now, lease_s)

@@ -190,6 +190,15 @@ class Ledger(Protocol):
         self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
     ) -> Claim: ...
 
+    def claim_queued(
+        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+    ) -> Claim | None:
+        """Claim attempt ``attempt`` of a unit waiting for it in its lane (in flight for that
+        attempt, unclaimed: as a worker finds nearly every unit it draws tokens for) without
+        reading it first: one conditional write. None if the unit is in any other state (or
+        unknown): the caller reads it and decides (:meth:`unit`, :meth:`admit`, :meth:`claim`)."""
+        ...
+
     def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
         """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
         ...

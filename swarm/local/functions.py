@@ -415,16 +415,16 @@ def probe_worker_reports() -> None:
         return sleep_metered
 
     @functools.wraps(original)
-    def process(self: Any, item: Any) -> Any:
+    def process(self: Any, item: Any, first_delivery: bool = True) -> Any:
         invocation = _current_invocation()
         if invocation is None:
-            return original(self, item)
+            return original(self, item, first_delivery)
         sleep = getattr(self, "sleep", None)
         if callable(sleep) and not getattr(sleep, "metered", False):
             with contextlib.suppress(AttributeError, TypeError):  # a frozen worker: see above
                 self.sleep = measured(sleep)
         _SLEPT.seconds = 0.0
-        report = original(self, item)
+        report = original(self, item, first_delivery)
         waited = float(getattr(report, "waited_s", 0.0) or 0.0)
         invocation.add_drawing(waited - _SLEPT.seconds)
         return report

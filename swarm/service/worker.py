@@ -1,4 +1,8 @@
-"""The worker's loop for one queue message: drain check, admission, governor, claim, model, settle.
+"""The worker's loop for one queue message: drain check, governor, admission, claim, model, settle.
+
+Tokens come first: under a queue most tries are refused by the governor, and such a try then
+costs the governor's request alone (no ledger read); tokens granted to a unit that turns out to
+have nothing to run (settled, held by another worker, refused admission) are given back.
 
 Outcomes map onto SQS (the handler does the mapping):
 
@@ -35,7 +39,7 @@ from swarm.core.ports import (
     ModelThrottled,
     ResultStore,
 )
-from swarm.core.records import UnitState
+from swarm.core.records import Reservation, UnitState
 from swarm.core.results import outcome_of
 
 
@@ -107,74 +111,75 @@ class Worker:
     now: Callable[[], float]
     sleep: Callable[[float], None]
 
-    def process(self, item: QueuedUnit) -> WorkReport:
+    def process(self, item: QueuedUnit, first_delivery: bool = True) -> WorkReport:
+        """``first_delivery``: SQS delivers this copy of the message for the first time (its
+        receive count is 1). A copy delivered again may carry a ticket an earlier delivery
+        spent (a failed attempt is retried by redelivering the same message), so only a first
+        delivery's ticket is presented, and only one booked for the message's attempt; a place
+        in a queue is never spent, and is presented on any delivery."""
+        ticket = item.ticket
+        if ticket is not None and (
+            ticket.tag != str(item.attempt) or not (first_delivery or ticket.slot)
+        ):
+            ticket = None
         # cached for a few seconds: the handler refreshes it once per batch, so a fleet of
         # hundreds of workers does not read the parameter once per message
         if self.drain.draining():
             delay = _delay(self.config.requeue_delay_s)
-            return WorkReport(Requeue(delay, "draining", ticket=item.ticket))
-        lost_tokens = 0
-        # Bring the unit to "in flight, unclaimed" (or find out there is nothing to do).
-        for _ in range(4):
-            unit = self.ledger.unit(item.run_id, item.unit_id)
-            if unit.state.terminal:
-                return WorkReport(
-                    Ack(f"unit is {unit.state.value}"), lost_attempt_tokens=lost_tokens
-                )
-            res = unit.reservation
-            if unit.state is UnitState.PENDING:
-                admission = self.ledger.admit(
-                    item.run_id, item.unit_id, unit.attempts, self.now(), self.config.lease_s
-                )
-                if not admission.admitted:
-                    return WorkReport(Ack(f"not admitted: {admission.reason}"))
-                continue
-            assert res is not None
-            if not res.claimed:
-                break
-            if res.lease_expires > self.now():
-                wait = _delay(res.lease_expires - self.now())
-                return WorkReport(Requeue(wait, "busy: another worker holds this attempt"))
-            lost = self.ledger.reclaim_unit(item.run_id, item.unit_id, self.now())
-            lost_tokens += lost.attempt.tokens if lost is not None else 0
-        else:  # pragma: no cover - four transitions always reach a decision
-            return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "unsettled unit state"))
-
-        attempt = res.attempt
-        # tokens booked for this attempt on an earlier try come back with the unit (a ticket of
-        # an earlier attempt was spent or abandoned with it)
-        held = item.ticket if item.ticket is not None and item.ticket.tag == str(attempt) else None
+            return WorkReport(Requeue(delay, "draining", ticket=ticket))
+        # Tokens first: under a queue most tries are refused (the unit goes back until its
+        # tokens are there), and such a try then costs the governor's request alone, no ledger
+        # read. The message names the tokens (the unit's projection, which its reservation
+        # holds); what the ledger then finds (a settled unit, another worker's claim, a refused
+        # admission) gives them back.
         hold_s = min(self.config.max_wait_s, self.config.max_hold_s)
         got = acquire(
             self.governor,
-            res.projected,
+            item.tokens,
             item.lane,
             self.now,
             self.sleep,
             hold_s,
-            ticket=held,
+            ticket=ticket,
             tenant=item.tenant,
         )
         if not got.granted:
             # back to the lane until its tokens will really be there (the queue booked ahead
-            # included), with the tokens booked for it
-            ticket = None if got.ticket is None else replace(got.ticket, tag=str(attempt))
+            # included), with the tokens (or the place) booked for it
+            booked = None if got.ticket is None else replace(got.ticket, tag=str(item.attempt))
             return WorkReport(
-                Requeue(_delay(got.retry_after_s), "governor: tokens not there yet", ticket),
-                attempt=attempt,
+                Requeue(_delay(got.retry_after_s), "governor: tokens not there yet", booked),
+                attempt=item.attempt,
+                waited_s=got.waited_s,
+            )
+        assert got.grant is not None
+        grant = got.grant
+        lease_s, lost_tokens = self.config.lease_s, 0
+        # nearly always the unit waits in flight for the message's attempt: claim it with one
+        # conditional write; anything else (a retry to admit, a duplicate, a dead worker's
+        # claim) is read and decided
+        claim = self.ledger.claim_queued(
+            item.run_id, item.unit_id, item.attempt, self.now(), lease_s
+        )
+        if claim is None:
+            ready = self._ready(item)
+            if isinstance(ready, WorkReport):
+                self.governor.true_up(grant, 0, self.now())  # nothing to run: tokens go back
+                return replace(ready, waited_s=got.waited_s)
+            queued, lost_tokens = ready
+            claim = self.ledger.claim(
+                item.run_id, item.unit_id, queued.attempt, self.now(), lease_s
+            )
+        res = claim.unit.reservation
+        if not claim.claimed or res is None:
+            self.governor.true_up(grant, 0, self.now())
+            return WorkReport(
+                Requeue(_delay(self.config.requeue_delay_s), f"claim refused: {claim.reason}"),
+                attempt=item.attempt,
                 waited_s=got.waited_s,
                 lost_attempt_tokens=lost_tokens,
             )
-        assert got.grant is not None
-        claim = self.ledger.claim(
-            item.run_id, item.unit_id, attempt, self.now(), self.config.lease_s
-        )
-        if not claim.claimed:
-            return WorkReport(
-                Requeue(_delay(self.config.requeue_delay_s), f"claim refused: {claim.reason}"),
-                attempt=attempt,
-                waited_s=got.waited_s,
-            )
+        attempt = res.attempt
         # the reservation caps what the attempt may bill: settlement can never exceed it
         request = ModelRequest(
             item.run_id, item.unit_id, attempt, res.projected, item.input, max_tokens=res.projected
@@ -199,7 +204,7 @@ class Worker:
         )
         # the governor learns what the model really counted: unused tokens go back, an overrun
         # is drawn (after the books, so a failed debit cannot cost the settlement)
-        self.governor.true_up(got.grant, result.tokens, self.now())
+        self.governor.true_up(grant, result.tokens, self.now())
         outcome: Outcome
         if settlement.fate is Fate.RETRY:
             outcome = RetryLater(_delay(self.config.retry_backoff_s), "attempt failed: retry")
@@ -214,3 +219,32 @@ class Worker:
             waited_s=got.waited_s,
             lost_attempt_tokens=lost_tokens,
         )
+
+    def _ready(self, item: QueuedUnit) -> tuple[Reservation, int] | WorkReport:
+        """Bring the unit to "in flight, unclaimed" for its attempt (admitting a retry, settling
+        a dead worker's attempt: its tokens are the int), or report why nothing is to be run."""
+        lost_tokens = 0
+        for _ in range(4):
+            unit = self.ledger.unit(item.run_id, item.unit_id)
+            if unit.state.terminal:
+                return WorkReport(
+                    Ack(f"unit is {unit.state.value}"), lost_attempt_tokens=lost_tokens
+                )
+            res = unit.reservation
+            if unit.state is UnitState.PENDING:
+                admission = self.ledger.admit(
+                    item.run_id, item.unit_id, unit.attempts, self.now(), self.config.lease_s
+                )
+                if not admission.admitted:
+                    return WorkReport(Ack(f"not admitted: {admission.reason}"))
+                continue
+            assert res is not None
+            if not res.claimed:
+                return res, lost_tokens
+            if res.lease_expires > self.now():
+                wait = _delay(res.lease_expires - self.now())
+                return WorkReport(Requeue(wait, "busy: another worker holds this attempt"))
+            lost = self.ledger.reclaim_unit(item.run_id, item.unit_id, self.now())
+            lost_tokens += lost.attempt.tokens if lost is not None else 0
+        # pragma: no cover - four transitions always reach a decision
+        return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "unsettled unit state"))

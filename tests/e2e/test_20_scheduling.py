@@ -30,7 +30,8 @@ def test_a_quota_storm_slows_the_governor_grows_the_lanes_and_sheds_then_recover
 ) -> None:
     client = stack.client("e2e-storm")
     throttles_before = client.fleet()["governor"]["throttles"]
-    doc = client.submit({"units": units(40, "s", lambda i: 10_000), "budget": 6_000_000})
+    # (enough that a full bucket cannot hold them all: the lanes still hold some at the storm)
+    doc = client.submit({"units": units(120, "s", lambda i: 10_000), "budget": 6_000_000})
     wait_for(client, doc["batch_id"], lambda d: d["counts"]["completed"] >= 3, timeout_s=60)
     # Given a bystander eats the model quota for 5 s (50 s on the deployed clock)
     stack.local("POST", "/_local/model/storm", {"quota_tpm": 30_000, "seconds": 5})
@@ -39,10 +40,12 @@ def test_a_quota_storm_slows_the_governor_grows_the_lanes_and_sheds_then_recover
         assert time.monotonic() < started + THROTTLED_WITHIN_S, fleet
         time.sleep(0.2)
     print(f"storm: the governor saw a throttle {time.monotonic() - started:.1f}s in")
-    # Then the governor slows down and units wait in their lane
+    # Then the governor slows down and units wait in their lane (a throttled unit goes back
+    # with its invocation's other requeued units, once every message of its batch has ended)
     assert fleet["governor"]["effective_rate_tps"] < fleet["governor"]["governed_rate_tps"]
-    lanes = fleet["lanes"]["normal"]
-    assert lanes["visible"] + lanes["delayed"] > 0
+    while (lanes := client.fleet()["lanes"]["normal"])["visible"] + lanes["delayed"] == 0:
+        assert time.monotonic() < started + THROTTLED_WITHIN_S, lanes
+        time.sleep(0.2)
     # and new submissions are shed with 429 + Retry-After
     with pytest.raises(ApiError) as shed:
         client.submit({"units": units(5, "s2")})
@@ -64,16 +67,19 @@ def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) 
     the high-lane batch arrives. One tenant, so per-tenant fairness plays no part: if the lanes
     did not separate them, the high batch would queue behind the whole flood and finish last.
 
-    The flood's 60 units of 20k tokens need 25 s of the governed quota (47,500 tokens/s at time
-    scale 10) and at least 15 s at the low lane's MaximumConcurrency of 4 (1 s of model latency
-    each); the high lane has 10 and no governor reserve. Measured alone: the high batch (10
-    units) done in 4.4 s, with at least 19 s of the flood's quota still ahead of it (4x); with
-    the other scenarios running beside it, 14-15 s with ~6 s ahead, so it runs alone.
+    The flood's 120 units of 20k tokens need 50 s of the governed quota (47,500 tokens/s at
+    time scale 10) from an empty bucket, and from a full one (3M tokens, the low lane leaving
+    20% of them) at least 6 s at the low lane's MaximumConcurrency of 4 (5 messages each at
+    once, 1 s of model latency each); the high lane has 10 and no governor reserve. (With 60
+    units the flood, granted at once from a full bucket, was done in ~3 s, before the high
+    batch came.) Measured alone: the high batch (10 units) done in 4.4 s, with at least 19 s of
+    the flood's quota still ahead of it (4x); with the other scenarios running beside it, 14-15 s
+    with ~6 s ahead, so it runs alone.
     """
     client = stack.client("e2e-prio")
     # (an earlier exclusive scenario's storm may still have the API shedding the lower lanes)
     flood = submit_retrying(
-        client, {"units": units(60, "l", lambda i: 20_000), "lane": "low", "budget": 6_000_000}
+        client, {"units": units(120, "l", lambda i: 20_000), "lane": "low", "budget": 6_000_000}
     )
     wait_for(
         client,
@@ -87,13 +93,13 @@ def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) 
     flood_then = client.status(flood["batch_id"])
     print(
         f"priorities: high batch (10) done in {done['elapsed_s']:.1f}s; the low flood went "
-        f"{low_at_submit} -> {flood_then['counts']['completed']}/60 meanwhile"
+        f"{low_at_submit} -> {flood_then['counts']['completed']}/120 meanwhile"
     )
     assert done["state"] == "completed"
     assert flood_then["state"] == "open", flood_then  # the flood, ahead of it, is not done
     final = wait_for(client, flood["batch_id"], timeout_s=120)
     assert final["state"] == "completed"
-    assert final["counts"]["completed"] + final["counts"]["dead_lettered"] == 60
+    assert final["counts"]["completed"] + final["counts"]["dead_lettered"] == 120
 
 
 def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> None:

@@ -109,7 +109,7 @@ def test_a_worker_holds_on_only_for_tokens_due_within_its_hold() -> None:
     assert plane2.clock.now() == before
 
 
-def test_a_ticket_of_another_attempt_is_not_presented() -> None:
+def test_a_ticket_of_another_attempt_or_of_a_message_delivered_again_is_not_presented() -> None:
     plane = Plane()
     gov = BookingGovernor(ahead_s=5.0)
     w = worker(plane, gov)
@@ -117,6 +117,30 @@ def test_a_ticket_of_another_attempt_is_not_presented() -> None:
     stale = Ticket("g", 0, 10_000, item.lane, 0.0, Decimal(0), Decimal(0), 0.0, tag="7")
     report = w.process(replace(item, ticket=stale))
     assert gov.presented == [None] and isinstance(report.outcome, Requeue)
+    # a message SQS delivers again (a failed attempt's retry, a dead worker's unit) may carry
+    # the ticket an earlier delivery spent: it is not presented; a place in a queue is (a place
+    # is not tokens: drawing with it twice cannot grant more)
+    own = replace(stale, tag=str(item.attempt))
+    w.process(replace(item, ticket=own), first_delivery=False)
+    assert gov.presented[-1] is None
+    place = replace(own, slot=True)
+    w.process(replace(item, ticket=place), first_delivery=False)
+    assert gov.presented[-1] == place
+
+
+def test_tokens_granted_to_a_unit_with_nothing_to_run_go_back() -> None:
+    """The worker asks for tokens before it reads the unit (a refused try then costs no ledger
+    read): a grant for a unit already settled, or held by another worker, is given back."""
+    plane = Plane()
+    gov = BookingGovernor(ahead_s=0.0)
+    w = worker(plane, gov)
+    item = one_unit(plane)
+    first = w.process(item)
+    assert first.outcome == Ack("completed")
+    again = w.process(item)  # SQS delivered the same message again
+    assert again.outcome == Ack("unit is completed")
+    (_, used), (regrant, unused) = gov.true_ups
+    assert used > 0 and (regrant.amount, unused) == (item.tokens, 0)
 
 
 def test_a_spent_ticket_never_travels_and_a_draining_unit_keeps_its_own() -> None:

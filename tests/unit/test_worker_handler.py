@@ -43,9 +43,11 @@ class FakeWorker:
     #: every message waits here until this many are in process at once (None: no wait)
     together: threading.Barrier | None = None
     seen: list[str] = field(default_factory=list)
+    first: dict[str, bool] = field(default_factory=dict)  # each unit's first_delivery
 
-    def process(self, queued: QueuedUnit) -> WorkReport:
+    def process(self, queued: QueuedUnit, first_delivery: bool = True) -> WorkReport:
         self.seen.append(queued.unit_id)
+        self.first[queued.unit_id] = first_delivery
         if self.together is not None:
             self.together.wait()  # BrokenBarrierError if the messages run one after another
         outcome = self.outcomes[queued.unit_id]
@@ -147,3 +149,16 @@ def test_the_units_to_requeue_go_back_together_and_are_redelivered_if_sqs_fails(
     assert response == {
         "batchItemFailures": [{"itemIdentifier": "m-u0"}, {"itemIdentifier": "m-u1"}]
     }
+
+
+def test_a_message_delivered_again_is_processed_as_such(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    """A copy SQS delivers again may carry a ticket an earlier delivery spent: the worker is
+    told (swarm.service.worker.Worker.process presents only a first delivery's ticket)."""
+    ev = event("new", "again")
+    ev["Records"][0]["attributes"]["ApproximateReceiveCount"] = "1"
+    ev["Records"][1]["attributes"]["ApproximateReceiveCount"] = "2"
+    worker = FakeWorker({u: WorkReport(Ack("completed")) for u in ("new", "again")})
+    run(monkeypatch, worker, lanes, ev)
+    assert worker.first == {"new": True, "again": False}
