@@ -83,6 +83,10 @@ class BenchConfig:
     after_idle_s: float = 5.0  # ...then every worker draws again for this long
     used_min: float = 1.0  # the model counts a fraction of the grant, uniform in [min, max]
     used_max: float = 1.0
+    #: the units' lane's reserve, a fraction of the capacity (0: the issue's scenario, a lane
+    #: that books); above 0 the lane queues its tenant's units for tokens instead (one tenant
+    #: here: docs/governor.md, "Lanes with a reserve queue, tenant by tenant")
+    reserve: float = 0.0
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -110,6 +114,13 @@ class BenchConfig:
             ("--after-idle-s", self.after_idle_s >= 0, "must be >= 0"),
             ("--used-min", 0 <= self.used_min <= self.used_max, "must be in [0, --used-max]"),
             ("--used-max", self.used_max <= 10, "must be <= 10"),
+            ("--reserve", 0 <= self.reserve < 1, "must be in [0, 1)"),
+            (
+                "--reserve",
+                self.max_tokens + self.reserve * self.capacity / self.shards
+                <= self.capacity / self.shards,
+                "leaves no room for the largest draw above it in one shard",
+            ),
         ]
         for name, ok, why in checks:
             if not ok:
@@ -128,12 +139,14 @@ class BenchConfig:
 
     def governor_config(self) -> GovernorConfig:
         from swarm.core.governor import GovernorConfig
+        from swarm.core.records import Lane
 
         return GovernorConfig(
             quota_tpm=self.quota_tpm,
             share=self.share,
             capacity=self.capacity,
             initial_fill=self.initial_fill,
+            reserves={Lane.NORMAL: self.reserve} if self.reserve else {},
         )
 
 
@@ -604,6 +617,7 @@ def summarize(cfg: BenchConfig, bench: BenchRun) -> dict[str, Any]:
         "after_idle_s": cfg.after_idle_s,
         "used_min": cfg.used_min,
         "used_max": cfg.used_max,
+        "reserve": cfg.reserve,
         "acquire_calls": len(calls),
         "grants": len(in_run),
         "grants_after_idle": sum(1 for g in grants if g.seen > bench.resume_at),
@@ -662,7 +676,13 @@ def render(result: dict[str, Any]) -> str:
         f"{r['governed_rate_tokens_per_s']:,.0f} tokens/s, capacity "
         f"{r['capacity_tokens']:,.0f} starting {r['initial_fill']:.0%} full",
         f"  units               draws of {r['min_tokens']:,}-{r['max_tokens']:,} tokens, model "
-        f"time {r['work_s']:g} s, hold {r['hold_s']:g} s, booking horizon {r['horizon_s']:g} s",
+        f"time {r['work_s']:g} s, hold {r['hold_s']:g} s, booking horizon {r['horizon_s']:g} s"
+        + (
+            f"; their lane keeps a reserve of {r['reserve']:g} of the capacity (it queues for "
+            "tokens, one tenant: the reserve is in what the bucket could give)"
+            if r.get("reserve")
+            else ""
+        ),
         f"  acquire calls       {r['acquire_calls']:,} for {r['grants']:,} grants "
         f"({r['requeues']:,} requeued, {r['requeues_with_ticket']:,} of them with a ticket)",
         f"  requests            {r['requests_per_call']:.3f} per call, "

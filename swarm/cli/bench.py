@@ -30,6 +30,7 @@ def cmd_governor(args: argparse.Namespace) -> int:
         after_idle_s=args.after_idle_s,
         used_min=args.used_min,
         used_max=args.used_max,
+        reserve=args.reserve,
         seed=args.seed,
     )
     result = governor.run(cfg)
@@ -152,6 +153,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float_in(0, 10),
         default=d.used_max,
         help=f"largest fraction; > 1 exercises debits ({d.used_max:g})",
+    )
+    p.add_argument(
+        "--reserve",
+        type=float_in(0, 0.99),
+        default=d.reserve,
+        help="the units' lane's reserve, a fraction of the capacity: above 0 the lane queues "
+        "its units for tokens instead of booking them, as the shipped normal lane does "
+        f"({d.reserve:g})",
     )
     p.add_argument("--seed", type=int_in(0, 2**31), default=d.seed, help=f"seed ({d.seed})")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -21,6 +21,11 @@ from tests.unit.helpers import run_cli
         (["sim", "run", "--min-tokens", "20000"], "tokens: need 1 <= min <= max"),
         (["sim", "run", "--kill-at", "10"], "--kill-at: needs --state FILE"),
         (["sim", "sweep", "--workers", "10,x"], "'x' is not a whole number"),
+        (["bench", "governor", "--reserve", "1"], "--reserve"),
+        (
+            ["bench", "governor", "--reserve", "0.99"],
+            "--reserve: leaves no room for the largest draw above it in one shard",
+        ),
     ],
 )
 def test_bad_options_get_a_clear_error(
@@ -79,3 +84,11 @@ def test_sweep_prints_the_table_with_n_star(capsys: pytest.CaptureFixture[str]) 
     doc = json.loads(out)
     assert code == 0 and doc["n_star"] == 119
     assert [(r["workers"], r["elapsed_s"]) for r in doc["rows"]] == [(25, 5_091), (200, 1_604)]
+
+
+def test_the_governor_benchmarks_lane_keeps_the_reserve_it_is_given() -> None:
+    from swarm.bench.governor import BenchConfig
+    from swarm.core.records import Lane
+
+    assert BenchConfig().governor_config().reserve(Lane.NORMAL) == 0  # the issue's: it books
+    assert BenchConfig(reserve=0.05).governor_config().reserve(Lane.NORMAL) == 15_000
