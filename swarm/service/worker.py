@@ -246,5 +246,6 @@ class Worker:
                 return WorkReport(Requeue(wait, "busy: another worker holds this attempt"))
             lost = self.ledger.reclaim_unit(item.run_id, item.unit_id, self.now())
             lost_tokens += lost.attempt.tokens if lost is not None else 0
-        # pragma: no cover - four transitions always reach a decision
-        return WorkReport(Requeue(_delay(self.config.requeue_delay_s), "unsettled unit state"))
+        return WorkReport(  # pragma: no cover - four transitions always reach a decision
+            Requeue(_delay(self.config.requeue_delay_s), "unsettled unit state")
+        )
