@@ -61,7 +61,7 @@ class CostConfig:
     state_dir: Path = field(default_factory=lambda: Path(".swarm") / "bench-cost")
     timeout_s: float = 900.0
     #: the batch's lane: the API's default, which keeps a reserve for the high lane and so
-    #: never books ahead (docs/governor.md); ``high`` books
+    #: queues its units for tokens instead of booking them (docs/governor.md); ``high`` books
     lane: Lane = Lane.NORMAL
 
     def check(self) -> None:

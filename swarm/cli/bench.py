@@ -218,7 +218,7 @@ def register_cost(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=d.lane.value,
         help=(
             f"the batch's lane ({d.lane.value}: the API's default; it keeps a reserve for the "
-            "high lane, so the governor never books ahead for it)"
+            "high lane, so the governor queues its units for tokens instead of booking them)"
         ),
     )
     p.add_argument(
