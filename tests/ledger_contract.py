@@ -392,6 +392,51 @@ class LedgerContract:
         assert ledger.unit("run-1", "u0").state is UnitState.COMPLETED
         balanced(ledger, "run-1")
 
+    def test_a_claimed_attempt_is_settled_from_its_claim_unless_the_books_must_decide(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(units=3, attempts=2), now=0.0)
+        for uid in ("u0", "u1", "u2"):
+            ledger.admit("run-1", uid, 0, now=0.0, lease_s=100)
+        claims = {u: ledger.claim_queued("run-1", u, 0, now=1.0, lease_s=30) for u in ("u0", "u1")}
+        u0, u1 = (c.unit for c in claims.values() if c is not None)
+        # When a worker settles the attempt it claimed, from the unit its claim wrote
+        assert ledger.settle_claimed(u0, 0, 70, True, now=2.0) is Fate.COMPLETED
+        assert ledger.settle_claimed(u1, 0, 40, False, now=2.0) is Fate.RETRY
+        # Then the books are those a settlement after a read leaves
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.completed, run.retries) == (110, 100, 1, 1)
+        assert ledger.unit("run-1", "u0").state is UnitState.COMPLETED
+        assert ledger.unit("run-1", "u1").state is UnitState.PENDING
+        # and nothing is written where the claim is not what is stored, or where the books
+        # must decide: a second settlement, an unclaimed or changed unit, the run's last unit
+        assert ledger.settle_claimed(u0, 0, 70, True, now=3.0) is None
+        assert ledger.settle_claimed(ledger.unit("run-1", "u2"), 0, 10, True, now=3.0) is None
+        ledger.admit("run-1", "u1", 1, now=3.0, lease_s=100)
+        assert ledger.settle_claimed(u1, 0, 40, False, now=3.0) is None
+        last = ledger.claim("run-1", "u2", 0, now=4.0, lease_s=30)
+        retry = ledger.claim("run-1", "u1", 1, now=4.0, lease_s=30)
+        assert ledger.settle_claimed(retry.unit, 1, 30, True, now=5.0) is Fate.COMPLETED
+        assert ledger.settle_claimed(last.unit, 0, 20, True, now=5.0) is None  # closes the run
+        assert ledger.run("run-1").state is RunState.OPEN
+        assert ledger.settle("run-1", "u2", 0, 20, True, now=5.0).fate is Fate.COMPLETED
+        assert ledger.run("run-1").state is RunState.COMPLETED
+        balanced(ledger, "run-1")
+
+    def test_an_exhausting_runs_claimed_attempt_is_settled_after_a_read(
+        self, ledger: Ledger
+    ) -> None:
+        # Given a run whose budget ran out while u0's attempt was claimed
+        ledger.open_run(spec(units=3, budget=150), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=100)
+        claimed = ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30).unit
+        assert not ledger.admit("run-1", "u1", 0, now=1.0).admitted
+        assert ledger.run("run-1").state is RunState.EXHAUSTING
+        # Then its settlement is left to settle(), which drains it into the remainder's epoch
+        assert ledger.settle_claimed(claimed, 0, 50, False, now=2.0) is None
+        assert ledger.settle("run-1", "u0", 0, 50, False, now=2.0).fate is Fate.RETRY
+        balanced(ledger, "run-1")
+
     def test_an_expired_unclaimed_reservation_is_released_not_charged(self, ledger: Ledger) -> None:
         ledger.open_run(spec(), now=0.0)
         ledger.admit("run-1", "u1", 0, now=0.0, lease_s=10)
@@ -568,6 +613,8 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
         return led.claim("run-1", uid, attempt, now, lease)
     if op == "quick":
         return led.claim_queued("run-1", uid, attempt, now, lease)
+    if op == "fast":  # settled from the unit as it stands (the claim's answer, if claimed)
+        return led.settle_claimed(led.unit("run-1", uid), attempt, tokens, ok, now)
     if op == "unclaim":
         return led.unclaim("run-1", uid, attempt, now, lease)
     if op == "reclaim":
@@ -587,8 +634,8 @@ def _outcome(led: Ledger, *call: Any) -> tuple[str, Any]:
 
 
 OPS = (
-    "admit", "admit", "settle", "settle", "claim", "quick", "unclaim", "reclaim", "dead", "top",
-    "leases", "many",
+    "admit", "admit", "settle", "settle", "claim", "quick", "fast", "unclaim", "reclaim", "dead",
+    "top", "leases", "many",
 )  # fmt: skip
 
 

@@ -269,22 +269,24 @@ def run_update(
     extra: Iterable[tuple[str, str, int]] = (),
     *,
     watch_from: float | None = None,
+    any_epoch: bool = False,
 ) -> Item:
     """An Update of the books from ``old`` to ``new``: deltas by ADD, state by SET.
 
-    Conditions: the run is ready and still in ``old.state``; a write that closes the run
-    requires ``outstanding`` to be exactly what was read (so it reaches 0 now); one that
-    lowers it without closing requires it to stay above 0. ``extra`` adds conditions
-    ``(attribute, operator, value)``. ``watch_from``: the sweeper watches the run again
-    from then (a top-up reopening a closed run).
+    Conditions: the run is ready and still in ``old.state`` (and in ``old``'s exhaustion epoch,
+    unless ``any_epoch``: a change decided on a stand-in of the books, whose deltas do not depend
+    on it); a write that closes the run requires ``outstanding`` to be exactly what was read (so
+    it reaches 0 now); one that lowers it without closing requires it to stay above 0. ``extra``
+    adds conditions ``(attribute, operator, value)``. ``watch_from``: the sweeper watches the
+    run again from then (a top-up reopening a closed run).
     """
-    values: Item = {
-        ":old_state": string(old.state.value),
-        ":true": flag(True),
-        ":old_exh": whole(old.exhaustions),
-    }
-    names = {"#state": "state", "#exhaustions": "exhaustions"}
-    conditions = ["#state = :old_state", "ready = :true", "#exhaustions = :old_exh"]
+    values: Item = {":old_state": string(old.state.value), ":true": flag(True)}
+    names = {"#state": "state"}
+    conditions = ["#state = :old_state", "ready = :true"]
+    if not any_epoch:
+        names["#exhaustions"] = "exhaustions"
+        values[":old_exh"] = whole(old.exhaustions)
+        conditions.append("#exhaustions = :old_exh")
     adds: list[str] = []
     for name in (*COUNTERS, "available", "outstanding"):
         if name == "available":

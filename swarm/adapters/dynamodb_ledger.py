@@ -39,10 +39,12 @@ from swarm.core.ledger import (
     DEFAULT_LEASE_S,
     Admission,
     Claim,
+    Fate,
     Settlement,
     TopUp,
     decide_admission,
     decide_claim,
+    decide_claimed_settlement,
     decide_dead_letter,
     decide_release,
     decide_settlement,
@@ -729,6 +731,30 @@ class DynamoDBLedger:
         return self._optimistic(
             step, f"settlement of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
+
+    def settle_claimed(
+        self, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Fate | None:
+        spec = self._spec(claimed.run_id)  # immutable, read once per client
+        decided = decide_claimed_settlement(spec, claimed, attempt, tokens, succeeded, now)
+        if decided is None:
+            return None
+        stand_in, after, unit, settlement = decided
+        expires_at = int(now + self.attempt_retention_s)
+        writes = [
+            items.put_new(
+                self.table_name, items.attempt_item(settlement.attempt, settlement.fate, expires_at)
+            ),
+            # the unit exactly as claimed; the books by deltas, on an open run this unit is not
+            # the last outstanding unit of (the write that closes the run is settle()'s)
+            items.unit_update(self.table_name, claimed, unit),
+            items.run_update(self.table_name, stand_in, after, any_epoch=True),
+        ]
+        try:
+            self._write(writes)
+        except _Retry:
+            return None
+        return settlement.fate
 
     # ------------------------------------------------------------------ top-up
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:

@@ -202,6 +202,30 @@ def decide_settlement(
     return run, unit, Settlement(fate, False, run, unit, record)
 
 
+def decide_claimed_settlement(
+    spec: RunSpec, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+) -> tuple[RunRecord, RunRecord, UnitRecord, Settlement] | None:
+    """The settlement of the attempt a worker claimed, decided on the unit its claim wrote and
+    without the books: on an open run, an attempt's fate and the books' changes do not depend
+    on the books, except when it is the run's last outstanding unit (which closes the run) and
+    while the run is exhausting (a retry then joins the drain). So it is decided on a stand-in
+    of the books (open, only this attempt reserved) and is good for any open run of which this
+    unit is not the last outstanding one, which the write then requires (``Ledger.
+    settle_claimed``). Returns the stand-in, the stand-in after it, the unit after it and the
+    settlement (whose ``run`` is the stand-in: not the books); None if the unit holds no claimed
+    reservation for ``attempt``, or if the stand-in itself closes (a run of one unit)."""
+    res = claimed.reservation
+    if claimed.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
+        return None
+    if not res.claimed:
+        return None
+    stand_in = RunRecord(spec, reserved=res.projected, in_flight=1)
+    after, unit, settlement = decide_settlement(stand_in, claimed, attempt, tokens, succeeded, now)
+    if after.state.closed:
+        return None
+    return stand_in, after, unit, settlement
+
+
 def decide_claim(
     run: RunRecord, unit: UnitRecord, attempt: int, now: float, lease_s: float
 ) -> tuple[UnitRecord, Claim]:

@@ -34,6 +34,7 @@ from swarm.core.ledger import (
     TopUp,
     decide_admission,
     decide_claim,
+    decide_claimed_settlement,
     decide_dead_letter,
     decide_release,
     decide_settlement,
@@ -215,6 +216,23 @@ class InMemoryLedger:
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement:
         return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
+
+    def settle_claimed(
+        self, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Fate | None:
+        run_id, unit_id = claimed.run_id, claimed.unit_id
+        run = self._runs.get(run_id)
+        unit = self._units.get(run_id, {}).get(unit_id)
+        if run is None or unit != claimed or run.state is not RunState.OPEN:
+            return None
+        if (run_id, unit_id, attempt) in self._attempts:
+            return None
+        if decide_claimed_settlement(run.spec, claimed, attempt, tokens, succeeded, now) is None:
+            return None
+        after, _, _ = decide_settlement(run, unit, attempt, tokens, succeeded, now)
+        if after.state.closed:  # the run's last outstanding unit: the books decide (settle)
+            return None
+        return self.settle(run_id, unit_id, attempt, tokens, succeeded, now).fate
 
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         before = self.run(run_id)

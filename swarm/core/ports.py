@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, Grant, Ticket, TrueUp
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Settlement, TopUp
+from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Fate, Settlement, TopUp
 from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
 from swarm.core.results import AttemptOutcome
@@ -180,6 +180,17 @@ class Ledger(Protocol):
     def settle(
         self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
     ) -> Settlement: ...
+
+    def settle_claimed(
+        self, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+    ) -> Fate | None:
+        """Settle the attempt a worker claimed without reading first: ``claimed`` is the unit
+        its claim wrote (:class:`Claim`'s ``unit``). One write, which holds only if the unit is
+        still exactly that, the run is open and this unit is not its last outstanding one
+        (whose settlement closes the run: that needs the books), and the attempt was not settled
+        yet; the attempt's fate then. None otherwise, and nothing written: the caller settles
+        with :meth:`settle`, which reads and decides."""
+        ...
 
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         """Add to the run's budget, refusing (InvalidInput) a total above ``max_budget``; the

@@ -2,7 +2,9 @@
 
 Tokens come first: under a queue most tries are refused by the governor, and such a try then
 costs the governor's request alone (no ledger read); tokens granted to a unit that turns out to
-have nothing to run (settled, held by another worker, refused admission) are given back.
+have nothing to run (settled, held by another worker, refused admission) are given back. Then,
+nearly always, the claim and the settlement are one write each and nothing is read
+(``Ledger.claim_queued``, ``Ledger.settle_claimed``; docs/ledger.md).
 
 Outcomes map onto SQS (the handler does the mapping):
 
@@ -199,23 +201,31 @@ class Worker:
         # unit always has its output; a write refused as a second one changes nothing (the
         # first record of this attempt stands, see swarm/core/results.py)
         self.results.record(outcome_of(item.run_id, item.unit_id, attempt, result, self.now()))
-        settlement = self.ledger.settle(
-            item.run_id, item.unit_id, attempt, result.tokens, result.succeeded, self.now()
+        # from the unit the claim wrote, one write; if anything changed it since (or this is
+        # the run's last unit, or the run is exhausting), read and decide
+        fate = self.ledger.settle_claimed(
+            claim.unit, attempt, result.tokens, result.succeeded, self.now()
         )
+        duplicate = False
+        if fate is None:
+            settlement = self.ledger.settle(
+                item.run_id, item.unit_id, attempt, result.tokens, result.succeeded, self.now()
+            )
+            fate, duplicate = settlement.fate, settlement.duplicate
         # the governor learns what the model really counted: unused tokens go back, an overrun
         # is drawn (after the books, so a failed debit cannot cost the settlement)
         self.governor.true_up(grant, result.tokens, self.now())
         outcome: Outcome
-        if settlement.fate is Fate.RETRY:
+        if fate is Fate.RETRY:
             outcome = RetryLater(_delay(self.config.retry_backoff_s), "attempt failed: retry")
         else:
-            outcome = Ack(settlement.fate.value)
+            outcome = Ack(fate.value)
         return WorkReport(
             outcome,
             attempt=attempt,
-            tokens=0 if settlement.duplicate else result.tokens,
+            tokens=0 if duplicate else result.tokens,
             succeeded=result.succeeded,
-            fate=settlement.fate,
+            fate=fate,
             waited_s=got.waited_s,
             lost_attempt_tokens=lost_tokens,
         )
