@@ -40,6 +40,7 @@ from swarm.core.codec import parse_message_body
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import LaneQueue
+from swarm.service.pages import Page
 from swarm.service.worker import Requeue, RetryLater, Worker, WorkReport
 from swarm.wiring import Wiring
 
@@ -101,6 +102,11 @@ def record_handler(record: SQSRecord) -> Done:
     return Done(report, item, time.monotonic())
 
 
+def _in_page(page: Page, record: SQSRecord) -> Done:
+    with page.message():
+        return record_handler(record)
+
+
 def requeue(lanes: LaneQueue, done: list[tuple[str, Done]]) -> list[str]:
     """Send a fresh copy of each unit to requeue (with the governor booking its outcome names,
     if any; never the one its delivery carried and spent), delayed by what is left of its delay,
@@ -152,7 +158,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if len(records) > MAX_BATCH:
         raise ValueError(f"{len(records)} records in one batch: SQS delivers at most {MAX_BATCH}")
     _services()  # a cold start builds the wiring once, on this thread, before the messages run
-    running = [_pool.submit(contextvars.copy_context().run, record_handler, r) for r in records]
+    # the outcomes the messages keep are written together, once each has kept one or ended
+    page = Page(len(records))
+    running = [_pool.submit(contextvars.copy_context().run, _in_page, page, r) for r in records]
     errors = [future.exception() for future in running]  # waits for every message
     for error in errors:
         if error is not None and not isinstance(error, Exception):

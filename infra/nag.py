@@ -118,14 +118,14 @@ def acknowledge_findings(stack: SwarmStack) -> None:
     _ack(
         stack.front_door.handler.role,
         results,
-        "A results page reads results/<batch id>/attempts/<unit>/<n>.json of the caller's own "
-        "batch (checked in the ledger first) and signs a download of its results file",
+        "A results page reads the outcome objects under results/<batch id>/attempts/ of the "
+        "caller's own batch (checked in the ledger first) and signs a download of its results file",
     )
     _ack(
         stack.workers.worker.role,
         f"IAM5[Resource::{bucket}/{ATTEMPT_RECORDS}*]",
-        "A worker writes each attempt's outcome once, results/<batch id>/attempts/<unit>/<n>.json:"
-        " keys per batch, unit and attempt (PutObject only)",
+        "A worker writes each attempt's outcome once, under results/<batch id>/attempts/: keys "
+        "per batch (a page of an invocation's outcomes, or one attempt's) (PutObject only)",
     )
     _ack(
         stack.fanout.finalizer.role,

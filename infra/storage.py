@@ -10,7 +10,8 @@ from constructs import Construct
 from infra.config import SwarmConfig
 from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 
-#: the attempt records under every run's results (results/<run>/attempts/<unit>/<n>.json)
+#: the outcome records under every run's results (results/<run>/attempts/<page>.json, and an
+#: attempt kept alone at results/<run>/attempts/<unit>/<n>.json)
 ATTEMPT_RECORDS = f"{RESULTS_PREFIX}*/attempts/"
 
 

@@ -65,8 +65,9 @@ class Workers(Construct):
             "dynamodb:PutItem",  # settlement's attempt item (inside TransactWriteItems)
         )
         grant_get_parameter(drain_parameter, role)
-        # each attempt's outcome, written once (a conditional PutObject, If-None-Match: *), and
-        # only attempt records: a worker can neither read outcomes nor touch a results file
+        # each attempt's outcome, written once (a conditional PutObject, If-None-Match: *: an
+        # invocation's outcomes in one page, or an attempt's alone), and only under attempts/: a
+        # worker can neither read outcomes nor touch a results file
         storage.grant_objects(role, ATTEMPT_RECORDS, "s3:PutObject")
         if config.model.adapter == "bedrock":
             role.add_to_principal_policy(_bedrock_statement(self, config.model.bedrock_model_id))

@@ -41,6 +41,8 @@ COUNTERS = (
 #: the ``Leases`` index's sort key (swarm.contract.LEASE_EXPIRY): only a unit holding a lease is in
 #: that index, and the write that takes, renews or ends the lease moves it there, in the same write
 RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed")
+#: where the outcome of the unit's last settled attempt is kept (UnitRecord.outcome_key)
+OUTCOME_KEY = "outcome_key"
 
 
 # ------------------------------------------------------------------ attribute values
@@ -200,6 +202,7 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
         spent=whole_of(item, "spent"),
         reservation=reservation,
         drain_epoch=whole_of(item, "drain_epoch"),
+        outcome_key=item[OUTCOME_KEY]["S"] if OUTCOME_KEY in item else None,
     )
 
 
@@ -383,6 +386,11 @@ def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
         )
     sets = ["#state = :state", "attempts = :attempts", "spent = :spent", "drain_epoch = :de"]
     removes: tuple[str, ...] = ()
+    if new.outcome_key is not None:
+        sets.append(f"{OUTCOME_KEY} = :ok")
+        values[":ok"] = string(new.outcome_key)
+    elif old.outcome_key is not None:
+        removes += (OUTCOME_KEY,)
     res = new.reservation
     if res is not None:
         sets += ["res_attempt = :ra", "res_projected = :rp", "res_lease = :rl", "res_claimed = :rc"]
@@ -395,7 +403,7 @@ def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
             }
         )
     elif old_res is not None:
-        removes = RESERVATION_ATTRIBUTES
+        removes += RESERVATION_ATTRIBUTES
     expr = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     item_key = key(old.run_id, unit_sk(old.unit_id))
     return _update(table_name, item_key, expr, conditions, names, values)

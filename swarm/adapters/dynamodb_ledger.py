@@ -667,9 +667,18 @@ class DynamoDBLedger:
 
     # ------------------------------------------------------------------ settlement
     def settle(
-        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        outcome_key: str | None = None,
     ) -> Settlement:
-        settlement = self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
+        settlement = self._settle(
+            run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False, key=outcome_key
+        )
         assert settlement is not None  # only a reclaim (``expect``) can give up
         return settlement
 
@@ -691,9 +700,11 @@ class DynamoDBLedger:
         *,
         reclaimed: bool,
         expect: Reservation | None = None,
+        key: str | None = None,
     ) -> Settlement | None:
         """Settle once. With ``expect`` (a reclaim), only that exact reservation is settled:
-        None if it changed meanwhile (e.g. the worker unclaimed it with a fresh lease)."""
+        None if it changed meanwhile (e.g. the worker unclaimed it with a fresh lease).
+        ``key``: where the attempt's outcome is kept."""
 
         def duplicate(codes: list[str | None]) -> Settlement | _Again:
             # the attempt item's Put (the first item) failed: settled already?
@@ -717,7 +728,7 @@ class DynamoDBLedger:
             if expect is not None and reservation != expect:
                 return None
             new_run, new_unit, settlement = decide_settlement(
-                run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed
+                run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed, outcome_key=key
             )
             expires_at = int(now + self.attempt_retention_s)
             attempt_item = items.attempt_item(settlement.attempt, settlement.fate, expires_at)
@@ -733,10 +744,18 @@ class DynamoDBLedger:
         )
 
     def settle_claimed(
-        self, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+        self,
+        claimed: UnitRecord,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        outcome_key: str | None = None,
     ) -> Fate | None:
         spec = self._spec(claimed.run_id)  # immutable, read once per client
-        decided = decide_claimed_settlement(spec, claimed, attempt, tokens, succeeded, now)
+        decided = decide_claimed_settlement(
+            spec, claimed, attempt, tokens, succeeded, now, outcome_key
+        )
         if decided is None:
             return None
         stand_in, after, unit, settlement = decided

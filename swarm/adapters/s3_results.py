@@ -3,8 +3,12 @@
 Objects live in the batch bucket under ``results/<run>/`` (encrypted at rest by the bucket's
 default encryption, expired by its lifecycle rule):
 
-* ``attempts/<unit>/<attempt>.json``: one attempt's outcome, written with ``If-None-Match: *``
-  so S3 itself refuses a second write of the same attempt (412): the first record stands;
+* ``attempts/<page>.json``: a *page*, the outcomes of a worker invocation's attempts of the run
+  (one write for them all: swarm.service.pages), under a key of its own; the ledger's unit
+  names the page holding its last attempt's outcome (``UnitRecord.outcome_key``);
+* ``attempts/<unit>/<attempt>.json``: one attempt's outcome alone (an output too long for a
+  page, a worker outside an invocation), written with ``If-None-Match: *`` so S3 itself refuses
+  a second write of the same attempt (412): the first record stands;
 * the results file, streamed: one ``PutObject`` up to :data:`PART_BYTES`, a multipart upload
   beyond it (S3 takes up to 10,000 parts), so its size is bounded by S3 (5 TB), not by the
   function's memory.
@@ -13,6 +17,7 @@ default encryption, expired by its lifecycle rule):
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,13 +28,20 @@ from botocore.config import Config
 from swarm.adapters.aws import S3_DENIED_CODES, S3_MISSING_CODES, S3Blobs
 from swarm.adapters.client_errors import client_error_type, error_code
 from swarm.core.errors import ReadDenied
-from swarm.core.results import AttemptOutcome, attempt_key, results_file_key
+from swarm.core.results import (
+    AttemptOutcome,
+    attempt_key,
+    find_outcomes,
+    page_doc,
+    page_key,
+    results_file_key,
+)
 
 #: the S3 client's configuration for presigned URLs: Signature Version 4 (every region takes it)
 S3_SIGV4: Final = Config(signature_version="s3v4")
 #: a results file is written in parts of this size (S3's minimum part is 5 MiB)
 PART_BYTES: Final = 8 * 1024 * 1024
-#: parallel reads of attempt records (a page of results reads one object per unit)
+#: parallel reads of outcome objects (a page of results reads one object per page or unit)
 READERS: Final = 16
 #: S3 answers a conditional write that races another one for the same key with 409: try again
 CONDITIONAL_RACE_TRIES: Final = 3
@@ -40,9 +52,9 @@ class S3Results:
     client: Any  # an s3 client
     bucket: str
 
-    def record(self, outcome: AttemptOutcome) -> bool:
-        key = attempt_key(outcome.run_id, outcome.unit_id, outcome.attempt)
-        body = json.dumps(outcome.as_doc(), separators=(",", ":"), ensure_ascii=False).encode()
+    def _put_once(self, key: str, doc: Any) -> bool:
+        """Write ``doc`` at ``key`` unless something is there (``If-None-Match: *``)."""
+        body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
         for _ in range(CONDITIONAL_RACE_TRIES):
             try:
                 self.client.put_object(
@@ -61,7 +73,17 @@ class S3Results:
                     raise
         return False  # the racing write won and holds the key
 
-    def _outcome(self, key: str) -> AttemptOutcome | None:
+    def record(self, outcome: AttemptOutcome) -> str | None:
+        key = attempt_key(outcome.run_id, outcome.unit_id, outcome.attempt)
+        return key if self._put_once(key, outcome.as_doc()) else None
+
+    def record_page(self, run_id: str, outcomes: Sequence[AttemptOutcome]) -> str:
+        key = page_key(run_id, uuid.uuid4().hex)
+        if not self._put_once(key, page_doc(outcomes)):  # pragma: no cover - 128 random bits
+            raise RuntimeError(f"a page's new key {key} is taken")
+        return key
+
+    def _doc(self, key: str) -> Any:
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except client_error_type() as e:
@@ -71,16 +93,18 @@ class S3Results:
             if code in S3_DENIED_CODES:
                 raise ReadDenied(key, str(code)) from None
             raise
-        return AttemptOutcome.from_doc(json.loads(body))
+        return json.loads(body)
+
+    def _docs(self, keys: Sequence[str]) -> dict[str, Any]:
+        if len(keys) <= 1:
+            return {k: self._doc(k) for k in keys}
+        with ThreadPoolExecutor(max_workers=min(READERS, len(keys))) as pool:
+            return dict(zip(keys, pool.map(self._doc, keys), strict=True))
 
     def outcomes(
-        self, run_id: str, attempts: Sequence[tuple[str, int]]
+        self, run_id: str, attempts: Sequence[tuple[str, int, str | None]]
     ) -> list[AttemptOutcome | None]:
-        keys = [attempt_key(run_id, unit_id, attempt) for unit_id, attempt in attempts]
-        if len(keys) <= 1:
-            return [self._outcome(k) for k in keys]
-        with ThreadPoolExecutor(max_workers=min(READERS, len(keys))) as pool:
-            return list(pool.map(self._outcome, keys))
+        return find_outcomes(run_id, attempts, self._docs)
 
     def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
         key = results_file_key(run_id, name)

@@ -163,8 +163,10 @@ def decide_settlement(
     now: float,
     *,
     reclaimed: bool = False,
+    outcome_key: str | None = None,
 ) -> tuple[RunRecord, UnitRecord, Settlement]:
-    """Settle a first (never a repeated) settlement of an admitted attempt."""
+    """Settle a first (never a repeated) settlement of an admitted attempt; ``outcome_key``:
+    where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`)."""
     if not isinstance(tokens, int) or tokens < 0:
         raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
     reservation = unit.reservation
@@ -184,7 +186,9 @@ def decide_settlement(
         in_flight=run.in_flight - 1,
         attempts=run.attempts + 1,
     )
-    unit = unit.with_(attempts=attempts, spent=unit.spent + tokens, reservation=None)
+    unit = unit.with_(
+        attempts=attempts, spent=unit.spent + tokens, reservation=None, outcome_key=outcome_key
+    )
     if succeeded:
         fate = Fate.COMPLETED
         unit = unit.with_(state=UnitState.COMPLETED)
@@ -203,7 +207,13 @@ def decide_settlement(
 
 
 def decide_claimed_settlement(
-    spec: RunSpec, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+    spec: RunSpec,
+    claimed: UnitRecord,
+    attempt: int,
+    tokens: int,
+    succeeded: bool,
+    now: float,
+    outcome_key: str | None = None,
 ) -> tuple[RunRecord, RunRecord, UnitRecord, Settlement] | None:
     """The settlement of the attempt a worker claimed, decided on the unit its claim wrote and
     without the books: on an open run, an attempt's fate and the books' changes do not depend
@@ -220,7 +230,9 @@ def decide_claimed_settlement(
     if not res.claimed:
         return None
     stand_in = RunRecord(spec, reserved=res.projected, in_flight=1)
-    after, unit, settlement = decide_settlement(stand_in, claimed, attempt, tokens, succeeded, now)
+    after, unit, settlement = decide_settlement(
+        stand_in, claimed, attempt, tokens, succeeded, now, outcome_key=outcome_key
+    )
     if after.state.closed:
         return None
     return stand_in, after, unit, settlement

@@ -64,7 +64,14 @@ from swarm.core.records import (
     UnitRecord,
     UnitState,
 )
-from swarm.core.results import AttemptOutcome, attempt_key, results_file_key
+from swarm.core.results import (
+    AttemptOutcome,
+    attempt_key,
+    find_outcomes,
+    page_doc,
+    page_key,
+    results_file_key,
+)
 from swarm.core.tenancy import HOLD_WINDOW_S, MAX_HOLDS
 
 
@@ -213,12 +220,27 @@ class InMemoryLedger:
         return admissions
 
     def settle(
-        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        outcome_key: str | None = None,
     ) -> Settlement:
-        return self._settle(run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False)
+        return self._settle(
+            run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False, key=outcome_key
+        )
 
     def settle_claimed(
-        self, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+        self,
+        claimed: UnitRecord,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        outcome_key: str | None = None,
     ) -> Fate | None:
         run_id, unit_id = claimed.run_id, claimed.unit_id
         run = self._runs.get(run_id)
@@ -232,7 +254,7 @@ class InMemoryLedger:
         after, _, _ = decide_settlement(run, unit, attempt, tokens, succeeded, now)
         if after.state.closed:  # the run's last outstanding unit: the books decide (settle)
             return None
-        return self.settle(run_id, unit_id, attempt, tokens, succeeded, now).fate
+        return self.settle(run_id, unit_id, attempt, tokens, succeeded, now, outcome_key).fate
 
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         before = self.run(run_id)
@@ -368,20 +390,20 @@ class InMemoryLedger:
         now: float,
         *,
         reclaimed: bool,
+        key: str | None = None,
     ) -> Settlement:
-        key = (run_id, unit_id, attempt)
-        first = self._attempts.get(key)
+        first = self._attempts.get((run_id, unit_id, attempt))
         if first is not None:
             return Settlement(
                 first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt
             )
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
         run, unit, settlement = decide_settlement(
-            run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed
+            run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed, outcome_key=key
         )
         self._runs[run_id] = run
         self._units[run_id][unit_id] = unit
-        self._attempts[key] = settlement
+        self._attempts[(run_id, unit_id, attempt)] = settlement
         return settlement
 
 
@@ -638,18 +660,28 @@ class MemoryResults:
 
     objects: dict[str, bytes] = field(default_factory=dict)
 
-    def record(self, outcome: AttemptOutcome) -> bool:
+    pages: int = 0
+
+    def record(self, outcome: AttemptOutcome) -> str | None:
         key = attempt_key(outcome.run_id, outcome.unit_id, outcome.attempt)
         if key in self.objects:
-            return False
+            return None
         self.objects[key] = json.dumps(outcome.as_doc()).encode()
-        return True
+        return key
+
+    def record_page(self, run_id: str, outcomes: Sequence[AttemptOutcome]) -> str:
+        self.pages += 1
+        key = page_key(run_id, f"{self.pages:08d}")
+        self.objects[key] = json.dumps(page_doc(outcomes)).encode()
+        return key
 
     def outcomes(
-        self, run_id: str, attempts: Sequence[tuple[str, int]]
+        self, run_id: str, attempts: Sequence[tuple[str, int, str | None]]
     ) -> list[AttemptOutcome | None]:
-        found = (self.objects.get(attempt_key(run_id, u, a)) for u, a in attempts)
-        return [None if b is None else AttemptOutcome.from_doc(json.loads(b)) for b in found]
+        def read(keys: Sequence[str]) -> dict[str, Any]:
+            return {k: json.loads(self.objects[k]) for k in keys if k in self.objects}
+
+        return find_outcomes(run_id, attempts, read)
 
     def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
         key = results_file_key(run_id, name)

@@ -178,11 +178,27 @@ class Ledger(Protocol):
         ...
 
     def settle(
-        self, run_id: str, unit_id: str, attempt: int, tokens: int, succeeded: bool, now: float
-    ) -> Settlement: ...
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        outcome_key: str | None = None,
+    ) -> Settlement:
+        """Settle the attempt once (a repeat answers the first settlement, ``duplicate``);
+        ``outcome_key``: where its outcome is kept, the unit's from now on."""
+        ...
 
     def settle_claimed(
-        self, claimed: UnitRecord, attempt: int, tokens: int, succeeded: bool, now: float
+        self,
+        claimed: UnitRecord,
+        attempt: int,
+        tokens: int,
+        succeeded: bool,
+        now: float,
+        outcome_key: str | None = None,
     ) -> Fate | None:
         """Settle the attempt a worker claimed without reading first: ``claimed`` is the unit
         its claim wrote (:class:`Claim`'s ``unit``). One write, which holds only if the unit is
@@ -346,15 +362,22 @@ class ResultStore(Protocol):
     """Where attempts' outcomes and a closed run's results file are kept (the batch bucket,
     under ``results/<run>/``)."""
 
-    def record(self, outcome: AttemptOutcome) -> bool:
-        """Keep the attempt's outcome, once: False (and nothing written) if the attempt already
-        has one."""
+    def record(self, outcome: AttemptOutcome) -> str | None:
+        """Keep the attempt's outcome under its own key, once: that key; None (and nothing
+        written) if the attempt already has one."""
+        ...
+
+    def record_page(self, run_id: str, outcomes: Sequence[AttemptOutcome]) -> str:
+        """Keep outcomes of a run's attempts in one new object (a *page*: one write for a worker
+        invocation's outcomes); its key. A page is never rewritten: each has a key of its own."""
         ...
 
     def outcomes(
-        self, run_id: str, attempts: Sequence[tuple[str, int]]
+        self, run_id: str, attempts: Sequence[tuple[str, int, str | None]]
     ) -> list[AttemptOutcome | None]:
-        """The recorded outcomes of ``(unit id, attempt)`` pairs, None where there is none."""
+        """The recorded outcomes of ``(unit id, attempt, key)``: the attempt's record in the
+        object at ``key`` (a page, or a record), or under the attempt's own key when ``key`` is
+        None; None where there is none. Each object is read once."""
         ...
 
     def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:

@@ -204,6 +204,10 @@ class UnitRecord:
     # the run's exhaustion epoch in which an attempt of this unit failed during the drain: the
     # unit is owed a drain retry while that exhaustion lasts (0 = never)
     drain_epoch: int = 0
+    #: the results store's object holding the outcome of the unit's last settled attempt (a page
+    #: of a worker invocation's outcomes, or the attempt's own record), as its settlement wrote
+    #: it; None: the attempt's own key (settled before pages, or settled as lost)
+    outcome_key: str | None = None
 
     def with_(self, **changes: object) -> UnitRecord:
         return replace(self, **changes)  # type: ignore[arg-type]

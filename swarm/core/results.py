@@ -19,7 +19,7 @@ settled as lost whose worker still wrote its answer) is never shown as the unit'
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,8 +92,49 @@ def outcome_of(
 
 
 def attempt_key(run_id: str, unit_id: str, attempt: int) -> str:
-    """Where an attempt's outcome is kept: under the run's own prefix."""
+    """Where an attempt's outcome is kept alone: under the run's own prefix."""
     return f"results/{run_id}/attempts/{unit_id}/{attempt:05d}.json"
+
+
+def page_key(run_id: str, page_id: str) -> str:
+    """Where a page of a run's outcomes is kept: beside the attempts' own records, one level up
+    (a unit id holds no ``/``, so a page's key is never an attempt's)."""
+    return f"results/{run_id}/attempts/{page_id}.json"
+
+
+#: an outcome whose output is longer than this is kept alone, not in a page: a results page
+#: links to it (MAX_INLINE_OUTPUT_BYTES), and the link must read exactly that outcome
+MAX_PAGED_OUTPUT_BYTES = MAX_INLINE_OUTPUT_BYTES
+
+
+def page_doc(outcomes: Sequence[AttemptOutcome]) -> dict[str, Any]:
+    return {"outcomes": [o.as_doc() for o in outcomes]}
+
+
+def find_outcomes(
+    run_id: str,
+    attempts: Sequence[tuple[str, int, str | None]],
+    read_many: Callable[[Sequence[str]], Mapping[str, Any]],
+) -> list[AttemptOutcome | None]:
+    """The outcomes of ``(unit id, attempt, key)`` (None key: the attempt's own), each object
+    read once by ``read_many`` (key -> its JSON, None when missing): a page holds many
+    attempts' outcomes, a record one."""
+    keys = [key or attempt_key(run_id, unit_id, n) for unit_id, n, key in attempts]
+    docs = read_many(sorted(set(keys)))
+    found: list[AttemptOutcome | None] = []
+    for (unit_id, n, _), key in zip(attempts, keys, strict=True):
+        doc = docs.get(key)
+        entries = doc.get("outcomes", []) if isinstance(doc, dict) and "outcomes" in doc else [doc]
+        match = next(
+            (
+                AttemptOutcome.from_doc(e)
+                for e in entries
+                if isinstance(e, dict) and e.get("unit_id") == unit_id and e.get("attempt") == n
+            ),
+            None,
+        )
+        found.append(match)
+    return found
 
 
 def results_file_key(run_id: str, name: str) -> str:

@@ -124,7 +124,8 @@ class Results:
             if output is not None and len(output.encode()) > MAX_INLINE_OUTPUT_BYTES:
                 attempt = last_attempt(unit)
                 assert attempt is not None
-                key = attempt_key(run_id, unit.unit_id, attempt)
+                # an output this long is kept alone, never in a page: the link reads it only
+                key = unit.outcome_key or attempt_key(run_id, unit.unit_id, attempt)
                 doc["output_url"] = self.store.download_url(key, self.download_url_s)
                 del doc["output"]
         return docs
@@ -132,7 +133,7 @@ class Results:
     def unit_docs(self, run_id: str, units: list[UnitRecord]) -> list[dict[str, Any]]:
         """Each unit's outcome (:func:`unit_result`), its attempt record read from the store."""
         settled = [(u, last_attempt(u)) for u in units]
-        asked = [(u.unit_id, a) for u, a in settled if a is not None]
+        asked = [(u.unit_id, a, u.outcome_key) for u, a in settled if a is not None]
         found = iter(self.store.outcomes(run_id, asked))
         return [unit_result(u, next(found) if a is not None else None) for u, a in settled]
 

@@ -43,6 +43,7 @@ from swarm.core.ports import (
 )
 from swarm.core.records import Reservation, UnitState
 from swarm.core.results import outcome_of
+from swarm.service.pages import keep_outcome
 
 
 @dataclass(frozen=True)
@@ -200,16 +201,25 @@ class Worker:
         # the outcome is kept before the settlement that may complete the unit, so a completed
         # unit always has its output; a write refused as a second one changes nothing (the
         # first record of this attempt stands, see swarm/core/results.py)
-        self.results.record(outcome_of(item.run_id, item.unit_id, attempt, result, self.now()))
+        # (with the batch's other outcomes, in one object: swarm.service.pages)
+        key = keep_outcome(
+            self.results, outcome_of(item.run_id, item.unit_id, attempt, result, self.now())
+        )
         # from the unit the claim wrote, one write; if anything changed it since (or this is
         # the run's last unit, or the run is exhausting), read and decide
         fate = self.ledger.settle_claimed(
-            claim.unit, attempt, result.tokens, result.succeeded, self.now()
+            claim.unit, attempt, result.tokens, result.succeeded, self.now(), key
         )
         duplicate = False
         if fate is None:
             settlement = self.ledger.settle(
-                item.run_id, item.unit_id, attempt, result.tokens, result.succeeded, self.now()
+                item.run_id,
+                item.unit_id,
+                attempt,
+                result.tokens,
+                result.succeeded,
+                self.now(),
+                key,
             )
             fate, duplicate = settlement.fate, settlement.duplicate
         # the governor learns what the model really counted: unused tokens go back, an overrun

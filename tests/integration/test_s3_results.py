@@ -12,7 +12,7 @@ import pytest
 from moto import mock_aws
 
 from swarm.adapters.s3_results import PART_BYTES, S3Results
-from swarm.core.results import AttemptOutcome
+from swarm.core.results import AttemptOutcome, attempt_key
 
 BUCKET = "batches"
 
@@ -27,9 +27,30 @@ def store(aws_credentials: None) -> Iterator[S3Results]:
 
 def test_an_attempt_is_recorded_once_and_read_back(store: S3Results) -> None:
     first = AttemptOutcome("b-1", "u1", 0, True, 120, output="the answer", model_id="m")
-    assert store.record(first) is True
-    assert store.record(AttemptOutcome("b-1", "u1", 0, True, 5, output="another")) is False
-    assert store.outcomes("b-1", [("u1", 0), ("u1", 1), ("u2", 0)]) == [first, None, None]
+    assert store.record(first) == attempt_key("b-1", "u1", 0)
+    assert store.record(AttemptOutcome("b-1", "u1", 0, True, 5, output="another")) is None
+    asked = [("u1", 0, None), ("u1", 1, None), ("u2", 0, None)]
+    assert store.outcomes("b-1", asked) == [first, None, None]
+
+
+def test_a_page_holds_many_attempts_and_each_object_is_read_once(store: S3Results) -> None:
+    # Given a page of two attempts' outcomes, written in one request, and an attempt alone
+    a = AttemptOutcome("b-1", "u1", 0, True, 120, output="one")
+    b = AttemptOutcome("b-1", "u2", 1, False, 80, error="refused")
+    alone = AttemptOutcome("b-1", "u3", 0, True, 90, output="three")
+    client: Any = store.client
+    calls: list[str] = []
+    client.meta.events.register("before-call.s3.*", lambda model, **_: calls.append(model.name))
+    page = store.record_page("b-1", [a, b])
+    assert calls == ["PutObject"] and page.startswith("results/b-1/attempts/")
+    assert store.record_page("b-1", [a]) != page  # every page a key of its own
+    store.record(alone)
+    calls.clear()
+    # When the outcomes are read by where the ledger says they are
+    asked = [("u1", 0, page), ("u2", 1, page), ("u3", 0, None), ("u2", 0, page)]
+    # Then each comes from its object, the page read once; an attempt the page lacks is None
+    assert store.outcomes("b-1", asked) == [a, b, alone, None]
+    assert sorted(calls) == ["GetObject", "GetObject"]
 
 
 def lines(n: int, size: int) -> Iterator[bytes]:

@@ -83,7 +83,7 @@ def test_every_completed_unit_has_exactly_the_output_of_its_successful_attempt()
     failed = [(k, r) for k, r in model.answers.items() if not r.succeeded]
     assert failed
     for (unit_id, attempt), answer in failed:
-        (stored,) = p.results.outcomes(run_id, [(unit_id, attempt)])
+        (stored,) = p.results.outcomes(run_id, [(unit_id, attempt, None)])
         assert stored is not None and not stored.succeeded
         assert stored.error == answer.error and stored.tokens == answer.tokens
 
@@ -98,7 +98,7 @@ def test_a_duplicate_delivery_or_a_second_write_never_changes_an_output() -> Non
     assert isinstance(p.worker.process(item).outcome, Ack)
     # a worker that outlived its lease tries to write attempt 0 of u001 again
     forged = AttemptOutcome(run_id, "u001", 0, True, 5, output="something else")
-    assert p.results.record(forged) is False
+    assert p.results.record(forged) is None
     assert pages(p, run_id) == before
 
 

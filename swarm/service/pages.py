@@ -1,0 +1,127 @@
+"""One write for a worker invocation's outcomes: a *page*.
+
+The worker function runs its SQS batch's messages at once (functions/worker.py), and each message
+that reaches the model keeps its attempt's outcome before it settles the attempt (a completed
+unit always has its output: swarm.core.results). One ``PutObject`` per attempt was a billed
+request per unit, and the finalizer's results file read each back (another). So an invocation's
+outcomes are kept together: each message's thread hands its outcome to the invocation's
+:class:`Page` and waits until every message of the batch has handed one or ended without; then
+the outcomes are written, one object per run (``ResultStore.record_page``), and each thread
+settles its attempt with the key of the object holding its outcome (``UnitRecord.outcome_key``):
+the ledger names where each unit's outcome is, so a page written by a worker whose attempt was
+settled otherwise (a duplicate delivery, a lost attempt's late answer) is never read as the
+unit's.
+
+The wait costs no Lambda time: the invocation lasts until its slowest message ends anyway. A
+message's claim lease (the lanes' visibility timeout, six worker timeouts) covers it. An output
+too long for a results page to inline is kept alone (its link reads exactly it). A write that
+fails fails every message waiting on it: SQS redelivers them, as it would a failed single write.
+Outside an invocation (tests, the simulator) an outcome is kept alone, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from swarm.core.ports import ResultStore
+from swarm.core.results import MAX_PAGED_OUTPUT_BYTES, AttemptOutcome
+
+
+@dataclass(eq=False)
+class _Kept:
+    outcome: AttemptOutcome
+    store: ResultStore
+    key: str | None = None
+
+
+@dataclass(eq=False)
+class Page:
+    """The outcomes of one invocation's ``messages`` messages, written together."""
+
+    messages: int
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _kept: list[_Kept] = field(default_factory=list, repr=False)
+    _done: int = 0  # messages that handed an outcome or ended without one
+    _state: str = "open"  # open -> writing -> written | failed
+    _error: BaseException | None = None
+    writes: int = 0  # objects written (for tests and logs)
+
+    @contextmanager
+    def message(self) -> Iterator[None]:
+        """One message's turn: its outcome, if it keeps one (:func:`keep_outcome`), waits for
+        the page; if it ends without, the page stops waiting for it."""
+        token = _Participant(self)
+        reset = _CURRENT.set(token)
+        try:
+            yield
+        finally:
+            _CURRENT.reset(reset)
+            if not token.kept:
+                self._arrive(None)
+
+    def _arrive(self, kept: _Kept | None) -> None:
+        with self._cond:
+            if kept is not None:
+                self._kept.append(kept)
+            self._done += 1
+            last = self._done == self.messages
+            if last:
+                self._state = "writing"
+        if last:
+            self._write()
+
+    def _write(self) -> None:
+        error: BaseException | None = None
+        try:
+            by_run: dict[tuple[int, str], list[_Kept]] = {}
+            for kept in self._kept:
+                if len(kept.outcome.output.encode()) > MAX_PAGED_OUTPUT_BYTES:
+                    kept.key = kept.store.record(kept.outcome)  # alone: its link reads it only
+                    continue
+                by_run.setdefault((id(kept.store), kept.outcome.run_id), []).append(kept)
+            for (_, run_id), group in by_run.items():
+                key = group[0].store.record_page(run_id, [k.outcome for k in group])
+                self.writes += 1
+                for kept in group:
+                    kept.key = key
+        except BaseException as e:  # every waiting message fails with it
+            error = e
+        with self._cond:
+            self._state = "failed" if error is not None else "written"
+            self._error = error
+            self._cond.notify_all()
+
+    def _keep(self, outcome: AttemptOutcome, store: ResultStore) -> str | None:
+        kept = _Kept(outcome, store)
+        self._arrive(kept)
+        with self._cond:
+            while self._state in ("open", "writing"):
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+        return kept.key
+
+
+@dataclass(eq=False)
+class _Participant:
+    page: Page
+    kept: bool = False
+
+
+_CURRENT: ContextVar[_Participant | None] = ContextVar("swarm_outcome_page", default=None)
+
+
+def keep_outcome(store: ResultStore, outcome: AttemptOutcome) -> str | None:
+    """Keep an attempt's outcome: in the invocation's page when the message runs in one (then
+    the key of the object holding it), else alone under the attempt's own key (then None: the
+    ledger's default for a unit's outcome). Called once per message, before its settlement."""
+    participant = _CURRENT.get()
+    if participant is None or participant.kept:
+        store.record(outcome)
+        return None
+    participant.kept = True
+    return participant.page._keep(outcome, store)
