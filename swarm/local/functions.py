@@ -134,6 +134,9 @@ class FaultyModelPlane:
         return result
 
 
+#: the key of :attr:`FunctionHost.longest_s` for one message of a worker's batch
+WORKER_MESSAGE = "worker message"
+
 #: the kinds of time-scaled spans of an invocation
 MODEL, SLEEP = "model", "sleep"
 
@@ -229,6 +232,11 @@ class FunctionHost:
         )
         self._lock = threading.Lock()
         self.invocations: Counter[str] = Counter()
+        #: per function name: its longest invocation so far, in seconds on the local clock, and
+        #: under WORKER_MESSAGE the longest a worker took over one message (from its drain check
+        #: to its settlement): the emulator's stalls are not time-scaled, and a local claim's
+        #: lease (LocalOptions.worker_timeout_s) must outlast them
+        self.longest_s: dict[str, float] = {}
         self._idle: dict[str, list[ModuleType]] = {}
         self._sandboxes = 0
 
@@ -267,7 +275,13 @@ class FunctionHost:
             self._current.reset(token)
             with self._lock:
                 self._idle.setdefault(function_name, []).append(sandbox)
+            self.note_longest(function_name, measured)
             self._bill(function_name, module_name, invocation, measured)
+
+    def note_longest(self, name: str, seconds: float) -> None:
+        with self._lock:
+            if seconds > self.longest_s.get(name, 0.0):
+                self.longest_s[name] = seconds
 
     def _bill(
         self, function_name: str, module_name: str, invocation: Invocation, measured_s: float
@@ -424,7 +438,11 @@ def probe_worker_reports() -> None:
             with contextlib.suppress(AttributeError, TypeError):  # a frozen worker: see above
                 self.sleep = measured(sleep)
         _SLEPT.seconds = 0.0
+        started = time.perf_counter()
         report = original(self, item, first_delivery)
+        fn_host = host()
+        if fn_host is not None:
+            fn_host.note_longest(WORKER_MESSAGE, time.perf_counter() - started)
         waited = float(getattr(report, "waited_s", 0.0) or 0.0)
         invocation.add_drawing(waited - _SLEPT.seconds)
         return report

@@ -422,6 +422,7 @@ class LocalStack:
                     for r in self.schedules
                 ],
                 "invocations": dict(self.host.invocations) if self.host else {},
+                "longest_invocation_s": dict(self.host.longest_s) if self.host else {},
                 "timings": self.timings,
                 "time_scale": self.options.time_scale,
             }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 
+from swarm.local.functions import WORKER_MESSAGE
 from tests.e2e.conftest import Stack, assert_books, expected_books, units, wait_for
 
 UNITS = 10_000
@@ -50,8 +51,12 @@ def test_a_10000_unit_batch_completes_with_exact_books(stack: Stack) -> None:
     seen = stack.model(doc["batch_id"])
     assert seen["tokens_billed"] == books.spent
     assert seen["calls"] == final["attempts"] == sum(books.attempts.values())
+    longest = stack.local("GET", "/_local/status")["longest_invocation_s"]
+    worker = max(s for name, s in longest.items() if "Worker" in name)
+    message = longest.get(WORKER_MESSAGE, 0.0)
     print(
         f"big batch: {UNITS:,} units, submit answered in {answered:.1f}s, completed in "
         f"{took:.0f}s ({UNITS / took:.1f} units/s), {final['attempts']:,} attempts, "
-        f"{len(books.dead)} dead-lettered, spent {books.spent:,} tokens"
+        f"{len(books.dead)} dead-lettered, spent {books.spent:,} tokens; on the local clock, the "
+        f"longest worker invocation {worker:.1f}s, the longest message {message:.1f}s"
     )
