@@ -49,11 +49,12 @@ class LocalOptions:
 
     time_scale: float = 10.0  # quota x scale, model latency / scale
     stage: str = "local"
-    #: the lanes' visibility timeout and the claims' lease are 6 x this (18 s locally): the
-    #: emulator's stalls are not time-scaled, and a lease shorter than its slowest message is
-    #: a lost attempt the books did not plan (measured: one message in 10,000 took 13 s with
-    #: the 10 s minimum's 6 s lease, and a unit ran twice)
-    worker_timeout_s: int = 30
+    #: the lanes' visibility timeout and the claims' lease are 6 x this (36 s locally): the
+    #: emulator's stalls are not time-scaled, and a claim outlasting its lease is a lost attempt
+    #: the books did not plan. Measured while a 10,000-unit batch fans out (every DynamoDB call
+    #: of the process under one lock): worker messages held up to 19 s on the local clock; with
+    #: the schema's minimum of 10 s (a 6 s lease) a unit of that batch ran twice in CI
+    worker_timeout_s: int = 60
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
     finalizer_max_poll_s: int = 3  # the finalize loop's longest wait (deployed: 300 s)

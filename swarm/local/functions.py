@@ -439,7 +439,11 @@ def probe_worker_reports() -> None:
                 self.sleep = measured(sleep)
         _SLEPT.seconds = 0.0
         started = time.perf_counter()
-        report = original(self, item, first_delivery)
+        _SLOW.start(str(getattr(item, "unit_id", "?")))
+        try:
+            report = original(self, item, first_delivery)
+        finally:
+            _SLOW.end()
         fn_host = host()
         if fn_host is not None:
             fn_host.note_longest(WORKER_MESSAGE, time.perf_counter() - started)
@@ -448,6 +452,59 @@ def probe_worker_reports() -> None:
         return report
 
     Worker.process = process  # type: ignore[method-assign]
+
+
+#: a worker message still running after these many seconds on the local clock gets its stack
+#: logged at each mark (where the emulator stalls it: a claim's lease is six worker timeouts,
+#: time-scaled, and the emulator's own stalls are not)
+SLOW_MESSAGE_S = (5.0, 10.0, 15.0)
+
+
+class _SlowMessages:
+    """The worker messages running now, looked at once a second by one daemon thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, tuple[str, float, int]] = {}  # thread -> unit, start, marks
+        self._thread: threading.Thread | None = None
+
+    def start(self, unit_id: str) -> None:
+        with self._lock:
+            self._running[threading.get_ident()] = (unit_id, time.perf_counter(), 0)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, daemon=True, name="slow")
+                self._thread.start()
+
+    def end(self) -> None:
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            now, frames = time.perf_counter(), sys._current_frames()
+            with self._lock:
+                due = []
+                for tid, (unit, started, marks) in self._running.items():
+                    if marks < len(SLOW_MESSAGE_S) and now - started >= SLOW_MESSAGE_S[marks]:
+                        self._running[tid] = (unit, started, marks + 1)
+                        due.append((tid, unit, now - started))
+            for tid, unit, after in due:
+                frame = frames.get(tid)
+                if frame is not None:
+                    log.warning(
+                        "worker message %s running for %.0f s:\n%s", unit, after, _where(frame)
+                    )
+
+
+_SLOW = _SlowMessages()
+
+
+def _where(frame: Any) -> str:
+    """A stack's frames in the project's code, then the innermost two (where it waits)."""
+    frames = traceback.extract_stack(frame)
+    ours = [f for f in frames[:-2] if "/swarm/" in f.filename or "/functions/" in f.filename]
+    return "".join(traceback.format_list(ours + frames[-2:]))
 
 
 def uninstall() -> None:

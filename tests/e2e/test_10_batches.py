@@ -6,7 +6,7 @@ and billed tokens differ from the projections (under, or capped at the reservati
 
 Timing bounds are the waits' timeouts, each more than 10x what was measured here with the tier
 running: the 40-unit batch closes in ~16 s (bound 180 s), each half of the budget scenario in
-~5 s (120 s), the crash scenario (an 18 s visibility timeout included) in ~21 s (120 s).
+~5 s (120 s), the crash scenario (a 36 s visibility timeout included) in ~50 s (120 s).
 """
 
 from __future__ import annotations
