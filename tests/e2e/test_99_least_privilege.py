@@ -81,9 +81,20 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
             "states:RedriveExecution",
         )
     },
-    ("Sweeper", "states:StartExecution"): "restarts a run that still has units in flight or "
-    "unadmitted when it looks; in the e2e scenario every unit is terminal by then, so the "
-    "sweeper closes the run itself (restarts: tests/integration/test_sweeper.py, on moto)",
+    **{
+        ("Sweeper", action): "the sweeper repairs a run whose execution died by restarting it "
+        "(units still in flight or unadmitted when it looks: StartExecution) or by closing it "
+        "itself (every unit terminal: the ledger's Query, the results' PutObject, the closure's "
+        "PutEvents); in the e2e scenario either may happen (a unit whose message is redelivered "
+        "after the 36 s visibility timeout is not terminal at the 30 s grace), so the tier "
+        "cannot require one path (both: tests/integration/test_sweeper.py, on moto)"
+        for action in (
+            "states:StartExecution",
+            "dynamodb:Query",
+            "s3:PutObject",
+            "events:PutEvents",
+        )
+    },
     **{
         ("Sweeper", action): "the lease sweep of Finalizer.finalize, run by the sweeper: settle a "
         "lost attempt and requeue its retry from the manifest; no lease had run out when it looked"
