@@ -242,6 +242,8 @@ class InMemoryLedger:
         now: float,
         outcome_key: str | None = None,
     ) -> Fate | None:
+        # the DynamoDB write's conditions: the unit exactly as claimed, the attempt unsettled,
+        # the run open and, for a unit that ends, not its last outstanding one
         run_id, unit_id = claimed.run_id, claimed.unit_id
         run = self._runs.get(run_id)
         unit = self._units.get(run_id, {}).get(unit_id)
@@ -249,11 +251,11 @@ class InMemoryLedger:
             return None
         if (run_id, unit_id, attempt) in self._attempts:
             return None
-        if decide_claimed_settlement(run.spec, claimed, attempt, tokens, succeeded, now) is None:
+        decided = decide_claimed_settlement(run.spec, claimed, attempt, tokens, succeeded, now)
+        if decided is None:
             return None
-        after, _, _ = decide_settlement(run, unit, attempt, tokens, succeeded, now)
-        if after.state.closed:  # the run's last outstanding unit: the books decide (settle)
-            return None
+        if decided[3].fate is not Fate.RETRY and run.outstanding <= 1:
+            return None  # it would close the run: the books decide (settle)
         return self.settle(run_id, unit_id, attempt, tokens, succeeded, now, outcome_key).fate
 
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
@@ -392,7 +394,8 @@ class InMemoryLedger:
         reclaimed: bool,
         key: str | None = None,
     ) -> Settlement:
-        first = self._attempts.get((run_id, unit_id, attempt))
+        settled = (run_id, unit_id, attempt)
+        first = self._attempts.get(settled)
         if first is not None:
             return Settlement(
                 first.fate, True, self.run(run_id), self.unit(run_id, unit_id), first.attempt
@@ -403,7 +406,7 @@ class InMemoryLedger:
         )
         self._runs[run_id] = run
         self._units[run_id][unit_id] = unit
-        self._attempts[(run_id, unit_id, attempt)] = settlement
+        self._attempts[settled] = settlement
         return settlement
 
 

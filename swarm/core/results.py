@@ -124,7 +124,7 @@ def find_outcomes(
     found: list[AttemptOutcome | None] = []
     for (unit_id, n, _), key in zip(attempts, keys, strict=True):
         doc = docs.get(key)
-        entries = doc.get("outcomes", []) if isinstance(doc, dict) and "outcomes" in doc else [doc]
+        entries = doc["outcomes"] if isinstance(doc, dict) and "outcomes" in doc else [doc]
         match = next(
             (
                 AttemptOutcome.from_doc(e)
