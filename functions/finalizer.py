@@ -5,8 +5,10 @@ the event's ``poll_s`` and ``max_poll_s``).
 
 Its other action, ``{"action": "open", "batch_id", "spec_key", "cursor"}`` (the state machine's
 first step, ``OpenUnits``): write the next page of a run's unit records
-(:class:`swarm.service.opener.Opener`), stopping ``OPEN_MARGIN_S`` before the function's
-timeout; returns ``{"cursor", "done", "units"}``."""
+(:class:`swarm.service.opener.Opener`), stopping ``MARGIN_S`` before the function's
+timeout; returns ``{"cursor", "done", "units"}``. A closure's results file too long for one
+invocation stops there too, answering ``closed: false`` and ``writing: true``: the loop's next
+poll goes on writing it."""
 
 from __future__ import annotations
 
@@ -30,9 +32,16 @@ _cache: dict[str, Finalizer | Opener] = {}  # the wiring (one dict: the local st
 
 W = TypeVar("W", Finalizer, Opener)
 
-#: the open step stops writing pages this long before the function's timeout (one page of 25
-#: takes milliseconds; the margin covers the books' update and a throttled page's backoff)
-OPEN_MARGIN_S = 60.0
+#: the open step stops writing pages, and a closure its results file's parts, this long before
+#: the function's timeout (one page of 25 takes milliseconds, a part of the results file seconds;
+#: the margin covers the books' update, a throttled page's backoff, the file's saved progress)
+MARGIN_S = 60.0
+
+
+def keep_going(context: LambdaContext) -> Callable[[], bool]:
+    """True until ``MARGIN_S`` before the invocation's timeout."""
+    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - MARGIN_S
+    return lambda: time.monotonic() < deadline
 
 
 def _wired(name: str, kind: type[W], build: Callable[[Wiring], W]) -> W:
@@ -53,13 +62,12 @@ def opener() -> Opener:
 
 
 def open_units(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - OPEN_MARGIN_S
     result = opener().open(
         str(event["batch_id"]),
         str(event["spec_key"]),
         int(event.get("cursor", 0)),
         time.time(),
-        keep_going=lambda: time.monotonic() < deadline,
+        keep_going=keep_going(context),
     )
     logger.info("open", **result)
     return result
@@ -80,7 +88,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     pacing = None
     if "poll_s" in event:  # the loop's bounds (statemachines/fanout.asl.json, from cdk.json)
         pacing = PollPacing(int(event["poll_s"]), int(event["max_poll_s"]))
-    result = finalizer().finalize(batch_id, time.time(), execution=execution, pacing=pacing)
+    result = finalizer().finalize(
+        batch_id, time.time(), execution=execution, pacing=pacing, keep_going=keep_going(context)
+    )
     if result["closed"] and result.get("announced"):
         name = METRIC_RUNS_COMPLETED if result["state"] == "completed" else METRIC_RUNS_EXHAUSTED
         metrics.add_metric(name, MetricUnit.Count, 1)

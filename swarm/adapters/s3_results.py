@@ -11,14 +11,15 @@ default encryption, expired by its lifecycle rule):
   a second write of the same attempt (412): the first record stands;
 * the results file, streamed: one ``PutObject`` up to :data:`PART_BYTES`, a multipart upload
   beyond it (S3 takes up to 10,000 parts), so its size is bounded by S3 (5 TB), not by the
-  function's memory.
+  function's memory; one that a call has no time to finish keeps its upload in
+  ``<file>.parts.json`` and the next call goes on from there.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
@@ -30,11 +31,14 @@ from swarm.adapters.client_errors import client_error_type, error_code
 from swarm.core.errors import ReadDenied
 from swarm.core.results import (
     AttemptOutcome,
+    FileLines,
+    always,
     attempt_key,
     find_outcomes,
     page_doc,
     page_key,
     results_file_key,
+    write_in_parts,
 )
 
 #: the S3 client's configuration for presigned URLs: Signature Version 4 (every region takes it)
@@ -47,10 +51,17 @@ READERS: Final = 16
 CONDITIONAL_RACE_TRIES: Final = 3
 
 
+def progress_key(key: str) -> str:
+    """Where a results file too long for one call keeps its multipart upload between calls
+    (its id, its parts, the unit its last part ends after); expired with ``results/``."""
+    return f"{key}.parts.json"
+
+
 @dataclass
 class S3Results:
     client: Any  # an s3 client
     bucket: str
+    part_bytes: int = PART_BYTES
 
     def _put_once(self, key: str, doc: Any) -> bool:
         """Write ``doc`` at ``key`` unless something is there (``If-None-Match: *``)."""
@@ -106,49 +117,80 @@ class S3Results:
     ) -> list[AttemptOutcome | None]:
         return find_outcomes(run_id, attempts, self._docs)
 
-    def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
+    def write_file(
+        self,
+        run_id: str,
+        name: str,
+        lines: FileLines,
+        keep_going: Callable[[], bool] = always,
+    ) -> str | None:
         key = results_file_key(run_id, name)
-        target = {"Bucket": self.bucket, "Key": key}
-        upload_id: str | None = None
-        parts: list[dict[str, Any]] = []
-        buffer = bytearray()
+        saved = self._doc(progress_key(key))  # a file begun by an earlier call (or None)
+        try:
+            return self._write(key, lines, keep_going, saved)
+        except client_error_type() as e:
+            if saved is None or error_code(e) != "NoSuchUpload":
+                raise
+            # the saved upload is gone (the bucket's lifecycle rule aborts one after a day)
+            return self._write(key, lines, keep_going, None)
 
-        def flush() -> None:
-            nonlocal upload_id, buffer
+    def _write(
+        self,
+        key: str,
+        lines: FileLines,
+        keep_going: Callable[[], bool],
+        saved: dict[str, Any] | None,
+    ) -> str | None:
+        target = {"Bucket": self.bucket, "Key": key}
+        kept: str | None = None if saved is None else str(saved["upload_id"])
+        upload_id = kept
+        parts: list[dict[str, Any]] = [] if saved is None else list(saved["parts"])
+        after: str | None = None if saved is None else saved["after"]
+
+        def put_part(body: bytes, last: str | None) -> None:
+            nonlocal upload_id, after
             if upload_id is None:
                 upload_id = self.client.create_multipart_upload(
                     **target, ContentType="application/x-ndjson"
                 )["UploadId"]
             number = len(parts) + 1
             etag = self.client.upload_part(
-                **target, UploadId=upload_id, PartNumber=number, Body=bytes(buffer)
+                **target, UploadId=upload_id, PartNumber=number, Body=body
             )["ETag"]
             parts.append({"ETag": etag, "PartNumber": number})
-            buffer = bytearray()
+            after = last
 
         try:
-            for line in lines:
-                buffer += line
-                if len(buffer) >= PART_BYTES:
-                    flush()
-            if upload_id is None:
-                self.client.put_object(
-                    **target, Body=bytes(buffer), ContentType="application/x-ndjson"
+            tail = write_in_parts(lines(after), self.part_bytes, put_part, keep_going)
+            if tail is None:  # out of time: the next call goes on after the last part
+                self._put(
+                    progress_key(key), {"upload_id": upload_id, "parts": parts, "after": after}
                 )
+                return None
+            if upload_id is None:
+                self.client.put_object(**target, Body=tail, ContentType="application/x-ndjson")
                 return key
-            if buffer:
-                flush()
+            if tail:
+                put_part(tail, None)
             self.client.complete_multipart_upload(
                 **target, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
         except BaseException:
-            if upload_id is not None:  # the bucket's lifecycle rule also aborts it after a day
+            # an upload begun by this call and not saved for the next: abort it (the bucket's
+            # lifecycle rule also aborts it after a day); a saved one is the next call's
+            if upload_id is not None and upload_id != kept:
                 try:
                     self.client.abort_multipart_upload(**target, UploadId=upload_id)
                 except client_error_type():
                     pass
             raise
         return key
+
+    def _put(self, key: str, doc: Any) -> None:
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        self.client.put_object(
+            Bucket=self.bucket, Key=key, Body=body, ContentType="application/json"
+        )
 
     def exists(self, key: str) -> bool:
         return S3Blobs(self.client, self.bucket).exists(key)

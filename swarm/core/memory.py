@@ -66,11 +66,14 @@ from swarm.core.records import (
 )
 from swarm.core.results import (
     AttemptOutcome,
+    FileLines,
+    always,
     attempt_key,
     find_outcomes,
     page_doc,
     page_key,
     results_file_key,
+    write_in_parts,
 )
 from swarm.core.tenancy import HOLD_WINDOW_S, MAX_HOLDS
 
@@ -664,6 +667,10 @@ class MemoryResults:
     objects: dict[str, bytes] = field(default_factory=dict)
 
     pages: int = 0
+    #: a results file is written in parts of this size (the S3 adapter's PART_BYTES)
+    part_bytes: int = 8 * 1024 * 1024
+    #: results files begun and not finished: key -> (the parts written, the unit they end after)
+    partial: dict[str, tuple[bytes, str | None]] = field(default_factory=dict)
 
     def record(self, outcome: AttemptOutcome) -> str | None:
         key = attempt_key(outcome.run_id, outcome.unit_id, outcome.attempt)
@@ -686,9 +693,27 @@ class MemoryResults:
 
         return find_outcomes(run_id, attempts, read)
 
-    def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
+    def write_file(
+        self,
+        run_id: str,
+        name: str,
+        lines: FileLines,
+        keep_going: Callable[[], bool] = always,
+    ) -> str | None:
         key = results_file_key(run_id, name)
-        self.objects[key] = b"".join(lines)
+        written, after = self.partial.pop(key, (b"", None))
+        parts = [written]
+
+        def put_part(part: bytes, last: str) -> None:
+            nonlocal after
+            parts.append(part)
+            after = last
+
+        tail = write_in_parts(lines(after), self.part_bytes, put_part, keep_going)
+        if tail is None:  # out of time: what is written stays for the next call
+            self.partial[key] = (b"".join(parts), after)
+            return None
+        self.objects[key] = b"".join(parts) + tail
         return key
 
     def exists(self, key: str) -> bool:

@@ -8,7 +8,7 @@ EventBridge, Lambda and Bedrock, and :mod:`swarm.core.memory` implements every o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,7 +18,7 @@ from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Fate, Settlement, TopUp
 from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
-from swarm.core.results import AttemptOutcome
+from swarm.core.results import AttemptOutcome, FileLines, always
 
 
 @dataclass(frozen=True)
@@ -380,8 +380,17 @@ class ResultStore(Protocol):
         None; None where there is none. Each object is read once."""
         ...
 
-    def write_file(self, run_id: str, name: str, lines: Iterable[bytes]) -> str:
-        """Write a run's results file from its lines (any size: streamed in parts); its key."""
+    def write_file(
+        self,
+        run_id: str,
+        name: str,
+        lines: FileLines,
+        keep_going: Callable[[], bool] = always,
+    ) -> str | None:
+        """Write a run's results file from its lines (any size: streamed in parts); its key.
+        A file too long for one call: when ``keep_going()`` turns False after at least one
+        part, the parts so far are kept with the unit id they end after and None is returned;
+        the next call with the same name asks ``lines`` for the units after it and goes on."""
         ...
 
     def exists(self, key: str) -> bool: ...

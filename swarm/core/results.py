@@ -19,7 +19,7 @@ settled as lost whose worker still wrote its answer) is never shown as the unit'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +139,39 @@ def find_outcomes(
 
 def results_file_key(run_id: str, name: str) -> str:
     return f"results/{run_id}/{name}"
+
+
+#: a results file's lines: ``(unit id, line)`` for the units after the given unit id (None: from
+#: the first), in unit id order
+FileLines = Callable[[str | None], Iterable[tuple[str, bytes]]]
+
+
+def always() -> bool:
+    return True
+
+
+def write_in_parts(
+    lines: Iterable[tuple[str, bytes]],
+    part_bytes: int,
+    put_part: Callable[[bytes, str], None],
+    keep_going: Callable[[], bool] = always,
+) -> bytes | None:
+    """Cut ``lines`` into parts of at least ``part_bytes``, each handed to ``put_part(part,
+    the unit id of its last line)``; returns the tail (the last part, shorter, maybe empty)
+    once the lines end, or None when ``keep_going()`` turned False after at least one part:
+    the lines after that part's last unit are not kept (a later call starts after it). At
+    least one part is kept per call, so a call always makes progress."""
+    buffer = bytearray()
+    parts = 0
+    for unit_id, line in lines:
+        if parts and not keep_going():
+            return None
+        buffer += line
+        if len(buffer) >= part_bytes:
+            put_part(bytes(buffer), unit_id)
+            parts += 1
+            buffer = bytearray()
+    return bytes(buffer)
 
 
 def last_attempt(unit: UnitRecord) -> int | None:

@@ -13,6 +13,7 @@ in their lanes for as long as the deploy takes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from swarm.core.ports import (
 from swarm.core.prompts import Prompt
 from swarm.core.records import RunRecord, UnitState
 from swarm.core.report import healthy_line
+from swarm.core.results import always
 from swarm.service.batches import manifest_key, manifest_units, results_key
 from swarm.service.results import Results
 
@@ -84,6 +86,7 @@ class Finalizer:
         now: float,
         execution: str | None = None,
         pacing: PollPacing | None = None,
+        keep_going: Callable[[], bool] = always,
     ) -> dict[str, Any]:
         """Sweep expired leases; on closure write results + remainder and announce the event.
 
@@ -91,7 +94,10 @@ class Finalizer:
         (a Step Functions retry) neither rewrites it nor announces the closure twice.
         ``execution``: the calling execution's name, on its first poll (the sweeper's record of
         who is finalizing the run). ``pacing``: the loop's; a run still open then answers the
-        seconds until the next poll as ``wait_s``.
+        seconds until the next poll as ``wait_s``. ``closed`` in the answer: the run is closed
+        and its closure written. A results file too long for one call (``keep_going()`` turned
+        False while it was written: a closure of ~100,000 units) answers ``closed: False`` and
+        ``writing: True``, and the next call goes on writing it where this one stopped.
         """
         if execution is not None and self.watch is not None:
             self.watch.record(run_id, execution)
@@ -133,13 +139,14 @@ class Finalizer:
                 for u in self.ledger.units(run_id)
             ]
             remainder = [u.unit_id for u in units if u.state is UnitState.REMAINDER]
-            if remainder:
+            remainder_key = f"results/{run_id}/remainder-{epoch}.json"
+            if remainder and not self.blobs.exists(remainder_key):  # kept by an earlier call
                 original = manifest_units(self.blobs.get_json(manifest_key(run_id)))
                 projected = {u.unit_id: u.projected_tokens for u in units}
                 wanted = set(remainder)
                 # the remainder's units as a submission takes them (in fan-out order)
                 self.blobs.put_json(
-                    f"results/{run_id}/remainder-{epoch}.json",
+                    remainder_key,
                     [
                         {
                             "unit_id": i["unit_id"],
@@ -152,7 +159,15 @@ class Finalizer:
                 )
             elapsed = (run.closed_at or now) - run.opened_at
             # the results file first: the summary written last is what marks the closure done
-            results_file = self.results.write_file(run, units)
+            results_file = self.results.write_file(run, units, keep_going)
+            if results_file is None:  # out of time: the next poll goes on writing it
+                return {
+                    "run_id": run_id,
+                    "closed": False,
+                    "state": run.state.value,
+                    "writing": True,
+                    **paced,
+                }
             self.blobs.put_json(
                 key,
                 {

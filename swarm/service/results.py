@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from swarm.core.ports import Ledger, ResultStore
 from swarm.core.records import RunRecord, RunState, UnitRecord, check_id
 from swarm.core.results import (
     MAX_INLINE_OUTPUT_BYTES,
+    always,
     attempt_key,
     last_attempt,
     results_file_key,
@@ -149,15 +151,29 @@ class Results:
             location=self.store.location(key),
         )
 
-    def write_file(self, run: RunRecord, units: Sequence[UnitRecord]) -> str:
+    def write_file(
+        self,
+        run: RunRecord,
+        units: Sequence[UnitRecord],
+        keep_going: Callable[[], bool] = always,
+    ) -> str | None:
         """The results file of the run's current closure: ``units`` (the finalizer's read of the
         closure, which its summary also holds), one JSON line each in unit id order, their
-        attempt records read a chunk at a time; returns its key."""
+        attempt records read a chunk at a time; returns its key, or None when ``keep_going()``
+        turned False before the file was whole (the next call goes on where this one stopped)."""
         name = results_file_name(run.state, run.exhaustions)
         ordered = sorted(units, key=lambda u: u.unit_id)
-        return self.store.write_file(run.run_id, name, self._lines(run.run_id, ordered))
+        ids = [u.unit_id for u in ordered]
 
-    def _lines(self, run_id: str, units: list[UnitRecord]) -> Iterator[bytes]:
+        def lines(after: str | None) -> Iterator[tuple[str, bytes]]:
+            start = 0 if after is None else bisect.bisect_right(ids, after)
+            return self._lines(run.run_id, ordered[start:])
+
+        return self.store.write_file(run.run_id, name, lines, keep_going)
+
+    def _lines(self, run_id: str, units: list[UnitRecord]) -> Iterator[tuple[str, bytes]]:
         for start in range(0, len(units), FILE_CHUNK):
-            for doc in self.unit_docs(run_id, units[start : start + FILE_CHUNK]):
-                yield json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            chunk = units[start : start + FILE_CHUNK]
+            for unit, doc in zip(chunk, self.unit_docs(run_id, chunk), strict=True):
+                line = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+                yield unit.unit_id, line + b"\n"

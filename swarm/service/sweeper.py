@@ -197,7 +197,7 @@ class Sweeper:
                 report.out_of_time = True
                 break
             try:
-                report.swept.append(self.repair(watched.run_id, now))
+                report.swept.append(self.repair(watched.run_id, now, out_of_time))
             except Exception as error:  # one broken run must not starve the others
                 report.swept.append(
                     Swept(watched.run_id, Verdict.ERROR, error=f"{type(error).__name__}: {error}")
@@ -211,8 +211,12 @@ class Sweeper:
         except Exception:  # best effort: it is due again next tick otherwise
             return
 
-    def repair(self, run_id: str, now: float) -> Swept:
-        """One run: leave it, announce it, or restart its execution (see the module docstring)."""
+    def repair(
+        self, run_id: str, now: float, out_of_time: Callable[[], bool] = lambda: False
+    ) -> Swept:
+        """One run: leave it, announce it, or restart its execution (see the module docstring).
+        A closed run's results file that ``out_of_time()`` cuts short is written on by the
+        finalize loop the restart starts."""
         watched = self.watch.get(run_id)  # consistent: the index may lag a restart or a release
         if watched is None:
             return Swept(run_id, Verdict.UNWATCHED)
@@ -227,7 +231,7 @@ class Sweeper:
         # Nobody is finalizing the run: the finalizer's own logic, here. It sweeps expired
         # leases (a dead worker's attempt is settled and its retry requeued) and announces a
         # closed run (then stops watching it).
-        result = self.finalizer.finalize(run_id, now)
+        result = self.finalizer.finalize(run_id, now, keep_going=lambda: not out_of_time())
         if result["closed"]:
             announced = bool(result.get("announced"))
             return Swept(run_id, Verdict.ANNOUNCED, state=result["state"], announced=announced)

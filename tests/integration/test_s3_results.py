@@ -1,5 +1,6 @@
 """The results store on S3 (moto): write-once attempt records, and a results file past one part
-written as a multipart upload, aborted when it fails half-way."""
+written as a multipart upload, over several calls when one has no time for it all, aborted when
+it fails half-way before anything was saved for the next call."""
 
 from __future__ import annotations
 
@@ -53,9 +54,15 @@ def test_a_page_holds_many_attempts_and_each_object_is_read_once(store: S3Result
     assert sorted(calls) == ["GetObject", "GetObject"]
 
 
-def lines(n: int, size: int) -> Iterator[bytes]:
+def lines(n: int, size: int, after: str | None = None) -> Iterator[tuple[str, bytes]]:
     for i in range(n):
-        yield json.dumps({"unit_id": f"u{i:05d}", "output": "x" * size}).encode() + b"\n"
+        unit_id = f"u{i:05d}"
+        if after is None or unit_id > after:
+            yield unit_id, json.dumps({"unit_id": unit_id, "output": "x" * size}).encode() + b"\n"
+
+
+def body(n: int, size: int) -> bytes:
+    return b"".join(line for _, line in lines(n, size))
 
 
 def test_a_results_file_past_one_part_is_a_multipart_upload_of_every_line(
@@ -63,22 +70,87 @@ def test_a_results_file_past_one_part_is_a_multipart_upload_of_every_line(
 ) -> None:
     # 20 MiB of lines: two full parts and a last, shorter one
     n, size = 20, 1024 * 1024
-    key = store.write_file("b-1", "completed-0.jsonl", lines(n, size))
+    key = store.write_file("b-1", "completed-0.jsonl", lambda after: lines(n, size, after))
+    assert key is not None
     client: Any = store.client
     head = client.head_object(Bucket=BUCKET, Key=key)
-    assert head["ContentLength"] == sum(len(line) for line in lines(n, size)) > 2 * PART_BYTES
+    assert head["ContentLength"] == len(body(n, size)) > 2 * PART_BYTES
     assert head["ETag"].strip('"').endswith("-3")  # S3's multipart ETag: 3 parts
-    body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    assert body == b"".join(lines(n, size))
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == body(n, size)
+
+
+def test_a_file_too_long_for_one_call_goes_on_where_the_last_call_stopped(
+    store: S3Results,
+) -> None:
+    # Given 20 MiB of lines in parts of S3's minimum (5 MiB), and calls with time for one part
+    store.part_bytes = 5 * 1024 * 1024
+    n, size = 20, 1024 * 1024
+    asked: list[str | None] = []
+
+    def file_lines(after: str | None) -> Iterator[tuple[str, bytes]]:
+        asked.append(after)
+        return lines(n, size, after)
+
+    # When the file is written call after call
+    keys = [store.write_file("b-1", "completed-0.jsonl", file_lines, lambda: False)]
+    while keys[-1] is None and len(keys) < 10:
+        keys.append(store.write_file("b-1", "completed-0.jsonl", file_lines, lambda: False))
+    # Then each call kept one part (5 lines of ~1 MiB) and asked for the lines after it; the
+    # last call completed the upload: every line once, in order, one upload
+    assert keys == [None, None, None, "results/b-1/completed-0.jsonl"]
+    assert asked == [None, "u00004", "u00009", "u00014"]
+    client: Any = store.client
+    head = client.head_object(Bucket=BUCKET, Key=keys[-1])
+    assert head["ETag"].strip('"').endswith("-4")
+    assert client.get_object(Bucket=BUCKET, Key=keys[-1])["Body"].read() == body(n, size)
+    assert client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+
+
+def test_a_saved_upload_that_is_gone_is_begun_again(store: S3Results) -> None:
+    # Given a file that a call left half-written, its upload since aborted (the lifecycle rule)
+    store.part_bytes = 5 * 1024 * 1024
+    n, size = 12, 1024 * 1024
+    name = "completed-0.jsonl"
+    assert store.write_file("b-1", name, lambda a: lines(n, size, a), lambda: False) is None
+    client: Any = store.client
+    (upload,) = client.list_multipart_uploads(Bucket=BUCKET)["Uploads"]
+    client.abort_multipart_upload(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"])
+    # When the next call goes on, Then it writes the whole file again
+    key = store.write_file("b-1", name, lambda a: lines(n, size, a))
+    assert key is not None
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == body(n, size)
 
 
 def test_a_file_that_fails_half_way_leaves_no_upload_behind(store: S3Results) -> None:
-    def failing() -> Iterator[bytes]:
+    def failing(after: str | None) -> Iterator[tuple[str, bytes]]:
         yield from lines(10, 1024 * 1024)  # past one part: the upload has begun
         raise RuntimeError("the ledger went away")
 
     with pytest.raises(RuntimeError):
-        store.write_file("b-1", "completed-0.jsonl", failing())
+        store.write_file("b-1", "completed-0.jsonl", failing)
     client: Any = store.client
     assert client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
     assert not store.exists("results/b-1/completed-0.jsonl")
+
+
+def test_a_call_that_fails_after_a_saved_part_keeps_the_upload_for_the_next(
+    store: S3Results,
+) -> None:
+    # Given a file a call left half-written
+    store.part_bytes = 5 * 1024 * 1024
+    n, size = 12, 1024 * 1024
+    name = "completed-0.jsonl"
+    assert store.write_file("b-1", name, lambda a: lines(n, size, a), lambda: False) is None
+
+    def failing(after: str | None) -> Iterator[tuple[str, bytes]]:
+        yield from lines(2, size, after)
+        raise RuntimeError("the ledger went away")
+
+    # When the next call fails, Then the saved upload stays, and a third call finishes the file
+    with pytest.raises(RuntimeError):
+        store.write_file("b-1", name, failing)
+    client: Any = store.client
+    assert len(client.list_multipart_uploads(Bucket=BUCKET)["Uploads"]) == 1
+    key = store.write_file("b-1", name, lambda a: lines(n, size, a))
+    assert key is not None
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == body(n, size)

@@ -14,6 +14,7 @@ import pytest
 from swarm.api.models import ResultsQuery
 from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.lanes import QueuedUnit
+from swarm.core.memory import MemoryResults
 from swarm.core.ports import ModelPlane, ModelRequest, ModelResult
 from swarm.core.records import Lane, RunState, UnitState
 from swarm.core.results import LOST, AttemptOutcome, attempt_key
@@ -183,6 +184,41 @@ def test_the_download_appears_once_the_results_file_is_written() -> None:
     download = reader.page(p.ledger.run(run_id), ResultsQuery())["download"]
     assert download["expires_in_s"] == 120
     assert download["location"] == f"memory://results/{run_id}/completed-0.jsonl"
+
+
+def test_a_results_file_too_long_for_one_call_is_written_on_by_the_next_calls() -> None:
+    # Given a closed run of 60 units and a results file cut in parts of ~5 lines
+    p, _ = plane(failure_rate=0.25)
+    run_id = p.submit(60)
+    p.fan_out()
+    p.pump()
+    assert p.ledger.run(run_id).state is RunState.COMPLETED
+    whole = MemoryResults(objects=dict(p.results.objects))  # the outcomes, then the file at once
+    file = Results(p.ledger, whole).write_file(p.ledger.run(run_id), p.ledger.units(run_id))
+    assert file is not None
+    expected = whole.objects[file]
+    p.results.part_bytes = len(expected) // 12
+    # When each call has time for one part only (keep_going is False once a part is kept)
+    answers = []
+    for _ in range(20):
+        answer = p.finalizer.finalize(run_id, p.clock.now(), keep_going=lambda: False)
+        answers.append(answer)
+        if answer["closed"]:
+            break
+    # Then every call but the last says it is writing, nothing is announced until the last,
+    # and the file is the same as one written at once: every line once, in unit id order
+    full, size = 0, 0  # the parts the lines make: each call kept one, the last call the tail
+    for line in expected.splitlines(keepends=True):
+        size += len(line)
+        if size >= p.results.part_bytes:
+            full, size = full + 1, 0
+    assert full >= 10 and len(answers) == full + (1 if size else 0)
+    assert all(a == {**answers[0]} for a in answers[:-1])
+    assert answers[0]["writing"] and answers[0]["state"] == "completed"
+    assert answers[-1]["announced"] and "writing" not in answers[-1]
+    assert len(p.events.published) == 1
+    assert p.results.objects[f"results/{run_id}/completed-0.jsonl"] == expected
+    assert p.results.partial == {}
 
 
 def test_another_tenant_cannot_see_a_batch_or_its_results() -> None:

@@ -176,6 +176,29 @@ def test_a_closed_run_whose_execution_died_is_announced_by_the_sweeper() -> None
     assert plane.tick() == []
 
 
+def test_a_closure_whose_results_file_the_sweep_has_no_time_for_gets_the_finalize_loop_back() -> (
+    None
+):
+    # Given a closed run whose execution died, and a results file longer than one part
+    plane = Plane()
+    run_id = plane.submit(units=40)
+    plane.map(run_id)
+    plane.first_poll(run_id, run_id)
+    plane.settle_all(run_id)
+    plane.executions.statuses[run_id] = "FAILED"
+    plane.finalizer.results.store.part_bytes = 1_000  # type: ignore[attr-defined]
+    # When the sweeper looks at it with time for one part only
+    plane.now += INTERVAL
+    report = plane.sweeper.sweep(plane.now, out_of_time=iter([False, True]).__next__)
+    # Then it restarts the finalize loop, which writes the rest and announces the closure once
+    assert [(s.run_id, s.verdict) for s in report.swept] == [(run_id, Verdict.FINALIZE_LOOP)]
+    assert plane.events.published == []
+    (restart,) = [name for name in plane.executions.started if name != run_id]
+    answer = plane.finalizer.finalize(run_id, plane.now, execution=restart)
+    assert answer["closed"] and answer["announced"]
+    assert [e for e, _ in plane.events.published] == ["run.completed"]
+
+
 def test_units_never_admitted_are_fanned_out_again() -> None:
     # Given a run whose map died after admitting 1 unit of 4 (execution FAILED: FanOutFailed)
     plane = Plane()

@@ -45,6 +45,11 @@ SQS (:func:`patch_sqs`)
     messages together at most 1 MiB (moto: the bodies' characters); DelaySeconds below 0 (moto
     checks only above 900).
 
+S3 (:func:`patch_s3`)
+  * UploadPart of a multipart upload that is no longer there (aborted, e.g. by a lifecycle
+    rule, or completed): ``NoSuchUpload`` (404), as AWS answers; moto failed with an internal
+    error (a ``KeyError``).
+
 EventBridge (:func:`patch_events`)
   * PutEvents entries together at most 1 MiB, sized as AWS documents (``Time`` 14 bytes, the
     UTF-8 bytes of ``Source``, ``DetailType``, ``Detail`` and each of ``Resources``). moto checks
@@ -796,10 +801,31 @@ def patch_events() -> None:
 # ================================================================== all
 
 
+# ================================================================== S3
+
+
+def _s3_upload_part(original: Callable[..., Any]) -> Callable[..., Any]:
+    def upload_part(self: Any, bucket_name: str, multipart_id: str, *args: Any, **kw: Any) -> Any:
+        from moto.s3.exceptions import NoSuchUpload
+
+        if multipart_id not in self.get_bucket(bucket_name).multiparts:
+            raise NoSuchUpload(upload_id=multipart_id)
+        return original(self, bucket_name, multipart_id, *args, **kw)
+
+    return upload_part
+
+
+def patch_s3() -> None:
+    from moto.s3.models import S3Backend
+
+    _wrap(S3Backend, "upload_part", _s3_upload_part)
+
+
 PATCHES: dict[str, Callable[[], None]] = {
     "dynamodb": patch_dynamodb,
     "stepfunctions": patch_stepfunctions,
     "lambda": patch_lambda,
+    "s3": patch_s3,
     "sqs": patch_sqs,
     "events": patch_events,
 }
