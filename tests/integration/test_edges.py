@@ -134,12 +134,16 @@ def service(plane: ControlPlane, function: str) -> Any:
 
 @dataclass
 class Clock:
-    """Stands in for the ``time`` module of one handler: ``time.time()`` reads ``now``."""
+    """Stands in for the ``time`` module of one handler: ``time.time()`` reads ``now``; its
+    ``monotonic()`` (an invocation's deadline) is the real one."""
 
     now: float
 
     def time(self) -> float:
         return self.now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
 
 def fake_time(monkeypatch: pytest.MonkeyPatch, module: ModuleType, now: float) -> Clock:
