@@ -51,6 +51,25 @@ NOT_COUNTED = (
 )
 
 
+#: the finalize loop's states: entered once per poll, however many units the run has
+POLL_STATES = frozenset(
+    f"state transition: {name}" for name in ("Finalize", "RunClosed?", "CountPoll", "WaitForUnits")
+)
+
+
+def time_driven(line: dict[str, Any]) -> bool:
+    """A line that grows with the run's length rather than its units: the event source
+    mappings' idle long polls, the finalize loop's polls (its transitions, the finalizer's
+    invocations and time, which include the closure's results file) and the sweeper."""
+    if line["caller"] == billing.ESM_CALLER:
+        return str(line["operation"]).startswith("ReceiveMessage (empty")
+    if line["service"] == "stepfunctions":
+        return str(line["operation"]) in POLL_STATES
+    if line["service"] == "lambda" and line["caller"] in ("finalizer", "sweeper"):
+        return True
+    return bool(line["caller"] == "sweeper")
+
+
 @dataclass(frozen=True)
 class CostConfig:
     units: int = 300
@@ -199,6 +218,8 @@ def summarize(
         )
     }
     total_usd = sum(d["usd_per_million_units"] for d in billed)
+    by_time = [d for d in billed if time_driven(d)]
+    hours = bill["window_s"] * time_scale / 3600
     result: dict[str, Any] = {
         "units": units,
         "batch_id": batch,
@@ -214,6 +235,19 @@ def summarize(
         "requests_per_unit": sum(d["requests_per_unit"] for d in billed),
         "usd_per_million_units": total_usd,
         "usd_per_million_units_without_the_model_call": total_usd - lambda_gb["model_call"],
+        # the same bill split by what drives it: the units, or the run's length (at this
+        # batch's pace; a fleet with a larger quota finishes units faster and pays less of it)
+        "time_driven": {
+            "requests_per_unit": sum(d["requests_per_unit"] for d in by_time),
+            "usd_per_million_units": sum(d["usd_per_million_units"] for d in by_time),
+            "requests_per_hour": sum(d["requests"] for d in by_time) / hours if hours else 0.0,
+            "usd_per_hour": (
+                sum(d["usd_per_million_units"] for d in by_time) * units / MILLION / hours
+                if hours
+                else 0.0
+            ),
+            "units_per_hour": units / hours if hours else 0.0,
+        },
         "targets": {
             "requests_per_unit": TARGET_REQUESTS_PER_UNIT,
             "usd_per_million_units": TARGET_USD_PER_MILLION_UNITS,
@@ -323,13 +357,18 @@ def render(result: dict[str, Any], top: int = 30) -> str:
             f"{use['gb_seconds_per_unit']:>10.4f}"
         )
     targets = result["targets"]
+    timed = result["time_driven"]
     out += [
         "",
         f"billed requests per unit: {result['requests_per_unit']:.2f} "
-        f"(target <= {targets['requests_per_unit']:g})",
+        f"(target <= {targets['requests_per_unit']:g}); of them driven by the run's length "
+        f"(idle long polls, the finalize loop, the sweeper) {timed['requests_per_unit']:.2f}: "
+        f"{timed['requests_per_hour']:,.0f} requests and ${timed['usd_per_hour']:.4f} per "
+        f"deployed hour at this batch's {timed['units_per_hour']:,.0f} units per hour",
         f"US dollars per million units: {result['usd_per_million_units']:.2f} "
         f"(target <= {targets['usd_per_million_units']:g}); without the Lambda time in the "
-        f"model call: {result['usd_per_million_units_without_the_model_call']:.2f}",
+        f"model call: {result['usd_per_million_units_without_the_model_call']:.2f}; driven by "
+        f"the run's length: {timed['usd_per_million_units']:.2f}",
         f"Lambda: {lam['gb_seconds_per_unit']:.3f} GB-s per unit from measured durations "
         f"(${lam['usd_per_million_units']:.2f} per M units, requests included); the model "
         f"call's and the token waits' time converted back from x{scale:g}",

@@ -15,7 +15,11 @@ operation and caller, each billed request and the quantity AWS prices it in
   secondary index holds costs the index's writes too (1 to add or remove an entry or change its
   projected attributes, 2 when its key changes). Errors (validation, throttling) are not billed.
 * **SQS**: every API call, in 64 KB chunks of its payload (a batch's messages together; a
-  receive's messages; an empty receive is one request, listed apart).
+  receive's messages; an empty receive is one request, listed apart). An event source mapping
+  keeps :data:`ESM_IDLE_POLLERS` pollers long-polling a queue that has no messages (Lambda's
+  standard mode; with ``MaximumConcurrency`` set, as every mapping here, it never goes down to
+  two), each with a 20 s wait; the local mapping runs one poller at that wait on the deployed
+  clock, so each of its empty receives is billed as :data:`ESM_IDLE_POLLERS` requests.
 * **S3**: requests by class: PUT, COPY, POST and LIST; GET, HEAD and the rest; DELETE (free).
 * **Step Functions**: a Standard execution's state transitions (each state entered, each retry);
   one transition in the parent for each child a Distributed Map starts; an Express execution's
@@ -63,6 +67,13 @@ log = logging.getLogger("swarm.local")
 WRITE_UNIT_BYTES = 1024  # a DynamoDB write request unit: 1 KB
 READ_UNIT_BYTES = 4096  # a DynamoDB read request unit: 4 KB (strongly consistent)
 SQS_CHUNK_BYTES = 64 * 1024  # each 64 KB chunk of a payload is billed as one request
+#: the pollers Lambda keeps on an idle queue per SQS event source mapping ("When traffic is low,
+#: Lambda scales back the processing to five concurrent batches"; the optimization down to two
+#: "is not available when you enable the maximum concurrency setting": Lambda developer guide,
+#: "Configuring scaling behavior for SQS event source mappings")
+ESM_IDLE_POLLERS = 5
+#: the bill's name for the event source mappings' pollers
+ESM_CALLER = "event source mapping"
 EVENTS_CHUNK_BYTES = 64 * 1024  # each 64 KB chunk of a PutEvents entry is one event
 LAMBDA_GRANULARITY_S = 0.001  # Lambda rounds each invocation's duration up to 1 ms
 EXPRESS_GRANULARITY_S = 0.1  # Express executions: up to 100 ms
@@ -817,6 +828,9 @@ def _sqs(action: str, body: Mapping[str, Any], caller: str, response: Any) -> No
         if not messages:
             operation = "ReceiveMessage (empty)"
     billed = sqs_requests(size)
+    if operation == "ReceiveMessage (empty)" and caller == ESM_CALLER:
+        operation = f"ReceiveMessage (empty; x{ESM_IDLE_POLLERS}: AWS's idle pollers)"
+        billed *= ESM_IDLE_POLLERS
     METER.add("sqs", operation, caller, SQS_REQUESTS, billed, billed)
 
 

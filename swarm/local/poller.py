@@ -1,12 +1,13 @@
 """The parts of Lambda and EventBridge that moto does not run, done the way AWS does them.
 
 :class:`MappingPoller` is the Lambda SQS poller for one event source mapping: it reads the mapping
-from moto (so ``Enabled`` flips by the drain controller take effect within a second), receives up
-to ``BatchSize`` messages (the queue's visibility timeout applies, on the stack's time scale),
-invokes the function through moto's Lambda API with the SQS event, keeps at most
-``MaximumConcurrency`` invocations in flight, and with ``ReportBatchItemFailures`` deletes every
-message except the reported failures. A function error (an unhandled exception, a crashed
-worker) deletes nothing: the batch comes back after its visibility timeout, as on AWS.
+from moto (so ``Enabled`` flips by the drain controller take effect within a second), long-polls as
+Lambda's pollers do (20 s on the deployed clock) for up to ``BatchSize`` messages (the queue's
+visibility timeout applies, on the stack's time scale), invokes the function through moto's
+Lambda API with the SQS event, keeps at most ``MaximumConcurrency`` invocations in flight, and
+with ``ReportBatchItemFailures`` deletes every message except the reported failures. A function
+error (an unhandled exception, a crashed worker) deletes nothing: the batch comes back after its
+visibility timeout, as on AWS.
 
 :class:`ParameterRule` is an EventBridge rule on an SSM parameter: moto emits no "Parameter Store
 Change" events, so it polls the parameter and invokes the rule's target with that event when the
@@ -33,7 +34,8 @@ log = logging.getLogger("swarm.local")
 #: Lambda's default when a mapping sets no MaximumConcurrency (bounded locally)
 DEFAULT_CONCURRENCY = 5
 REFRESH_S = 0.5
-LONG_POLL_S = 1
+#: Lambda's SQS pollers long-poll 20 s (on the deployed clock: locally ``20 / time_scale``)
+AWS_LONG_POLL_S = 20
 
 
 @dataclass
@@ -105,6 +107,12 @@ class MappingPoller:
         return (self.queue_clients or self.clients)("sqs")
 
     @property
+    def long_poll_s(self) -> int:
+        """AWS's 20 s long poll on the local clock (a new message ends it at once; SQS takes
+        whole seconds, 1 to 20)."""
+        return max(1, min(AWS_LONG_POLL_S, round(AWS_LONG_POLL_S / self.time_scale)))
+
+    @property
     def enabled(self) -> bool:
         return self._mapping.get("State") == "Enabled"
 
@@ -158,7 +166,7 @@ class MappingPoller:
         response = self._sqs().receive_message(
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=int(self._mapping.get("BatchSize", 10)),
-            WaitTimeSeconds=LONG_POLL_S,
+            WaitTimeSeconds=self.long_poll_s,
             VisibilityTimeout=self._visibility_s,
             AttributeNames=["All"],
             MessageAttributeNames=["All"],

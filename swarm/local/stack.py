@@ -295,7 +295,7 @@ class LocalStack:
                 REGION,
                 self.stop_event,
                 self.options.time_scale,
-                queue_clients=self.role_clients(roles[function], "lambda", "event source mapping"),
+                queue_clients=self.role_clients(roles[function], "lambda", billing.ESM_CALLER),
             )
             self.pollers.append(poller)
             self._thread(poller.run, f"poller-{uuid[:8]}")

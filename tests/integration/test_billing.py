@@ -268,6 +268,29 @@ def test_sqs_s3_events_and_ssm_requests_are_billed_as_aws_bills_them(
     assert _lines(meter, "ssm") == {"PutParameter": (1, 1), "GetParameter": (1, 1)}
 
 
+def test_an_event_source_mappings_empty_receive_is_billed_for_awss_idle_pollers(
+    meter: billing.Meter,
+) -> None:
+    # Given the mappings' poller (one, locally) and the application, each receiving nothing
+    sqs = client("sqs")
+    url = sqs.create_queue(QueueName="lane")["QueueUrl"]
+    esm = boto3.client(
+        "sqs", region_name=REGION, aws_access_key_id="AKIDPOLLER", aws_secret_access_key="s"
+    )
+    meter.name_caller("AKIDPOLLER", billing.ESM_CALLER)
+    esm.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+    sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+    sqs.send_message(QueueUrl=url, MessageBody="a")
+    esm.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+    # Then the mapping's empty receive is billed as the five Lambda keeps polling an idle
+    # queue; a receive with messages, and the application's own empty receive, as one
+    assert _lines(meter, "sqs", billing.ESM_CALLER) == {
+        f"ReceiveMessage (empty; x{billing.ESM_IDLE_POLLERS}: AWS's idle pollers)": (5, 5),
+        "ReceiveMessage": (1, 1),
+    }
+    assert _lines(meter, "sqs")["ReceiveMessage (empty)"] == (1, 1)
+
+
 def test_a_distributed_map_bills_its_parent_transitions_and_each_express_child(
     meter: billing.Meter,
 ) -> None:

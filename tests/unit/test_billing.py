@@ -351,6 +351,30 @@ def test_the_bill_per_unit_applies_each_lines_price() -> None:
     assert f"US dollars per million units: {result['usd_per_million_units']:.2f}" in text
 
 
+def test_the_bill_tells_what_the_runs_length_drives_from_what_its_units_drive() -> None:
+    empty = f"ReceiveMessage (empty; x{billing.ESM_IDLE_POLLERS}: AWS's idle pollers)"
+    lines = [
+        _line("sqs", empty, billing.SQS_REQUESTS, 300, 300),
+        _line("stepfunctions", "state transition: WaitForUnits", billing.SFN_TRANSITIONS, 20, 20),
+        _line("stepfunctions", "state transition: FanOut", billing.SFN_TRANSITIONS, 1, 1),
+        _line("lambda", "Invoke", billing.LAMBDA_REQUESTS, 20, 20),
+        _line("sqs", "ReceiveMessage", billing.SQS_REQUESTS, 40, 40),
+        _line("dynamodb", "UpdateItem", billing.DYNAMODB_WRITE, 400, 400),
+    ]
+    lines[0]["caller"] = lines[4]["caller"] = billing.ESM_CALLER
+    lines[1]["caller"] = lines[2]["caller"] = "state machine"
+    lines[3]["caller"] = "finalizer"
+    result = cost.summarize(_bill(lines), 200)  # 60 s at x10: 600 s deployed, 1,200 units an hour
+    timed = result["time_driven"]
+    # the idle polls, the finalize loop's states and the finalizer's invocations; not the
+    # fan-out's state, the receives that got messages or the units' writes
+    assert timed["requests_per_unit"] == pytest.approx((300 + 20 + 20) / 200)
+    assert timed["requests_per_hour"] == pytest.approx(340 * 6)
+    assert timed["units_per_hour"] == pytest.approx(1_200)
+    assert timed["usd_per_hour"] == pytest.approx(timed["usd_per_million_units"] * 200 / 1e6 * 6)
+    assert "of them driven by the run's length (idle long polls" in cost.render(result)
+
+
 def test_the_bench_runs_cdk_jsons_timings_on_the_local_clock() -> None:
     timings = cost.deployed_timings(10)
     # cdk.json: a 30 s finalizer poll is 3 s of a Wait state at x10; the others are deployed
