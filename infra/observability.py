@@ -79,7 +79,7 @@ class Observability(Construct):
         action = actions.SnsAction(self.topic)
 
         self.alarms: list[cloudwatch.Alarm] = []
-        # Not the DLQs' depth: the dead-letter handler empties them within seconds, so a depth
+        # Not the DLQ's depth: the dead-letter handler empties it within seconds, so a depth
         # alarm never sees a dead letter. Page on what the handlers record instead: the DLQ
         # handler (a message SQS gave up on) and the worker (attempts exhausted) both emit
         # UnitsDeadLettered with Powertools (namespace POWERTOOLS_METRICS_NAMESPACE, dimension
@@ -205,10 +205,9 @@ class Observability(Construct):
             cloudwatch.GraphWidget(
                 title="Dead letters",
                 left=[
-                    lanes.dead_letters[lane].metric_approximate_number_of_messages_visible(
-                        period=minute, statistic="Maximum", label=lane.value
+                    lanes.dead_letters.metric_approximate_number_of_messages_visible(
+                        period=minute, statistic="Maximum", label="dead letters"
                     )
-                    for lane in LANES
                 ],
                 width=8,
             ),

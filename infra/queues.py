@@ -1,4 +1,8 @@
-"""Priority lanes: one standard SQS queue per lane, each with its own dead-letter queue."""
+"""Priority lanes: one standard SQS queue per lane, and one dead-letter queue they share.
+
+One dead-letter queue, not one per lane: an event source mapping long-polls its queue whatever
+arrives (five pollers, 20 s each: ~900 requests an hour), and a dead letter names its run, unit
+and lane in its body, so the handler needs nothing a queue per lane would tell it."""
 
 from __future__ import annotations
 
@@ -14,38 +18,36 @@ RETENTION = cdk.Duration.days(14)
 
 
 class LaneQueues(Construct):
-    """``queues[lane]`` and ``dead_letters[lane]``: encrypted (SSE-SQS), TLS-only, redrive."""
+    """``queues[lane]`` and ``dead_letters`` (theirs, shared): encrypted (SSE-SQS), TLS-only,
+    redrive."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, config: SwarmConfig, dlq_timeout: cdk.Duration
     ) -> None:
         super().__init__(scope, construct_id)
         removal = cdk.RemovalPolicy.RETAIN if config.production else cdk.RemovalPolicy.DESTROY
+        self.dead_letters = sqs.Queue(
+            self,
+            "DeadLetters",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=RETENTION,
+            # The DLQ handler's mapping needs a visibility timeout above its timeout.
+            visibility_timeout=cdk.Duration.seconds(6 * dlq_timeout.to_seconds()),
+            removal_policy=removal,
+        )
         self.queues: dict[Lane, sqs.Queue] = {}
-        self.dead_letters: dict[Lane, sqs.Queue] = {}
         for lane in LANES:
-            name = lane.value.capitalize()
-            dead_letters = sqs.Queue(
-                self,
-                f"{name}DeadLetters",
-                encryption=sqs.QueueEncryption.SQS_MANAGED,
-                enforce_ssl=True,
-                retention_period=RETENTION,
-                # The DLQ handler's mapping needs a visibility timeout above its timeout.
-                visibility_timeout=cdk.Duration.seconds(6 * dlq_timeout.to_seconds()),
-                removal_policy=removal,
-            )
-            self.dead_letters[lane] = dead_letters
             self.queues[lane] = sqs.Queue(
                 self,
-                f"{name}Lane",
+                f"{lane.value.capitalize()}Lane",
                 encryption=sqs.QueueEncryption.SQS_MANAGED,
                 enforce_ssl=True,
                 # Queued work survives a long drain; 14 days is the SQS maximum.
                 retention_period=RETENTION,
                 visibility_timeout=cdk.Duration.seconds(config.visibility_timeout_seconds),
                 dead_letter_queue=sqs.DeadLetterQueue(
-                    max_receive_count=config.max_receive_count, queue=dead_letters
+                    max_receive_count=config.max_receive_count, queue=self.dead_letters
                 ),
                 removal_policy=removal,
             )

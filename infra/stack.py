@@ -46,7 +46,6 @@ class SwarmStack(cdk.Stack):
                 env.DRAIN_PARAMETER_NAME: self.drain.parameter.parameter_name,
             },
             **{env.queue_url_var(lane): self.lanes.queues[lane].queue_url for lane in LANES},
-            **{env.dlq_url_var(lane): self.lanes.dead_letters[lane].queue_url for lane in LANES},
         )
         factory = FunctionFactory(self, config, environment)
 

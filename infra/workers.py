@@ -99,7 +99,7 @@ class Workers(Construct):
             "DeadLetters",
             FunctionSpec(
                 name=DLQ,
-                description="Records dead letters from the lanes' DLQs and settles them",
+                description="Records dead letters from the lanes' DLQ and settles them",
                 timeout=DLQ_TIMEOUT,
             ),
         )
@@ -109,23 +109,23 @@ class Workers(Construct):
             "dynamodb:UpdateItem",  # ends the unit (books + unit updates)
             "dynamodb:PutItem",  # settles a claimed attempt first: its attempt item
         )
-        for lane in LANES:
-            dead_letters = lanes.dead_letters[lane]
-            dead_letters.grant(  # its event source mapping's poller; the handler calls no SQS
-                self.dead_letters.role,
-                "sqs:ReceiveMessage",
-                "sqs:DeleteMessage",
-                "sqs:GetQueueAttributes",
-            )
-            lambda_.EventSourceMapping(
-                self,
-                f"{lane.value.capitalize()}DeadLetterMapping",
-                target=self.dead_letters.function,
-                event_source_arn=dead_letters.queue_arn,
-                batch_size=10,
-                max_concurrency=2,
-                report_batch_item_failures=True,
-            )
+        # the lanes' one dead-letter queue (infra/queues.py): one mapping, so one queue's idle
+        # long polls, not three
+        lanes.dead_letters.grant(  # its event source mapping's poller; the handler calls no SQS
+            self.dead_letters.role,
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:GetQueueAttributes",
+        )
+        lambda_.EventSourceMapping(
+            self,
+            "DeadLetterMapping",
+            target=self.dead_letters.function,
+            event_source_arn=lanes.dead_letters.queue_arn,
+            batch_size=10,
+            max_concurrency=2,
+            report_batch_item_failures=True,
+        )
 
     def mapping_ids(self) -> dict[str, str]:
         """``WORKER_MAPPING_ID_<LANE>`` for the drain controller."""

@@ -153,15 +153,6 @@ QUEUE_URL_NORMAL: Final = "QUEUE_URL_NORMAL"
 QUEUE_URL_LOW: Final = "QUEUE_URL_LOW"
 
 
-DLQ_URL_HIGH: Final = "DLQ_URL_HIGH"
-
-
-DLQ_URL_NORMAL: Final = "DLQ_URL_NORMAL"
-
-
-DLQ_URL_LOW: Final = "DLQ_URL_LOW"
-
-
 WORKER_MAPPING_ID_HIGH: Final = "WORKER_MAPPING_ID_HIGH"
 
 
@@ -194,11 +185,6 @@ def queue_url_var(lane: Lane) -> str:
     return f"QUEUE_URL_{lane.value.upper()}"
 
 
-def dlq_url_var(lane: Lane) -> str:
-    """``DLQ_URL_<LANE>``: the lane's dead-letter queue."""
-    return f"DLQ_URL_{lane.value.upper()}"
-
-
 def worker_mapping_var(lane: Lane) -> str:
     """``WORKER_MAPPING_ID_<LANE>``: UUID of the worker's event source mapping on the lane."""
     return f"WORKER_MAPPING_ID_{lane.value.upper()}"
@@ -215,9 +201,6 @@ def shed_depth_var(lane: Lane) -> str:
 
 
 QUEUE_URL_VARS: Final = tuple(queue_url_var(lane) for lane in LANES)
-
-
-DLQ_URL_VARS: Final = tuple(dlq_url_var(lane) for lane in LANES)
 
 
 WORKER_MAPPING_VARS: Final = tuple(worker_mapping_var(lane) for lane in LANES)
@@ -371,7 +354,6 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         STATE_MACHINE_ARN,
         DRAIN_PARAMETER_NAME,
         *QUEUE_URL_VARS,
-        *DLQ_URL_VARS,
         *SHED_DEPTH_VARS,
         *_GOVERNOR,
         MAX_ATTEMPTS,

@@ -25,9 +25,6 @@ from swarm.contract import (
     BEDROCK_READ_TIMEOUT_SECONDS,
     BUCKET_NAME,
     DEFAULT_BUDGET_TOKENS,
-    DLQ_URL_HIGH,
-    DLQ_URL_LOW,
-    DLQ_URL_NORMAL,
     DRAIN_PARAMETER_NAME,
     EVENT_BUS_NAME,
     FUNCTION_ENV,
@@ -272,9 +269,6 @@ class ApiSettings(
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
-    dlq_url_high: str = Field(alias=DLQ_URL_HIGH)
-    dlq_url_normal: str = Field(alias=DLQ_URL_NORMAL)
-    dlq_url_low: str = Field(alias=DLQ_URL_LOW)
     shed_depth_high: int = Field(alias=SHED_DEPTH_HIGH, ge=1)
     shed_depth_normal: int = Field(alias=SHED_DEPTH_NORMAL, ge=1)
     shed_depth_low: int = Field(alias=SHED_DEPTH_LOW, ge=1)

@@ -156,7 +156,7 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
     sqs, lam = stack.aws("sqs"), stack.aws("lambda")
     urls = sqs.list_queues()["QueueUrls"]
     lane = next(u for u in urls if "LanesLowLane" in u)
-    dead_letters = next(u for u in urls if "LanesLowDeadLetters" in u)
+    dead_letters = next(u for u in urls if "LanesDeadLetters" in u)
     mapping = next(
         m["UUID"]
         for m in lam.list_event_source_mappings()["EventSourceMappings"]
@@ -175,7 +175,7 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
                 queued = parse_message_body(m["Body"])
                 if moved is None and queued.run_id == bid:
                     # When SQS gives up on one of them (after maxReceiveCount receives it moves
-                    # the message to the lane's dead-letter queue; here the test moves it)
+                    # the message to the lanes' dead-letter queue; here the test moves it)
                     sqs.send_message(QueueUrl=dead_letters, MessageBody=m["Body"])
                     sqs.delete_message(QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"])
                     moved = queued.unit_id

@@ -300,7 +300,7 @@ class Fuzz:
 
     def quiet_footprint(self, timeout_s: float = 180) -> dict[str, Any]:
         """The footprint once nothing runs: no execution running, no message in a lane (the
-        dead-letter queues keep theirs), and two reads a second apart that agree."""
+        dead-letter queue keeps its own), and two reads a second apart that agree."""
         deadline = time.monotonic() + timeout_s
         last: dict[str, Any] | None = None
         while True:

@@ -9,7 +9,7 @@ exclusive ones) and checks, over the stack's whole life:
 * what each role called was granted: no AccessDenied for any role of the stack;
 * what each role is granted was called: every (action, resource) of its policies was used by
   some request, or is listed in :data:`NOT_CALLED_HERE` with the reason the e2e tier cannot call
-  it. The three lanes (and their dead-letter queues) count as one resource: the code that calls
+  it. The three lanes count as one resource: the code that calls
   one calls each, with the unit's lane.
 """
 
@@ -146,7 +146,7 @@ def _grants(stack: Stack) -> dict[str, list[tuple[str, str]]]:
 
 
 #: lanes differ only in name: a call on one lane's queue is the same code path on every lane
-_LANE = re.compile(r"Lanes(?:High|Normal|Low)(Lane|DeadLetters)[0-9A-F]{8}-[0-9A-Z]+")
+_LANE = re.compile(r"Lanes(?:High|Normal|Low)(Lane)[0-9A-F]{8}-[0-9A-Z]+")
 
 
 def _same_for_every_lane(resource: str) -> str:

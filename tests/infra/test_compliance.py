@@ -111,7 +111,7 @@ def _alarms_on(synth: Synthesized, metric_name: str) -> list[dict[str, Any]]:
 
 
 def test_dead_letters_alarm_on_what_the_handlers_record(synth: Synthesized) -> None:
-    """The dead-letter handler empties the DLQs within seconds, so their depth never shows a
+    """The dead-letter handler empties the DLQ within seconds, so its depth never shows a
     dead letter; it (and the worker, when attempts run out) records UnitsDeadLettered instead."""
     # Given the alarm on the metric both emit with Powertools (EMF)
     (alarm,) = _alarms_on(synth, METRIC_UNITS_DEAD_LETTERED)

@@ -10,14 +10,14 @@ from tests.infra.conftest import Synthesized
 from tests.infra.helpers import arn
 
 
-def test_every_lane_redrives_to_its_own_dead_letter_queue(synth: Synthesized) -> None:
+def test_every_lane_redrives_to_the_one_dead_letter_queue(synth: Synthesized) -> None:
     # Given the synthesized dev stage
     lanes = synth.stack.lanes
     for lane in LANES:
         queue = synth.resources[synth.logical_id(lanes.queues[lane])]["Properties"]
-        # Then each lane queue redrives to its own DLQ after max_receive_count receives
+        # Then each lane queue redrives to the lanes' DLQ after max_receive_count receives
         assert queue["RedrivePolicy"] == {
-            "deadLetterTargetArn": arn(synth, lanes.dead_letters[lane]),
+            "deadLetterTargetArn": arn(synth, lanes.dead_letters),
             "maxReceiveCount": synth.config.max_receive_count,
         }
         # And its visibility timeout is six times the worker's timeout (AWS's guidance)
@@ -27,7 +27,7 @@ def test_every_lane_redrives_to_its_own_dead_letter_queue(synth: Synthesized) ->
 
 def test_queues_are_encrypted_and_tls_only(synth: Synthesized) -> None:
     queues = synth.of_type("AWS::SQS::Queue")
-    assert len(queues) == 2 * len(LANES)
+    assert len(queues) == len(LANES) + 1  # the lanes and their dead-letter queue
     for queue in queues.values():
         assert queue["Properties"]["SqsManagedSseEnabled"] is True
     policies = synth.of_type("AWS::SQS::QueuePolicy")

@@ -3,8 +3,8 @@ and which code calls it. Adding or removing a grant fails here until this table 
 
 How to read a row: ``resource label -> actions``. Resource labels are resolved from the
 template's intrinsic expressions (see :func:`_label`); ``lane <x>`` rows hold for each lane
-queue, ``dead letters <x>`` for each lane's DLQ, ``worker mapping <x>`` for each worker event
-source mapping. DynamoDB's transactions have no IAM action of their own: each ``Put`` / ``Update``
+queue, ``worker mapping <x>`` for each worker event source mapping; ``dead letters`` is the
+lanes' one DLQ. DynamoDB's transactions have no IAM action of their own: each ``Put`` / ``Update``
 inside a ``TransactWriteItems`` is authorized as ``PutItem`` / ``UpdateItem`` on its table.
 The only condition allowed is ``s3:prefix`` on ``s3:ListBucket`` (row ``bucket if s3:prefix
 <patterns>``): without ListBucket, S3 answers a read of a missing key with 403, not 404.
@@ -156,10 +156,9 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:PutItem",
             }
         ),
-        # its event source mappings poll the dead-letter queues with the function's role
-        **_each(
-            "dead letters",
-            {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
+        # its event source mapping polls the lanes' dead-letter queue with the function's role
+        "dead letters": frozenset(
+            {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
         ),
     },
     FINALIZER: {
@@ -295,10 +294,10 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         (stack.drain.parameter, "drain parameter"),
         (stack.bus, "event bus"),
     ]
+    known.append((stack.lanes.dead_letters, "dead letters"))
     for lane in LANES:
         known += [
             (stack.lanes.queues[lane], f"lane {lane.value}"),
-            (stack.lanes.dead_letters[lane], f"dead letters {lane.value}"),
             (stack.workers.mappings[lane], f"worker mapping {lane.value}"),
         ]
     for other, function in stack.functions.items():

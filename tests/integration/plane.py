@@ -9,7 +9,7 @@ Nothing here types a resource or a variable by hand:
   under a file lock);
 - :func:`control_plane` deploys it into a fresh ``mock_aws`` through CloudFormation exactly as the
   local stack does (:func:`swarm.local.deploy.deploy`): both tables, the lanes with their
-  attributes, redrive policies and DLQs, the bucket, the drain parameter, the event bus, the
+  attributes, redrive policies and their DLQ, the bucket, the drain parameter, the event bus, the
   state machine with its local definition, the functions, their roles and mappings;
 - each handler runs with its function's ``Environment.Variables`` as CloudFormation deployed them
   (Refs and GetAtts resolved to the moto resources) and clients signed with its own execution
@@ -57,7 +57,6 @@ from swarm.contract import (
     OPERATOR_PRINCIPAL_PREFIX,
     SWARM_FUNCTION,
     TENANT_PRINCIPAL_PREFIX,
-    dlq_url_var,
     queue_url_var,
 )
 from swarm.core.ports import ModelPlane
@@ -187,8 +186,14 @@ class ControlPlane:
         return {lane: self.env("api")[queue_url_var(lane)] for lane in LANES}
 
     @property
-    def dlq_urls(self) -> dict[Lane, str]:
-        return {lane: self.env("api")[dlq_url_var(lane)] for lane in LANES}
+    def dlq_url(self) -> str:
+        """The lanes' one dead-letter queue."""
+        [url] = [
+            url
+            for logical, url in self.deployed.of_type("AWS::SQS::Queue").items()
+            if logical.startswith("LanesDeadLetters")
+        ]
+        return url
 
     def tenant_arn(self, tenant: str) -> str:
         """The caller API Gateway reports for ``tenant``'s role (``<prefix><tenant>``)."""
@@ -322,7 +327,7 @@ class ControlPlane:
     # ------------------------------------------------------------------ the ESM pollers
     def receive(self, lane: Lane, max_messages: int = 10, dlq: bool = False) -> list[Any]:
         """What the lane's mapping would poll, with the worker's lease as visibility timeout."""
-        url = (self.dlq_urls if dlq else self.queue_urls)[lane]
+        url = self.dlq_url if dlq else self.queue_urls[lane]
         return list(
             self.client("sqs")
             .receive_message(
@@ -342,7 +347,7 @@ class ControlPlane:
         ``fast_retry`` makes a failed message visible again at once instead of after the worker's
         retry backoff (moto keeps real time).
         """
-        url = (self.dlq_urls if dlq else self.queue_urls)[lane]
+        url = self.dlq_url if dlq else self.queue_urls[lane]
         sqs = self.client("sqs")
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
             "QueueArn"

@@ -486,7 +486,7 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     # a poison message that SQS moved to the DLQ ends its unit as dead-lettered
     sqs = plane.client("sqs")
     [m] = plane.receive(Lane.NORMAL, max_messages=1)
-    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.NORMAL], MessageBody=m["Body"])
+    sqs.send_message(QueueUrl=plane.dlq_url, MessageBody=m["Body"])
     sqs.delete_message(QueueUrl=plane.queue_urls[Lane.NORMAL], ReceiptHandle=m["ReceiptHandle"])
     plane.deliver(Lane.NORMAL, plane.receive(Lane.NORMAL, dlq=True), dlq=True)
     plane.work()
@@ -553,7 +553,7 @@ def test_a_malformed_dead_letter_is_dropped_without_logging_its_body(
 ) -> None:
     sqs = plane.client("sqs")
     secret = "the tenant's confidential prompt"
-    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody=f'{{"input": "{secret}"')
+    sqs.send_message(QueueUrl=plane.dlq_url, MessageBody=f'{{"input": "{secret}"')
     messages = plane.receive(Lane.LOW, dlq=True)
     with caplog.at_level(logging.INFO):
         response = plane.deliver(Lane.LOW, messages, dlq=True)
@@ -595,8 +595,8 @@ def test_log_lines_carry_their_own_ids_never_an_earlier_records_or_invocations(
     assert plane.open_batch(batch_id) == 1  # its execution's open step
     sqs = plane.client("sqs")
     unit = QueuedUnit(batch_id, "u0000", "acme", Lane.LOW, 0, 10_000, "unit 0")
-    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody=message_body(unit))
-    sqs.send_message(QueueUrl=plane.dlq_urls[Lane.LOW], MessageBody='{"unit_id": ')
+    sqs.send_message(QueueUrl=plane.dlq_url, MessageBody=message_body(unit))
+    sqs.send_message(QueueUrl=plane.dlq_url, MessageBody='{"unit_id": ')
     messages = plane.receive(Lane.LOW, dlq=True)
     assert len(messages) == 2
     # When the dead-letter function takes both in one batch, and the API serves a submit and
