@@ -798,9 +798,6 @@ def patch_events() -> None:
     _wrap(EventsHandler, "put_events", _put_events)
 
 
-# ================================================================== all
-
-
 # ================================================================== S3
 
 
@@ -819,6 +816,9 @@ def patch_s3() -> None:
     from moto.s3.models import S3Backend
 
     _wrap(S3Backend, "upload_part", _s3_upload_part)
+
+
+# ================================================================== all
 
 
 PATCHES: dict[str, Callable[[], None]] = {
