@@ -71,6 +71,7 @@ class FanOutMachine(Construct):
         config: SwarmConfig,
         factory: FunctionFactory,
         lanes: LaneQueues,
+        governor: dynamodb.ITable,
         ledger: dynamodb.ITable,
         storage: BatchStorage,
         bus: events.IEventBus,
@@ -94,6 +95,10 @@ class FanOutMachine(Construct):
             "dynamodb:BatchGetItem",  # ledger.unit and admit's reads
             "dynamodb:UpdateItem",  # admit: books (and unit) updates
         )
+        # the admitted units' places in their tenant's queue (DynamoDBGovernor.book_places):
+        # one Query for a fresh view, one conditional update per chunk; the shards are created
+        # by whichever client comes first
+        governor.grant(self.admit.role, "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem")
         for queue in lanes.queues.values():  # SSE-SQS: no KMS key to grant
             # the admitted units, on their lane (SendMessageBatch is authorized as SendMessage)
             queue.grant(self.admit.role, "sqs:SendMessage")

@@ -70,6 +70,7 @@ class SwarmStack(cdk.Stack):
             config=config,
             factory=factory,
             lanes=self.lanes,
+            governor=self.tables.governor,
             ledger=self.tables.ledger,
             storage=self.storage,
             bus=self.bus,

@@ -369,6 +369,8 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
     "fanout": (
         *_COMMON,
         LEDGER_TABLE_NAME,
+        GOVERNOR_TABLE_NAME,  # it books the admitted units' places (DynamoDBGovernor.book_places)
+        *_GOVERNOR,
         *QUEUE_URL_VARS,
         MAX_ATTEMPTS,
         LEASE_SECONDS,

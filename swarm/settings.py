@@ -291,8 +291,11 @@ class ApiSettings(
         return TenantPolicy() if self.tenant_limits is None else self.tenant_limits.policy()
 
 
-class FanoutSettings(Settings, LedgerSettings, QueueSettings, AttemptSettings, LeaseSettings):
-    """The fan-out: it admits a run's units and sends them to their lanes."""
+class FanoutSettings(
+    Settings, LedgerSettings, GovernorSettings, QueueSettings, AttemptSettings, LeaseSettings
+):
+    """The fan-out: it admits a run's units, books their places in the governor's queues, and
+    sends them to their lanes."""
 
 
 class WorkerSettings(

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -54,6 +54,7 @@ from swarm.settings import (
     DrainSettings,
     DrainSwitchSettings,
     EventSettings,
+    FanoutSettings,
     GovernorSettings,
     LedgerSettings,
     ModelSettings,
@@ -64,6 +65,9 @@ from swarm.settings import (
     WorkerSettings,
     variables,
 )
+
+if TYPE_CHECKING:
+    from swarm.adapters.dynamodb_governor import DynamoDBGovernor
 
 #: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
 #: longest retention: a message cannot wait longer than that
@@ -216,6 +220,9 @@ class Wiring:
         return DynamoDBBindings(table, self.clients("dynamodb"))
 
     def governor(self, *, read_only: bool = False) -> Governor:
+        return self.dynamodb_governor(read_only=read_only)
+
+    def dynamodb_governor(self, *, read_only: bool = False) -> DynamoDBGovernor:
         """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its
         role may only Query it): a bucket the workers have not created yet reads as its
         configured initial state instead of being created by the front door."""
@@ -223,10 +230,11 @@ class Wiring:
 
         config = self.governor_config()
         table = self.settings_as(GovernorSettings).governor_table
-        # Workers book their tokens ahead (tickets) as far as one requeue's delay reaches: a
-        # unit goes back to its lane with its ticket and is granted, without a request, when it
-        # comes back (docs/governor.md)
-        horizon = self.seconds(MAX_SQS_DELAY_S if isinstance(self.settings, WorkerSettings) else 0)
+        # Workers book their tokens ahead (tickets), and the fan-out its units' places, as far
+        # as one message's delay reaches: a unit comes to its lane with its ticket and is
+        # granted, without a request, when it comes (docs/governor.md)
+        books = isinstance(self.settings, WorkerSettings | FanoutSettings)
+        horizon = self.seconds(MAX_SQS_DELAY_S if books else 0)
         return DynamoDBGovernor(
             config,
             table,
@@ -311,7 +319,13 @@ class Wiring:
         )
 
     def fanout(self) -> FanOut:
-        return FanOut(self.ledger(), self.lanes(), queue_lease_s=self.seconds(QUEUE_LEASE_S))
+        return FanOut(
+            self.ledger(),
+            self.lanes(),
+            queue_lease_s=self.seconds(QUEUE_LEASE_S),
+            places=self.dynamodb_governor(),  # it books places: PlaceBooker
+            hold_s=self.seconds(WorkerTimings.max_hold_s),
+        )
 
     def worker(self) -> Worker:
         s = self.settings_as(WorkerSettings)

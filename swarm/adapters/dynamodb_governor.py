@@ -42,6 +42,7 @@ from swarm.core.governor import (
     cut_rate,
     initial_shard,
     micro,
+    plan_places,
     plan_slot,
     plan_write,
     predicted_wait,
@@ -529,6 +530,56 @@ class DynamoDBGovernor:
             return s.time_for_credit(plan_slot(s, t, lane, tenant, amount, reserve).target)
 
         index = min(shards, key=ready)
+        booked = self._book(index, (amount,), lane, tenant, reserve, now, tries)
+        if booked is None:  # every try collided: back off briefly, with jitter
+            return Draw(False, 0.005 + 0.02 * self._rng.random(), self._shard_tokens(index, now))
+        return booked[0]
+
+    def book_places(
+        self, amounts: Sequence[int], lane: Lane, tenant: str, now: float
+    ) -> list[Draw]:
+        """Places for a tenant's units, in order, before they are sent (the fan-out's): in a
+        lane with a reserve, one conditional write of the tenant's queue end books the place of
+        every unit whose place is ready within the booking horizon, as those units would take
+        them one by one on their first try (:meth:`_queue`), and each Draw carries its place
+        (a slot :class:`Ticket`) and how long until it is ready; a unit past the horizon gets
+        no place, and its Draw says when its tokens would be there behind the others. A lane
+        without a reserve, a client without a horizon, or a write that kept colliding books
+        nothing: every Draw's wait is 0 (send it now; the workers queue it)."""
+        self._writable("book_places")
+        for amount in amounts:
+            check_amount(self._shard_config, amount, lane)
+        reserve = self.config.reserves.get(lane, 0.0)
+        nothing = [Draw(False, 0.0, 0.0) for _ in amounts]
+        if not amounts or self.horizon_s <= 0 or reserve <= 0:
+            return nothing
+        tenant = tenant or ANONYMOUS
+        t = micro(now)
+        with self._lock:
+            self._load(now)  # a fresh view: the fan-out's client books once per chunk
+
+            def ready(i: int) -> Decimal:
+                s = self._shard(i, now)
+                return s.time_for_credit(plan_slot(s, t, lane, tenant, amounts[0], reserve).target)
+
+            index = min(range(self.shards), key=ready)
+            booked = self._book(index, amounts, lane, tenant, reserve, now, self._max_requests)
+        return nothing if booked is None else booked
+
+    def _book(
+        self,
+        index: int,
+        amounts: Sequence[int],
+        lane: Lane,
+        tenant: str,
+        reserve: float,
+        now: float,
+        tries: int,
+    ) -> list[Draw] | None:
+        """Places in the tenant's queue on shard ``index`` for the units whose places are ready
+        within the horizon (:func:`plan_places`: one write for all of them); a Draw per unit, or
+        None when every try collided."""
+        t = micro(now)
         attribute = queue_attribute(lane)
         mine = f"{attribute}.#tenant"
         for _ in range(tries):
@@ -536,11 +587,14 @@ class DynamoDBGovernor:
             if s.legacy:
                 self._upgrade(index, now)
                 continue
-            plan = plan_slot(s, t, lane, tenant, amount, reserve)
-            wait = float(s.time_for_credit(plan.target)) - now
-            if wait > self.horizon_s:
-                self.stats.refused_in_view += 1
-                return Draw(False, wait, float(s.tokens(t)))
+            plan, ends = plan_places(s, t, lane, tenant, amounts, reserve)
+            base = plan.target - plan.step  # the queue's end before the write, as seen
+            waits = [float(s.time_for_credit(base + end)) - now for end in ends]
+            placed = next((i for i, wait in enumerate(waits) if wait > self.horizon_s), len(ends))
+            if placed == 0:
+                self.stats.refused_in_view += len(amounts)
+                return [Draw(False, wait, float(s.tokens(t))) for wait in waits]
+            plan = replace(plan, step=ends[placed - 1], target=base + ends[placed - 1])
             if plan.extend:
                 update, condition = f"SET {mine} = {mine} + :step", f"{mine} >= :start"
             else:
@@ -559,23 +613,32 @@ class DynamoDBGovernor:
             if not written:
                 self.stats.condition_failures += 1
                 continue
-            self.stats.slots += 1
-            target = s.queues[lane.value][tenant]  # the queue's end after this write: the slot
-            ready_at = float(s.time_for_credit(target))
-            self._waits.append(ready_at - now)
-            ticket = Ticket(
-                governor=self.name,
-                shard=index,
-                amount=amount,
-                lane=lane,
-                ready_at=ready_at,
-                position=target,
-                base_time=s.base_time,
-                booked_at=now,
-                slot=True,
-            )
-            return Draw(False, ready_at - now, float(s.tokens(t)), ticket=ticket)
-        return Draw(False, 0.005 + 0.02 * self._rng.random(), float(self._shard_tokens(index, now)))
+            self.stats.slots += placed
+            # the queue's end after this write is the last place; the others are before it
+            first = s.queues[lane.value][tenant] - plan.step
+            left = float(s.tokens(t))
+            draws = []
+            for i, (amount, end) in enumerate(zip(amounts, ends, strict=True)):
+                ready_at = float(s.time_for_credit(first + end))
+                if i >= placed:  # past the horizon: no place, back when its tokens would be
+                    self.stats.refused_in_view += 1
+                    draws.append(Draw(False, ready_at - now, left))
+                    continue
+                self._waits.append(ready_at - now)
+                ticket = Ticket(
+                    governor=self.name,
+                    shard=index,
+                    amount=amount,
+                    lane=lane,
+                    ready_at=ready_at,
+                    position=first + end,
+                    base_time=s.base_time,
+                    booked_at=now,
+                    slot=True,
+                )
+                draws.append(Draw(False, ready_at - now, left, ticket=ticket))
+            return draws
+        return None
 
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
         """Settle ``grant`` with the ``used`` tokens the model counted (docs/governor.md,

@@ -244,8 +244,8 @@ def _worker_process(
 
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.core.governor import acquire
+    from swarm.core.ports import requeue_delay
     from swarm.core.records import Lane
-    from swarm.service.worker import requeue_delay
 
     make = factory or DynamoDBGovernor
     client = _client(endpoint, threads + 2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal, InvalidOperation, localcontext
 from typing import TYPE_CHECKING, Any
@@ -659,20 +659,37 @@ MAX_STALE_REMOVALS = 8
 def plan_slot(
     s: ShardState, t: Decimal, lane: Lane, tenant: str, amount: int, reserve: float
 ) -> SlotWrite:
+    plan, _ = plan_places(s, t, lane, tenant, (amount,), reserve)
+    return plan
+
+
+def plan_places(
+    s: ShardState, t: Decimal, lane: Lane, tenant: str, amounts: Sequence[int], reserve: float
+) -> tuple[SlotWrite, tuple[Decimal, ...]]:
+    """Places for a tenant's units, in order, in one write: as if each took its place in turn
+    (:class:`SlotWrite`; each a step of its amount x the tenants queued further), the write's
+    ``step`` their sum. Also each unit's place, as the credit from the queue's end before the
+    write (``target - step``) to the queue's end after that unit: its slot."""
+    if not amounts:
+        raise InvalidInput("amounts", "at least one unit's amount")
     with localcontext(_CTX):
         floor = micro(reserve * float(s.capacity), ROUND_CEILING)
         start = s.position + floor
         queues = s.queues.get(lane.value, {})
         credit = s.credit(t)
         queued = {u for u, end in queues.items() if end > credit} | {tenant}
-        step = Decimal(amount) * len(queued)
+        ends: list[Decimal] = []
+        step = ZERO
+        for amount in amounts:
+            step += Decimal(amount) * len(queued)
+            ends.append(step)
         stale = tuple(
             sorted(u for u, end in queues.items() if end < credit - s.capacity and u != tenant)
         )[:MAX_STALE_REMOVALS]
         own = queues.get(tenant)
         if own is not None and own >= start:
-            return SlotWrite(True, start, step, own + step, stale)
-        return SlotWrite(False, start, step, start + step, stale)
+            return SlotWrite(True, start, step, own + step, stale), tuple(ends)
+        return SlotWrite(False, start, step, start + step, stale), tuple(ends)
 
 
 def ticket_ready_at(ticket: Ticket, seen: ShardState | None) -> float:

@@ -8,6 +8,7 @@ EventBridge, Lambda and Bedrock, and :mod:`swarm.core.memory` implements every o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -81,6 +82,19 @@ class Governor(Protocol):
     def report_throttle(self, now: float) -> None: ...
 
     def snapshot(self, now: float) -> GovernorSnapshot: ...
+
+
+class PlaceBooker(Protocol):
+    """Places in a tenant's queue booked before its units are sent (the fan-out's), so that a
+    unit comes to its lane when its tokens are there instead of coming once to be told when
+    (docs/governor.md, "Places booked at the fan-out")."""
+
+    def book_places(
+        self, amounts: Sequence[int], lane: Lane, tenant: str, now: float
+    ) -> list[Draw]:
+        """One refused Draw per amount, in order: its ``ticket`` the unit's place (None: none
+        booked), its ``wait_s`` how long until the unit should come (0: now)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -285,6 +299,11 @@ SQS_BATCH_BYTES = 262_144
 def sqs_delay(seconds: int) -> int:
     """A message's ``DelaySeconds``: whole seconds within what SQS takes (0..MAX_SQS_DELAY_S)."""
     return max(0, min(MAX_SQS_DELAY_S, int(seconds)))
+
+
+def requeue_delay(seconds: float) -> int:
+    """A requeued unit's delay: whole seconds, within what SQS takes (1..MAX_SQS_DELAY_S)."""
+    return int(min(MAX_SQS_DELAY_S, max(1, math.ceil(seconds))))
 
 
 def check_delays(items: Sequence[object], delays_s: Sequence[int]) -> Sequence[int]:

@@ -11,15 +11,20 @@ changes nothing, and an item of another run than the execution's is refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Admission
-from swarm.core.ports import LaneQueue, Ledger
+from swarm.core.ports import LaneQueue, Ledger, PlaceBooker, requeue_delay
 from swarm.core.prompts import Prompt, from_json
+from swarm.core.records import Lane
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,6 +34,14 @@ class FanOut:
     ledger: Ledger
     queue: LaneQueue
     queue_lease_s: float  # how long a reservation may wait in its lane before it is released
+    #: books the admitted units' places in their tenant's queue before they are sent (the
+    #: governor): each is sent with its place and delayed until it is ready, instead of coming
+    #: once to be told when. None: sent at once (the workers queue them)
+    places: PlaceBooker | None = None
+    clock: Callable[[], float] = time.time  # when the places are booked (after the admissions)
+    #: a unit whose place is ready within this long is sent at once: the worker holds on for
+    #: it (WorkerTimings.max_hold_s); a later one is delayed until just after its place is ready
+    hold_s: float = 0.0
 
     def admit_and_enqueue(
         self, item: Mapping[str, Any], now: float, batch_id: str | None = None
@@ -38,7 +51,7 @@ class FanOut:
         _check_run(run_id, batch_id, "unit")
         outcome, queued = self._admit(run_id, unit_id, prompt, now)
         if queued is not None:
-            self.queue.send(queued)
+            self._send([queued])
         return outcome
 
     def admit_and_enqueue_chunk(
@@ -80,8 +93,36 @@ class FanOut:
             if message is not None:
                 queued.append(message)
         if queued:
-            self.queue.send_many(queued)
+            self._send(queued)
         return self._summary(outcomes)
+
+    def _send(self, queued: Sequence[QueuedUnit]) -> None:
+        """Send the admitted units, each with its place booked (:attr:`places`) and delayed
+        until the place is ready (a unit past the booking horizon: until its tokens would be
+        there). A booking that fails sends the units at once, as without a booker: a place is
+        an economy (the unit's first try, one receive, invocation and requeue), never a
+        condition of the unit's run."""
+        items, delays = list(queued), [0] * len(queued)
+        groups: dict[tuple[Lane, str], list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault((item.lane, item.tenant), []).append(index)
+        places = self.places
+        for (lane, tenant), indexes in groups.items():
+            if places is None:
+                break
+            try:
+                amounts = [items[i].tokens for i in indexes]
+                draws = places.book_places(amounts, lane, tenant, self.clock())
+            except Exception:
+                log.exception("booking %d places for %s on %s failed", len(indexes), tenant, lane)
+                continue
+            for i, draw in zip(indexes, draws, strict=True):
+                if draw.ticket is not None:  # bound to the attempt, as a worker's booking is
+                    ticket = replace(draw.ticket, tag=str(items[i].attempt))
+                    items[i] = replace(items[i], ticket=ticket)
+                # a wait the worker holds on for anyway is not worth a second of delay
+                delays[i] = requeue_delay(draw.wait_s) if draw.wait_s > self.hold_s else 0
+        self.queue.send_many(items, delays)
 
     def _one_by_one(
         self, run_id: str, named: Sequence[tuple[str, Prompt]], now: float
@@ -100,7 +141,7 @@ class FanOut:
             if message is not None:
                 queued.append(message)
         if queued:
-            self.queue.send_many(queued)
+            self._send(queued)
         if failure is not None:
             raise failure
         return self._summary(outcomes)

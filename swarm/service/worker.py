@@ -24,7 +24,6 @@ attempt is settled with its projected tokens, then the unit retries).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -32,7 +31,6 @@ from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import (
-    MAX_SQS_DELAY_S,
     DrainSwitch,
     Governor,
     Ledger,
@@ -40,6 +38,7 @@ from swarm.core.ports import (
     ModelRequest,
     ModelThrottled,
     ResultStore,
+    requeue_delay,
 )
 from swarm.core.records import Reservation, UnitState
 from swarm.core.results import outcome_of
@@ -93,11 +92,6 @@ class WorkReport:
     waited_s: float = 0.0
     throttled: bool = False
     lost_attempt_tokens: int = 0  # tokens of a dead worker's attempt settled on its behalf
-
-
-def requeue_delay(seconds: float) -> int:
-    """A requeued unit's delay: whole seconds, within what SQS takes (1..MAX_SQS_DELAY_S)."""
-    return int(min(MAX_SQS_DELAY_S, max(1, math.ceil(seconds))))
 
 
 _delay = requeue_delay

@@ -100,6 +100,15 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:UpdateItem",
             }
         ),
+        "governor table": frozenset(
+            {
+                # DynamoDBGovernor.book_places: a fresh view (one Query), the shards created if
+                # missing (PutItem), one conditional UpdateItem of the tenant's queue per chunk
+                "dynamodb:Query",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+            }
+        ),
         # SqsLanes.send: the admitted unit goes onto its lane
         **_each("lane", {"sqs:SendMessage"}),
     },

@@ -4,6 +4,7 @@ entries SQS fails are sent again."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -14,7 +15,9 @@ import pytest
 from moto.dynamodb.models import DynamoDBBackend
 from moto.sqs.models import SQSBackend
 
+from swarm.contract import GOVERNOR_TABLE_NAME
 from swarm.core.codec import parse_message_body
+from swarm.core.lanes import QueuedUnit
 from swarm.core.records import Lane, UnitState
 from swarm.service.batches import manifest_key, manifest_units
 from tests.integration.plane import ControlPlane, ledger, units
@@ -26,24 +29,28 @@ def _manifest(plane: ControlPlane, batch_id: str) -> list[dict[str, Any]]:
     return doc
 
 
-def _all_messages(plane: ControlPlane, lane: Lane = Lane.NORMAL) -> list[str]:
-    seen: list[str] = []
-    while batch := plane.receive(lane):
-        seen.extend(parse_message_body(m["Body"]).unit_id for m in batch)
-    return seen
-
-
 class Batches:
-    """Every SendMessageBatch moto serves (its entries' count); the first one fails ``fail``
-    of its entries (as SQS may, SenderFault false) instead of sending them."""
+    """Every SendMessageBatch moto serves (its entries' count, and each entry's message and
+    delay); the first one fails ``fail`` of its entries (as SQS may, SenderFault false) instead
+    of sending them."""
 
     def __init__(self, fail: int = 0) -> None:
         self.sizes: list[int] = []
+        self.entries: list[tuple[QueuedUnit, int]] = []
         self.fail = fail
+
+    def sent(self) -> list[str]:
+        """The units of the entries SQS took (failed ones excluded), in order."""
+        failed = set(range(self.fail))
+        return [item.unit_id for n, (item, _) in enumerate(self.entries) if n not in failed]
 
     def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def send_message_batch(backend: Any, queue_name: str, entries: dict[str, Any]) -> Any:
             self.sizes.append(len(entries))
+            self.entries.extend(
+                (parse_message_body(e["MessageBody"]), int(e.get("DelaySeconds") or 0))
+                for _, e in sorted(entries.items())
+            )
             if self.fail and len(self.sizes) == 1:
                 keys = sorted(entries)[: self.fail]
                 kept = {k: v for k, v in entries.items() if k not in keys}
@@ -104,7 +111,8 @@ def test_one_child_admits_a_chunk_and_sends_it_ten_per_request(
     assert len(counter.sizes) == math.ceil(n / 10)
     # admitted in batches of 99 (one transaction of the books and 99 units each)
     assert transactions == [1 + k for k in ([99] * (n // 99) + ([n % 99] if n % 99 else []))]
-    assert sorted(_all_messages(plane)) == sorted(u["unit_id"] for u in chunk["units"])
+    # every unit sent once (those whose place is a few seconds away delayed: see below)
+    assert sorted(counter.sent()) == sorted(u["unit_id"] for u in chunk["units"])
     run = ledger(plane).run(batch_id)
     assert run.in_flight == n and run.reserved == sum(u["projected_tokens"] for u in units(n))
     # (with the function's role, IAM enforced: SendMessageBatch is authorized as SendMessage)
@@ -125,7 +133,7 @@ def test_failed_entries_of_a_batch_are_sent_again(
     # Then those 3 are sent again in a request of their own, and every unit is on its lane once
     assert result["counts"] == {"enqueued": 14}
     assert counter.sizes == [10, 3, 4]
-    sent = _all_messages(plane)
+    sent = counter.sent()
     assert sorted(sent) == sorted(u["unit_id"] for u in units(14)) and len(set(sent)) == 14
     assert all(u.state is UnitState.IN_FLIGHT for u in ledger(plane).units(batch_id))
 
@@ -142,3 +150,57 @@ def test_a_chunk_retried_whole_admits_nothing_twice(plane: ControlPlane) -> None
     assert again["counts"] == {"enqueued": 12}
     assert ledger(plane).run(batch_id).reserved == reserved
     assert len(manifest_units(_manifest(plane, batch_id))) == 12
+
+
+def test_the_fan_out_books_each_units_place_and_sends_it_for_when_its_tokens_are_there(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reserved lane's units take their places in their tenant's queue at the fan-out, one
+    write for the chunk, instead of each coming once to its lane to take it: each is sent with
+    its place, delayed until the place is ready (docs/governor.md)."""
+    # Given a batch of 30 units of ~10,000 tokens on the normal lane (5% reserve), a fresh
+    # bucket (empty) refilling at 95,000 tokens/s
+    status, doc, _ = plane.api("POST", "/batches", {"units": units(30), "budget": 10**8})
+    assert status == 201, doc
+    counter = _count_batches(monkeypatch)
+    writes: list[str] = []
+    original = DynamoDBBackend.update_item
+
+    def update_item(backend: Any, table_name: str, *args: Any, **kw: Any) -> Any:
+        writes.append(table_name)
+        return original(backend, table_name, *args, **kw)
+
+    monkeypatch.setattr(DynamoDBBackend, "update_item", update_item)
+    # When the chunk is fanned out
+    (event,) = plane.fan_out_events()
+    assert plane.invoke("fanout", event)["counts"] == {"enqueued": 30}
+    # Then the 30 places took one write of the governor's table
+    assert writes.count(plane.env("fanout")[GOVERNOR_TABLE_NAME]) == 1
+    # and each unit went with its place, bound to its attempt, in the fan-out's order
+    sent = counter.entries
+    (chunk,) = _manifest(plane, doc["batch_id"])  # largest first
+    assert [item.unit_id for item, _ in sent] == [u["unit_id"] for u in chunk["units"]]
+    tickets = [item.ticket for item, _ in sent]
+    assert all(
+        t is not None and t.slot and t.tag == str(item.attempt)
+        for (item, _), t in zip(sent, tickets, strict=True)
+    )
+    # one after the other in the tenant's queue, each its own tokens further (one tenant)
+    positions = [t.position for t in tickets if t is not None]
+    steps = [b - a for a, b in itertools.pairwise(positions)]
+    assert steps == [item.tokens for item, _ in sent[1:]]
+    # each delayed until just after its place is ready, or sent at once if it is within the
+    # second the worker holds on for
+    for (item, delay), ticket in zip(sent, tickets, strict=True):
+        assert ticket is not None
+        wait = ticket.ready_at - ticket.booked_at
+        assert delay == (math.ceil(wait) if wait > 1.0 else 0), (item.unit_id, wait, delay)
+    assert [d for _, d in sent] == sorted(d for _, d in sent) and sent[-1][1] >= 2
+    # and the units it sent at once run on their first try, their places drawn (a unit sent
+    # with a second's delay may be visible too by now: its place is ready, so it runs as well)
+    first = plane.receive(Lane.NORMAL)
+    received = {parse_message_body(m["Body"]).unit_id for m in first}
+    assert {item.unit_id for item, d in sent if d == 0} <= received
+    plane.deliver(Lane.NORMAL, first)
+    batch = ledger(plane).units(doc["batch_id"])
+    assert {u.unit_id for u in batch if u.state is UnitState.COMPLETED} == received

@@ -4,6 +4,7 @@ true-ups, shards, and what a draw costs."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 from dataclasses import replace
@@ -170,6 +171,64 @@ def test_a_tenant_coming_to_a_deep_queue_is_served_at_its_share_not_behind_it(
     # tenant's units drawn before it on average (3 to 27)
     assert max(finished) <= 35 and sum(finished) / len(finished) <= 18
     assert max(overtaken) <= 30 and sum(overtaken) / len(overtaken) <= 14
+
+
+def test_places_booked_together_are_the_places_taken_one_by_one(dynamodb: Any) -> None:
+    """book_places (the fan-out's) writes once what the units' first tries would each have
+    written: the same places, ready at the same times, the same queue end; a unit whose place
+    would be ready past the horizon gets none, and is told when its tokens would be there."""
+    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1}, initial_fill=0.0)
+    amounts = [12_000, 8_000, 16_000, 10_000, 14_000]
+    # another tenant queued first: this one queues at half the refill (step = 2 x amount)
+    one, many = (
+        gov(dynamodb, config, horizon_s=12.0, name="one"),
+        gov(dynamodb, config, horizon_s=12.0, name="many"),
+    )
+    for g in (one, many):
+        g.create(0.0)
+        assert g.draw(20_000, Lane.NORMAL, 0.0, tenant="other").ticket is not None
+    singles = [one.draw(a, Lane.NORMAL, 1.0, tenant="t") for a in amounts]
+    requests = many.stats.requests
+    together = many.book_places(amounts, Lane.NORMAL, "t", 1.0)
+    # one Query for a fresh view, one write
+    assert many.stats.requests - requests == 2
+    placed = [d for d in together if d.ticket is not None]
+    assert 0 < len(placed) < len(amounts)  # the horizon cut the last ones
+    assert [d.ticket is not None for d in singles] == [d.ticket is not None for d in together]
+    for a, b in zip(singles, placed, strict=False):
+        assert a.ticket is not None and b.ticket is not None and b.ticket.slot
+        assert b.wait_s == pytest.approx(a.wait_s, abs=1e-5)
+        assert b.ticket.position == a.ticket.position
+        assert b.ticket.ready_at == pytest.approx(a.ticket.ready_at, abs=1e-5)
+    # the first past the horizon is told what its first try would have been told; those after
+    # it, when theirs would be there behind it (a try one by one tells them all the same)
+    cut = together[len(placed) :]
+    assert len(cut) >= 2
+    assert cut[0].wait_s == pytest.approx(singles[len(placed)].wait_s, abs=1e-5)
+    assert all(12.0 < a.wait_s < b.wait_s for a, b in itertools.pairwise(cut))
+    queue = [
+        s.queues["normal"]["t"] for s in (stored(dynamodb, "one")[0], stored(dynamodb, "many")[0])
+    ]
+    assert queue[0] == queue[1]
+    # and a place is drawn ahead of the queue when it is ready, with no other request
+    ticket = together[0].ticket
+    assert ticket is not None
+    assert many.draw(amounts[0], Lane.NORMAL, ticket.ready_at, ticket=ticket, tenant="t").granted
+
+
+def test_a_lane_without_a_reserve_or_a_client_without_a_horizon_books_no_places(
+    dynamodb: Any,
+) -> None:
+    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1})
+    booking = gov(dynamodb, config, horizon_s=900.0, name="booking")
+    booking.create(0.0)
+    for g, lane in ((booking, Lane.HIGH), (gov(dynamodb, config, name="booking"), Lane.NORMAL)):
+        requests = g.stats.requests
+        draws = g.book_places([10_000, 10_000], lane, "t", 1.0)
+        assert [(d.wait_s, d.ticket) for d in draws] == [(0.0, None), (0.0, None)]
+        assert g.stats.requests == requests
+    with pytest.raises(InvalidInput):
+        booking.book_places([10_000, 0], Lane.NORMAL, "t", 1.0)
 
 
 def test_without_a_horizon_a_reserved_lane_is_refused_without_a_slot(dynamodb: Any) -> None:
@@ -430,7 +489,8 @@ def closed_fleet(
     worker's client), the model using a fraction ``used`` of each grant (then trued up);
     ``reserve``: the normal lane's (it then queues for its tokens instead of booking them)."""
     from swarm.core.governor import acquire
-    from swarm.service.worker import WorkerTimings, requeue_delay
+    from swarm.core.ports import requeue_delay
+    from swarm.service.worker import WorkerTimings
 
     reserves = {Lane.NORMAL: reserve} if reserve else {}
     config = GovernorConfig(300_000, 0.95, capacity=300_000.0, initial_fill=1.0, reserves=reserves)

@@ -5,13 +5,16 @@ within 256 KiB to the byte, in the scheduling policy's order across chunks."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from swarm.api.models import MAX_MAP_ITEM_BYTES
 from swarm.core.errors import InvalidInput
+from swarm.core.governor import Draw, Ticket
 from swarm.core.memory import InMemoryLedger, MemoryQueue
 from swarm.core.records import Lane, RunSpec, UnitSpec, UnitState
 from swarm.service.batches import (
@@ -261,3 +264,71 @@ def test_the_service_fans_a_batch_out_one_chunk_per_map_item() -> None:
     plane.fan_out()
     assert plane.queue.batches == [10, 10, 3]
     assert [q.unit_id for q in plane.queue.sent] == [f"u{i:02d}" for i in reversed(range(23))]
+
+
+@dataclass
+class Booker:
+    """Places as a governor would book them: unit i's ready ``i * spacing_s`` from now, the
+    ones from ``horizon`` on without a place; or a booking that fails."""
+
+    spacing_s: float = 0.75
+    horizon: int = 100
+    fail: bool = False
+    calls: list[tuple[list[int], Lane, str]] = field(default_factory=list)
+
+    def book_places(
+        self, amounts: Sequence[int], lane: Lane, tenant: str, now: float
+    ) -> list[Draw]:
+        self.calls.append((list(amounts), lane, tenant))
+        if self.fail:
+            raise RuntimeError("throttled")
+        draws = []
+        for i, amount in enumerate(amounts):
+            wait = i * self.spacing_s
+            ticket = None
+            if i < self.horizon:
+                ticket = Ticket(
+                    "g", 0, amount, lane, now + wait, Decimal(i), Decimal(0), now, slot=True
+                )
+            draws.append(Draw(False, wait, 0.0, ticket=ticket))
+        return draws
+
+
+def _fan_out_with(booker: Booker, n: int = 6) -> Plane:
+    plane = Plane()
+    plane.fanout = replace(plane.fanout, places=booker, hold_s=1.0, clock=plane.clock.now)
+    units = [UnitInput(f"u{i:02d}", 1_000 + i, f"in {i}") for i in range(n)]
+    request = SubmitRequest(lane=Lane.LOW, budget=10**8, max_attempts=3, units=units)
+    plane.batches.submit("acme", request, None, plane.clock.now())
+    plane.fan_out()
+    return plane
+
+
+def test_each_unit_goes_with_its_place_delayed_until_it_is_ready() -> None:
+    booker = Booker(horizon=4)
+    plane = _fan_out_with(booker)
+    # one booking for the chunk: its tenant, its lane, its units' tokens in the order sent
+    sent = plane.queue.sent
+    assert booker.calls == [([q.tokens for q in sent], Lane.LOW, "acme")]
+    # each with its place, bound to its attempt; none past the horizon
+    assert [q.ticket is not None for q in sent] == [True] * 4 + [False] * 2
+    assert all(q.ticket.tag == str(q.attempt) for q in sent if q.ticket is not None)
+    # ready within the second the worker holds on: at once; later: the whole second after
+    assert [q.unit_id for q in plane.queue.lanes[Lane.LOW]] == [q.unit_id for q in sent[:2]]
+    delayed = [(delay, q.unit_id) for delay, q in plane.queue.delayed]
+    # 1.5 s, 2.25 s; then past the horizon, when their tokens would be there: 3.0 s, 3.75 s
+    assert delayed == [
+        (2, sent[2].unit_id),
+        (3, sent[3].unit_id),
+        (3, sent[4].unit_id),
+        (4, sent[5].unit_id),
+    ]
+
+
+def test_a_failed_booking_sends_the_units_at_once() -> None:
+    plane = _fan_out_with(Booker(fail=True))
+    assert not plane.queue.delayed and all(q.ticket is None for q in plane.queue.sent)
+    assert len(plane.queue.lanes[Lane.LOW]) == 6
+    assert all(
+        u.state is UnitState.IN_FLIGHT for u in plane.ledger.units(plane.queue.sent[0].run_id)
+    )

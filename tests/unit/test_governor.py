@@ -29,6 +29,7 @@ from swarm.core.governor import (
     cut_rate,
     initial_shard,
     micro,
+    plan_places,
     plan_slot,
     plan_write,
     predicted_wait,
@@ -522,6 +523,22 @@ def test_a_tenant_queues_at_its_share_of_the_refill_behind_its_own_units() -> No
     # a queue served more than a bucket ago goes with the next write; one served lately stays
     old = replace(s, queues={"normal": {"gone": Decimal(-60_000), "lately": Decimal(5_000)}})
     assert plan_slot(old, t, Lane.NORMAL, "a", 2_000, 0.1).stale == ("gone",)
+
+
+def test_places_planned_together_are_a_tenants_slots_in_turn() -> None:
+    s = shard(drawn=Decimal(10_000))
+    t = Decimal(100)
+    queued = replace(s, queues={"normal": {"a": Decimal(18_000)}})
+    # tenant b comes to a's queue: each of its units a step of two units' amount further
+    plan, ends = plan_places(queued, t, Lane.NORMAL, "b", [2_000, 1_000, 3_000], 0.1)
+    assert ends == (Decimal(4_000), Decimal(6_000), Decimal(12_000))
+    assert (plan.extend, plan.start, plan.step) == (False, Decimal(16_000), Decimal(12_000))
+    assert plan.target == Decimal(28_000)  # the queue's end after the three
+    # one amount: plan_slot's write
+    single, _ = plan_places(queued, t, Lane.NORMAL, "b", [2_000], 0.1)
+    assert single == plan_slot(queued, t, Lane.NORMAL, "b", 2_000, 0.1)
+    with pytest.raises(InvalidInput):
+        plan_places(queued, t, Lane.NORMAL, "b", [], 0.1)
 
 
 def test_a_ticket_is_retimed_after_a_rate_cut_its_holder_has_seen() -> None:

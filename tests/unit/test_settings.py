@@ -153,8 +153,8 @@ def _wiring(function: FunctionName) -> Wiring:
 def test_the_wiring_names_what_a_function_was_not_given() -> None:
     fanout = _wiring("fanout")
     assert isinstance(fanout.settings, FanoutSettings)
-    with pytest.raises(SettingsError, match=r"the fanout function has no .*GOVERNOR_TABLE_NAME"):
-        fanout.governor()
+    with pytest.raises(SettingsError, match=r"the fanout function has no .*MODEL_ADAPTER"):
+        fanout.model()
     with pytest.raises(SettingsError, match="the fanout function has no EVENT_BUS_NAME"):
         fanout.events()
     with pytest.raises(SettingsError, match="the dlq function has no QUEUE_URL_HIGH"):
