@@ -96,9 +96,9 @@ class FanOutMachine(Construct):
             "dynamodb:UpdateItem",  # admit: books (and unit) updates
         )
         # the admitted units' places in their tenant's queue (DynamoDBGovernor.book_places):
-        # one Query for a fresh view, one conditional update per chunk; the shards are created
-        # by whichever client comes first
-        governor.grant(self.admit.role, "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem")
+        # one Query for a fresh view, one conditional update per chunk (the shards, if it comes
+        # first, are created by conditional updates too: no PutItem)
+        governor.grant(self.admit.role, "dynamodb:Query", "dynamodb:UpdateItem")
         for queue in lanes.queues.values():  # SSE-SQS: no KMS key to grant
             # the admitted units, on their lane (SendMessageBatch is authorized as SendMessage)
             queue.grant(self.admit.role, "sqs:SendMessage")

@@ -55,8 +55,9 @@ class Workers(Construct):
         governor.grant(
             role,
             "dynamodb:Query",  # the shards (one Query per read)
-            "dynamodb:PutItem",  # create the shard items on first use
-            "dynamodb:UpdateItem",  # draw (one conditional update per grant), throttle cuts
+            # draw (one conditional update per grant), throttle cuts, and the shards' creation
+            # on first use (a conditional update too: no PutItem)
+            "dynamodb:UpdateItem",
         )
         ledger.grant(
             role,

@@ -278,16 +278,25 @@ class DynamoDBGovernor:
             )
 
     def create(self, now: float) -> None:
-        """Create the shard items if absent (idempotent; called lazily by every operation)."""
+        """Create the shard items if absent (idempotent; called lazily by every operation). A
+        conditional UpdateItem, not a PutItem: every client that writes the governor updates
+        its shards anyway, so none needs ``dynamodb:PutItem`` on its table (the fan-out's
+        :meth:`book_places` may be the first to come)."""
         self._writable("create")
         t = micro(now)
         for i in range(self.shards):
+            key = self._key(i)
+            attributes = [(k, v) for k, v in self._initial_item(i, t).items() if k not in key]
             try:
                 self._call(
-                    "put_item",
+                    "update_item",
                     TableName=self.table_name,
-                    Item=self._initial_item(i, t),
+                    Key=key,
+                    UpdateExpression="SET "
+                    + ", ".join(f"#a{n} = :a{n}" for n in range(len(attributes))),
                     ConditionExpression="attribute_not_exists(pk)",
+                    ExpressionAttributeNames={f"#a{n}": k for n, (k, _) in enumerate(attributes)},
+                    ExpressionAttributeValues={f":a{n}": v for n, (_, v) in enumerate(attributes)},
                 )
             except client_error_type() as e:
                 if error_code(e) != CONDITIONAL_CHECK_FAILED:

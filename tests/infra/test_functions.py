@@ -186,10 +186,10 @@ def test_star_resources_only_for_actions_without_resource_level_permissions(
 def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
     stack = synth.stack
     statements = statements_of_role(synth, stack.workers.worker.role)
-    # the governor: Query the shards, create them, draw; the ledger: reads are BatchGetItem
+    # the governor: Query the shards, create them and draw (conditional updates, no PutItem);
+    # the ledger: reads are BatchGetItem
     assert actions_on(statements, arn(synth, stack.tables.governor)) == {
         "dynamodb:Query",
-        "dynamodb:PutItem",
         "dynamodb:UpdateItem",
     }
     assert actions_on(statements, arn(synth, stack.tables.ledger)) == {
@@ -258,7 +258,6 @@ def test_fanout_sends_to_the_lanes_only(synth: Synthesized) -> None:
     # the governor: the units' places (book_places), nothing else
     assert set(actions_on(statements, arn(synth, stack.tables.governor))) == {
         "dynamodb:Query",
-        "dynamodb:PutItem",
         "dynamodb:UpdateItem",
     }
 

@@ -102,10 +102,10 @@ EXPECTED: dict[FunctionName, Table] = {
         ),
         "governor table": frozenset(
             {
-                # DynamoDBGovernor.book_places: a fresh view (one Query), the shards created if
-                # missing (PutItem), one conditional UpdateItem of the tenant's queue per chunk
+                # DynamoDBGovernor.book_places: a fresh view (one Query), one conditional
+                # UpdateItem of the tenant's queue per chunk (and the shards' creation, if it
+                # comes first: conditional UpdateItems)
                 "dynamodb:Query",
-                "dynamodb:PutItem",
                 "dynamodb:UpdateItem",
             }
         ),
@@ -118,9 +118,8 @@ EXPECTED: dict[FunctionName, Table] = {
             {
                 # DynamoDBGovernor._load: one Query of the shards
                 "dynamodb:Query",
-                # DynamoDBGovernor.create: puts the shard items when absent (first draw)
-                "dynamodb:PutItem",
-                # draw (conditional UpdateItem per grant) and report_throttle (rate cut)
+                # draw (conditional UpdateItem per grant), report_throttle (rate cut) and
+                # DynamoDBGovernor.create (the shard items when absent: conditional updates)
                 "dynamodb:UpdateItem",
             }
         ),

@@ -13,11 +13,19 @@ from typing import Any
 
 import pytest
 
+from swarm.adapters import dynamodb_governor
 from swarm.adapters.dynamodb import SORT_KEY
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor, shard_from_item
 from swarm.bench.governor import over_grant_tolerance, over_granted
 from swarm.core.errors import Conflict, InvalidInput
-from swarm.core.governor import Draw, GovernorConfig, Grant, Ticket, TrueUp
+from swarm.core.governor import (
+    Draw,
+    GovernorConfig,
+    Grant,
+    Ticket,
+    TrueUp,
+    micro,
+)
 from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane
 from tests.integration.conftest import TABLE
@@ -229,6 +237,34 @@ def test_a_lane_without_a_reserve_or_a_client_without_a_horizon_books_no_places(
         assert g.stats.requests == requests
     with pytest.raises(InvalidInput):
         booking.book_places([10_000, 0], Lane.NORMAL, "t", 1.0)
+
+
+def test_the_first_client_creates_the_shards_with_conditional_updates_only(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No role may put items on the governor's table: whoever comes first (here the fan-out's
+    book_places) creates the shards as :meth:`create` does, with conditional UpdateItems, once;
+    a second create leaves them as they are."""
+    ops: list[str] = []
+    original = dynamodb_governor.call
+
+    def recording(client: Any, op: str, *args: Any, **kwargs: Any) -> Any:
+        ops.append(op)
+        return original(client, op, *args, **kwargs)
+
+    monkeypatch.setattr(dynamodb_governor, "call", recording)
+    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1}, initial_fill=0.0)
+    fanout = gov(dynamodb, config, horizon_s=900.0, name="fresh", shards=2)
+    draws = fanout.book_places([10_000, 10_000], Lane.NORMAL, "t", 1.0)
+    assert all(d.ticket is not None for d in draws)
+    assert "put_item" not in ops and ops.count("update_item") == 3  # two shards, one booking
+    created = stored(dynamodb, "fresh")
+    assert [s.index for s in created] == [0, 1]
+    untouched = next(s for s in created if s.index != draws[0].ticket.shard)  # type: ignore[union-attr]
+    # the item a PutItem of the initial state would have stored
+    assert untouched == shard_from_item(fanout._initial_item(untouched.index, micro(1.0)))
+    gov(dynamodb, config, name="fresh", shards=2).create(5.0)
+    assert stored(dynamodb, "fresh") == created
 
 
 def test_without_a_horizon_a_reserved_lane_is_refused_without_a_slot(dynamodb: Any) -> None:
