@@ -287,13 +287,13 @@ class DynamoDBGovernor:
         for i in range(self.shards):
             key = self._key(i)
             attributes = [(k, v) for k, v in self._initial_item(i, t).items() if k not in key]
+            placeholders = range(len(attributes))
             try:
                 self._call(
                     "update_item",
                     TableName=self.table_name,
                     Key=key,
-                    UpdateExpression="SET "
-                    + ", ".join(f"#a{n} = :a{n}" for n in range(len(attributes))),
+                    UpdateExpression="SET " + ", ".join(f"#a{n} = :a{n}" for n in placeholders),
                     ConditionExpression="attribute_not_exists(pk)",
                     ExpressionAttributeNames={f"#a{n}": k for n, (k, _) in enumerate(attributes)},
                     ExpressionAttributeValues={f":a{n}": v for n, (_, v) in enumerate(attributes)},

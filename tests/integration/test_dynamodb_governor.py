@@ -18,14 +18,7 @@ from swarm.adapters.dynamodb import SORT_KEY
 from swarm.adapters.dynamodb_governor import DynamoDBGovernor, shard_from_item
 from swarm.bench.governor import over_grant_tolerance, over_granted
 from swarm.core.errors import Conflict, InvalidInput
-from swarm.core.governor import (
-    Draw,
-    GovernorConfig,
-    Grant,
-    Ticket,
-    TrueUp,
-    micro,
-)
+from swarm.core.governor import Draw, GovernorConfig, Grant, Ticket, TrueUp, micro
 from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane
 from tests.integration.conftest import TABLE
