@@ -16,7 +16,6 @@ the metrics are added on the invocation's thread, from the messages' reports.
 from __future__ import annotations
 
 import contextvars
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -121,8 +120,9 @@ def requeue(lanes: LaneQueue, done: list[tuple[str, Done]]) -> list[str]:
         outcome = d.report.outcome
         assert isinstance(outcome, Requeue)
         items.append(replace(d.item, ticket=outcome.ticket))
-        # whole seconds, never shorter than asked: the time since the decision is cut down
-        delays.append(max(0, outcome.delay_s - math.floor(now - d.ended)))
+        # never shorter than asked: the time since the decision is cut down (the lanes round
+        # what is left up to SQS's whole seconds)
+        delays.append(max(0.0, outcome.delay_s - (now - d.ended)))
     try:
         lanes.send_many(items, delays)
     except Exception:

@@ -248,7 +248,11 @@ class Wiring:
 
     def lanes(self) -> LaneQueue:
         s = self.settings_as(QueueSettings)
-        return SqsLanes(self.clients("sqs"), {lane: s.queue_url(lane) for lane in LANES})
+        return SqsLanes(
+            self.clients("sqs"),
+            {lane: s.queue_url(lane) for lane in LANES},
+            time_scale=self.time_scale,
+        )
 
     def blobs(self) -> S3Blobs:
         bucket = self.settings_as(BucketSettings).bucket_name

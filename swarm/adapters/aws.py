@@ -20,6 +20,7 @@ from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ObjectTooLarge, ReadDenied
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ports import (
+    MAX_SQS_VISIBILITY_S,
     SQS_BATCH_BYTES,
     SQS_BATCH_MESSAGES,
     DrainState,
@@ -27,7 +28,7 @@ from swarm.core.ports import (
     MappingState,
     SignedUpload,
     check_delays,
-    sqs_delay,
+    sqs_seconds,
     upload_headers,
 )
 from swarm.core.records import LANES, Lane
@@ -69,21 +70,27 @@ class SqsLanes:
     client: Any
     urls: Mapping[Lane, str]
     sleep: Callable[[float], None] = time.sleep  # between sends of a batch's failed entries
+    #: the callers' clock runs this many times faster than SQS's (a local stack's; 1 on AWS):
+    #: their delays are rounded up to whole SQS seconds on SQS's clock (ports.sqs_seconds)
+    time_scale: float = 1.0
 
-    def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
+    def _seconds(self, seconds: float) -> int:
+        return sqs_seconds(seconds, self.time_scale)
+
+    def send(self, item: QueuedUnit, delay_s: float = 0) -> None:
         self.client.send_message(
             QueueUrl=self.urls[item.lane],
             MessageBody=codec.message_body(item),
-            DelaySeconds=sqs_delay(delay_s),
+            DelaySeconds=self._seconds(delay_s),
             MessageGroupId=item.tenant,
         )
 
-    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[int] = ()) -> None:
+    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[float] = ()) -> None:
         """SendMessageBatch per lane (:func:`message_batches`), each entry with its delay; a
         batch's failed entries are sent again, up to :data:`SEND_ATTEMPTS` times, unless SQS
         says they are the sender's fault (SendFailed at once). A message over the size limit
         goes alone through :meth:`send`, and SQS refuses it as it always has."""
-        by_lane: dict[Lane, list[tuple[QueuedUnit, int]]] = {}
+        by_lane: dict[Lane, list[tuple[QueuedUnit, float]]] = {}
         for item, delay in zip(items, check_delays(items, delays_s), strict=True):
             by_lane.setdefault(item.lane, []).append((item, delay))
         for lane, group in by_lane.items():
@@ -96,7 +103,7 @@ class SqsLanes:
                 entries = [(group[i][0], bodies[i], group[i][1]) for i in batch]
                 self._send_batch(self.urls[lane], entries)
 
-    def _send_batch(self, url: str, entries: Sequence[tuple[QueuedUnit, str, int]]) -> None:
+    def _send_batch(self, url: str, entries: Sequence[tuple[QueuedUnit, str, float]]) -> None:
         pending = {str(n): entry for n, entry in enumerate(entries)}  # Id: unique per request
         for attempt in range(SEND_ATTEMPTS):
             if attempt:
@@ -108,7 +115,7 @@ class SqsLanes:
                         "Id": entry_id,
                         "MessageBody": body,
                         "MessageGroupId": item.tenant,
-                        **({"DelaySeconds": sqs_delay(delay)} if delay else {}),
+                        **({"DelaySeconds": self._seconds(delay)} if delay > 0 else {}),
                     }
                     for entry_id, (item, body, delay) in pending.items()
                 ],
@@ -127,11 +134,11 @@ class SqsLanes:
             f"SQS failed {len(pending)} message(s) of a batch on {url} {SEND_ATTEMPTS} times"
         )
 
-    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
+    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: float) -> None:
         self.client.change_message_visibility(
             QueueUrl=self.urls[lane],
             ReceiptHandle=receipt_handle,
-            VisibilityTimeout=max(0, min(43_200, int(seconds))),
+            VisibilityTimeout=sqs_seconds(seconds, self.time_scale, MAX_SQS_VISIBILITY_S),
         )
 
     def depths(self) -> Mapping[Lane, LaneDepth]:

@@ -244,7 +244,7 @@ def _worker_process(
 
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.core.governor import acquire
-    from swarm.core.ports import requeue_delay
+    from swarm.core.ports import requeue_delay, sqs_seconds
     from swarm.core.records import Lane
 
     make = factory or DynamoDBGovernor
@@ -299,7 +299,8 @@ def _worker_process(
                 seen = time.time()  # the worker's own clock: when it would call the model
                 if unit.requeues:
                     unit.tries_after_requeue += 1
-                delay = 0 if got.granted else requeue_delay(got.retry_after_s)
+                # SQS delays the unit by whole seconds
+                delay = 0 if got.granted else sqs_seconds(requeue_delay(got.retry_after_s))
                 report.calls.append(
                     Call(
                         asked,

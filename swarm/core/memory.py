@@ -565,25 +565,25 @@ class MemoryQueue:
     lanes: dict[Lane, deque[QueuedUnit]] = field(
         default_factory=lambda: {lane: deque() for lane in LANES}
     )
-    delayed: list[tuple[int, QueuedUnit]] = field(default_factory=list)
+    delayed: list[tuple[float, QueuedUnit]] = field(default_factory=list)
     in_flight: dict[Lane, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
     sent: list[QueuedUnit] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)  # each send_many's number of items
 
-    def send(self, item: QueuedUnit, delay_s: int = 0) -> None:
+    def send(self, item: QueuedUnit, delay_s: float = 0) -> None:
         self.sent.append(item)
         if delay_s > 0:
             self.delayed.append((delay_s, item))
         else:
             self.lanes[item.lane].append(item)
 
-    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[int] = ()) -> None:
+    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[float] = ()) -> None:
         """In order, as SQS keeps each lane's batches (there are no batch limits here)."""
         self.batches.append(len(items))
         for item, delay in zip(items, check_delays(items, delays_s), strict=True):
             self.send(item, delay)
 
-    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
+    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: float) -> None:
         """Messages here have no receipt handles: a retry is sent again by the test itself."""
 
     def release_delayed(self) -> None:

@@ -296,20 +296,36 @@ SQS_BATCH_MESSAGES = 10
 SQS_BATCH_BYTES = 262_144
 
 
-def sqs_delay(seconds: int) -> int:
-    """A message's ``DelaySeconds``: whole seconds within what SQS takes (0..MAX_SQS_DELAY_S)."""
-    return max(0, min(MAX_SQS_DELAY_S, int(seconds)))
+#: SQS's longest VisibilityTimeout
+MAX_SQS_VISIBILITY_S = 43_200
 
 
-def requeue_delay(seconds: float) -> int:
-    """A requeued unit's delay: whole seconds, within what SQS takes (1..MAX_SQS_DELAY_S)."""
-    return int(min(MAX_SQS_DELAY_S, max(1, math.ceil(seconds))))
+def sqs_seconds(seconds: float, time_scale: float = 1.0, at_most: int = MAX_SQS_DELAY_S) -> int:
+    """``seconds`` on the caller's clock as the whole seconds SQS takes (``DelaySeconds``,
+    ``VisibilityTimeout``), rounded up: SQS counts on AWS's clock, which a local stack's runs
+    ``time_scale`` times slower than its own (so a quarter of a local second at x10 is 3 SQS
+    seconds, not 1). 0 for none; any other duration is at least one SQS second and at most
+    ``at_most``."""
+    if seconds <= 0:
+        return 0
+    # the product of a float division and the scale it undoes: 2.9999999999999996 is 3
+    return int(min(at_most, max(1, math.ceil(round(seconds * time_scale, 6)))))
 
 
-def check_delays(items: Sequence[object], delays_s: Sequence[int]) -> Sequence[int]:
+#: a delay SQS rounds up to its shortest, one second: what a requeue waits at the least
+SHORTEST_DELAY_S = 1e-3
+
+
+def requeue_delay(seconds: float) -> float:
+    """A requeued unit's delay on the caller's clock: never none (the SQS adapter rounds it up
+    to whole SQS seconds, at least one, and at most :data:`MAX_SQS_DELAY_S` of them)."""
+    return max(SHORTEST_DELAY_S, float(seconds))
+
+
+def check_delays(items: Sequence[object], delays_s: Sequence[float]) -> Sequence[float]:
     """``send_many``'s delays: one per item, or none (every item undelayed)."""
     if not delays_s:
-        return [0] * len(items)
+        return [0.0] * len(items)
     if len(delays_s) != len(items):
         raise InvalidInput("delays_s", f"{len(delays_s)} delays for {len(items)} items")
     return delays_s
@@ -318,19 +334,21 @@ def check_delays(items: Sequence[object], delays_s: Sequence[int]) -> Sequence[i
 class LaneQueue(Protocol):
     """The SQS lanes (one queue per lane, each with its DLQ)."""
 
-    def send(self, item: QueuedUnit, delay_s: int = 0) -> None: ...
+    def send(self, item: QueuedUnit, delay_s: float = 0) -> None: ...
 
-    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[int] = ()) -> None:
+    def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[float] = ()) -> None:
         """Send every item on its lane, in order per lane (SQS: SendMessageBatch, up to
         :data:`SQS_BATCH_MESSAGES` messages and :data:`SQS_BATCH_BYTES` of bodies per request;
         the entries SQS reports as failed are sent again), each delayed by its entry of
-        ``delays_s`` (none: no delay). Raises if one cannot be sent; the items sent before stay
-        sent (a caller that retries sends those twice: the worker's claim absorbs a
+        ``delays_s`` (seconds on the caller's clock, rounded up to SQS's whole seconds:
+        :func:`sqs_seconds`; none: no delay). Raises if one cannot be sent; the items sent
+        before stay sent (a caller that retries sends those twice: the worker's claim absorbs a
         duplicate)."""
         ...
 
-    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: int) -> None:
-        """Make a received message visible again after ``seconds`` (a failed attempt's retry)."""
+    def change_visibility(self, lane: Lane, receipt_handle: str, seconds: float) -> None:
+        """Make a received message visible again after ``seconds`` (a failed attempt's retry;
+        on the caller's clock, rounded up to SQS's whole seconds)."""
         ...
 
     def depths(self) -> Mapping[Lane, LaneDepth]: ...

@@ -3,11 +3,12 @@
 :class:`MappingPoller` is the Lambda SQS poller for one event source mapping: it reads the mapping
 from moto (so ``Enabled`` flips by the drain controller take effect within a second), long-polls as
 Lambda's pollers do (20 s on the deployed clock) for up to ``BatchSize`` messages (the queue's
-visibility timeout applies, on the stack's time scale), invokes the function through moto's
-Lambda API with the SQS event, keeps at most ``MaximumConcurrency`` invocations in flight, and
-with ``ReportBatchItemFailures`` deletes every message except the reported failures. A function
-error (an unhandled exception, a crashed worker) deletes nothing: the batch comes back after its
-visibility timeout, as on AWS.
+own visibility timeout applies, as for Lambda's pollers: the emulator's SQS counts its seconds on
+the deployed clock, :func:`swarm.local.patches.emulator.patch_sqs_deployed_clock`), invokes the
+function through moto's Lambda API with the SQS event, keeps at most ``MaximumConcurrency``
+invocations in flight, and with ``ReportBatchItemFailures`` deletes every message except the
+reported failures. A function error (an unhandled exception, a crashed worker) deletes nothing:
+the batch comes back after its visibility timeout, as on AWS.
 
 :class:`ParameterRule` is an EventBridge rule on an SSM parameter: moto emits no "Parameter Store
 Change" events, so it polls the parameter and invokes the rule's target with that event when the
@@ -79,7 +80,7 @@ class MappingPoller:
     uuid: str
     region: str
     stop: threading.Event
-    time_scale: float = 1.0  # the queue's visibility timeout runs this many times faster
+    time_scale: float = 1.0  # the stack's clock runs this many times faster (the long poll)
     #: clients for the queue, signed with the function's role (Lambda polls with it); the
     #: emulator's own ``clients`` read the mapping and invoke the function
     queue_clients: Any = None
@@ -87,8 +88,8 @@ class MappingPoller:
     _active: int = 0
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _mapping: dict[str, Any] = field(default_factory=dict)
+    visibility_timeout_s: int = 0  # the queue's, as the mapping read it (deployed seconds)
     _queue_url: str = ""
-    _visibility_s: int = 30
 
     def refresh(self) -> dict[str, Any]:
         self._mapping = self.clients("lambda").get_event_source_mapping(UUID=self.uuid)
@@ -96,11 +97,13 @@ class MappingPoller:
             name = self._mapping["EventSourceArn"].rsplit(":", 1)[-1]
             # the mapping knows its queue's ARN; finding the URL is the emulator's own business
             self._queue_url = self.clients("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+            # Lambda reads the queue's attributes with the function's role (it needs
+            # sqs:GetQueueAttributes); the visibility timeout is SQS's own business (deployed
+            # seconds, on the emulator's scaled clock)
             attrs = self._sqs().get_queue_attributes(
                 QueueUrl=self._queue_url, AttributeNames=["VisibilityTimeout"]
             )["Attributes"]
-            deployed = int(attrs["VisibilityTimeout"])
-            self._visibility_s = max(1, round(deployed / self.time_scale))
+            self.visibility_timeout_s = int(attrs["VisibilityTimeout"])
         return self._mapping
 
     def _sqs(self) -> Any:
@@ -167,7 +170,6 @@ class MappingPoller:
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=int(self._mapping.get("BatchSize", 10)),
             WaitTimeSeconds=self.long_poll_s,
-            VisibilityTimeout=self._visibility_s,
             AttributeNames=["All"],
             MessageAttributeNames=["All"],
         )

@@ -94,6 +94,7 @@ class LocalStack:
         os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
         patches.apply_all()
         emulator.apply_all()
+        emulator.patch_sqs_deployed_clock(self.options.time_scale)  # SQS counts deployed seconds
         billing.install()  # the bill: every request the application makes (GET /_local/bill)
         billing.METER.enabled = True
         self.server = moto_server.start_server()

@@ -102,7 +102,7 @@ class FanOut:
         there). A booking that fails sends the units at once, as without a booker: a place is
         an economy (the unit's first try, one receive, invocation and requeue), never a
         condition of the unit's run."""
-        items, delays = list(queued), [0] * len(queued)
+        items, delays = list(queued), [0.0] * len(queued)
         groups: dict[tuple[Lane, str], list[int]] = {}
         for index, item in enumerate(items):
             groups.setdefault((item.lane, item.tenant), []).append(index)

@@ -64,13 +64,13 @@ class Ack:
 
 @dataclass(frozen=True)
 class RetryLater:
-    after_s: int
+    after_s: float  # on the worker's clock (SQS rounds it up to its whole seconds)
     reason: str
 
 
 @dataclass(frozen=True)
 class Requeue:
-    delay_s: int
+    delay_s: float  # on the worker's clock (SQS rounds it up to its whole seconds)
     reason: str
     # the governor booking the copy carries (tokens booked for this attempt); None: none, and a
     # ticket a grant spent never travels

@@ -518,7 +518,7 @@ def closed_fleet(
     worker's client), the model using a fraction ``used`` of each grant (then trued up);
     ``reserve``: the normal lane's (it then queues for its tokens instead of booking them)."""
     from swarm.core.governor import acquire
-    from swarm.core.ports import requeue_delay
+    from swarm.core.ports import requeue_delay, sqs_seconds
     from swarm.service.worker import WorkerTimings
 
     reserves = {Lane.NORMAL: reserve} if reserve else {}
@@ -567,7 +567,7 @@ def closed_fleet(
                 c.true_up(got.grant, u, clock[0])
             heapq.heappush(due, (clock[0], i, rng.randint(8_000, 16_000), None, None, 0))
         else:
-            delay = requeue_delay(got.retry_after_s)
+            delay = sqs_seconds(requeue_delay(got.retry_after_s))  # SQS: whole seconds
             heapq.heappush(due, (clock[0] + delay, i, amount, first, got.ticket, after + 1))
     requests = sum(c.stats.requests for c in clients) - warm
     failures = sum(c.stats.condition_failures for c in clients)

@@ -16,6 +16,7 @@ from swarm.api.models import MAX_MAP_ITEM_BYTES
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import Draw, Ticket
 from swarm.core.memory import InMemoryLedger, MemoryQueue
+from swarm.core.ports import sqs_seconds
 from swarm.core.records import Lane, RunSpec, UnitSpec, UnitState
 from swarm.service.batches import (
     SubmitRequest,
@@ -313,16 +314,18 @@ def test_each_unit_goes_with_its_place_delayed_until_it_is_ready() -> None:
     # each with its place, bound to its attempt; none past the horizon
     assert [q.ticket is not None for q in sent] == [True] * 4 + [False] * 2
     assert all(q.ticket.tag == str(q.attempt) for q in sent if q.ticket is not None)
-    # ready within the second the worker holds on: at once; later: the whole second after
+    # ready within the second the worker holds on: at once; later: when it is ready (SQS rounds
+    # that up to its whole seconds)
     assert [q.unit_id for q in plane.queue.lanes[Lane.LOW]] == [q.unit_id for q in sent[:2]]
     delayed = [(delay, q.unit_id) for delay, q in plane.queue.delayed]
     # 1.5 s, 2.25 s; then past the horizon, when their tokens would be there: 3.0 s, 3.75 s
     assert delayed == [
-        (2, sent[2].unit_id),
-        (3, sent[3].unit_id),
-        (3, sent[4].unit_id),
-        (4, sent[5].unit_id),
+        (1.5, sent[2].unit_id),
+        (2.25, sent[3].unit_id),
+        (3.0, sent[4].unit_id),
+        (3.75, sent[5].unit_id),
     ]
+    assert [sqs_seconds(delay) for delay, _ in delayed] == [2, 3, 3, 4]
 
 
 def test_a_failed_booking_sends_the_units_at_once() -> None:

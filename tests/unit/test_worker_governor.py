@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from decimal import Decimal
 
+import pytest
+
 from swarm.core.governor import Draw, GovernorConfig, Grant, Ticket, TrueUp
 from swarm.core.lanes import QueuedUnit
 from swarm.core.memory import InMemoryGovernor
-from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
+from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled, sqs_seconds
 from swarm.core.records import Lane
 from swarm.service.worker import Ack, Requeue, Worker, WorkerTimings
 from tests.unit.test_service_flow import Plane
@@ -76,11 +78,12 @@ def test_a_refused_unit_goes_back_until_its_booked_tokens_are_there_with_its_tic
     start = plane.clock.now()
     # When the governor books the unit's tokens 42.3 s ahead
     report = w.process(item)
-    # Then it did not hold its invocation for them, and goes back for 43 s (whole seconds,
-    # never before the tokens are there) with the ticket, bound to its attempt
+    # Then it did not hold its invocation for them, and goes back until they are there (SQS:
+    # 43 whole seconds, never before) with the ticket, bound to its attempt
     assert plane.clock.now() == start
     outcome = report.outcome
-    assert isinstance(outcome, Requeue) and outcome.delay_s == 43
+    assert isinstance(outcome, Requeue) and outcome.delay_s == pytest.approx(42.3)
+    assert sqs_seconds(outcome.delay_s) == 43
     assert outcome.ticket is not None and outcome.ticket.tag == "0"
     assert outcome.ticket.ready_at == start + 42.3
     # When it comes back with it, Then it is granted without a new booking, calls the model,
@@ -105,7 +108,7 @@ def test_a_worker_holds_on_only_for_tokens_due_within_its_hold() -> None:
     w2 = worker(plane2, gov2)
     before = plane2.clock.now()
     late = w2.process(one_unit(plane2))
-    assert isinstance(late.outcome, Requeue) and late.outcome.delay_s == 2
+    assert isinstance(late.outcome, Requeue) and late.outcome.delay_s == pytest.approx(1.5)
     assert plane2.clock.now() == before
 
 

@@ -3,6 +3,7 @@ message's outcome on SQS is its own, and a dying sandbox fails the whole batch."
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,17 +59,25 @@ class FakeWorker:
 
 @dataclass
 class FakeLanes:
-    sends: list[list[tuple[str, int]]] = field(default_factory=list)  # each send_many's
-    visibility: list[tuple[str, int]] = field(default_factory=list)
+    sends: list[list[tuple[str, float]]] = field(default_factory=list)  # each send_many's
+    visibility: list[tuple[str, float]] = field(default_factory=list)
     broken: bool = False
 
-    def send_many(self, items: list[QueuedUnit], delays_s: list[int]) -> None:
+    def send_many(self, items: list[QueuedUnit], delays_s: list[float]) -> None:
         if self.broken:
             raise RuntimeError("SQS is unreachable")
         self.sends.append([(i.unit_id, d) for i, d in zip(items, delays_s, strict=True)])
 
-    def change_visibility(self, lane: Lane, receipt_handle: str, after_s: int) -> None:
+    def change_visibility(self, lane: Lane, receipt_handle: str, after_s: float) -> None:
         self.visibility.append((receipt_handle, after_s))
+
+
+def sent(lanes: FakeLanes) -> list[list[tuple[str, float]]]:
+    """Each send_many's units and delays, the delays as asked: what is left of a delay is sent,
+    the time since the unit's decision cut down (a few milliseconds here)."""
+    for batch in lanes.sends:
+        assert all(delay >= 0 for _, delay in batch)
+    return [[(unit, math.ceil(delay)) for unit, delay in batch] for batch in lanes.sends]
 
 
 @pytest.fixture
@@ -109,7 +118,8 @@ def test_each_message_has_its_own_outcome_on_sqs(
     assert response == {
         "batchItemFailures": [{"itemIdentifier": "m-failed"}, {"itemIdentifier": "m-broken"}]
     }
-    assert lanes.sends == [[("later", 7)]]  # a fresh, delayed copy of the requeued unit
+    # a fresh copy of the requeued unit, delayed by what is left of its delay
+    assert sent(lanes) == [[("later", 7)]]
     assert lanes.visibility == [("r-failed", 10)]  # redelivered after its backoff
 
 
@@ -142,7 +152,7 @@ def test_the_units_to_requeue_go_back_together_and_are_redelivered_if_sqs_fails(
     assert run(monkeypatch, worker, lanes, event("u0", "done", "u1", "u2")) == {
         "batchItemFailures": []
     }
-    assert lanes.sends == [[("u0", 3), ("u1", 4), ("u2", 5)]]  # one SendMessageBatch
+    assert sent(lanes) == [[("u0", 3), ("u1", 4), ("u2", 5)]]  # one SendMessageBatch
     # the copies could not be sent: their originals are redelivered, the completed one is not
     lanes.broken = True
     response = run(monkeypatch, worker, lanes, event("u0", "done", "u1"))

@@ -21,6 +21,18 @@ Each patch is small, process-wide, idempotent, and listed in docs/local.md with 
   every message of the queue (a send computes all the queue's attributes, three scans). With a
   2,000-unit batch queued that clock was ~25% of the stack's CPU. The patch reads the same clock
   (epoch milliseconds) with ``time.time()``.
+* :func:`patch_sqs_deployed_clock`: the local stack runs the deployed system on a clock
+  ``time_scale`` times faster, but SQS takes whole seconds (``DelaySeconds``,
+  ``VisibilityTimeout``). Counted on the local clock, one SQS second was ten deployed seconds at
+  x10: a unit whose place in the governor's queue was ready in 0.25 s waited a whole local second,
+  so units due 2.5 deployed seconds apart arrived together, four to a worker invocation, where
+  AWS delivers them one by one (measured with ``swarm bench cost``: 3.7 units per invocation at
+  x10, 1.0 at x1). The patch makes the emulator's SQS count its seconds on the deployed clock,
+  scaled: a delay or visibility timeout of N seconds lasts N / ``time_scale`` local seconds, and
+  the SQS adapter (``SqsLanes.time_scale``) rounds its callers' local durations up to whole
+  deployed seconds, as SQS rounds them on AWS. moto's long poll also looked for a message whose
+  delay or visibility timeout ended only once a second (it wakes at once on a send): it now wakes
+  when the next one is due, as a long poll on SQS returns a message once it is visible.
 * :func:`patch_sqs_retention_check`: moto's receive checks each message's retention period by
   computing every queue attribute (the message counts: a scan) per message, so a receive was
   quadratic in the queue's depth; the patch reads the one attribute.
@@ -343,6 +355,47 @@ def patch_sqs_message_clock() -> None:
         Message.delayed = property(lambda self: time.time() * 1000.0 < self.delayed_until)  # type: ignore[method-assign,assignment]
 
     _once("sqs-message-clock", apply)
+
+
+#: how many times faster than the deployed clock the local stack runs (patch_sqs_deployed_clock)
+SQS_TIME_SCALE = [1.0]
+
+
+def patch_sqs_deployed_clock(time_scale: float) -> None:
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be > 0, not {time_scale}")
+    SQS_TIME_SCALE[0] = time_scale
+
+    def apply() -> None:
+        from moto.sqs.models import Message, Queue
+
+        def later_ms(seconds: int) -> float:  # SQS seconds from now, in local epoch ms
+            return time.time() * 1000.0 + int(seconds) * 1000.0 / SQS_TIME_SCALE[0]
+
+        def delay(self: Any, delay_seconds: int) -> None:
+            self.delayed_until = later_ms(delay_seconds)
+
+        def change_visibility(self: Any, visibility_timeout: int) -> None:
+            self.visible_at = later_ms(visibility_timeout)
+
+        def wait_for_messages(self: Any, timeout: int) -> None:
+            # until a message is sent or the next delayed or invisible one is due (moto: a send
+            # or a second, so a delay's end was seen up to a local second late)
+            now = time.time() * 1000.0
+            due = [
+                max(m.visible_at, m.delayed_until)
+                for m in self._messages
+                if max(m.visible_at, m.delayed_until) > now
+            ]
+            wait = min(float(timeout), (min(due) - now) / 1000.0 + 0.001) if due else timeout
+            with self._messages_lock:
+                self._messages_lock.wait_for(lambda: self.messages, timeout=wait)
+
+        Message.delay = delay  # type: ignore[method-assign]
+        Message.change_visibility = change_visibility  # type: ignore[method-assign]
+        Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign]
+
+    _once("sqs-deployed-clock", apply)
 
 
 #: the credentials the interpreter's tasks call with: the state machine's role, set by the local
