@@ -1,6 +1,6 @@
 """The local stack's SQS patches (swarm/local/patches/emulator.py): a send no longer computes
 the queue's message counts, and sends as moto's did; a delete no longer drops a message sent
-while it ran.
+while it ran; SQS counts its seconds on the deployed clock.
 
 moto read ``ContentBasedDeduplication`` from every attribute of the queue, its three message
 counts included (a pass over every message each), so fanning out a 10,000-unit batch was
@@ -10,6 +10,7 @@ quadratic in its size. The counts are what such a pass costs; these tests count 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,3 +141,30 @@ def test_a_delete_with_an_unknown_receipt_handle_is_refused_and_a_second_delete_
     sqs.delete_message(QueueUrl=url, ReceiptHandle=handle)
     sqs.delete_message(QueueUrl=url, ReceiptHandle=handle)  # SQS takes a second delete
     assert "Messages" not in sqs.receive_message(QueueUrl=url)
+
+
+@pytest.fixture
+def deployed_clock(sqs: Any) -> Iterator[Any]:
+    """The local stack's SQS at x10: its seconds are deployed seconds, a tenth of a local one."""
+    emulator.patch_sqs_deployed_clock(10.0)
+    try:
+        yield sqs
+    finally:
+        emulator.patch_sqs_deployed_clock(1.0)  # process-wide: the next test's SQS is AWS's
+
+
+def test_sqs_seconds_are_deployed_seconds_on_the_local_clock(deployed_clock: Any) -> None:
+    sqs = deployed_clock
+    url = sqs.create_queue(QueueName="lane")["QueueUrl"]
+    # a delay of 3 SQS seconds lasts 0.3 local seconds, and a waiting receive returns the
+    # message once it is due (moto looked again once a second: 1 s at the earliest)
+    start = time.monotonic()
+    sqs.send_message(QueueUrl=url, MessageBody="m", DelaySeconds=3)
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages") is None
+    got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, VisibilityTimeout=2)["Messages"]
+    waited = time.monotonic() - start
+    assert 0.3 <= waited < 0.9, waited  # measured ~0.30 s; a 3x margin
+    # a visibility timeout of 2 SQS seconds: invisible for 0.2 local seconds, then back
+    again = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert again[0]["MessageId"] == got[0]["MessageId"]
+    assert 0.2 <= time.monotonic() - start - waited < 0.8

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from swarm.adapters.aws import SsmDrainSwitch
+from swarm.adapters.aws import SqsLanes, SsmDrainSwitch
 from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
+from swarm.core.ports import MAX_SQS_VISIBILITY_S, requeue_delay, sqs_seconds
 from swarm.service.worker import WorkerTimings
 from swarm.settings import Settings
 from swarm.wiring import QUEUE_LEASE_S, Wiring
@@ -85,3 +86,18 @@ def test_the_api_sheds_on_the_scaled_throttle_window_and_fan_out_leases_follow()
     assert api.batches().config.shed_policy.throttle_window_s == ShedPolicy.throttle_window_s / 10
     fanout = Wiring(settings("fanout"), NoClients(), time_scale=10.0)
     assert fanout.fanout().queue_lease_s == QUEUE_LEASE_S / 10
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_the_lanes_round_their_callers_durations_up_to_whole_sqs_seconds(scale: float) -> None:
+    # Given the worker's lanes on a clock `scale` times faster than SQS's
+    lanes = Wiring(settings("worker"), NoClients(), time_scale=scale).lanes()
+    assert isinstance(lanes, SqsLanes) and lanes.time_scale == scale
+    # Then a duration on that clock is rounded up to whole SQS seconds on AWS's: a quarter of
+    # a deployed second waits one, 2.5 deployed seconds three, never more than SQS takes
+    for deployed, sqs in [(0.25, 1), (1.0, 1), (2.5, 3), (42.3, 43), (900.0, 900), (5_000.0, 900)]:
+        assert sqs_seconds(deployed / scale, scale) == sqs
+    assert sqs_seconds(0.0, scale) == 0 and sqs_seconds(-1.0, scale) == 0  # no delay
+    # a requeue is never undelayed: at least one SQS second
+    assert sqs_seconds(requeue_delay(0.0), scale) == 1
+    assert sqs_seconds(50_000.0, scale, MAX_SQS_VISIBILITY_S) == MAX_SQS_VISIBILITY_S
