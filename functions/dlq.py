@@ -1,5 +1,6 @@
-"""Dead-letter handler: messages SQS gave up on (maxReceiveCount) end their unit as dead-lettered,
-settling a claimed attempt first, so the run can still close and its books stay exact."""
+"""Dead-letter handler: messages SQS gave up on (maxReceiveCount) end their units (one, or a
+bundle's: swarm.core.lanes.bundle) as dead-lettered, settling a claimed attempt first, so the run
+can still close and its books stay exact."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.contract import METRIC_UNITS_DEAD_LETTERED
-from swarm.core.codec import parse_message_body
+from swarm.core.codec import parse_message
 from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.ports import Ledger
 from swarm.service.finalizer import dead_letter
@@ -41,7 +42,7 @@ def ledger() -> Ledger:
 def record_handler(record: SQSRecord) -> None:
     logger.remove_keys(RECORD_KEYS)  # a record's lines carry its own ids, not the last one's
     try:
-        item = parse_message_body(record.body)
+        units = parse_message(record.body)  # one unit, or a bundle's
     except InvalidInput as e:  # nothing to settle: keep the evidence in the logs and drop it
         # never the body: it may carry a tenant's prompt; the message id finds it in the DLQ's
         # own retention if someone must look
@@ -52,14 +53,15 @@ def record_handler(record: SQSRecord) -> None:
             body_bytes=len(record.body.encode()),
         )
         return
-    logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
-    try:
-        state = dead_letter(ledger(), item, time.time())
-    except NotFound:
-        logger.error("dead letter for an unknown run or unit dropped")
-        return
-    metrics.add_metric(METRIC_UNITS_DEAD_LETTERED, MetricUnit.Count, 1)
-    logger.warning("unit dead-lettered by the queue", state=state.value)
+    for item in units:
+        logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
+        try:
+            state = dead_letter(ledger(), item, time.time())
+        except NotFound:
+            logger.error("dead letter for an unknown run or unit dropped")
+            continue
+        metrics.add_metric(METRIC_UNITS_DEAD_LETTERED, MetricUnit.Count, 1)
+        logger.warning("unit dead-lettered by the queue", state=state.value)
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -1,23 +1,31 @@
-"""Worker: an SQS batch from one lane, its messages at once, with partial batch responses.
+"""Worker: an SQS batch from one lane, its units at once, with partial batch responses.
 
-Per message: the worker loop in :mod:`swarm.service.worker` (drain check, admission of a retry,
+Per unit: the worker loop in :mod:`swarm.service.worker` (drain check, admission of a retry,
 governor draw with a bounded wait, claim, model call, settlement), then its outcome on SQS: delete
 (success), redeliver after a short backoff (a failed attempt: "retries by redelivery"), or a
 delayed copy (backpressure, draining, a throttle: the unit did not run, so no attempt is spent).
 
-The batch's messages run at the same time, one thread each (at most the mapping's batch size,
-10): a worker spends nearly all its time waiting for the model, and Lambda bills the invocation's
-duration, so a batch run one message after another billed the sum of its model calls and one run
-at once bills about the longest (docs/scale.md, "The bill per unit"). Each message runs in a copy
-of the invocation's context, so its log lines carry its own ids (Powertools' thread-safe keys);
-the metrics are added on the invocation's thread, from the messages' reports.
+A message carries one unit or a *bundle* of units due together (swarm.core.lanes.bundle: the
+fan-out and this handler send them so). A bundle's units each have their own outcome, and the
+message is deleted once each has one: a unit to retry or to requeue goes back as a copy of its
+own (delayed as its outcome says), and a unit that raised goes back alone after its claim's
+lease. A bundle delivered again (its invocation died) is split: each of its units goes back
+alone, so a unit that kills its sandbox cannot take the others to the dead-letter queue with it.
+
+The batch's units run at the same time, one thread each (at most the mapping's batch size of
+messages, 10, of at most MAX_BUNDLE_UNITS units): a worker spends nearly all its time waiting for
+the model, and Lambda bills the invocation's duration, so a batch run one unit after another
+billed the sum of its model calls and one run at once bills about the longest (docs/scale.md,
+"The bill per unit"). Each unit runs in a copy of the invocation's context, so its log lines
+carry its own ids (Powertools' thread-safe keys); the metrics are added on the invocation's
+thread, from the units' reports.
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +35,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.contract import (
+    MAX_BUNDLE_UNITS,
     METRIC_GOVERNOR_SATURATION,
     METRIC_GOVERNOR_WAIT_MS,
     METRIC_MODEL_THROTTLES,
@@ -35,8 +44,8 @@ from swarm.contract import (
     METRIC_UNITS_DEAD_LETTERED,
     METRIC_UNITS_FAILED,
 )
-from swarm.core.codec import parse_message_body
-from swarm.core.lanes import QueuedUnit
+from swarm.core.codec import parse_message
+from swarm.core.lanes import Bundle, Bundling, QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import LaneQueue
 from swarm.service.pages import Page
@@ -48,8 +57,8 @@ tracer = Tracer()
 metrics = Metrics()
 #: an SQS event source mapping's largest batch (infra/config.py bounds worker.batch_size to it)
 MAX_BATCH = 10
-#: one thread per message of a batch; kept by the sandbox, idle between invocations
-_pool = ThreadPoolExecutor(max_workers=MAX_BATCH, thread_name_prefix="unit")
+#: one thread per unit of a batch; kept by the sandbox, made on demand, idle between invocations
+_pool = ThreadPoolExecutor(max_workers=MAX_BATCH * MAX_BUNDLE_UNITS, thread_name_prefix="unit")
 
 _cache: dict[str, Any] = {}
 
@@ -58,31 +67,44 @@ class AttemptFailed(Exception):
     """Raised for a failed attempt so the batch response lists the message for redelivery."""
 
 
-def _services() -> tuple[Worker, LaneQueue]:
+def _services() -> tuple[Worker, LaneQueue, Bundling]:
     if "worker" not in _cache:
         runtime = Wiring.from_env()
         _cache["worker"] = runtime.worker()
         _cache["lanes"] = runtime.lanes()
-    return _cache["worker"], _cache["lanes"]
+        _cache["bundling"] = runtime.bundling()
+    return _cache["worker"], _cache["lanes"], _cache["bundling"]
 
 
 @dataclass(frozen=True)
 class Done:
-    """A message's work: its report, and when it ended (a requeued copy's delay runs from it)."""
+    """A unit's work: its report, and when it ended (a copy's delay runs from it)."""
 
     report: WorkReport
     item: QueuedUnit
     ended: float
 
 
+@dataclass(frozen=True)
+class Copy:
+    """A unit going back to its lane as a message of its own (or of a new bundle)."""
+
+    message_id: str  # the message it came in: redelivered instead if the copy cannot be sent
+    item: QueuedUnit
+    delay_s: float  # on this function's clock, from ``since``
+    since: float
+    #: never bundled with others: a unit that raised, or one of a split bundle (one of them may
+    #: kill its sandbox: it must reach the dead-letter queue alone)
+    alone: bool = False
+
+
 @tracer.capture_method
-def record_handler(record: SQSRecord) -> Done:
-    """One message, on a thread of its own; raises for a redelivery. A unit to requeue is sent
-    by the handler with the batch's others (one SendMessageBatch)."""
-    item = parse_message_body(record.body)
-    # this message's context is its own (a copy of the invocation's): its lines carry its ids
+def unit_handler(item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
+    """One unit, on a thread of its own. ``alone``: the message carries only this unit, and a
+    failed attempt raises for the message's redelivery; a bundle's unit is retried by a copy."""
+    # this unit's context is its own (a copy of the invocation's): its lines carry its ids
     logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
-    worker, lanes = _services()
+    worker, lanes, _ = _services()
     # a copy delivered again may carry a ticket an earlier delivery spent (swarm.service.worker)
     first = (record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", "1") == "1"
     report = worker.process(item, first_delivery=first)
@@ -95,39 +117,55 @@ def record_handler(record: SQSRecord) -> Done:
         tokens=report.tokens,
         delay_s=outcome.delay_s if isinstance(outcome, Requeue) else None,
     )
-    if isinstance(outcome, RetryLater):
+    if alone and isinstance(outcome, RetryLater):
         lanes.change_visibility(item.lane, record.receipt_handle, outcome.after_s)
         raise AttemptFailed(outcome.reason)
     return Done(report, item, time.monotonic())
 
 
-def _in_page(page: Page, record: SQSRecord) -> Done:
+def _in_page(page: Page, item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
     with page.message():
-        return record_handler(record)
+        return unit_handler(item, record, alone)
 
 
-def requeue(lanes: LaneQueue, done: list[tuple[str, Done]]) -> list[str]:
-    """Send a fresh copy of each unit to requeue (with the governor booking its outcome names,
-    if any; never the one its delivery carried and spent), delayed by what is left of its delay,
-    all in one SendMessageBatch per lane; the originals are then deleted as successes. The
-    message ids whose copies may not have been sent (SQS failed): redelivered instead."""
-    copies = [(mid, d) for mid, d in done if isinstance(d.report.outcome, Requeue)]
+def unspent(item: QueuedUnit) -> QueuedUnit:
+    """The unit without a ticket its delivery may have spent (a place is never spent)."""
+    ticket = item.ticket
+    return item if ticket is None or ticket.slot else replace(item, ticket=None)
+
+
+def copy_of(message_id: str, done: Done) -> Copy | None:
+    """The copy a unit's outcome sends back, if any: a requeue (with the governor booking its
+    outcome names, if any; never the one its delivery carried and spent) or a retry after its
+    backoff (its ticket was spent by the grant)."""
+    outcome = done.report.outcome
+    if isinstance(outcome, Requeue):
+        item = replace(done.item, ticket=outcome.ticket)
+        return Copy(message_id, item, outcome.delay_s, done.ended)
+    if isinstance(outcome, RetryLater):
+        return Copy(message_id, replace(done.item, ticket=None), outcome.after_s, done.ended)
+    return None
+
+
+def send_copies(lanes: LaneQueue, bundling: Bundling, copies: list[Copy]) -> list[str]:
+    """Send the copies, delayed by what is left of their delays, units due together in one
+    message (``bundling``), all in one SendMessageBatch per lane; their originals are then
+    deleted as successes. The message ids whose copies may not have been sent (SQS failed):
+    redelivered instead."""
     if not copies:
         return []
     now = time.monotonic()
-    items, delays = [], []
-    for _, d in copies:
-        outcome = d.report.outcome
-        assert isinstance(outcome, Requeue)
-        items.append(replace(d.item, ticket=outcome.ticket))
-        # never shorter than asked: the time since the decision is cut down (the lanes round
-        # what is left up to SQS's whole seconds)
-        delays.append(max(0.0, outcome.delay_s - (now - d.ended)))
+    # never shorter than asked: the time since the decision is cut down (the lanes round what
+    # is left up to SQS's whole seconds)
+    delays = [max(0.0, c.delay_s - (now - c.since)) for c in copies]
+    together = [(c.item, d) for c, d in zip(copies, delays, strict=True) if not c.alone]
+    bundles = bundling.of([i for i, _ in together], [d for _, d in together])
+    bundles += [Bundle((c.item,), d) for c, d in zip(copies, delays, strict=True) if c.alone]
     try:
-        lanes.send_many(items, delays)
+        lanes.send_bundles(bundles)
     except Exception:
-        logger.exception("requeue failed: the units are redelivered", units=len(items))
-        return [mid for mid, _ in copies]
+        logger.exception("requeue failed: the units are redelivered", units=len(copies))
+        return sorted({c.message_id for c in copies})
     return []
 
 
@@ -153,29 +191,59 @@ def add_metrics(report: WorkReport) -> None:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    # the drain switch is read per message, cached (SsmDrainSwitch): a batch costs no SSM read
+    # the drain switch is read per unit, cached (SsmDrainSwitch): a batch costs no SSM read
     records = [SQSRecord(raw) for raw in event.get("Records") or []]
     if len(records) > MAX_BATCH:
         raise ValueError(f"{len(records)} records in one batch: SQS delivers at most {MAX_BATCH}")
-    _services()  # a cold start builds the wiring once, on this thread, before the messages run
-    # the outcomes the messages keep are written together, once each has kept one or ended
-    page = Page(len(records))
-    running = [_pool.submit(contextvars.copy_context().run, _in_page, page, r) for r in records]
-    errors = [future.exception() for future in running]  # waits for every message
+    worker, lanes, bundling = _services()  # a cold start wires once, before the units run
+    failures: list[str] = []
+    copies: list[Copy] = []
+    runs: list[tuple[SQSRecord, tuple[QueuedUnit, ...]]] = []
+    for record in records:
+        try:
+            units = parse_message(record.body)
+        except Exception:  # redelivered until the dead-letter queue takes it
+            logger.exception("unreadable message", message_id=record.message_id)
+            failures.append(record.message_id)
+            continue
+        receives = (record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", "1")
+        if len(units) > 1 and receives != "1":
+            # its invocation died: each unit goes back alone, so one that kills its sandbox
+            # reaches the dead-letter queue alone
+            logger.warning("bundle delivered again: split", message_id=record.message_id)
+            now = time.monotonic()
+            copies += [Copy(record.message_id, unspent(u), 0.0, now, alone=True) for u in units]
+            continue
+        runs.append((record, units))
+    # the outcomes the units keep are written together, once each has kept one or ended
+    page = Page(sum(len(units) for _, units in runs))
+    running: list[tuple[SQSRecord, QueuedUnit, bool, Future[Done]]] = []
+    for record, units in runs:
+        alone = len(units) == 1
+        for unit in units:
+            own = contextvars.copy_context()  # the unit's log keys are its own
+            future = _pool.submit(own.run, _in_page, page, unit, record, alone)
+            running.append((record, unit, alone, future))
+    errors = [future.exception() for *_, future in running]  # waits for every unit
     for error in errors:
         if error is not None and not isinstance(error, Exception):
             raise error  # the sandbox itself is going down (a BaseException): the whole batch
-    failures: list[str] = []
-    done: list[tuple[str, Done]] = []
-    for record, future, error in zip(records, running, errors, strict=True):
+    for (record, unit, alone, future), error in zip(running, errors, strict=True):
         if error is None:
-            done.append((record.message_id, future.result()))
-            add_metrics(future.result().report)
+            done = future.result()
+            add_metrics(done.report)
+            copy = copy_of(record.message_id, done)
+            if copy is not None:
+                copies.append(copy)
         elif isinstance(error, AttemptFailed):  # a failed attempt: redelivered after its backoff
             failures.append(record.message_id)
-        else:  # redelivered after the visibility timeout; the others' outcomes stand
-            logger.exception("message failed", message_id=record.message_id, exc_info=error)
-            failures.append(record.message_id)
-    _, lanes = _services()
-    failures += requeue(lanes, done)
-    return {"batchItemFailures": [{"itemIdentifier": mid} for mid in failures]}
+        else:  # the others' outcomes stand
+            logger.exception("unit failed", message_id=record.message_id, exc_info=error)
+            if alone:  # redelivered after the visibility timeout
+                failures.append(record.message_id)
+            else:  # back alone once its claim's lease (the visibility timeout) has passed
+                lease = worker.config.lease_s
+                copy = Copy(record.message_id, unspent(unit), lease, time.monotonic(), alone=True)
+                copies.append(copy)
+    failures += send_copies(lanes, bundling, copies)
+    return {"batchItemFailures": [{"itemIdentifier": mid} for mid in dict.fromkeys(failures)]}

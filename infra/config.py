@@ -20,6 +20,7 @@ from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
     BEDROCK_DEFAULT_READ_TIMEOUT_S,
     DEFAULT_UNITS_PER_CHILD,
+    MAX_BUNDLE_UNITS,
     MAX_UNITS_PER_CHILD,
     bedrock_call_bound_s,
 )
@@ -118,6 +119,10 @@ class WorkerConfig(_Strict):
     unit_profile: UnitProfileConfig | None = None
     batch_size: int = Field(ge=1, le=10)
     governor_max_wait_seconds: float = Field(ge=0)
+    # units due within bundle_window_seconds of each other travel as one lane message, at most
+    # bundle_units of them (swarm.core.lanes.bundle): they reach one invocation together
+    bundle_units: int = Field(default=5, ge=1, le=MAX_BUNDLE_UNITS)
+    bundle_window_seconds: float = Field(default=10, ge=0, le=60)
 
 
 class BudgetConfig(_Strict):

@@ -138,6 +138,8 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.GOVERNOR_MAX_WAIT_SECONDS: str(config.worker.governor_max_wait_seconds),
         env.MAX_ATTEMPTS: str(config.max_attempts),
         env.LEASE_SECONDS: str(config.visibility_timeout_seconds),
+        env.BUNDLE_WINDOW_SECONDS: str(config.worker.bundle_window_seconds),
+        env.BUNDLE_UNITS: str(config.worker.bundle_units),
         env.DEFAULT_BUDGET_TOKENS: str(config.budget.default_tokens),
         env.MAX_BUDGET_TOKENS: str(config.budget.max_tokens),
         env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,

@@ -231,6 +231,15 @@ MAX_ATTEMPTS: Final = "MAX_ATTEMPTS"
 LEASE_SECONDS: Final = "LEASE_SECONDS"  # reservation lease = the lanes' visibility timeout
 
 
+#: units due within this many seconds of each other travel as one lane message (a bundle:
+#: swarm.core.lanes.bundle), at most BUNDLE_UNITS of them (cdk.json worker.bundle_*)
+BUNDLE_WINDOW_SECONDS: Final = "BUNDLE_WINDOW_SECONDS"
+BUNDLE_UNITS: Final = "BUNDLE_UNITS"
+#: the bound on cdk.json worker.bundle_units: a worker runs every unit of its SQS batch at once
+#: (at most 10 messages), one thread each
+MAX_BUNDLE_UNITS: Final = 10
+
+
 DEFAULT_BUDGET_TOKENS: Final = "DEFAULT_BUDGET_TOKENS"
 
 
@@ -334,6 +343,9 @@ _COMMON: Final = (
 _GOVERNOR: Final = (QUOTA_TPM, GOVERNOR_SHARE, GOVERNOR_CAPACITY, *LANE_RESERVE_VARS)
 
 
+_BUNDLES: Final = (BUNDLE_WINDOW_SECONDS, BUNDLE_UNITS)
+
+
 _MODEL: Final = (
     MODEL_ADAPTER,
     BEDROCK_MODEL_ID,
@@ -365,6 +377,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         RESULTS_URL_SECONDS,
         UPLOAD_URL_SECONDS,
         UNITS_PER_CHILD,
+        BUNDLE_UNITS,  # the lanes' depths are messages: units at most this many times them
     ),
     "fanout": (
         *_COMMON,
@@ -374,6 +387,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         *QUEUE_URL_VARS,
         MAX_ATTEMPTS,
         LEASE_SECONDS,
+        *_BUNDLES,
     ),
     "worker": (
         *_COMMON,
@@ -387,6 +401,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         GOVERNOR_MAX_WAIT_SECONDS,
         MAX_ATTEMPTS,
         LEASE_SECONDS,
+        *_BUNDLES,  # it requeues units in bundles too
         *_MODEL,
     ),
     "dlq": (

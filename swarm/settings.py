@@ -24,6 +24,8 @@ from swarm.contract import (
     BEDROCK_MODEL_ID,
     BEDROCK_READ_TIMEOUT_SECONDS,
     BUCKET_NAME,
+    BUNDLE_UNITS,
+    BUNDLE_WINDOW_SECONDS,
     DEFAULT_BUDGET_TOKENS,
     DRAIN_PARAMETER_NAME,
     EVENT_BUS_NAME,
@@ -40,6 +42,7 @@ from swarm.contract import (
     LEDGER_TABLE_NAME,
     MAX_ATTEMPTS,
     MAX_BUDGET_TOKENS,
+    MAX_BUNDLE_UNITS,
     MAX_UNITS_PER_CHILD,
     MODEL_ADAPTER,
     OPERATOR_PRINCIPAL_PREFIX,
@@ -148,6 +151,18 @@ class AttemptSettings(_Model):
 
 class LeaseSettings(_Model):
     lease_seconds: int = Field(alias=LEASE_SECONDS, ge=1)
+
+
+class BundleUnitsSettings(_Model):
+    """The most units one lane message carries (swarm.core.lanes.bundle)."""
+
+    bundle_units: int = Field(alias=BUNDLE_UNITS, ge=1, le=MAX_BUNDLE_UNITS)
+
+
+class BundleSettings(BundleUnitsSettings):
+    """How the lanes' messages carry units: those due within the window, at most bundle_units."""
+
+    bundle_window_seconds: float = Field(alias=BUNDLE_WINDOW_SECONDS, ge=0)
 
 
 class ModelSettings(_Model):
@@ -266,6 +281,7 @@ class ApiSettings(
     StateMachineSettings,
     DrainSwitchSettings,
     AttemptSettings,
+    BundleUnitsSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
@@ -292,7 +308,13 @@ class ApiSettings(
 
 
 class FanoutSettings(
-    Settings, LedgerSettings, GovernorSettings, QueueSettings, AttemptSettings, LeaseSettings
+    Settings,
+    LedgerSettings,
+    GovernorSettings,
+    QueueSettings,
+    AttemptSettings,
+    LeaseSettings,
+    BundleSettings,
 ):
     """The fan-out: it admits a run's units, books their places in the governor's queues, and
     sends them to their lanes."""
@@ -308,6 +330,7 @@ class WorkerSettings(
     EventSettings,
     AttemptSettings,
     LeaseSettings,
+    BundleSettings,
     ModelSettings,
 ):
     """The worker: it draws from the governor, for up to its bounded wait, and calls the model."""

@@ -27,10 +27,14 @@ from swarm.adapters.aws import (
 )
 from swarm.adapters.s3_results import S3Results
 from swarm.adapters.simulated_model import SimulatedModelPlane
+from swarm.core import codec
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
+from swarm.core.lanes import Bundling
 from swarm.core.ports import (
     MAX_SQS_DELAY_S,
+    SQS_BATCH_BYTES,
+    SQS_BATCH_MESSAGES,
     Governor,
     LaneQueue,
     Ledger,
@@ -51,6 +55,7 @@ from swarm.service.worker import Worker, WorkerTimings
 from swarm.settings import (
     ApiSettings,
     BucketSettings,
+    BundleSettings,
     DrainSettings,
     DrainSwitchSettings,
     EventSettings,
@@ -123,15 +128,23 @@ def client_configs(settings: Settings) -> dict[str, Any]:
     downloads, manifest uploads) must use (boto3 may still sign them with version 2, which S3
     no longer accepts in newer regions). Bedrock: the configured read timeout (boto3's 60 s is
     short for a long answer) and no SDK retries (swarm/adapters/bedrock.py says why)."""
+    from botocore.config import Config
+
     from swarm.adapters.s3_results import S3_SIGV4
 
     configs: dict[str, Any] = {"s3": S3_SIGV4}
-    if not isinstance(settings, ModelSettings) or settings.model_adapter != "bedrock":
-        return configs
-    from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, client_config
+    if isinstance(settings, ModelSettings) and settings.model_adapter == "bedrock":
+        from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S, client_config
 
-    read_timeout = settings.bedrock_read_timeout_seconds or DEFAULT_READ_TIMEOUT_S
-    return {**configs, "bedrock-runtime": client_config(read_timeout)}
+        read_timeout = settings.bedrock_read_timeout_seconds or DEFAULT_READ_TIMEOUT_S
+        configs["bedrock-runtime"] = client_config(read_timeout)
+    if isinstance(settings, WorkerSettings):
+        # a worker runs every unit of its batch at once, one thread each (functions/worker.py:
+        # up to 10 messages of bundle_units units): a connection each, not botocore's 10 shared
+        pool = Config(max_pool_connections=SQS_BATCH_MESSAGES * settings.bundle_units)
+        for service in ("dynamodb", "s3", "sqs", "bedrock-runtime"):
+            configs[service] = configs[service].merge(pool) if service in configs else pool
+    return configs
 
 
 def governor_name(config: GovernorConfig) -> str:
@@ -319,7 +332,19 @@ class Wiring:
                 default_attempts=s.max_attempts,
                 tenants=s.tenant_policy(),
                 units_per_child=s.units_per_child,
+                units_per_message=s.bundle_units,
             ),
+        )
+
+    def bundling(self) -> Bundling:
+        """How the fan-out and the workers bundle units into lane messages (a message within
+        SQS's size limit)."""
+        s = self.settings_as(BundleSettings)
+        return Bundling(
+            self.seconds(s.bundle_window_seconds),
+            s.bundle_units,
+            max_bytes=SQS_BATCH_BYTES,
+            size=codec.bundle_size,
         )
 
     def fanout(self) -> FanOut:
@@ -329,6 +354,7 @@ class Wiring:
             queue_lease_s=self.seconds(QUEUE_LEASE_S),
             places=self.dynamodb_governor(),  # it books places: PlaceBooker
             hold_s=self.seconds(WorkerTimings.max_hold_s),
+            bundling=self.bundling(),
         )
 
     def worker(self) -> Worker:

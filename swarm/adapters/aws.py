@@ -18,7 +18,7 @@ from swarm.adapters.client_errors import client_error_type, error_code
 from swarm.contract import parse_drain_value
 from swarm.core import codec
 from swarm.core.errors import InvalidInput, NotFound, ObjectTooLarge, ReadDenied
-from swarm.core.lanes import QueuedUnit
+from swarm.core.lanes import Bundle, QueuedUnit
 from swarm.core.ports import (
     MAX_SQS_VISIBILITY_S,
     SQS_BATCH_BYTES,
@@ -78,29 +78,38 @@ class SqsLanes:
         return sqs_seconds(seconds, self.time_scale)
 
     def send(self, item: QueuedUnit, delay_s: float = 0) -> None:
+        self._send_one(item, codec.message_body(item), delay_s)
+
+    def _send_one(self, item: QueuedUnit, body: str, delay_s: float) -> None:
+        """One message on ``item``'s lane, in its tenant's group."""
         self.client.send_message(
             QueueUrl=self.urls[item.lane],
-            MessageBody=codec.message_body(item),
+            MessageBody=body,
             DelaySeconds=self._seconds(delay_s),
             MessageGroupId=item.tenant,
         )
 
     def send_many(self, items: Sequence[QueuedUnit], delays_s: Sequence[float] = ()) -> None:
-        """SendMessageBatch per lane (:func:`message_batches`), each entry with its delay; a
-        batch's failed entries are sent again, up to :data:`SEND_ATTEMPTS` times, unless SQS
-        says they are the sender's fault (SendFailed at once). A message over the size limit
-        goes alone through :meth:`send`, and SQS refuses it as it always has."""
-        by_lane: dict[Lane, list[tuple[QueuedUnit, float]]] = {}
-        for item, delay in zip(items, check_delays(items, delays_s), strict=True):
-            by_lane.setdefault(item.lane, []).append((item, delay))
+        """Each item a message of its own: :meth:`send_bundles` of one unit each."""
+        delays = check_delays(items, delays_s)
+        self.send_bundles([Bundle((i,), d) for i, d in zip(items, delays, strict=True)])
+
+    def send_bundles(self, bundles: Sequence[Bundle]) -> None:
+        """SendMessageBatch per lane (:func:`message_batches`), each bundle one entry with its
+        delay; a batch's failed entries are sent again, up to :data:`SEND_ATTEMPTS` times, unless
+        SQS says they are the sender's fault (SendFailed at once). A message over the size limit
+        goes alone through ``SendMessage``, and SQS refuses it as it always has."""
+        by_lane: dict[Lane, list[tuple[Bundle, str]]] = {}
+        for b in bundles:
+            by_lane.setdefault(b.units[0].lane, []).append((b, codec.bundle_body(b.units)))
         for lane, group in by_lane.items():
-            bodies = [codec.message_body(item) for item, _ in group]
-            sizes = [len(body.encode()) for body in bodies]
+            sizes = [len(body.encode()) for _, body in group]
             for batch in message_batches(sizes):
                 if len(batch) == 1 and sizes[batch[0]] > SQS_BATCH_BYTES:
-                    self.send(*group[batch[0]])
+                    b, body = group[batch[0]]
+                    self._send_one(b.units[0], body, b.delay_s)
                     continue
-                entries = [(group[i][0], bodies[i], group[i][1]) for i in batch]
+                entries = [(group[i][0].units[0], group[i][1], group[i][0].delay_s) for i in batch]
                 self._send_batch(self.urls[lane], entries)
 
     def _send_batch(self, url: str, entries: Sequence[tuple[QueuedUnit, str, float]]) -> None:

@@ -539,7 +539,8 @@ class GovernorState(BaseModel):
 
 
 class LaneDepthView(BaseModel):
-    """One lane's messages."""
+    """One lane's messages (a message carries one unit, or a bundle of units due together: at
+    most the deployment's worker.bundle_units)."""
 
     visible: int = Field(description="waiting to be received")
     in_flight: int = Field(description="received by a worker, not yet done")

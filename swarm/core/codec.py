@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from swarm.core.errors import InvalidInput
@@ -211,12 +212,56 @@ def message_body(item: QueuedUnit) -> str:
     return json.dumps(queued_to_doc(item), separators=(",", ":"))
 
 
-def parse_message_body(body: str) -> QueuedUnit:
-    """A lane message's body; a malformed one raises InvalidInput naming what is wrong."""
+#: what every unit of a bundle shares, written once in its message
+_BUNDLE_SHARED = ("run_id", "tenant", "lane")
+
+
+def bundle_body(units: Sequence[QueuedUnit]) -> str:
+    """A lane message carrying ``units`` (swarm.core.lanes.Bundle): one unit's message as
+    :func:`message_body` writes it; several as ``{"run_id", "tenant", "lane", "units": [...]}``,
+    each unit's own fields in the list."""
+    if len(units) == 1:
+        return message_body(units[0])
+    if not units:
+        raise InvalidInput("units", "a lane message carries at least one unit")
+    first = queued_to_doc(units[0])
+    shared = {name: first[name] for name in _BUNDLE_SHARED}
+    docs = []
+    for unit in units:
+        doc = queued_to_doc(unit)
+        if any(doc[name] != shared[name] for name in _BUNDLE_SHARED):
+            raise InvalidInput("units", "a bundle's units share their run, tenant and lane")
+        docs.append({k: v for k, v in doc.items() if k not in _BUNDLE_SHARED})
+    return json.dumps({**shared, "units": docs}, separators=(",", ":"))
+
+
+def bundle_size(units: Sequence[QueuedUnit]) -> int:
+    """The bytes of the lane message carrying ``units``."""
+    return len(bundle_body(units).encode())
+
+
+def parse_message(body: str) -> tuple[QueuedUnit, ...]:
+    """The units of a lane message (one, or a bundle's); a malformed one raises InvalidInput
+    naming what is wrong."""
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as e:
         raise InvalidInput("body", f"not JSON: {e.msg}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("body", "a lane message is a JSON object")
-    return queued_from_doc(doc)
+    if "units" not in doc:
+        return (queued_from_doc(doc),)
+    units = doc["units"]
+    if not isinstance(units, list) or not units or not all(isinstance(u, dict) for u in units):
+        raise InvalidInput("units", "a bundle's units are a non-empty list of objects")
+    shared = {name: doc[name] for name in _BUNDLE_SHARED if name in doc}
+    return tuple(queued_from_doc({**unit, **shared}) for unit in units)
+
+
+def parse_message_body(body: str) -> QueuedUnit:
+    """A lane message of one unit; a malformed one, or a bundle, raises InvalidInput naming
+    what is wrong."""
+    units = parse_message(body)
+    if len(units) != 1:
+        raise InvalidInput("body", f"a bundle of {len(units)} units, not one unit's message")
+    return units[0]

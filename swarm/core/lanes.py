@@ -9,6 +9,7 @@ queues keyed by tenant (``MessageGroupId``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -45,3 +46,81 @@ class QueuedUnit:
     input: Prompt = ""
     #: tokens the governor booked for this attempt on an earlier try (docs/governor.md)
     ticket: Ticket | None = None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Units that travel as one lane message, and how long it is delayed.
+
+    Lambda bills a worker invocation's duration and a worker waits for the model, so units that
+    reach the model together share an invocation (and its receive, delete and outcome page).
+    SQS decides which messages a worker receives together: units due a few seconds apart, each a
+    message of its own, reach the workers one by one. A bundle's units are one message, so they
+    reach one invocation together, whatever SQS's pollers do. Every unit is of the bundle's run,
+    lane and tenant; the message is delayed until its last unit is due."""
+
+    units: tuple[QueuedUnit, ...]
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.units:
+            raise InvalidInput("units", "a bundle carries at least one unit")
+
+
+def bundle(
+    items: Sequence[QueuedUnit],
+    delays_s: Sequence[float],
+    window_s: float,
+    max_units: int,
+    size: Callable[[Sequence[QueuedUnit]], int] | None = None,
+    max_bytes: int | None = None,
+) -> list[Bundle]:
+    """The units as bundles: those of one run, lane and tenant, in the order they are due, each
+    bundle as many units as are due within ``window_s`` of its first (at most ``max_units``,
+    and, with ``size``, at most ``max_bytes`` as a message), delayed until its last is due. A
+    unit waits at most ``window_s`` more than it would alone; ``max_units`` 1 sends each alone."""
+    if len(delays_s) != len(items):
+        raise InvalidInput("delays_s", f"{len(delays_s)} delays for {len(items)} items")
+    if max_units < 1 or window_s < 0:
+        raise InvalidInput(
+            "bundle", f"max_units >= 1 and window_s >= 0, not {max_units}, {window_s}"
+        )
+    groups: dict[tuple[str, Lane, str], list[tuple[float, QueuedUnit]]] = {}
+    for item, delay in zip(items, delays_s, strict=True):
+        groups.setdefault((item.run_id, item.lane, item.tenant), []).append((max(0.0, delay), item))
+    bundles: list[Bundle] = []
+    for due in groups.values():
+        due.sort(key=lambda d: d[0])  # stable: units due together keep their order
+        current: list[QueuedUnit] = []
+        first = last = 0.0
+        for delay, item in due:
+            fits = (
+                current
+                and len(current) < max_units
+                and delay - first <= window_s
+                and (size is None or max_bytes is None or size([*current, item]) <= max_bytes)
+            )
+            if current and not fits:
+                bundles.append(Bundle(tuple(current), last))
+                current = []
+            if not current:
+                first = delay
+            current.append(item)
+            last = delay
+        if current:
+            bundles.append(Bundle(tuple(current), last))
+    return bundles
+
+
+@dataclass(frozen=True)
+class Bundling:
+    """How units are bundled into lane messages (:func:`bundle`); the default sends each unit
+    alone. ``size``: a bundle's message in bytes, bounded by ``max_bytes``."""
+
+    window_s: float = 0.0
+    max_units: int = 1
+    max_bytes: int | None = None
+    size: Callable[[Sequence[QueuedUnit]], int] | None = None
+
+    def of(self, items: Sequence[QueuedUnit], delays_s: Sequence[float]) -> list[Bundle]:
+        return bundle(items, delays_s, self.window_s, self.max_units, self.size, self.max_bytes)

@@ -24,7 +24,7 @@ from swarm.core.governor import (
     TrueUp,
     snapshot_of,
 )
-from swarm.core.lanes import Policy, QueuedUnit
+from swarm.core.lanes import Bundle, Policy, QueuedUnit
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
     Admission,
@@ -568,7 +568,8 @@ class MemoryQueue:
     delayed: list[tuple[float, QueuedUnit]] = field(default_factory=list)
     in_flight: dict[Lane, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
     sent: list[QueuedUnit] = field(default_factory=list)
-    batches: list[int] = field(default_factory=list)  # each send_many's number of items
+    batches: list[int] = field(default_factory=list)  # each send_many's (or send_bundles') units
+    bundles: list[int] = field(default_factory=list)  # each bundle's number of units, as sent
 
     def send(self, item: QueuedUnit, delay_s: float = 0) -> None:
         self.sent.append(item)
@@ -582,6 +583,14 @@ class MemoryQueue:
         self.batches.append(len(items))
         for item, delay in zip(items, check_delays(items, delays_s), strict=True):
             self.send(item, delay)
+
+    def send_bundles(self, bundles: Sequence[Bundle]) -> None:
+        """Each bundle's units in order, with its delay (a receive here takes one unit)."""
+        self.batches.append(sum(len(b.units) for b in bundles))
+        for b in bundles:
+            self.bundles.append(len(b.units))
+            for item in b.units:
+                self.send(item, b.delay_s)
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: float) -> None:
         """Messages here have no receipt handles: a retry is sent again by the test itself."""

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, Grant, Ticket, TrueUp
-from swarm.core.lanes import QueuedUnit
+from swarm.core.lanes import Bundle, QueuedUnit
 from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Fate, Settlement, TopUp
 from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
@@ -344,6 +344,12 @@ class LaneQueue(Protocol):
         :func:`sqs_seconds`; none: no delay). Raises if one cannot be sent; the items sent
         before stay sent (a caller that retries sends those twice: the worker's claim absorbs a
         duplicate)."""
+        ...
+
+    def send_bundles(self, bundles: Sequence[Bundle]) -> None:
+        """Send each bundle (swarm.core.lanes.bundle) as one message on its lane, delayed by its
+        ``delay_s``, as :meth:`send_many` sends its items (a bundle of one is the unit's own
+        message)."""
         ...
 
     def change_visibility(self, lane: Lane, receipt_handle: str, seconds: float) -> None:

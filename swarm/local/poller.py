@@ -89,6 +89,9 @@ class MappingPoller:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _mapping: dict[str, Any] = field(default_factory=dict)
     visibility_timeout_s: int = 0  # the queue's, as the mapping read it (deployed seconds)
+    #: a receive (a long poll) is in flight: a mapping disabled meanwhile still delivers what it
+    #: returns, as Lambda's pollers finish theirs
+    receiving: bool = False
     _queue_url: str = ""
 
     def refresh(self) -> dict[str, Any]:
@@ -149,6 +152,7 @@ class MappingPoller:
                     if self._active >= self.max_concurrency:
                         self._cond.wait(REFRESH_S / 2)
                         continue
+                self.receiving = True  # a long poll in flight still delivers what it gets
                 try:
                     messages = self._receive()
                 except Exception:
@@ -156,6 +160,8 @@ class MappingPoller:
                         log.exception("mapping %s: receive failed", self.uuid)
                     self.stop.wait(1)
                     continue
+                finally:
+                    self.receiving = False
                 if not messages:
                     continue
                 with self._cond:

@@ -406,6 +406,7 @@ class LocalStack:
                         "function": p._mapping.get("FunctionArn", "").rsplit(":", 1)[-1],
                         "queue": p._mapping.get("EventSourceArn", "").rsplit(":", 1)[-1],
                         "enabled": p.enabled,
+                        "receiving": p.receiving,
                         "in_flight": p.in_flight,
                         "max_concurrency": p.max_concurrency,
                         **p.stats.as_dict(),

@@ -160,6 +160,9 @@ class BatchesConfig:
     tenants: TenantPolicy = field(default_factory=TenantPolicy)
     # a map child's units at most (cdk.json fanout.units_per_child): one child, one chunk
     units_per_child: int = DEFAULT_UNITS_PER_CHILD
+    # the most units one lane message carries (cdk.json worker.bundle_units): SQS counts the
+    # lanes' messages, and the shed depths count units
+    units_per_message: int = 1
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -410,7 +413,10 @@ class Batches:
                 self.executions.start(run_id, payload)
                 return Submitted(existing, created=False)
         avg = spec.projected_total / spec.units_total
-        depths = {lane: d.queued for lane, d in self.queue.depths().items()}
+        # units queued, at most: a message carries up to units_per_message of them, so a lane
+        # sheds no later than at its depth limit in units (a bundle of fewer sheds sooner)
+        per_message = self.config.units_per_message
+        depths = {lane: d.queued * per_message for lane, d in self.queue.depths().items()}
         snapshot = self.governor.snapshot(now)
         policy = self.config.shed_policy
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from swarm.core.errors import InvalidInput
-from swarm.core.lanes import QueuedUnit
+from swarm.core.lanes import Bundling, QueuedUnit
 from swarm.core.ledger import Admission
 from swarm.core.ports import LaneQueue, Ledger, PlaceBooker, requeue_delay
 from swarm.core.prompts import Prompt, from_json
@@ -42,6 +42,9 @@ class FanOut:
     #: a unit whose place is ready within this long is sent at once: the worker holds on for
     #: it (WorkerTimings.max_hold_s); a later one is delayed until just after its place is ready
     hold_s: float = 0.0
+    #: units due together travel as one message (swarm.core.lanes.bundle): they reach one
+    #: worker invocation together (the default: each alone)
+    bundling: Bundling = field(default_factory=Bundling)
 
     def admit_and_enqueue(
         self, item: Mapping[str, Any], now: float, batch_id: str | None = None
@@ -122,7 +125,8 @@ class FanOut:
                     items[i] = replace(items[i], ticket=ticket)
                 # a wait the worker holds on for anyway is not worth a second of delay
                 delays[i] = requeue_delay(draw.wait_s) if draw.wait_s > self.hold_s else 0
-        self.queue.send_many(items, delays)
+        # units due together go together: each bundle is delayed until its last unit is due
+        self.queue.send_bundles(self.bundling.of(items, delays))
 
     def _one_by_one(
         self, run_id: str, named: Sequence[tuple[str, Prompt]], now: float

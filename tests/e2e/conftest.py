@@ -66,6 +66,22 @@ class Stack:
         """The emulator's own control surface (``/_local/...``), signed as the demo tenant."""
         return Client(self.target, timeout_s=60).request(method, path, body)[1]
 
+    def pause_mapping(self, uuid: str, timeout_s: float = 30) -> None:
+        """Disable an event source mapping and wait until its poller takes nothing more: it has
+        seen the change, and a long poll it had in flight (which still delivers what it gets,
+        as Lambda's pollers do) has returned."""
+        self.aws("lambda").update_event_source_mapping(UUID=uuid, Enabled=False)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            [poller] = [
+                p for p in self.local("GET", "/_local/status")["pollers"] if p["uuid"] == uuid
+            ]
+            if not poller["enabled"] and not poller["receiving"]:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the poller of mapping {uuid} kept receiving: {poller}")
+            time.sleep(0.1)
+
     def model(self, batch_id: str | None = None) -> dict[str, Any]:
         """The simulated model's counters: the whole plane's, or one batch's with its call log."""
         path = "/_local/model" + (f"?batch={batch_id}" if batch_id else "")

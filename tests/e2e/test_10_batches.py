@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from swarm.core.codec import parse_message_body
+from swarm.core.codec import parse_message
 from tests.e2e.conftest import (
     Stack,
     assert_books,
@@ -162,7 +162,7 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
         for m in lam.list_event_source_mappings()["EventSourceMappings"]
         if "LanesLowLane" in m["EventSourceArn"] and "Worker" in m["FunctionArn"]
     )
-    lam.update_event_source_mapping(UUID=mapping, Enabled=False)
+    stack.pause_mapping(mapping)
     try:
         # Given the batch's units wait in their lane
         bid = submit_retrying(client, {"units": batch, "lane": "low", "budget": 1_000_000})[
@@ -172,32 +172,34 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
         deadline = time.monotonic() + 60
         while moved is None and time.monotonic() < deadline:
             for m in sqs.receive_message(QueueUrl=lane, MaxNumberOfMessages=10).get("Messages", []):
-                queued = parse_message_body(m["Body"])
-                if moved is None and queued.run_id == bid:
+                queued = parse_message(m["Body"])  # one unit, or a bundle of units due together
+                if moved is None and queued[0].run_id == bid:
                     # When SQS gives up on one of them (after maxReceiveCount receives it moves
                     # the message to the lanes' dead-letter queue; here the test moves it)
                     sqs.send_message(QueueUrl=dead_letters, MessageBody=m["Body"])
                     sqs.delete_message(QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"])
-                    moved = queued.unit_id
+                    moved = [q.unit_id for q in queued]
                 else:
                     sqs.change_message_visibility(
                         QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
                     )
         assert moved is not None, "no queued message of the batch in the lane"
-        # Then the dead-letter handler ends that unit (the dead-letter queue's mapping runs)
-        wait_for(client, bid, lambda d: d["counts"]["dead_lettered"] == 1, timeout_s=60)
+        # Then the dead-letter handler ends its units (the dead-letter queue's mapping runs)
+        dead = len(moved)
+        wait_for(client, bid, lambda d: d["counts"]["dead_lettered"] == dead, timeout_s=60)
     finally:
         lam.update_event_source_mapping(UUID=mapping, Enabled=True)
     # And the rest of the batch runs, and the run closes with exact books
     final = wait_for(client, bid, timeout_s=180)
     assert final["state"] == "completed", final
     results = stack.results(bid, "completed")
-    assert results["units"][moved]["state"] == "dead_lettered"
     seen = stack.model(bid)
-    assert results["units"][moved]["attempts"] == 0
-    assert not [c for c in seen["log"] if c["unit_id"] == moved]
+    for unit_id in moved:
+        assert results["units"][unit_id]["state"] == "dead_lettered"
+        assert results["units"][unit_id]["attempts"] == 0
+        assert not [c for c in seen["log"] if c["unit_id"] == unit_id]
     completed = {k for k, u in results["units"].items() if u["state"] == "completed"}
-    assert completed == {u["unit_id"] for u in batch} - {moved}
+    assert completed == {u["unit_id"] for u in batch} - set(moved)
     assert results["spent"] == seen["tokens_billed"]
 
 

@@ -676,3 +676,26 @@ def test_the_api_function_gets_the_resolved_tenant_limits(synth: Synthesized) ->
     assert json.loads(api["TENANT_LIMITS"])["defaults"]["lanes"] == ["normal", "low"]
     # and no other function has them
     assert variables and all("TENANT_LIMITS" not in v for v in variables.values())
+
+
+@pytest.mark.parametrize(
+    ("worker", "key"),
+    [
+        ({"bundle_units": 0}, "worker.bundle_units"),
+        ({"bundle_units": 11}, "worker.bundle_units"),
+        ({"bundle_window_seconds": -1}, "worker.bundle_window_seconds"),
+        ({"bundle_window_seconds": 61}, "worker.bundle_window_seconds"),
+    ],
+)
+def test_a_bundle_setting_out_of_range_fails_synth_naming_the_key(
+    worker: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(_context(worker=_worker(**worker)))
+
+
+def test_the_bundle_settings_are_read_from_cdk_json() -> None:
+    config = load_config(_context(worker=_worker(bundle_units=3, bundle_window_seconds=4.5)))
+    assert (config.worker.bundle_units, config.worker.bundle_window_seconds) == (3, 4.5)
+    defaults = load_config(cdk_json_context()).worker
+    assert (defaults.bundle_units, defaults.bundle_window_seconds) == (5, 10)

@@ -1,6 +1,6 @@
 """A chunk of the manifest through the fan-out function on moto, with its role: one invocation
-admits every unit of the chunk and sends them with SendMessageBatch, ten per request; the
-entries SQS fails are sent again."""
+admits every unit of the chunk and sends them with SendMessageBatch, ten messages per request (a
+message: a unit, or a bundle of units due together); the entries SQS fails are sent again."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from moto.dynamodb.models import DynamoDBBackend
 from moto.sqs.models import SQSBackend
 
-from swarm.contract import GOVERNOR_TABLE_NAME
-from swarm.core.codec import parse_message_body
+from swarm.contract import BUNDLE_UNITS, BUNDLE_WINDOW_SECONDS, GOVERNOR_TABLE_NAME
+from swarm.core.codec import parse_message
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import Lane, UnitState
 from swarm.service.batches import manifest_key, manifest_units
@@ -31,26 +31,31 @@ def _manifest(plane: ControlPlane, batch_id: str) -> list[dict[str, Any]]:
 
 
 class Batches:
-    """Every SendMessageBatch moto serves (its entries' count, and each entry's message and
-    delay); the first one fails ``fail`` of its entries (as SQS may, SenderFault false) instead
-    of sending them."""
+    """Every SendMessageBatch moto serves (its entries' count, and each entry's units and
+    delay: an entry is a message, of one unit or a bundle's); the first one fails ``fail`` of
+    its entries (as SQS may, SenderFault false) instead of sending them."""
 
     def __init__(self, fail: int = 0) -> None:
         self.sizes: list[int] = []
-        self.entries: list[tuple[QueuedUnit, int]] = []
+        self.entries: list[tuple[tuple[QueuedUnit, ...], int]] = []
         self.fail = fail
 
     def sent(self) -> list[str]:
         """The units of the entries SQS took (failed ones excluded), in order."""
         failed = set(range(self.fail))
-        return [item.unit_id for n, (item, _) in enumerate(self.entries) if n not in failed]
+        return [
+            item.unit_id
+            for n, (items, _) in enumerate(self.entries)
+            if n not in failed
+            for item in items
+        ]
 
     def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def send_message_batch(backend: Any, queue_name: str, entries: dict[str, Any]) -> Any:
             self.sizes.append(len(entries))
             self.entries.extend(
-                (parse_message_body(e["MessageBody"]), int(e.get("DelaySeconds") or 0))
-                for _, e in sorted(entries.items())
+                (parse_message(e["MessageBody"]), int(e.get("DelaySeconds") or 0))
+                for _, e in sorted(entries.items(), key=lambda kv: int(kv[0]))
             )
             if self.fail and len(self.sizes) == 1:
                 keys = sorted(entries)[: self.fail]
@@ -83,7 +88,7 @@ def _count_batches(monkeypatch: pytest.MonkeyPatch, fail: int = 0) -> Batches:
 
 
 @pytest.mark.parametrize("n", [1, 10, 23, 100])
-def test_one_child_admits_a_chunk_and_sends_it_ten_per_request(
+def test_one_child_admits_a_chunk_and_sends_it_ten_messages_per_request(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, n: int
 ) -> None:
     # Given a batch of n units (the deployed units_per_child is 100: one chunk)
@@ -106,10 +111,14 @@ def test_one_child_admits_a_chunk_and_sends_it_ten_per_request(
     started = time.monotonic()
     result = plane.invoke("fanout", event)
     took = time.monotonic() - started
-    # Then every unit is admitted and sent, in ceil(n / 10) SendMessageBatch requests
+    # Then every unit is admitted and sent, its messages (a unit alone, or up to bundle_units
+    # due together) in ceil(messages / 10) SendMessageBatch requests
     assert result["counts"] == {"enqueued": n} and len(result["units"]) == n
-    assert counter.sizes == [10] * (n // 10) + ([n % 10] if n % 10 else [])
-    assert len(counter.sizes) == math.ceil(n / 10)
+    messages = len(counter.entries)
+    assert counter.sizes == [10] * (messages // 10) + ([messages % 10] if messages % 10 else [])
+    most = int(plane.env("fanout")[BUNDLE_UNITS])
+    assert all(1 <= len(items) <= most for items, _ in counter.entries)
+    assert messages >= math.ceil(n / most)
     # admitted in batches of 99 (one transaction of the books and 99 units each)
     assert transactions == [1 + k for k in ([99] * (n // 99) + ([n % 99] if n % 99 else []))]
     # every unit sent once (those whose place is a few seconds away delayed: see below)
@@ -133,7 +142,7 @@ def test_failed_entries_of_a_batch_are_sent_again(
     result = plane.invoke("fanout", event)
     # Then those 3 are sent again in a request of their own, and every unit is on its lane once
     assert result["counts"] == {"enqueued": 14}
-    assert counter.sizes == [10, 3, 4]
+    assert counter.sizes[0] >= 3 and counter.sizes[1:] == [3]
     sent = counter.sent()
     assert sorted(sent) == sorted(u["unit_id"] for u in units(14)) and len(set(sent)) == 14
     assert all(u.state is UnitState.IN_FLIGHT for u in ledger(plane).units(batch_id))
@@ -180,7 +189,7 @@ def test_the_fan_out_books_each_units_place_and_sends_it_for_when_its_tokens_are
     # Then the 30 places took one write of the governor's table
     assert writes.count(plane.env("fanout")[GOVERNOR_TABLE_NAME]) == 1
     # and each unit went with its place, bound to its attempt, in the fan-out's order
-    sent = counter.entries
+    sent = [(item, delay) for items, delay in counter.entries for item in items]
     (chunk,) = _manifest(plane, doc["batch_id"])  # largest first
     assert [item.unit_id for item, _ in sent] == [u["unit_id"] for u in chunk["units"]]
     tickets = [item.ticket for item, _ in sent]
@@ -192,12 +201,16 @@ def test_the_fan_out_books_each_units_place_and_sends_it_for_when_its_tokens_are
     positions = [t.position for t in tickets if t is not None]
     steps = [b - a for a, b in itertools.pairwise(positions)]
     assert steps == [item.tokens for item, _ in sent[1:]]
-    # each delayed until just after its place is ready, or sent at once if it is within the
-    # second the worker holds on for
-    for (item, delay), ticket in zip(sent, tickets, strict=True):
-        assert ticket is not None
-        wait = ticket.ready_at - ticket.booked_at
-        assert delay == (math.ceil(wait) if wait > 1.0 else 0), (item.unit_id, wait, delay)
+    # units due within the bundling window of each other went as one message, delayed until
+    # the last one's place is ready (the whole second after), or at once if every place of it
+    # is ready within the second the worker holds on for; never before a place is ready, and
+    # never a window later
+    window = float(plane.env("fanout")[BUNDLE_WINDOW_SECONDS])
+    for items, delay in counter.entries:
+        waits = [i.ticket.ready_at - i.ticket.booked_at for i in items if i.ticket is not None]
+        last = max(waits)
+        assert delay == (math.ceil(last) if last > 1.0 else 0), (waits, delay)
+        assert max(waits) - min(waits) <= window
     assert [d for _, d in sent] == sorted(d for _, d in sent) and sent[-1][1] >= 2
     # and the units it sent at once run on their first try, their places drawn (a unit sent
     # with a second's delay may be visible too by now: its place is ready, so it runs as well)
@@ -207,7 +220,7 @@ def test_the_fan_out_books_each_units_place_and_sends_it_for_when_its_tokens_are
         if at_once <= received:
             break
         messages = plane.receive(Lane.NORMAL)
-        received |= {parse_message_body(m["Body"]).unit_id for m in messages}
+        received |= {q.unit_id for m in messages for q in parse_message(m["Body"])}
         plane.deliver(Lane.NORMAL, messages)
     assert at_once <= received
     batch = ledger(plane).units(doc["batch_id"])

@@ -16,7 +16,7 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
@@ -34,9 +34,19 @@ from swarm.core.records import AttemptRecord, Lane, RunRecord, RunState, UnitRec
 from swarm.service.batches import manifest_units
 from swarm.service.worker import Worker
 from swarm.wiring import QUEUE_LEASE_S
-from tests.integration.plane import ControlPlane, freeze_sqs_clock, ledger, units
+from tests.integration.plane import ControlPlane, control_plane, freeze_sqs_clock, ledger, units
 
 # ---------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def plane(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
+    """The tier's plane with each unit a lane message of its own (``worker.bundle_units`` 1):
+    these races are interleaved at one unit's steps, message by message. Bundles are tested in
+    tests/integration/test_bundled_lanes.py."""
+    with control_plane(monkeypatch, BUNDLE_UNITS="1") as deployed:
+        deployed.observe_events()
+        yield deployed
 
 
 def objects(plane: ControlPlane, prefix: str = "") -> list[str]:
@@ -121,7 +131,7 @@ def service(plane: ControlPlane, function: str) -> Any:
     hook into."""
     with plane.running(function):
         if function == "worker":
-            worker, _ = worker_handler._services()
+            worker, *_ = worker_handler._services()
             return worker
         if function == "api":
             return api_handler.batches()

@@ -27,7 +27,7 @@ from swarm.contract import (
     QUOTA_TPM,
     worker_mapping_var,
 )
-from swarm.core.codec import message_body, parse_message_body
+from swarm.core.codec import message_body, parse_message
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import LANES, Lane, RunState, UnitState
 from swarm.local.patches import iam
@@ -207,10 +207,10 @@ def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:
     _, doc, _ = plane.api("POST", "/batches", {"units": units(2)})
     batch_id = doc["batch_id"]
     plane.run_state_machine()
-    messages = plane.receive(Lane.NORMAL)
-    assert len(messages) == 2
-    plane.deliver(Lane.NORMAL, messages[:1] * 2)  # the same message twice in one batch
-    plane.deliver(Lane.NORMAL, messages[1:])
+    # the fan-out sent the two units due together as one message (a bundle)
+    [message] = plane.receive(Lane.NORMAL)
+    assert [u.unit_id for u in parse_message(message["Body"])] == ["u0001", "u0000"]
+    plane.deliver(Lane.NORMAL, [message, message])  # the same message twice in one batch
     attempts = ledger(plane).attempts(batch_id)
     assert sorted((a.unit_id, a.attempt) for a in attempts) == [("u0000", 0), ("u0001", 0)]
     run = ledger(plane).run(batch_id)
@@ -270,36 +270,38 @@ def test_draining_gives_503_and_workers_take_nothing_new(
     plane.set_drain(True)
     status, body, headers = plane.api("POST", "/batches", {"units": units(1)})
     assert status == 503 and body["error"] == "draining" and int(headers["Retry-After"]) > 0
-    # and a worker handed the 4 messages runs nothing and reports no failure (the ESM deletes them)
+    # and a worker handed the 4 units (one message: due together, they travel as a bundle)
+    # runs nothing and reports no failure (the ESM deletes the message)
     originals = plane.receive(Lane.NORMAL)
-    assert len(originals) == 4
+    assert [len(parse_message(m["Body"])) for m in originals] == [4]
     response = plane.deliver(Lane.NORMAL, originals)
     assert response["batchItemFailures"] == []
     assert ledger(plane).run(batch_id).spent == 0 and ledger(plane).attempts(batch_id) == []
     status, body, _ = plane.api("GET", "/drain", operator=True)
     assert body["draining"] is True
-    # Then the lane holds exactly the worker's own copies, delayed: the originals are gone
-    assert lane_counts(plane, Lane.NORMAL) == {"visible": 0, "in_flight": 0, "delayed": 4}
-    worker, _ = worker_handler._services()
+    # Then the lane holds exactly the worker's own copies, delayed (the 4 units due together,
+    # one message again): the original is gone
+    assert lane_counts(plane, Lane.NORMAL) == {"visible": 0, "in_flight": 0, "delayed": 1}
+    worker, *_ = worker_handler._services()
     delay = math.ceil(worker.config.requeue_delay_s)
     clock.advance(delay - 0.001)  # a millisecond before the delay ends, nothing is deliverable
     assert plane.receive(Lane.NORMAL) == []
     clock.advance(0.001)  # and at the delay, all 4 are
-    assert lane_counts(plane, Lane.NORMAL) == {"visible": 4, "in_flight": 0, "delayed": 0}
+    assert lane_counts(plane, Lane.NORMAL) == {"visible": 1, "in_flight": 0, "delayed": 0}
     plane.set_drain(False)
-    # past the originals' visibility timeout too (they would be back had they not been deleted)
+    # past the original's visibility timeout too (it would be back had it not been deleted)
     clock.advance(int(plane.env("worker")[LEASE_SECONDS]))
     copies = plane.receive(Lane.NORMAL)
-    assert len(copies) == 4
+    assert [len(parse_message(m["Body"])) for m in copies] == [4]
     assert not {m["MessageId"] for m in copies} & {m["MessageId"] for m in originals}
     assert all(m["Attributes"]["ApproximateReceiveCount"] == "1" for m in copies)
 
     # each copy carries its original's unit and lane, unchanged
     def by_unit(messages: list[Any]) -> dict[str, QueuedUnit]:
-        return {q.unit_id: q for q in (parse_message_body(m["Body"]) for m in messages)}
+        return {q.unit_id: q for m in messages for q in parse_message(m["Body"])}
 
     assert by_unit(copies) == by_unit(originals)
-    assert {parse_message_body(m["Body"]).lane for m in copies} == {Lane.NORMAL}
+    assert {q.lane for q in by_unit(copies).values()} == {Lane.NORMAL}
     # and delivering those copies (not re-sent bodies) completes every unit, once
     plane.deliver(Lane.NORMAL, copies)
     assert plane.receive(Lane.NORMAL) == []
@@ -479,19 +481,21 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     batch_id = doc["batch_id"]
     plane.run_state_machine()
     status, fleet, _ = plane.api("GET", "/fleet", operator=True)
-    assert status == 200 and fleet["lanes"]["normal"]["visible"] == 2
+    # the lanes' messages: the two units due together travel as one (a bundle)
+    assert status == 200 and fleet["lanes"]["normal"]["visible"] == 1
     env = plane.env("api")
     rate = int(env[QUOTA_TPM]) / 60 * float(env[GOVERNOR_SHARE])
     assert fleet["governor"]["governed_rate_tps"] == pytest.approx(rate)
-    # a poison message that SQS moved to the DLQ ends its unit as dead-lettered
+    # a poison message that SQS moved to the DLQ ends each of its units as dead-lettered
     sqs = plane.client("sqs")
     [m] = plane.receive(Lane.NORMAL, max_messages=1)
+    assert len(parse_message(m["Body"])) == 2
     sqs.send_message(QueueUrl=plane.dlq_url, MessageBody=m["Body"])
     sqs.delete_message(QueueUrl=plane.queue_urls[Lane.NORMAL], ReceiptHandle=m["ReceiptHandle"])
     plane.deliver(Lane.NORMAL, plane.receive(Lane.NORMAL, dlq=True), dlq=True)
     plane.work()
     run = ledger(plane).run(batch_id)
-    assert (run.completed, run.dead_lettered, run.state) == (1, 1, RunState.COMPLETED)
+    assert (run.completed, run.dead_lettered, run.state) == (0, 2, RunState.COMPLETED)
 
 
 def test_each_handler_runs_as_its_own_role_with_iam_enforced(plane: ControlPlane) -> None:

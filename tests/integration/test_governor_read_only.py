@@ -78,6 +78,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.RESULTS_URL_SECONDS: "300",
             env.UPLOAD_URL_SECONDS: "300",
             env.UNITS_PER_CHILD: "100",
+            env.BUNDLE_UNITS: "5",
             env.TENANT_LIMITS: "",  # no tenant limits of their own
             env.TENANT_PRINCIPAL_PREFIX: "swarm-tenant-",
             env.OPERATOR_PRINCIPAL_PREFIX: "swarm-operator-",

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from swarm.adapters.simulated_model import MODEL_ID, simulated_input_tokens, simulated_output
-from swarm.core.codec import parse_message_body
+from swarm.core.codec import parse_message
 from swarm.core.prompts import normalise
 from swarm.core.records import Lane
 from swarm.service.batches import manifest_units
@@ -60,7 +60,7 @@ def test_a_request_runs_from_the_api_to_the_model_in_normal_form(plane: ControlP
     # and the fan-out's lane messages carry it unchanged
     plane.run_state_machine()
     messages = plane.receive(Lane.NORMAL)
-    queued = [parse_message_body(m["Body"]) for m in messages]  # as the worker reads them
+    queued = [q for m in messages for q in parse_message(m["Body"])]  # as the worker reads them
     assert {q.unit_id: q.input for q in queued} == normal
     plane.deliver(Lane.NORMAL, messages)
     plane.work()

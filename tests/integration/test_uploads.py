@@ -13,7 +13,7 @@ from typing import Any
 import requests
 
 from swarm.api.models import MAX_MANIFEST_BYTES
-from swarm.core.codec import parse_message_body
+from swarm.core.codec import parse_message
 from swarm.core.records import Lane
 from swarm.local.patches import iam
 from tests.integration.plane import ControlPlane, ledger, units
@@ -135,7 +135,7 @@ def test_the_fan_out_ignores_a_manifest_items_tenant_and_lane(plane: ControlPlan
     plane.run_state_machine()
     # Then every unit is on acme's lane, as acme's, reserving what the ledger holds
     assert plane.receive(Lane.HIGH) == []
-    sent = [parse_message_body(m["Body"]) for m in plane.receive(Lane.LOW)]
+    sent = [q for m in plane.receive(Lane.LOW) for q in parse_message(m["Body"])]
     assert sorted(q.unit_id for q in sent) == ["u0000", "u0001", "u0002"]
     assert {(q.tenant, q.lane) for q in sent} == {("acme", Lane.LOW)}
     assert sorted(q.tokens for q in sent) == [10_000, 10_013, 10_026]

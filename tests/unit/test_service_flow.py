@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -283,6 +283,22 @@ def test_deep_lanes_shed_with_retry_after_and_higher_lanes_shed_last() -> None:
     # 60 units x ~11k tokens at 9,500 tokens/s governed: about 70s of work ahead
     assert 60 <= shed.value.retry_after_s <= 90
     plane.submit(5, lane=Lane.HIGH, key="high")  # the high lane is still open
+
+
+def test_the_lanes_messages_count_as_many_units_as_a_message_may_carry() -> None:
+    # Given lanes whose messages may carry up to 5 units each (worker.bundle_units), and 12
+    # messages queued on the normal lane
+    plane = Plane(shed_limits={Lane.HIGH: 1_000, Lane.NORMAL: 50, Lane.LOW: 50})
+    plane.submit(12, lane=Lane.NORMAL)
+    plane.fan_out()
+    plane.batches.config = replace(plane.batches.config, units_per_message=5)
+    # Then a low-lane submission sees up to 60 units ahead, past its limit of 50
+    with pytest.raises(Shedding) as shed:
+        plane.submit(1, lane=Lane.LOW, key="low")
+    assert shed.value.shed.reason == "lane_depth" and shed.value.shed.depth_ahead == 60
+    # and counted one unit a message, the same lanes are under it
+    plane.batches.config = replace(plane.batches.config, units_per_message=1)
+    plane.submit(1, lane=Lane.LOW, key="low")
 
 
 def test_a_quota_storm_slows_the_governor_and_sheds_lower_lanes() -> None:

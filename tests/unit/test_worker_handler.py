@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 import functions.worker as worker_handler
-from swarm.core.codec import message_body
-from swarm.core.lanes import QueuedUnit
+from swarm.core.codec import bundle_body, message_body
+from swarm.core.governor import Ticket
+from swarm.core.lanes import Bundle, Bundling, QueuedUnit
 from swarm.core.records import Lane
 from swarm.local.events import LambdaContext, sqs_event
-from swarm.service.worker import Ack, Requeue, RetryLater, WorkReport
+from swarm.service.worker import Ack, Requeue, RetryLater, WorkerTimings, WorkReport
 
 ARN = "arn:aws:sqs:us-east-1:123456789012:lane-normal"
 
@@ -45,6 +47,7 @@ class FakeWorker:
     together: threading.Barrier | None = None
     seen: list[str] = field(default_factory=list)
     first: dict[str, bool] = field(default_factory=dict)  # each unit's first_delivery
+    config: WorkerTimings = field(default_factory=lambda: WorkerTimings(lease_s=60, max_wait_s=1))
 
     def process(self, queued: QueuedUnit, first_delivery: bool = True) -> WorkReport:
         self.seen.append(queued.unit_id)
@@ -59,14 +62,16 @@ class FakeWorker:
 
 @dataclass
 class FakeLanes:
-    sends: list[list[tuple[str, float]]] = field(default_factory=list)  # each send_many's
+    sends: list[list[tuple[str, float]]] = field(default_factory=list)  # each send's units
+    bundles: list[list[Bundle]] = field(default_factory=list)  # each send's bundles
     visibility: list[tuple[str, float]] = field(default_factory=list)
     broken: bool = False
 
-    def send_many(self, items: list[QueuedUnit], delays_s: list[float]) -> None:
+    def send_bundles(self, bundles: list[Bundle]) -> None:
         if self.broken:
             raise RuntimeError("SQS is unreachable")
-        self.sends.append([(i.unit_id, d) for i, d in zip(items, delays_s, strict=True)])
+        self.bundles.append(list(bundles))
+        self.sends.append([(i.unit_id, b.delay_s) for b in bundles for i in b.units])
 
     def change_visibility(self, lane: Lane, receipt_handle: str, after_s: float) -> None:
         self.visibility.append((receipt_handle, after_s))
@@ -88,8 +93,15 @@ def lanes(monkeypatch: pytest.MonkeyPatch) -> FakeLanes:
     return fake
 
 
-def run(monkeypatch: pytest.MonkeyPatch, worker: FakeWorker, lanes: FakeLanes, ev: Any) -> Any:
-    monkeypatch.setattr(worker_handler, "_services", lambda: (worker, lanes))
+def run(
+    monkeypatch: pytest.MonkeyPatch,
+    worker: FakeWorker,
+    lanes: FakeLanes,
+    ev: Any,
+    bundling: Bundling | None = None,
+) -> Any:
+    services = (worker, lanes, bundling or Bundling())
+    monkeypatch.setattr(worker_handler, "_services", lambda: services)
     return worker_handler.handler(ev, LambdaContext("worker"))
 
 
@@ -172,3 +184,103 @@ def test_a_message_delivered_again_is_processed_as_such(
     worker = FakeWorker({u: WorkReport(Ack("completed")) for u in ("new", "again")})
     run(monkeypatch, worker, lanes, ev)
     assert worker.first == {"new": True, "again": False}
+
+
+def bundle_event(*bundles: tuple[str, list[QueuedUnit]], receives: str = "1") -> dict[str, Any]:
+    """An SQS batch of bundles (message id, its units), each delivered ``receives`` times."""
+    messages = [
+        {"MessageId": mid, "ReceiptHandle": f"r-{mid}", "Body": bundle_body(units)}
+        for mid, units in bundles
+    ]
+    ev = sqs_event(ARN, messages, "us-east-1")
+    for record in ev["Records"]:
+        record["attributes"]["ApproximateReceiveCount"] = receives
+    return ev
+
+
+def test_a_bundles_units_run_at_once_each_with_its_own_outcome(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # Given a bundle whose units end every way a unit can, beside a message of one unit
+    worker = FakeWorker(
+        {
+            "done": WorkReport(Ack("completed")),
+            "later": WorkReport(Requeue(7, "governor: tokens not there yet")),
+            "failed": WorkReport(RetryLater(10, "attempt failed: retry")),
+            "broken": RuntimeError("the ledger could not be reached"),
+            "alone": WorkReport(Ack("completed")),
+        },
+        together=threading.Barrier(5, timeout=10),  # all five at once
+    )
+    names = ["done", "later", "failed", "broken"]
+    ev = bundle_event(("b-1", [item(u) for u in names]), ("m-alone", [item("alone")]))
+    # When the worker runs the batch
+    response = run(monkeypatch, worker, lanes, ev)
+    # Then both messages are deleted: each unit that must come back does so as a copy of its
+    # own, delayed as its outcome says (a retry after its backoff, a requeue after its delay, a
+    # unit that raised after its claim's lease), never by redelivering the bundle
+    assert response == {"batchItemFailures": []}
+    assert sorted(worker.seen) == sorted([*names, "alone"])
+    assert sorted(sent(lanes)[0]) == [("broken", 60), ("failed", 10), ("later", 7)]
+    assert lanes.visibility == []
+
+
+def test_a_bundle_delivered_again_is_split_each_unit_alone(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # Given a bundle SQS delivers a second time (its first invocation died), one unit carrying
+    # a token booking (which that invocation may have spent) and one its place in a queue
+    tokens = Ticket("g", 0, 10_000, Lane.NORMAL, 5.0, Decimal(1), Decimal(0), 1.0, tag="0")
+    place = replace(tokens, slot=True)
+    units = [replace(item("u0"), ticket=tokens), replace(item("u1"), ticket=place)]
+    worker = FakeWorker({})
+    # When the worker gets it (with bundling on: the split must not bundle them again)
+    response = run(
+        monkeypatch, worker, lanes, bundle_event(("b-1", units), receives="2"), Bundling(10, 5)
+    )
+    # Then nothing runs: each unit goes back alone, at once, the spent-able booking dropped and
+    # the place kept, and the bundle is deleted
+    assert worker.seen == []
+    assert response == {"batchItemFailures": []}
+    [bundles] = lanes.bundles
+    assert [[u.unit_id for u in b.units] for b in bundles] == [["u0"], ["u1"]]
+    assert [b.units[0].ticket for b in bundles] == [None, place]
+    assert [b.delay_s for b in bundles] == [0.0, 0.0]
+
+
+def test_copies_due_together_go_back_in_one_bundle_or_their_messages_are_redelivered(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # Given three messages whose units go back 3, 4 and 5 s later, and a 10 s bundling window
+    later = {
+        f"u{i}": WorkReport(Requeue(3 + i, "governor: tokens not there yet")) for i in range(3)
+    }
+    worker = FakeWorker(later)
+    # When the worker runs them
+    assert run(monkeypatch, worker, lanes, event(*later), Bundling(10, 5)) == {
+        "batchItemFailures": []
+    }
+    # Then they go back as one message, delayed until the last is due
+    [[bundle]] = lanes.bundles
+    assert [u.unit_id for u in bundle.units] == ["u0", "u1", "u2"]
+    assert 4 < bundle.delay_s <= 5
+    # and when SQS cannot take it, each original is redelivered instead
+    lanes.broken = True
+    response = run(monkeypatch, worker, lanes, event(*later), Bundling(10, 5))
+    assert sorted(f["itemIdentifier"] for f in response["batchItemFailures"]) == [
+        "m-u0",
+        "m-u1",
+        "m-u2",
+    ]
+
+
+def test_a_bundle_whose_copies_cannot_be_sent_is_redelivered_whole(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    worker = FakeWorker(
+        {"done": WorkReport(Ack("completed")), "later": WorkReport(Requeue(7, "throttled"))}
+    )
+    lanes.broken = True
+    ev = bundle_event(("b-1", [item("done"), item("later")]))
+    # the completed unit's settlement stands; its next delivery finds it completed
+    assert run(monkeypatch, worker, lanes, ev) == {"batchItemFailures": [{"itemIdentifier": "b-1"}]}

@@ -367,10 +367,13 @@ def patch_sqs_deployed_clock(time_scale: float) -> None:
     SQS_TIME_SCALE[0] = time_scale
 
     def apply() -> None:
+        from moto.sqs import models
         from moto.sqs.models import Message, Queue
 
         def later_ms(seconds: int) -> float:  # SQS seconds from now, in local epoch ms
-            return time.time() * 1000.0 + int(seconds) * 1000.0 / SQS_TIME_SCALE[0]
+            # moto's own clock, looked up at each call (a test may freeze it)
+            now = float(models.unix_time_millis())  # type: ignore[attr-defined]
+            return now + int(seconds) * 1000.0 / SQS_TIME_SCALE[0]
 
         def delay(self: Any, delay_seconds: int) -> None:
             self.delayed_until = later_ms(delay_seconds)
@@ -381,7 +384,7 @@ def patch_sqs_deployed_clock(time_scale: float) -> None:
         def wait_for_messages(self: Any, timeout: int) -> None:
             # until a message is sent or the next delayed or invisible one is due (moto: a send
             # or a second, so a delay's end was seen up to a local second late)
-            now = time.time() * 1000.0
+            now = float(models.unix_time_millis())  # type: ignore[attr-defined]
             due = [
                 max(m.visible_at, m.delayed_until)
                 for m in self._messages
