@@ -33,9 +33,10 @@ def _source_files() -> list[Path]:
     return files
 
 
-def source_hash() -> str:
-    """Hash of everything that goes into the asset, so any change re-bundles."""
-    digest = hashlib.sha256()
+def source_hash(platform: str = "") -> str:
+    """Hash of everything that goes into the asset, so any change re-bundles: the sources, the
+    pinned requirements and the platform their wheels are for."""
+    digest = hashlib.sha256(platform.encode())
     for path in _source_files():
         digest.update(str(path.relative_to(ROOT)).encode())
         digest.update(path.read_bytes())
@@ -73,15 +74,14 @@ def function_code(runtime: lambda_.Runtime, architecture: lambda_.Architecture) 
     """The shared asset of every function (handler ``functions.<name>.handler``)."""
     python_version = runtime.name.removeprefix("python")
     machine = "aarch64" if architecture.name == "arm64" else "x86_64"
+    platform = f"manylinux2014_{machine}"
     return lambda_.Code.from_asset(
         str(FUNCTIONS_DIR),
         asset_hash_type=cdk.AssetHashType.CUSTOM,
-        asset_hash=source_hash(),
+        asset_hash=source_hash(f"{platform} cp{python_version}"),
         bundling=cdk.BundlingOptions(
             # Never pulled: local bundling always succeeds or raises with pip's message.
             image=runtime.bundling_image,
-            local=cast(
-                cdk.ILocalBundling, LocalPipBundling(python_version, f"manylinux2014_{machine}")
-            ),
+            local=cast(cdk.ILocalBundling, LocalPipBundling(python_version, platform)),
         ),
     )

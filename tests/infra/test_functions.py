@@ -57,6 +57,7 @@ def test_each_function_has_own_role_logs_json_and_tracing(
     fn = synth.stack.functions[name]
     props = _function(synth, name)
     assert props["Runtime"] == RUNTIME.name
+    assert props["Architectures"] == ["arm64"]  # Graviton: an Arm GB-second is 20% cheaper
     assert props["Handler"] == f"functions.{name}.handler"
     assert props["TracingConfig"] == {"Mode": "Active"}
     assert props["LoggingConfig"]["LogFormat"] == "JSON"
