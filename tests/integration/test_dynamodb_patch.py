@@ -8,7 +8,6 @@ cancelled transaction still leaves nothing half-written, in every way moto cance
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -217,34 +216,3 @@ def test_a_query_answers_as_moto_s_full_table_pass(
         unpatched = _query_pages(many_partitions, limit, **query)
     assert patched == unpatched
     assert len([item for page in patched for item in page]) == found
-
-
-def test_the_lock_is_handed_over_in_the_order_it_was_asked_for() -> None:
-    from swarm.local.patches.dynamodb import FairRLock
-
-    lock = FairRLock()
-    order: list[str] = []
-    lock.acquire()
-    lock.acquire()  # re-entrant
-    threads = []
-    for name in ("b", "c", "d"):
-
-        def take(name: str = name) -> None:
-            with lock:
-                order.append(name)
-
-        thread = threading.Thread(target=take)
-        thread.start()
-        threads.append(thread)
-        deadline = time.monotonic() + 10
-        while len(lock._waiting) < len(threads):  # queued before the next one asks
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
-    lock.release()
-    assert order == []  # still held once
-    lock.release()
-    for thread in threads:
-        thread.join(10)
-    assert order == ["b", "c", "d"]
-    with pytest.raises(RuntimeError, match="does not hold"):
-        lock.release()

@@ -26,7 +26,6 @@ patch matters).
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 import threading
@@ -50,64 +49,12 @@ DYNAMODB_LOCKED_METHODS: tuple[str, ...] = (
     "batch_get_item",
 )
 
-class FairRLock:
-    """A re-entrant lock handed over in the order it was asked for.
-
-    ``threading.RLock`` wakes no one in particular when it is released, and the releasing
-    thread, still holding the GIL, usually takes it again: with a map's fan-out children
-    writing 99-unit transactions in a loop and a hundred worker threads waiting, a worker's
-    request waited 15-25 s on the local clock (the 10,000-unit batch of ``make test-scale``,
-    2026-12-05), against claims' leases of 36 s. Handed over in order, a request waits for those
-    ahead of it, no longer."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._owner: int | None = None
-        self._depth = 0
-        self._waiting: collections.deque[tuple[int, threading.Event]] = collections.deque()
-
-    def acquire(self) -> bool:
-        me = threading.get_ident()
-        with self._guard:
-            if self._owner == me:
-                self._depth += 1
-                return True
-            if self._owner is None and not self._waiting:
-                self._owner, self._depth = me, 1
-                return True
-            turn = threading.Event()
-            self._waiting.append((me, turn))
-        turn.wait()  # the releaser made this thread the owner before setting it
-        return True
-
-    def release(self) -> None:
-        with self._guard:
-            if self._owner != threading.get_ident():
-                raise RuntimeError("release of a lock this thread does not hold")
-            self._depth -= 1
-            if self._depth:
-                return
-            if self._waiting:
-                self._owner, turn = self._waiting.popleft()
-                self._depth = 1
-                turn.set()
-            else:
-                self._owner = None
-
-    def __enter__(self) -> FairRLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-_DYNAMODB_LOCK = FairRLock()
+_DYNAMODB_LOCK = threading.RLock()
 _ORIGINALS: dict[str, Any] = {}
 _PATCH_GUARD = threading.Lock()
 
 
-def dynamodb_lock() -> FairRLock:
+def dynamodb_lock() -> threading.RLock:
     """The lock every patched DynamoDB backend call holds (tests use it to inject delays)."""
     return _DYNAMODB_LOCK
 
