@@ -49,12 +49,14 @@ class LocalOptions:
 
     time_scale: float = 10.0  # quota x scale, model latency / scale
     stage: str = "local"
-    #: the lanes' visibility timeout and the claims' lease are 6 x this (36 s locally): the
+    #: the lanes' visibility timeout and the claims' lease are 6 x this (54 s locally): the
     #: emulator's stalls are not time-scaled, and a claim outlasting its lease is a lost attempt
     #: the books did not plan. Measured while a 10,000-unit batch fans out (every DynamoDB call
-    #: of the process under one lock): worker messages held up to 19 s on the local clock; with
-    #: the schema's minimum of 10 s (a 6 s lease) a unit of that batch ran twice in CI
-    worker_timeout_s: int = 60
+    #: of the process under one lock): worker messages held up to 19-22 s on the local clock
+    #: with a unit a message, 24.4 s with bundles (up to 25 units an invocation, whose draws the
+    #: governor client makes one at a time and whose outcomes wait for the slowest); with the
+    #: schema's minimum of 10 s (a 6 s lease) a unit of that batch ran twice in CI
+    worker_timeout_s: int = 90
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
     finalizer_max_poll_s: int = 3  # the finalize loop's longest wait (deployed: 300 s)

@@ -86,7 +86,7 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
         "(units still in flight or unadmitted when it looks: StartExecution) or by closing it "
         "itself (every unit terminal: the ledger's Query, the results' PutObject, the closure's "
         "PutEvents); in the e2e scenario either may happen (a unit whose message is redelivered "
-        "after the 36 s visibility timeout is not terminal at the 30 s grace), so the tier "
+        "after the 54 s visibility timeout is not terminal at the 30 s grace), so the tier "
         "cannot require one path (both: tests/integration/test_sweeper.py, on moto)"
         for action in (
             "states:StartExecution",
