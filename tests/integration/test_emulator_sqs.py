@@ -10,7 +10,6 @@ quadratic in its size. The counts are what such a pass costs; these tests count 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,15 +155,24 @@ def deployed_clock(sqs: Any) -> Iterator[Any]:
 def test_sqs_seconds_are_deployed_seconds_on_the_local_clock(deployed_clock: Any) -> None:
     sqs = deployed_clock
     url = sqs.create_queue(QueueName="lane")["QueueUrl"]
-    # a delay of 3 SQS seconds lasts 0.3 local seconds, and a waiting receive returns the
-    # message once it is due (moto looked again once a second: 1 s at the earliest)
-    start = time.monotonic()
+    queue = sqs_backends[ACCOUNT_ID][REGION].get_queue("lane")
+    # a delay of 3 SQS seconds lasts 0.3 local seconds
     sqs.send_message(QueueUrl=url, MessageBody="m", DelaySeconds=3)
+    (message,) = queue._messages
+    assert message.delayed_until - message.sent_timestamp == pytest.approx(300, abs=5)
     assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages") is None
+    # and a waiting receive looks again when it is due, not a second later (moto's own wait)
+    waits: list[float] = []
+    wait_for = queue._messages_lock.wait_for
+
+    def spy(predicate: Any, timeout: float | None = None) -> Any:
+        waits.append(float(timeout or 0))
+        return wait_for(predicate, timeout=timeout)
+
+    queue._messages_lock.wait_for = spy  # type: ignore[method-assign]
     got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, VisibilityTimeout=2)["Messages"]
-    waited = time.monotonic() - start
-    assert 0.3 <= waited < 0.9, waited  # measured ~0.30 s; a 3x margin
-    # a visibility timeout of 2 SQS seconds: invisible for 0.2 local seconds, then back
-    again = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
-    assert again[0]["MessageId"] == got[0]["MessageId"]
-    assert 0.2 <= time.monotonic() - start - waited < 0.8
+    assert waits and max(waits) <= 0.31
+    # a visibility timeout of 2 SQS seconds: invisible for 0.2 local seconds
+    assert message.receipt_handle == got[0]["ReceiptHandle"]
+    received_at = message.approximate_first_receive_timestamp
+    assert message.visible_at - received_at == pytest.approx(200, abs=5)
