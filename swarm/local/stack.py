@@ -160,8 +160,14 @@ class LocalStack:
         assert self.deployed is not None
         lam = clients("lambda")
         out: dict[str, dict[str, Any]] = {}
-        for physical in self.deployed.of_type("AWS::Lambda::Function").values():
+        resources = self.deployed.template["Resources"]
+        for logical, physical in self.deployed.of_type("AWS::Lambda::Function").items():
             conf = lam.get_function(FunctionName=physical)["Configuration"]
+            # moto's CloudFormation ignores Architectures (x86_64 whatever the template says);
+            # the bill prices the template's
+            architectures = resources[logical]["Properties"].get("Architectures")
+            if architectures:
+                conf["Architectures"] = architectures
             out[conf["Handler"].rpartition(".")[0]] = conf
         return out
 
