@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from swarm.contract import METRIC_UNITS_DEAD_LETTERED
 from swarm.core.codec import parse_message
 from swarm.core.errors import InvalidInput, NotFound
-from swarm.core.ports import Ledger
+from swarm.core.ports import Closures, Ledger
 from swarm.service.finalizer import dead_letter
 from swarm.wiring import Wiring
 
@@ -29,13 +29,22 @@ RECORD_KEYS = ("batch_id", "unit_id", "tenant")
 tracer = Tracer()
 metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
-_cache: dict[str, Ledger] = {}
+_cache: dict[str, Any] = {}
 
 
 def ledger() -> Ledger:
     if "ledger" not in _cache:
-        _cache["ledger"] = Wiring.from_env().ledger()
-    return _cache["ledger"]
+        runtime = Wiring.from_env()
+        _cache["ledger"] = runtime.ledger()
+        _cache["closures"] = runtime.closures()  # a dead letter may close its run
+    ledger: Ledger = _cache["ledger"]
+    return ledger
+
+
+def closures() -> Closures:
+    ledger()
+    found: Closures = _cache["closures"]
+    return found
 
 
 @tracer.capture_method
@@ -56,7 +65,7 @@ def record_handler(record: SQSRecord) -> None:
     for item in units:
         logger.append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
         try:
-            state = dead_letter(ledger(), item, time.time())
+            state = dead_letter(ledger(), item, time.time(), closures())
         except NotFound:
             logger.error("dead letter for an unknown run or unit dropped")
             continue

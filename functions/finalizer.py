@@ -1,14 +1,22 @@
-"""Finalizer (the state machine's poll loop): sweep expired leases; on closure write results and
-the remainder manifest and publish ``run.completed`` / ``run.exhausted``. Returns ``closed``, and
-for a run still open ``wait_s``, the seconds until the loop's next poll (``PollPacing``, within
-the event's ``poll_s`` and ``max_poll_s``).
+"""Finalizer: the state machine's finalize loop (statemachines/fanout.asl.json).
+
+``{"action": "poll", "batch_id", "execution_arn", "polls", "max_polls", "task_token"}`` (the
+``Poll`` task, which waits for its token): sweep expired leases, then keep the token for whoever
+closes the run (:meth:`swarm.service.finalizer.Finalizer.poll`) and return: the task waits until
+the closing worker hands the token back, or times out and polls again. A run closed already
+raises :class:`RunClosed`, and an execution that has polled ``max_polls`` times raises
+:class:`PollLimit` (it continues as a new execution before its history's limit): the
+definition catches both by name.
+
+``{"batch_id"}`` (``Close``): on closure write the results and the remainder manifest and
+publish ``run.completed`` / ``run.exhausted``; returns ``closed`` and ``writing``. A closure's
+results file too long for one invocation stops ``MARGIN_S`` before the function's timeout,
+answering ``closed: false`` and ``writing: true``: the loop calls again, which goes on writing it.
 
 Its other action, ``{"action": "open", "batch_id", "spec_key", "cursor"}`` (the state machine's
 first step, ``OpenUnits``): write the next page of a run's unit records
-(:class:`swarm.service.opener.Opener`), stopping ``MARGIN_S`` before the function's
-timeout; returns ``{"cursor", "done", "units"}``. A closure's results file too long for one
-invocation stops there too, answering ``closed: false`` and ``writing: true``: the loop's next
-poll goes on writing it."""
+(:class:`swarm.service.opener.Opener`), stopping ``MARGIN_S`` before the function's timeout;
+returns ``{"cursor", "done", "units"}``."""
 
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from swarm.contract import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
-from swarm.service.finalizer import Finalizer, PollPacing
+from swarm.service.finalizer import Finalizer
 from swarm.service.opener import Opener
 from swarm.wiring import Wiring
 
@@ -61,6 +69,26 @@ def opener() -> Opener:
     return _wired("opener", Opener, Wiring.opener)
 
 
+class RunClosed(Exception):
+    """The run is closed: the loop writes its closure (the definition catches this name)."""
+
+
+class PollLimit(Exception):
+    """The execution polled as often as its history allows: it continues as a new execution
+    (the definition catches this name)."""
+
+
+def poll(event: dict[str, Any], batch_id: str, execution: str | None) -> dict[str, Any]:
+    polls, limit = int(event.get("polls", 0)), int(event["max_polls"])
+    if polls >= limit:
+        raise PollLimit(f"{polls} polls of at most {limit}: continue as a new execution")
+    closed = finalizer().poll(batch_id, time.time(), str(event["task_token"]), execution)
+    logger.info("poll", closed=closed, polls=polls)
+    if closed:
+        raise RunClosed(f"run {batch_id} is closed")
+    return {"run_id": batch_id, "waiting": True}
+
+
 def open_units(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     result = opener().open(
         str(event["batch_id"]),
@@ -85,11 +113,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     execution = None
     if event.get("polls") == 0 and event.get("execution_arn"):
         execution = str(event["execution_arn"]).rsplit(":", 1)[-1]
-    pacing = None
-    if "poll_s" in event:  # the loop's bounds (statemachines/fanout.asl.json, from cdk.json)
-        pacing = PollPacing(int(event["poll_s"]), int(event["max_poll_s"]))
+    if event.get("action") == "poll":
+        return poll(event, batch_id, execution)
     result = finalizer().finalize(
-        batch_id, time.time(), execution=execution, pacing=pacing, keep_going=keep_going(context)
+        batch_id, time.time(), execution=execution, keep_going=keep_going(context)
     )
     if result["closed"] and result.get("announced"):
         name = METRIC_RUNS_COMPLETED if result["state"] == "completed" else METRIC_RUNS_EXHAUSTED

@@ -19,7 +19,14 @@ from infra.constants import (
     OPEN_RUNS_INDEX,
     RESULTS_PREFIX,
 )
-from infra.functions import Environment, FunctionFactory, FunctionSpec, SwarmFunction, retention
+from infra.functions import (
+    Environment,
+    FunctionFactory,
+    FunctionSpec,
+    SwarmFunction,
+    fanout_state_machine_name,
+    retention,
+)
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
 from swarm.contract import FANOUT, FINALIZER, SWEEP_INTERVAL_SECONDS, SWEEPER
@@ -123,7 +130,7 @@ class FanOutMachine(Construct):
         # policy must name the state machine's own ARN (child executions, continue-as-new), and
         # a generated name would make the policy depend on the state machine that depends on
         # the role.
-        name = f"{stack.stack_name}-fanout"
+        name = fanout_state_machine_name(stack)
         self.state_machine_name = name
         state_machine_arn = stack.format_arn(
             service="states",

@@ -150,6 +150,27 @@ class SwarmFunction(Construct):
         self.log_group.grant_write(self.role)
 
 
+def fanout_state_machine_name(stack: cdk.Stack) -> str:
+    """The fan-out state machine's name, derived from the stack's (unique per account and
+    region): policies name its ARN without depending on the state machine itself, which depends
+    on the functions it invokes (infra/fanout.py)."""
+    return f"{stack.stack_name}-fanout"
+
+
+def grant_task_response(role: iam.IRole, stack: cdk.Stack) -> None:
+    """``SendTaskSuccess`` on the fan-out state machine: a function whose write may close a run
+    wakes the finalize loop waiting for that closure (swarm.adapters.closures)."""
+    arn = stack.format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=fanout_state_machine_name(stack),
+        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+    )
+    role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["states:SendTaskSuccess"], resources=[arn])
+    )
+
+
 class FunctionFactory:
     """Builds the functions of one stack from one shared code asset."""
 

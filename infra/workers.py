@@ -11,7 +11,7 @@ from constructs import Construct
 
 from infra.config import SwarmConfig
 from infra.drain import grant_get_parameter
-from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction
+from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, grant_task_response
 from infra.queues import LaneQueues
 from infra.storage import ATTEMPT_RECORDS, BatchStorage
 from swarm.contract import DLQ, WORKER, worker_mapping_var
@@ -61,11 +61,14 @@ class Workers(Construct):
         )
         ledger.grant(
             role,
-            "dynamodb:BatchGetItem",  # every read (run, spec, unit, attempt)
+            "dynamodb:BatchGetItem",  # every read (run, spec, unit, attempt, closure token)
             "dynamodb:UpdateItem",  # admit, claim, unclaim, reclaim, settlement updates
             "dynamodb:PutItem",  # settlement's attempt item (inside TransactWriteItems)
         )
         grant_get_parameter(drain_parameter, role)
+        # the settlement that ends a run's last unit wakes its finalize loop (its task token:
+        # read with the ledger's BatchGetItem, handed back with SendTaskSuccess)
+        grant_task_response(role, cdk.Stack.of(self))
         # each attempt's outcome, written once (a conditional PutObject, If-None-Match: *: an
         # invocation's outcomes in one page, or an attempt's alone), and only under attempts/: a
         # worker can neither read outcomes nor touch a results file
@@ -106,10 +109,12 @@ class Workers(Construct):
         )
         ledger.grant(
             self.dead_letters.role,
-            "dynamodb:BatchGetItem",  # dead_letter reads the run and the unit
+            "dynamodb:BatchGetItem",  # dead_letter reads the run and the unit (and a token)
             "dynamodb:UpdateItem",  # ends the unit (books + unit updates)
             "dynamodb:PutItem",  # settles a claimed attempt first: its attempt item
         )
+        # a dead letter that ends a run's last unit wakes its finalize loop (as the worker)
+        grant_task_response(self.dead_letters.role, cdk.Stack.of(self))
         # the lanes' one dead-letter queue (infra/queues.py): one mapping, so one queue's idle
         # long polls, not three
         lanes.dead_letters.grant(  # its event source mapping's poller; the handler calls no SQS

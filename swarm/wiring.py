@@ -35,6 +35,7 @@ from swarm.core.ports import (
     MAX_SQS_DELAY_S,
     SQS_BATCH_BYTES,
     SQS_BATCH_MESSAGES,
+    Closures,
     Governor,
     LaneQueue,
     Ledger,
@@ -375,6 +376,7 @@ class Wiring:
             config,
             time.time,
             time.sleep,
+            closures=self.closures(),
         )
 
     def finalizer(self) -> Finalizer:
@@ -385,7 +387,15 @@ class Wiring:
             self.events(),
             Results(self.ledger(), self.result_store()),
             watch=self.run_watch(),
+            closures=self.closures(),
         )
+
+    def closures(self) -> Closures:
+        """Where the finalize loop keeps its task token, and how a run's closer wakes it."""
+        from swarm.adapters.closures import StepFunctionsClosures
+
+        table = self.settings_as(LedgerSettings).ledger_table
+        return StepFunctionsClosures(table, self.clients("dynamodb"), self.clients("stepfunctions"))
 
     def opener(self) -> Opener:
         """The open step's (an action of the finalizer function: statemachines/fanout.asl.json

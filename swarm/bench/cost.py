@@ -51,10 +51,9 @@ NOT_COUNTED = (
 )
 
 
-#: the finalize loop's states: entered once per poll, however many units the run has
-POLL_STATES = frozenset(
-    f"state transition: {name}" for name in ("Finalize", "RunClosed?", "CountPoll", "WaitForUnits")
-)
+#: the finalize loop's states entered once per poll (a wait for the closure that timed out),
+#: however many units the run has
+POLL_STATES = frozenset(f"state transition: {name}" for name in ("Poll", "CountPoll"))
 
 
 def time_driven(line: dict[str, Any]) -> bool:

@@ -878,3 +878,21 @@ class MemoryMappings:
             MappingState(lane, f"esm-{lane.value}", "Enabled" if on else "Disabled")
             for lane, on in self.enabled.items()
         ]
+
+
+@dataclass
+class MemoryClosures:
+    """The finalize loop's wait, in memory: the token kept per run, and every wake sent."""
+
+    tokens: dict[str, str] = field(default_factory=dict)
+    woken: list[tuple[str, str]] = field(default_factory=list)  # (run, token) handed back
+
+    def wait(self, run_id: str, token: str, now: float) -> None:
+        self.tokens[run_id] = token
+
+    def notify(self, run_id: str) -> bool:
+        token = self.tokens.pop(run_id, None)  # a task's token is handed back once
+        if token is None:
+            return False
+        self.woken.append((run_id, token))
+        return True

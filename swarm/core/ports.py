@@ -564,6 +564,21 @@ class RunWatch(Protocol):
         ...
 
 
+class Closures(Protocol):
+    """The finalize loop waits for its run's closure instead of polling for it: it keeps a task
+    token, and whoever closes the run hands it back (statemachines/fanout.asl.json, ``Poll``)."""
+
+    def wait(self, run_id: str, token: str, now: float) -> None:
+        """Keep ``token``: the task of the execution waiting for the run's closure (the latest
+        one kept replaces the one before)."""
+        ...
+
+    def notify(self, run_id: str) -> bool:
+        """The run closed: wake the execution waiting for it. False when none is (no token
+        kept, or its wait is over: it timed out and polls again)."""
+        ...
+
+
 class SweptExecutions(Protocol):
     """The fan-out state machine, as the sweeper uses it."""
 

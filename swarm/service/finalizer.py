@@ -3,16 +3,18 @@
 How completion flows back to a batch: through the ledger's counters, not per-unit callbacks. Every
 settlement already updates the run's counts in the same atomic write that makes it exactly-once,
 and the run closes itself (``completed`` / ``exhausted``) the moment its last unit becomes
-terminal. The state machine's finalizer only has to *observe* that: it polls the run (a Wait loop
-costs a few state transitions a minute), sweeps leases that expired (a worker died and its message
-was lost), and on closure writes the results, the remainder manifest and the event. Task tokens
-per unit would cost a callback per unit and would not survive a drained deploy, where units wait
-in their lanes for as long as the deploy takes.
+terminal. The state machine's finalize loop waits for that: each ``Poll`` sweeps leases that
+expired (a worker died and its message was lost), then keeps a task token (``Closures.wait``)
+and waits, and the worker or dead-letter handler whose write closed the run hands the token back
+(``Closures.notify``), so the closure is written within seconds; a wait nobody ends times out
+(``FinalizerMaxPollSeconds``) and the loop sweeps again. ``Close`` then writes the results, the
+remainder manifest and the event. One token per run, not per unit: a unit waiting in a drained
+lane for as long as a deploy takes costs the loop a timed-out wait now and then, nothing more.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,12 +23,13 @@ from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import (
     BlobStore,
+    Closures,
     Events,
     LaneQueue,
     Ledger,
 )
 from swarm.core.prompts import Prompt
-from swarm.core.records import RunRecord, UnitState
+from swarm.core.records import UnitState
 from swarm.core.report import healthy_line
 from swarm.core.results import always
 from swarm.service.batches import manifest_key, manifest_units, results_key
@@ -35,38 +38,7 @@ from swarm.service.results import Results
 if TYPE_CHECKING:
     from swarm.core.ports import RunWatch
 
-
-@dataclass(frozen=True)
-class PollPacing:
-    """How long the finalize loop waits before its next poll (the Wait state's ``SecondsPath``).
-
-    Each poll is four state transitions of the Standard parent, so a loop at a fixed interval
-    costs in proportion to the run's duration, which grows with its units at the fleet's pace:
-    30 s polls billed ~$8.5 per million units whatever the batch's size (docs/scale.md). The
-    wait is half the time the run still needs at the pace it has kept since it opened (its
-    outstanding units at its completion rate, or its budget at its spending rate if that runs
-    out first), within ``[min_s, max_s]``: polls thin out geometrically as the end nears, so a
-    run takes about log2(duration / min_s) polls plus a few at ``min_s`` near its end. Its
-    closure is announced at most ``max_s`` after it happens (and usually ``min_s``: the
-    estimate halves at each poll); a run with no progress yet is polled every ``min_s``.
-    """
-
-    min_s: int
-    max_s: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_s <= self.max_s:
-            raise ValueError(f"poll pacing needs 1 <= min_s <= max_s, got {self}")
-
-    def wait_s(self, run: RunRecord, now: float) -> int:
-        elapsed = now - run.opened_at
-        done = run.completed + run.dead_lettered
-        if run.state.closed or elapsed <= 0 or done <= 0:
-            return self.min_s
-        eta = run.outstanding * elapsed / done
-        if run.spent > 0:  # exhaustion closes the run before its units are done
-            eta = min(eta, max(0, run.budget - run.spent) * elapsed / run.spent)
-        return int(min(self.max_s, max(self.min_s, math.ceil(eta / 2))))
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,28 +51,28 @@ class Finalizer:
     #: the sweeper's watch list (swarm.service.sweeper): the execution that reaches the finalize
     #: loop is recorded there, and a run whose closure is announced leaves it
     watch: RunWatch | None = None
+    #: where the loop's poll keeps its task token (None: the loop cannot wait; tests)
+    closures: Closures | None = None
 
-    def finalize(
-        self,
-        run_id: str,
-        now: float,
-        execution: str | None = None,
-        pacing: PollPacing | None = None,
-        keep_going: Callable[[], bool] = always,
-    ) -> dict[str, Any]:
-        """Sweep expired leases; on closure write results + remainder and announce the event.
-
-        Idempotent: the results object is keyed by the run's closure epoch, so a repeated call
-        (a Step Functions retry) neither rewrites it nor announces the closure twice.
+    def poll(self, run_id: str, now: float, token: str, execution: str | None = None) -> bool:
+        """The loop's ``Poll``: sweep expired leases, then keep ``token`` for whoever closes the
+        run. True: the run is closed already (the loop writes its closure now, not the token's
+        holder). The run is read again after the token is kept: a run closed meanwhile by a
+        write that found no token yet is seen here, so no closure waits for a timeout.
         ``execution``: the calling execution's name, on its first poll (the sweeper's record of
-        who is finalizing the run). ``pacing``: the loop's; a run still open then answers the
-        seconds until the next poll as ``wait_s``. ``closed`` in the answer: the run is closed
-        and its closure written. A results file too long for one call (``keep_going()`` turned
-        False while it was written: a closure of ~100,000 units) answers ``closed: False`` and
-        ``writing: True``, and the next call goes on writing it where this one stopped.
-        """
+        who is finalizing the run)."""
         if execution is not None and self.watch is not None:
             self.watch.record(run_id, execution)
+        self._sweep(run_id, now)
+        if self.ledger.run(run_id).state.closed:
+            return True
+        if self.closures is None:
+            raise RuntimeError("the finalizer has no closures to keep its token in")
+        self.closures.wait(run_id, token, now)
+        return self.ledger.run(run_id).state.closed
+
+    def _sweep(self, run_id: str, now: float) -> None:
+        """Settle or release the run's expired leases; requeue the lost attempts' retries."""
         retries = [s for s in self.ledger.reclaim_expired(run_id, now) if s.fate is Fate.RETRY]
         if retries:  # the dead workers' messages may be gone: requeue them, input included
             inputs: dict[str, Prompt] = {  # as the manifest holds it: text or a request
@@ -120,11 +92,29 @@ class Finalizer:
                         inputs.get(lost.unit.unit_id, ""),
                     )
                 )
+
+    def finalize(
+        self,
+        run_id: str,
+        now: float,
+        execution: str | None = None,
+        keep_going: Callable[[], bool] = always,
+    ) -> dict[str, Any]:
+        """Sweep expired leases; on closure write results + remainder and announce the event.
+
+        Idempotent: the results object is keyed by the run's closure epoch, so a repeated call
+        (a Step Functions retry) neither rewrites it nor announces the closure twice.
+        ``execution``: as :meth:`poll`'s. ``closed`` in the answer: the run is closed and its
+        closure written. A results file too long for one call (``keep_going()`` turned False
+        while it was written: a closure of ~100,000 units) answers ``closed: False`` and
+        ``writing: True``, and the next call goes on writing it where this one stopped.
+        """
+        if execution is not None and self.watch is not None:
+            self.watch.record(run_id, execution)
+        self._sweep(run_id, now)
         run = self.ledger.run(run_id)
-        # the loop's next poll (a closed run's is never waited for, but the answer has it)
-        paced = {} if pacing is None else {"wait_s": pacing.wait_s(run, now)}
         if not run.state.closed:
-            return {"run_id": run_id, "closed": False, "state": run.state.value, **paced}
+            return {"run_id": run_id, "closed": False, "writing": False, "state": run.state.value}
         epoch = run.exhaustions
         key = results_key(run_id, run.state, epoch)
         announced = False
@@ -166,7 +156,6 @@ class Finalizer:
                     "closed": False,
                     "state": run.state.value,
                     "writing": True,
-                    **paced,
                 }
             self.blobs.put_json(
                 key,
@@ -219,13 +208,29 @@ class Finalizer:
         return {
             "run_id": run_id,
             "closed": True,
+            "writing": False,
             "state": run.state.value,
             "results_key": key,
             "announced": announced,
-            **paced,
         }
 
 
-def dead_letter(ledger: Ledger, item: QueuedUnit, now: float) -> UnitState:
-    """A message SQS gave up on (maxReceiveCount): end the unit, settling any claimed attempt."""
-    return ledger.dead_letter(item.run_id, item.unit_id, now).state
+def dead_letter(
+    ledger: Ledger, item: QueuedUnit, now: float, closures: Closures | None = None
+) -> UnitState:
+    """A message SQS gave up on (maxReceiveCount): end the unit, settling any claimed attempt;
+    if that closed the run, wake its finalize loop (``closures``)."""
+    state = ledger.dead_letter(item.run_id, item.unit_id, now).state
+    if closures is not None and ledger.run(item.run_id).state.closed:
+        wake(closures, item.run_id)
+    return state
+
+
+def wake(closures: Closures, run_id: str) -> None:
+    """Hand the run's closure to its finalize loop; a wake that fails is logged, never raised:
+    the loop's wait times out and it finds the run closed (a closure announced later, not
+    lost)."""
+    try:
+        closures.notify(run_id)
+    except Exception:
+        log.exception("waking the finalize loop of run %s failed", run_id)

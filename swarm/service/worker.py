@@ -31,6 +31,7 @@ from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import (
+    Closures,
     DrainSwitch,
     Governor,
     Ledger,
@@ -42,6 +43,7 @@ from swarm.core.ports import (
 )
 from swarm.core.records import Reservation, UnitState
 from swarm.core.results import outcome_of
+from swarm.service.finalizer import wake
 from swarm.service.pages import keep_outcome
 
 
@@ -107,6 +109,8 @@ class Worker:
     config: WorkerTimings
     now: Callable[[], float]
     sleep: Callable[[float], None]
+    #: the run's closer wakes its finalize loop (None: nobody waits; tests)
+    closures: Closures | None = None
 
     def process(self, item: QueuedUnit, first_delivery: bool = True) -> WorkReport:
         """``first_delivery``: SQS delivers this copy of the message for the first time (its
@@ -216,6 +220,9 @@ class Worker:
                 key,
             )
             fate, duplicate = settlement.fate, settlement.duplicate
+            # the write that closes a run is settle()'s (settle_claimed never ends a run)
+            if not duplicate and settlement.run.state.closed:
+                self._closed(item.run_id)
         # the governor learns what the model really counted: unused tokens go back, an overrun
         # is drawn (after the books, so a failed debit cannot cost the settlement)
         self.governor.true_up(grant, result.tokens, self.now())
@@ -234,6 +241,11 @@ class Worker:
             lost_attempt_tokens=lost_tokens,
         )
 
+    def _closed(self, run_id: str) -> None:
+        """This worker's write closed the run: wake its finalize loop."""
+        if self.closures is not None:
+            wake(self.closures, run_id)
+
     def _ready(self, item: QueuedUnit) -> tuple[Reservation, int] | WorkReport:
         """Bring the unit to "in flight, unclaimed" for its attempt (admitting a retry, settling
         a dead worker's attempt: its tokens are the int), or report why nothing is to be run."""
@@ -250,6 +262,8 @@ class Worker:
                     item.run_id, item.unit_id, unit.attempts, self.now(), self.config.lease_s
                 )
                 if not admission.admitted:
+                    if admission.run.state.closed:  # the refusal ended an exhausting run
+                        self._closed(item.run_id)
                     return WorkReport(Ack(f"not admitted: {admission.reason}"))
                 continue
             assert res is not None

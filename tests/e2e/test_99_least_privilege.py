@@ -63,6 +63,10 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
         for role in ("Finalizer", "Sweeper")
     },
     ("Finalizer", "s3:ListBucket"): _LIST_BUCKET,
+    ("DeadLetters", "states:SendTaskSuccess"): "a dead letter wakes the finalize loop only when "
+    "it ends its run's last unit; the e2e dead letters end units of runs whose last unit a worker "
+    "ends (the dead letter's wake: tests/unit/test_service_flow.py; SendTaskSuccess on a waiting "
+    "task: tests/integration/test_closures.py)",
     ("Sweeper", "s3:ListBucket"): _LIST_BUCKET,
     ("FanOut", "logs:*"): "Step Functions' execution logging; moto writes no execution logs",
     **{

@@ -414,7 +414,7 @@ def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:
         ({"units_per_child": 0}, "units_per_child=0 must be a whole number from 1 to 500"),
         ({"units_per_child": 501}, "within its Lambda timeout"),
         ({"units_per_child": 2.5}, "fanout.units_per_child"),
-        ({"finalizer_max_poll_seconds": 29}, "finalizer_max_poll_seconds=29 is below"),
+        ({"finalizer_max_poll_seconds": 0}, "fanout.finalizer_max_poll_seconds"),
         ({"finalizer_max_poll_seconds": 3601}, "fanout.finalizer_max_poll_seconds"),
     ],
 )

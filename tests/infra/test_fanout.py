@@ -84,7 +84,7 @@ def test_distributed_map_reads_the_manifest_and_writes_results(synth: Synthesize
     item = fan_out["ItemProcessor"]["States"]["AdmitAndEnqueue"]
     assert item["Parameters"]["Payload.$"] == "$"  # the child's input: the chunk, wrapped
     assert item["Resource"] == "arn:aws:states:::lambda:invoke"
-    assert fan_out["Next"] == "Finalize"
+    assert fan_out["Next"] == "Poll"
 
 
 def test_state_machine_logs_all_and_traces(synth: Synthesized) -> None:
@@ -165,7 +165,7 @@ def _retriers(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {",".join(r["ErrorEquals"]): r for r in state.get("Retry", [])}
 
 
-@pytest.mark.parametrize("path", [("FanOut", "AdmitAndEnqueue"), ("Finalize",)])
+@pytest.mark.parametrize("path", [("FanOut", "AdmitAndEnqueue"), ("Poll",), ("Close",)])
 def test_lambda_tasks_retry_service_errors_then_function_errors_with_backoff_and_jitter(
     synth: Synthesized, path: tuple[str, ...]
 ) -> None:
@@ -174,6 +174,9 @@ def test_lambda_tasks_retry_service_errors_then_function_errors_with_backoff_and
     if len(path) > 1:
         state = state["ItemProcessor"]["States"][path[1]]
     retry = state["Retry"]
+    if path == ("Poll",):  # its answers by name are never retried: the loop goes on with them
+        assert retry[0] == {"ErrorEquals": ["RunClosed", "PollLimit"], "MaxAttempts": 0}
+        retry = retry[1:]
     # the service errors first (the first matching retrier wins), then any function error
     assert set(retry[0]["ErrorEquals"]) == LAMBDA_SERVICE_ERRORS
     assert retry[1]["ErrorEquals"] == ["States.TaskFailed"]
@@ -204,9 +207,13 @@ def test_a_chunks_every_attempt_fits_its_express_child(synth: Synthesized) -> No
 
 def test_a_failed_map_or_finalizer_ends_the_execution_for_the_sweeper(synth: Synthesized) -> None:
     states = _substituted(synth)["States"]
-    # Given every way the map and the finalize step can fail once their retries are spent
-    for name, fail in (("FanOut", "FanOutFailed"), ("Finalize", "FinalizeFailed")):
-        (catch,) = states[name]["Catch"]
+    # Given every way the map and the finalize steps can fail once their retries are spent
+    for name, fail in (
+        ("FanOut", "FanOutFailed"),
+        ("Poll", "FinalizeFailed"),
+        ("Close", "FinalizeFailed"),
+    ):
+        catch = states[name]["Catch"][-1]  # the last: what no earlier catcher names
         # Then the failure is caught (with its error kept) and ends the execution failed...
         assert catch["ErrorEquals"] == ["States.ALL"]
         assert catch["ResultPath"] == "$.error"
@@ -215,7 +222,7 @@ def test_a_failed_map_or_finalizer_ends_the_execution_for_the_sweeper(synth: Syn
         assert states[fail]["Error"] == fail
         assert states[fail]["CausePath"] == "States.JsonToString($.error)"
     # ... rather than entering a finalize loop that could never close a half-admitted run
-    assert states["FanOut"]["Next"] == "Finalize"
+    assert states["FanOut"]["Next"] == "Poll"
 
 
 def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit(
@@ -229,17 +236,14 @@ def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit
         "generation": 0,
         "polls": 0,
     }
-    assert states["WaitForUnits"]["Next"] == "CountPoll"
     assert states["CountPoll"]["Parameters"]["polls.$"] == "States.MathAdd($.loop.polls, 1)"
-    assert states["CountPoll"]["Next"] == "Finalize"
-    # When it reaches the configured limit, the run not closed yet
-    closed, polls = states["RunClosed?"]["Choices"]
-    assert closed == {"Variable": "$.finalize.closed", "BooleanEquals": True, "Next": "Done"}
-    assert polls == {
-        "Variable": "$.loop.polls",
-        "NumericGreaterThanEquals": limit,
-        "Next": "ContinueAsNew",
-    }
+    assert states["CountPoll"]["Next"] == "Poll"
+    # When it reaches the configured limit, the run not closed yet: the poll answers PollLimit
+    # (functions/finalizer.py) before it waits
+    payload = states["Poll"]["Parameters"]["Payload"]
+    assert payload["max_polls"] == limit
+    catches = {",".join(c["ErrorEquals"]): c["Next"] for c in states["Poll"]["Catch"]}
+    assert catches["PollLimit"] == "ContinueAsNew"
     # Then a new execution of this very state machine starts for the same batch, named
     # <root>-c<generation> (deterministic), with the loop's state: it skips the map
     task = states["ContinueAsNew"]
@@ -259,7 +263,7 @@ def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit
     route = states["Continuation?"]
     assert _substituted(synth)["StartAt"] == "Continuation?"
     assert route["Choices"] == [
-        {"Variable": "$.loop", "IsPresent": True, "Next": "Finalize"},
+        {"Variable": "$.loop", "IsPresent": True, "Next": "Poll"},
         {"Variable": "$.open", "IsPresent": True, "Next": "OpenUnits"},
     ]
     assert route["Default"] == "StartLoop"
@@ -278,30 +282,54 @@ def test_the_finalize_loop_continues_as_a_new_execution_before_the_history_limit
         "Next": "ContinueAsNewFailed",
     }
     # and the finalizer's first poll tells it which execution it is
-    payload = states["Finalize"]["Parameters"]["Payload"]
     assert payload["polls.$"] == "$.loop.polls"
     assert payload["execution_arn.$"] == "$$.Execution.Id"
 
 
-def test_the_finalize_loop_waits_as_long_as_the_finalizer_says_within_cdk_jsons_bounds(
+def test_the_finalize_loop_waits_for_the_closure_and_sweeps_when_nobody_ends_the_wait(
     synth: Synthesized,
 ) -> None:
     states = _substituted(synth)["States"]
     fanout = synth.config.fanout
-    # Given each poll handed the bounds (a fixed loop bills its transitions by the run's length)
-    payload = states["Finalize"]["Parameters"]["Payload"]
-    assert (payload["poll_s"], payload["max_poll_s"]) == (
-        fanout.finalizer_poll_seconds,
-        fanout.finalizer_max_poll_seconds,
-    )
-    # Then the wait is the finalizer's answer (swarm.service.finalizer.PollPacing), not a constant
-    assert states["Finalize"]["ResultSelector"]["wait_s.$"] == "$.Payload.wait_s"
-    assert states["WaitForUnits"]["SecondsPath"] == "$.finalize.wait_s"
-    assert "Seconds" not in states["WaitForUnits"]
+    poll = states["Poll"]
+    # Given a poll that waits for its task token (the finalizer keeps it for the run's closer)
+    assert poll["Resource"] == "arn:aws:states:::lambda:invoke.waitForTaskToken"
+    assert poll["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
+    assert poll["Parameters"]["Payload"]["action"] == "poll"
+    assert poll["ResultPath"] is None
+    # When nobody hands it back within finalizer_max_poll_seconds, the loop sweeps again
+    assert poll["TimeoutSeconds"] == fanout.finalizer_max_poll_seconds
+    catches = {",".join(c["ErrorEquals"]): c["Next"] for c in poll["Catch"]}
+    assert catches["States.Timeout"] == "CountPoll"
+    # When the run's closer hands it back, or the run is closed already, the closure is written
+    assert poll["Next"] == "Close" and catches["RunClosed"] == "Close"
+    close = states["Close"]
+    assert close["Resource"] == "arn:aws:states:::lambda:invoke"
+    assert close["ResultSelector"] == {
+        "closed.$": "$.Payload.closed",
+        "writing.$": "$.Payload.writing",
+    }
+    closed, writing = states["Closed?"]["Choices"]
+    assert closed == {"Variable": "$.finalize.closed", "BooleanEquals": True, "Next": "Done"}
+    # a results file too long for one invocation goes on after finalizer_poll_seconds
+    assert writing == {
+        "Variable": "$.finalize.writing",
+        "BooleanEquals": True,
+        "Next": "WaitToWrite",
+    }
+    assert states["WaitToWrite"] == {
+        "Type": "Wait",
+        "Comment": states["WaitToWrite"]["Comment"],
+        "Seconds": fanout.finalizer_poll_seconds,
+        "Next": "Close",
+    }
+    # and a run that is not closed after all (a top-up reopened it) goes back to polling
+    assert states["Closed?"]["Default"] == "CountPoll"
 
 
-#: history events per state an execution enters (Task: entered, scheduled, started, succeeded,
-#: exited; the others: entered, exited); a retried task adds scheduled, started, failed
+#: history events per state an execution enters (a Task: entered, scheduled, started,
+#: succeeded, exited; one that waits for its token adds submitted; the others: entered, exited);
+#: a retried task adds scheduled, started, failed
 _EVENTS = {"Task": 5}
 HISTORY_LIMIT = 25_000
 
@@ -310,16 +338,12 @@ def test_the_poll_limit_keeps_an_execution_under_the_history_limit(synth: Synthe
     from infra.config import MAX_POLLS_PER_EXECUTION
 
     states = _substituted(synth)["States"]
-    # Given one turn of the loop: Finalize -> RunClosed? -> (default) ... -> Finalize
-    cycle, name = [], "Finalize"
-    while True:
-        cycle.append(name)
-        state = states[name]
-        name = state.get("Default") or state["Next"]
-        if name == "Finalize":
-            break
-    per_poll = sum(_EVENTS.get(states[n]["Type"], 2) for n in cycle)
-    assert per_poll == 11  # what infra/config.py's bound assumes
+    # Given one turn of the loop that nobody ends: Poll -> (timed out) CountPoll -> Poll
+    catches = {",".join(c["ErrorEquals"]): c["Next"] for c in states["Poll"]["Catch"]}
+    cycle = ["Poll", catches["States.Timeout"]]
+    assert states[cycle[-1]]["Next"] == "Poll"
+    per_poll = 1 + sum(_EVENTS.get(states[n]["Type"], 2) for n in cycle)  # + submitted
+    assert per_poll <= 11  # what infra/config.py's bound assumes
     # Then even the highest allowed limit, with every poll retried once (3 events: scheduled,
     # started, failed) and the map's own events, stays under 25,000 events
     assert (MAX_POLLS_PER_EXECUTION + 1) * (per_poll + 3) + 100 < HISTORY_LIMIT

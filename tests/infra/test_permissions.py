@@ -125,7 +125,8 @@ EXPECTED: dict[FunctionName, Table] = {
         ),
         "ledger table": frozenset(
             {
-                # ledger.unit / admit / claim / settle reads (_get_many)
+                # ledger.unit / admit / claim / settle reads (_get_many); the finalize loop's
+                # task token when a settlement closes the run (StepFunctionsClosures.notify)
                 "dynamodb:BatchGetItem",
                 # admit, claim, unclaim, reclaim_unit (_release) and settle's books/unit Updates
                 "dynamodb:UpdateItem",
@@ -135,6 +136,8 @@ EXPECTED: dict[FunctionName, Table] = {
         ),
         # SsmDrainSwitch.draining: per message, cached for a few seconds per container
         "drain parameter": frozenset({"ssm:GetParameter"}),
+        # StepFunctionsClosures.notify: the settlement that closes a run wakes its finalize loop
+        "state machine": frozenset({"states:SendTaskSuccess"}),
         # S3Results.record: each attempt's outcome, a conditional PutObject (If-None-Match)
         "results/*/attempts/*": frozenset({"s3:PutObject"}),
         **_each(
@@ -156,7 +159,8 @@ EXPECTED: dict[FunctionName, Table] = {
         **_COMMON,
         "ledger table": frozenset(
             {
-                # ledger.dead_letter reads the run and the unit (_get_many)
+                # ledger.dead_letter reads the run and the unit (_get_many); the finalize
+                # loop's task token when a dead letter closes the run (StepFunctionsClosures)
                 "dynamodb:BatchGetItem",
                 # dead_letter: books + unit Updates (TransactWriteItems)
                 "dynamodb:UpdateItem",
@@ -164,6 +168,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:PutItem",
             }
         ),
+        # StepFunctionsClosures.notify: a dead letter that closes a run wakes its finalize loop
+        "state machine": frozenset({"states:SendTaskSuccess"}),
         # its event source mapping polls the lanes' dead-letter queue with the function's role
         "dead letters": frozenset(
             {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
@@ -178,7 +184,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 # units: the run's unit items (_query), once, for the results at closure
                 "dynamodb:Query",
                 # reclaim_unit: books + unit Updates of a lost attempt or an expired lease;
-                # DynamoDBRunWatch.record (first poll) and .release (closure announced)
+                # DynamoDBRunWatch.record (first poll) and .release (closure announced);
+                # StepFunctionsClosures.wait: the poll's task token (each poll)
                 "dynamodb:UpdateItem",
                 # reclaim_unit settles a lost attempt: its attempt item Put (_settle)
                 "dynamodb:PutItem",
@@ -280,6 +287,8 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         return "leases index"
     if f":execution:{stack.fanout.state_machine_name}:*" in text:
         return "fanout executions"
+    if text.endswith(json.dumps(f":stateMachine:{stack.fanout.state_machine_name}") + "]]}"):
+        return "state machine"  # its ARN built from its name (infra/functions.py)
     bucket = synth.logical_id(stack.storage.bucket)
     if references(resource, bucket):
         for prefix in (

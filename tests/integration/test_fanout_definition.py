@@ -1,7 +1,8 @@
 """The real state machine definition on moto's Step Functions interpreter, with the real
 handlers behind its ``lambda:invoke`` tasks: the finalize loop continues as a new execution
-before its poll limit (here 2 polls), and the continuation skips the map; a map that cannot read
-its manifest ends the execution as ``FanOutFailed`` for the sweeper.
+before its poll limit (here 2 polls), and the continuation skips the map; the worker whose
+settlement closes a run wakes the poll waiting for it; a map that cannot read its manifest ends
+the execution as ``FanOutFailed`` for the sweeper.
 """
 
 from __future__ import annotations
@@ -161,11 +162,12 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
     history = _sfn(plane).get_execution_history(executionArn=arn, maxResults=1000)["events"]
     names = [e.get("stateEnteredEventDetails", {}).get("name") for e in history]
     assert names.index("StartLoop") - names.index("OpenUnits") <= 8
-    assert entered.count("Finalize") == POLLS_PER_EXECUTION + 1
+    # (each poll a wait for the closure that nobody ended: it timed out and swept again)
+    assert entered.count("Poll") == POLLS_PER_EXECUTION + 1
     assert entered[-2:] == ["ContinueAsNew", "Continued"]
     # and the continuation went straight into the finalize loop: no map, nothing admitted again
-    _wait("the continuation's first poll", lambda: "Finalize" in _entered(plane, f"{batch}-c1"))
-    assert _entered(plane, f"{batch}-c1")[:2] == ["Continuation?", "Finalize"]
+    _wait("the continuation's first poll", lambda: "Poll" in _entered(plane, f"{batch}-c1"))
+    assert _entered(plane, f"{batch}-c1")[:2] == ["Continuation?", "Poll"]
     assert "FanOut" not in _entered(plane, f"{batch}-c1")
     with functions.lock:
         fanned = [
@@ -175,13 +177,12 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
             for unit in event["chunk"]["units"]
         ]
     assert sorted(fanned) == ["u0", "u1", "u2"]
-    # and every poll carried the loop's bounds, from the template
+    # and every poll carried its task token and the loop's limit, from the template
     with functions.lock:
-        polls = [
-            event for name, event in functions.calls if name == "finalizer" and "polls" in event
-        ]
-    bounds = (OPTIONS.finalizer_poll_s, OPTIONS.finalizer_max_poll_s)
-    assert polls and {(e["poll_s"], e["max_poll_s"]) for e in polls} == {bounds}
+        polls = [event for name, event in functions.calls if event.get("action") == "poll"]
+    assert polls and {e["max_polls"] for e in polls} == {POLLS_PER_EXECUTION}
+    tokens = [e["task_token"] for e in polls]
+    assert all(tokens) and len(set(tokens)) == len(tokens)  # a fresh one each poll
     # and the first poll of each execution recorded it as the one finalizing the run
     watch = DynamoDBRunWatch(plane.ledger_table, client=plane.client("dynamodb"))
 
@@ -192,10 +193,11 @@ def test_the_finalize_loop_continues_as_new_and_the_continuation_skips_the_map(
     _wait("the continuation to be recorded", lambda: recorded() not in (None, batch))
     assert re.fullmatch(rf"{batch}-c\d+", str(recorded()))
 
-    # When the workers run the units
+    # When the workers run the units (the last settlement hands the waiting poll its token
+    # back, or the next poll finds the run closed)
     with functions.lock:
         plane.work()
-    # Then a continuation's finalizer closes the run; every execution succeeded, in one chain
+    # Then a continuation writes the closure; every execution succeeded, in one chain
     _wait(
         "the chain to end",
         lambda: all(e["status"] != "RUNNING" for e in _executions(plane).values()),
@@ -226,5 +228,5 @@ def test_a_map_that_cannot_read_its_manifest_ends_the_execution_for_the_sweeper(
     assert found["error"] == "FanOutFailed"
     assert "Error" in json.loads(found["cause"])
     entered = _entered(plane, "b-missing")
-    assert entered[-1] == "FanOutFailed" and "Finalize" not in entered
+    assert entered[-1] == "FanOutFailed" and "Poll" not in entered
     assert functions.calls == []

@@ -355,7 +355,7 @@ def test_the_bill_tells_what_the_runs_length_drives_from_what_its_units_drive() 
     empty = f"ReceiveMessage (empty; x{billing.ESM_IDLE_POLLERS}: AWS's idle pollers)"
     lines = [
         _line("sqs", empty, billing.SQS_REQUESTS, 300, 300),
-        _line("stepfunctions", "state transition: WaitForUnits", billing.SFN_TRANSITIONS, 20, 20),
+        _line("stepfunctions", "state transition: CountPoll", billing.SFN_TRANSITIONS, 20, 20),
         _line("stepfunctions", "state transition: FanOut", billing.SFN_TRANSITIONS, 1, 1),
         _line("lambda", "Invoke", billing.LAMBDA_REQUESTS, 20, 20),
         _line("sqs", "ReceiveMessage", billing.SQS_REQUESTS, 40, 40),

@@ -215,7 +215,7 @@ def test_a_results_file_too_long_for_one_call_is_written_on_by_the_next_calls() 
     assert full >= 10 and len(answers) == full + (1 if size else 0)
     assert all(a == {**answers[0]} for a in answers[:-1])
     assert answers[0]["writing"] and answers[0]["state"] == "completed"
-    assert answers[-1]["announced"] and "writing" not in answers[-1]
+    assert answers[-1]["announced"] and answers[-1]["writing"] is False
     assert len(p.events.published) == 1
     assert p.results.objects[f"results/{run_id}/completed-0.jsonl"] == expected
     assert p.results.partial == {}

@@ -16,6 +16,7 @@ from swarm.core.memory import (
     InMemoryGovernor,
     InMemoryLedger,
     MemoryBlobs,
+    MemoryClosures,
     MemoryDrain,
     MemoryEvents,
     MemoryExecutions,
@@ -65,6 +66,7 @@ class Plane:
     drain: MemoryDrain = field(default_factory=MemoryDrain)
     events: MemoryEvents = field(default_factory=MemoryEvents)
     results: MemoryResults = field(default_factory=MemoryResults)
+    closures: MemoryClosures = field(default_factory=MemoryClosures)
     failure_rate: float = 0.0
     shed_limits: dict[Lane, int] = field(default_factory=dict)
     tenants: TenantPolicy = field(default_factory=TenantPolicy)
@@ -97,9 +99,15 @@ class Plane:
             WorkerTimings(lease_s=300, max_wait_s=20),
             self.clock.now,
             self.clock.sleep,
+            closures=self.closures,
         )
         self.finalizer = Finalizer(
-            self.ledger, self.queue, self.blobs, self.events, Results(self.ledger, self.results)
+            self.ledger,
+            self.queue,
+            self.blobs,
+            self.events,
+            Results(self.ledger, self.results),
+            closures=self.closures,
         )
         self.outcomes: Counter[str] = Counter()
 
@@ -429,3 +437,79 @@ def test_the_finalizer_sweeps_a_lost_claim_and_requeues_the_unit_with_its_input(
     # the lost attempt counts its reservation, the retry what the model billed
     billed = plane.model.log(run_id)[-1].tokens
     assert result["closed"] and plane.ledger.run(run_id).spent == 9_000 + billed
+
+
+def test_the_finalize_loop_waits_and_the_settlement_that_closes_the_run_wakes_it() -> None:
+    # Given a run whose units are fanned out, and its finalize loop's first poll
+    plane = Plane()
+    run_id = plane.submit(3)
+    plane.fan_out()
+    assert plane.finalizer.poll(run_id, plane.clock.now(), "token-1") is False
+    assert plane.closures.tokens == {run_id: "token-1"}  # it waits, its token kept
+    # When the workers run the units: the settlements that leave the run open wake no one
+    for _ in range(2):
+        item = plane.queue.receive()
+        assert item is not None
+        plane.worker.process(item)
+        assert plane.closures.woken == []
+    # Then the one that ends the last unit closes the run and hands the token back, once
+    item = plane.queue.receive()
+    assert item is not None
+    plane.worker.process(item)
+    assert plane.ledger.run(run_id).state is RunState.COMPLETED
+    assert plane.closures.woken == [(run_id, "token-1")]
+    # and the loop's next poll finds the run closed at once, keeping no token
+    assert plane.finalizer.poll(run_id, plane.clock.now(), "token-2") is True
+    assert plane.closures.tokens == {}
+    assert plane.finalizer.finalize(run_id, plane.clock.now())["closed"] is True
+    # a duplicate delivery of the last unit settles nothing and wakes no one again
+    plane.worker.process(item)
+    assert plane.closures.woken == [(run_id, "token-1")]
+
+
+def test_a_run_closed_while_the_poll_kept_its_token_is_seen_by_that_poll() -> None:
+    plane = Plane()
+    run_id = plane.submit(1)
+    plane.fan_out()
+    item = plane.queue.receive()
+    assert item is not None
+
+    class Racing(MemoryClosures):
+        """The last unit's settlement lands between the token kept and the run read again:
+        its worker found no token to hand back (it read before the poll kept one)."""
+
+        def wait(self, run_id: str, token: str, now: float) -> None:
+            plane.worker.closures = None  # that worker's wake finds no token
+            plane.worker.process(item)
+            super().wait(run_id, token, now)
+
+    plane.finalizer.closures = Racing()
+    assert plane.finalizer.poll(run_id, plane.clock.now(), "token-1") is True
+
+
+def test_a_dead_letter_that_ends_the_last_unit_wakes_the_finalize_loop() -> None:
+    plane = Plane()
+    run_id = plane.submit(1)
+    plane.fan_out()
+    assert plane.finalizer.poll(run_id, plane.clock.now(), "token-1") is False
+    item = plane.queue.receive()
+    assert item is not None
+    state = dead_letter(plane.ledger, item, plane.clock.now(), plane.closures)
+    assert state is UnitState.DEAD_LETTERED
+    assert plane.closures.woken == [(run_id, "token-1")]
+
+
+def test_a_wake_that_fails_never_fails_the_unit() -> None:
+    plane = Plane()
+    run_id = plane.submit(1)
+    plane.fan_out()
+
+    class Down(MemoryClosures):
+        def notify(self, run_id: str) -> bool:
+            raise ConnectionError("Step Functions is unreachable")
+
+    plane.worker.closures = Down()
+    item = plane.queue.receive()
+    assert item is not None
+    assert plane.worker.process(item).outcome == Ack("completed")
+    assert plane.ledger.run(run_id).state is RunState.COMPLETED  # the loop's timeout finds it

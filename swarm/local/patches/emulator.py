@@ -477,4 +477,5 @@ def apply_all() -> None:
     patch_dynamodb_query_candidates()
     patch_sfn_client_cache()
     sfn_patch.patch_sfn_start_execution()  # the continue-as-new task (patches/stepfunctions.py)
+    sfn_patch.patch_sfn_stop_stays_aborted()  # a stop while a task waits for its token
     limits.apply_all()  # AWS's service limits (patches/limits.py)

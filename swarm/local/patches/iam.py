@@ -118,6 +118,27 @@ def _function_arn(region: str, account: str, name: str) -> str:
     return f"arn:{PARTITION}:lambda:{region}:{account}:function:{name.split(':')[0]}"
 
 
+#: answers to a waiting task: authorized on the state machine whose execution issued the token
+_TASK_RESPONSES = frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"})
+
+
+def _token_state_machine(token: str, region: str, account: str) -> str | None:
+    """The state machine whose execution issued ``token`` (a task waiting for it, or one that
+    did), as AWS reads it from the token; None if no execution of the emulator ever did."""
+    try:
+        from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+
+        backend = stepfunctions_parser_backends[account][region]
+        for execution in backend._get_executions():
+            worker = getattr(execution, "exec_worker", None)
+            pool = getattr(getattr(worker, "env", None), "callback_pool_manager", None)
+            if pool is not None and pool.get(token) is not None:
+                return str(execution.state_machine_arn)
+    except Exception:  # the interpreter's internals moved: authorize as moto does (on *)
+        return None
+    return None
+
+
 def authorization_requests(
     service: str, action: str, body: Any, path: str, region: str, account: str
 ) -> list[tuple[str, str]]:
@@ -159,6 +180,10 @@ def authorization_requests(
         key = next((k for k in _STATES_ARN_KEYS if k in b), None)
         if key is not None:
             pairs = [(action, str(b[key]))]
+        elif action in _TASK_RESPONSES and "taskToken" in b:
+            machine = _token_state_machine(str(b["taskToken"]), region, account)
+            if machine is not None:
+                pairs = [(action, machine)]
     elif service == "events":
         if action == "PutEvents":
             buses = {_bus_arn(region, account, e.get("EventBusName")) for e in b.get("Entries", [])}

@@ -14,6 +14,9 @@ affected: their API members are PascalCase already.)
 operation's input shape (moto's own ``_to_boto_request``, which matches names case-insensitively
 through snake case), after moto's own normalisation (which turns an ``Input`` object into its
 JSON text). Process-wide and idempotent; listed in docs/local.md.
+
+:func:`patch_sfn_stop_stays_aborted`: an execution stopped while a task waits for its task token
+(the finalize loop's ``Poll``) stays ``ABORTED``, as on AWS.
 """
 
 from __future__ import annotations
@@ -53,3 +56,25 @@ def patch_sfn_start_execution() -> None:
 
         task._normalise_parameters = _normalise_parameters  # type: ignore[method-assign]
         _APPLIED.add("sfn-start-execution")
+
+
+def patch_sfn_stop_stays_aborted() -> None:
+    """An execution stopped while a task waits for its token ended FAILED on moto: the stop
+    ends the wait, the task's error then replaces the stopped state (``Environment.set_error``
+    overwrites any state). On AWS a stopped execution is ``ABORTED``, whatever its task was
+    doing, and the sweeper reads that status. The patch keeps a stopped program stopped."""
+    with _GUARD:
+        if "sfn-stop-stays-aborted" in _APPLIED:
+            return
+        from moto.stepfunctions.parser.asl.eval.environment import Environment
+        from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
+
+        original = Environment.set_error
+
+        def set_error(self: Any, error: Any) -> None:
+            if isinstance(self._program_state, ProgramStopped):
+                return
+            original(self, error)
+
+        Environment.set_error = set_error  # type: ignore[method-assign]
+        _APPLIED.add("sfn-stop-stays-aborted")
