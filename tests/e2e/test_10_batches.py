@@ -238,3 +238,12 @@ def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
         u["unit_id"] for u in batch
     }
     assert results["spent"] == stack.model(bid)["tokens_billed"]
+
+
+def test_the_bill_prices_each_function_at_its_templates_architecture(stack: Stack) -> None:
+    """moto's CloudFormation ignores a function's Architectures: the local stack takes the
+    template's (arm64), so the bill charges an Arm GB-second, not an x86 one."""
+    uses = stack.local("GET", "/_local/bill")["lambda"]
+    # every function invoked since the bill's last reset (the scenarios above ran the worker)
+    assert "worker" in uses
+    assert {name: use["architecture"] for name, use in uses.items()} == dict.fromkeys(uses, "arm64")
