@@ -9,8 +9,10 @@ A message carries one unit or a *bundle* of units due together (swarm.core.lanes
 fan-out and this handler send them so). A bundle's units each have their own outcome, and the
 message is deleted once each has one: a unit to retry or to requeue goes back as a copy of its
 own (delayed as its outcome says), and a unit that raised goes back alone after its claim's
-lease. A bundle delivered again (its invocation died) is split: each of its units goes back
-alone, so a unit that kills its sandbox cannot take the others to the dead-letter queue with it.
+lease. A bundle whose invocations died (delivered a third time: ``SPLIT_RECEIVES``) is split:
+each of its units goes back alone, so a unit that kills its sandbox cannot take the others to the
+dead-letter queue with it. A message whose units all wait further than SQS delays a message (deep
+in their tenant's queue) is hidden until the last is due (``hide_deep``), at its first receive.
 
 The batch's units run at the same time, one thread each (at most the mapping's batch size of
 messages, 10, of at most MAX_BUNDLE_UNITS units): a worker spends nearly all its time waiting for
@@ -48,6 +50,7 @@ from swarm.core.codec import parse_message
 from swarm.core.lanes import Bundle, Bundling, QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import LaneQueue
+from swarm.core.records import Lane
 from swarm.service.pages import Page
 from swarm.service.worker import Requeue, RetryLater, Worker, WorkReport
 from swarm.wiring import Wiring
@@ -61,6 +64,13 @@ MAX_BATCH = 10
 _pool = ThreadPoolExecutor(max_workers=MAX_BATCH * MAX_BUNDLE_UNITS, thread_name_prefix="unit")
 
 _cache: dict[str, Any] = {}
+#: a bundle received this many times is split, each unit sent alone: its invocation died
+#: (twice, or once after the bundle was hidden: a hidden bundle comes back a second time)
+SPLIT_RECEIVES = 3
+#: a message is hidden at its first receive only; one received again goes back as a fresh copy
+#: (which may be hidden in turn): each receive counts towards the lanes' maxReceiveCount, after
+#: which SQS dead-letters the message, and a deep unit must never get there by waiting
+HIDE_RECEIVES = 2
 
 
 class AttemptFailed(Exception):
@@ -206,9 +216,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             logger.exception("unreadable message", message_id=record.message_id)
             failures.append(record.message_id)
             continue
-        receives = (record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", "1")
-        if len(units) > 1 and receives != "1":
-            # its invocation died: each unit goes back alone, so one that kills its sandbox
+        receives = int((record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", 1))
+        if len(units) > 1 and receives >= SPLIT_RECEIVES:
+            # its invocations died: each unit goes back alone, so one that kills its sandbox
             # reaches the dead-letter queue alone
             logger.warning("bundle delivered again: split", message_id=record.message_id)
             now = time.monotonic()
@@ -228,10 +238,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     for error in errors:
         if error is not None and not isinstance(error, Exception):
             raise error  # the sandbox itself is going down (a BaseException): the whole batch
+    hidden = hide_deep(lanes, worker.config.longest_hide_s, running, errors)
     for (record, unit, alone, future), error in zip(running, errors, strict=True):
         if error is None:
             done = future.result()
             add_metrics(done.report)
+            if record.message_id in hidden:
+                continue  # the message itself comes back when its units' tokens are near
             copy = copy_of(record.message_id, done)
             if copy is not None:
                 copies.append(copy)
@@ -245,5 +258,46 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 lease = worker.config.lease_s
                 copy = Copy(record.message_id, unspent(unit), lease, time.monotonic(), alone=True)
                 copies.append(copy)
+    failures += list(hidden)
     failures += send_copies(lanes, bundling, copies)
     return {"batchItemFailures": [{"itemIdentifier": mid} for mid in dict.fromkeys(failures)]}
+
+
+def hide_deep(
+    lanes: LaneQueue,
+    longest_s: float,
+    running: list[tuple[SQSRecord, QueuedUnit, bool, Future[Done]]],
+    errors: list[BaseException | None],
+) -> set[str]:
+    """The messages whose units all wait further than SQS delays a message (``Requeue.hide``:
+    deep in their tenant's queue), or are done, hidden in their lane until their last is due (a
+    visibility timeout, at most ``longest_s``): one receive later instead of a copy every 15
+    minutes. Their ids (reported as failures: SQS keeps them);
+    a message whose visibility could not be changed goes back as copies instead."""
+    waits: dict[str, list[float]] = {}
+    mixed: set[str] = set()
+    records: dict[str, tuple[SQSRecord, Lane]] = {}
+    for (record, unit, _, future), error in zip(running, errors, strict=True):
+        mid = record.message_id
+        records[mid] = (record, unit.lane)
+        outcome = None if error is not None else future.result().report.outcome
+        if isinstance(outcome, Requeue) and outcome.hide:
+            waits.setdefault(mid, []).append(outcome.delay_s)
+        elif outcome is None or isinstance(outcome, Requeue | RetryLater):
+            mixed.add(mid)  # something of it goes back sooner (or raised): copies
+    hidden: set[str] = set()
+    for mid, delays in waits.items():
+        record, lane = records[mid]
+        receives = int((record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", 1))
+        if mid in mixed or receives >= HIDE_RECEIVES:  # a copy starts its count afresh
+            continue
+        try:
+            # until the last is due: a bundle's units are due within its window of each other
+            # (the fan-out delayed it so), and one hidden until the first is due would send the
+            # others back as copies, each a few seconds early
+            lanes.change_visibility(lane, record.receipt_handle, min(max(delays), longest_s))
+        except Exception:
+            logger.exception("hiding a deep message failed: its units go back as copies")
+            continue
+        hidden.add(mid)
+    return hidden

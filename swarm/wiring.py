@@ -249,12 +249,17 @@ class Wiring:
         # granted, without a request, when it comes (docs/governor.md)
         books = isinstance(self.settings, WorkerSettings | FanoutSettings)
         horizon = self.seconds(MAX_SQS_DELAY_S if books else 0)
+        # a place is an estimate, and a unit whose place is further than SQS delays a message
+        # waits with its message hidden (up to SQS's 12 hours): places reach that far, so a
+        # unit deep in its tenant's queue comes to its lane a few times, not every 15 minutes
+        places = self.seconds(WorkerTimings.longest_hide_s if books else 0)
         return DynamoDBGovernor(
             config,
             table,
             client=self.clients("dynamodb"),
             name=governor_name(config),
             horizon_s=horizon,
+            place_horizon_s=places,
             read_only=read_only,
             margin_s=self.seconds(WRITE_MARGIN_S),
             full_grid_s=self.seconds(FULL_GRID_S),
@@ -366,6 +371,8 @@ class Wiring:
             retry_backoff_s=self.seconds(WorkerTimings.retry_backoff_s),
             requeue_delay_s=self.seconds(WorkerTimings.requeue_delay_s),
             max_hold_s=self.seconds(WorkerTimings.max_hold_s),
+            longest_delay_s=self.seconds(MAX_SQS_DELAY_S),
+            longest_hide_s=self.seconds(WorkerTimings.longest_hide_s),
         )
         return Worker(
             self.ledger(),

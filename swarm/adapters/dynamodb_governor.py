@@ -163,6 +163,9 @@ class DynamoDBGovernor:
     instance of a process (it is thread-safe).
 
     ``horizon_s``: how far past the refill a lane without a reserve may book (a ticket);
+    ``place_horizon_s``: how far ahead a reserved lane's unit may take a place in its tenant's
+    queue (a slot: an estimate, never tokens; default ``horizon_s``): a place further than SQS
+    delays a message waits with its message hidden (swarm.service.worker ``Requeue.hide``);
     ``margin_s``: how late after its client's clock a write may land and still be judged
     right (a refund's bound and a write's certificate that the bucket is below half full use
     it);
@@ -189,6 +192,7 @@ class DynamoDBGovernor:
         margin_s: float = WRITE_MARGIN_S,
         full_grid_s: float = FULL_GRID_S,
         ticket_grace_s: float | None = None,
+        place_horizon_s: float | None = None,
     ) -> None:
         if not isinstance(shards, int) or not 1 <= shards <= 1000:
             raise InvalidInput("shards", f"must be a whole number in 1..1000, got {shards!r}")
@@ -206,6 +210,9 @@ class DynamoDBGovernor:
         self.name = name
         self.shards = shards
         self.horizon_s = horizon_s
+        self.place_horizon_s = horizon_s if place_horizon_s is None else place_horizon_s
+        if self.place_horizon_s < 0:
+            raise InvalidInput("place_horizon_s", f"must be >= 0 seconds, got {place_horizon_s!r}")
         self.margin_s = margin_s
         self.full_grid_s = full_grid_s
         self.ticket_grace_s = (
@@ -530,7 +537,7 @@ class DynamoDBGovernor:
     ) -> Draw:
         """Join the tenant's queue in a reserved lane on the shard where the unit's tokens come
         first: one conditional write of the queue's end (:class:`SlotWrite`) gives the unit a
-        slot, ready when the credit reaches it. Beyond the booking horizon it is refused without
+        slot, ready when the credit reaches it. Beyond the places' horizon it is refused without
         a slot, for as long as its tokens take to be there behind its queue."""
         t = micro(now)
 
@@ -549,7 +556,7 @@ class DynamoDBGovernor:
     ) -> list[Draw]:
         """Places for a tenant's units, in order, before they are sent (the fan-out's): in a
         lane with a reserve, one conditional write of the tenant's queue end books the place of
-        every unit whose place is ready within the booking horizon, as those units would take
+        every unit whose place is ready within the places' horizon, as those units would take
         them one by one on their first try (:meth:`_queue`), and each Draw carries its place
         (a slot :class:`Ticket`) and how long until it is ready; a unit past the horizon gets
         no place, and its Draw says when its tokens would be there behind the others. A lane
@@ -599,7 +606,8 @@ class DynamoDBGovernor:
             plan, ends = plan_places(s, t, lane, tenant, amounts, reserve)
             base = plan.target - plan.step  # the queue's end before the write, as seen
             waits = [float(s.time_for_credit(base + end)) - now for end in ends]
-            placed = next((i for i, wait in enumerate(waits) if wait > self.horizon_s), len(ends))
+            horizon = self.place_horizon_s
+            placed = next((i for i, wait in enumerate(waits) if wait > horizon), len(ends))
             if placed == 0:
                 self.stats.refused_in_view += len(amounts)
                 return [Draw(False, wait, float(s.tokens(t))) for wait in waits]

@@ -31,6 +31,8 @@ from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import (
+    MAX_SQS_DELAY_S,
+    MAX_SQS_VISIBILITY_S,
     Closures,
     DrainSwitch,
     Governor,
@@ -57,6 +59,12 @@ class WorkerTimings:
     # with its ticket comes back when its tokens are there, in whole seconds (SQS's delays), so
     # holding on longer only bills Lambda-seconds (docs/governor.md, "Waiting")
     max_hold_s: float = 1.0
+    # SQS's longest delay (900 s, on this clock): a unit whose tokens are further away than that
+    # is hidden in its lane instead of requeued (Requeue.hide)
+    longest_delay_s: float = float(MAX_SQS_DELAY_S)
+    # the longest a message is hidden for (SQS's 12-hour visibility limit, counted from the
+    # receive, less a margin for the time since it)
+    longest_hide_s: float = float(MAX_SQS_VISIBILITY_S - 300)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,11 @@ class Requeue:
     # the governor booking the copy carries (tokens booked for this attempt); None: none, and a
     # ticket a grant spent never travels
     ticket: Ticket | None = None
+    #: its tokens (or its place in its tenant's queue) are further away than SQS delays a
+    #: message (a unit deep in its tenant's queue): hide the message it came in for that long
+    #: (a visibility timeout, up to 12 hours) rather than send a copy that would come back every
+    #: 15 minutes until its turn (functions/worker.py)
+    hide: bool = False
 
 
 Outcome = Ack | RetryLater | Requeue
@@ -148,8 +161,14 @@ class Worker:
             # back to the lane until its tokens will really be there (the queue booked ahead
             # included), with the tokens (or the place) booked for it
             booked = None if got.ticket is None else replace(got.ticket, tag=str(item.attempt))
+            # a place (a slot) stays in the message's body, so the message may wait hidden; a
+            # token booking may not (a message received again never presents one)
+            unspent = booked is None or booked.slot
+            deep = unspent and got.retry_after_s > self.config.longest_delay_s
             return WorkReport(
-                Requeue(_delay(got.retry_after_s), "governor: tokens not there yet", booked),
+                Requeue(
+                    _delay(got.retry_after_s), "governor: tokens not there yet", booked, hide=deep
+                ),
                 attempt=item.attempt,
                 waited_s=got.waited_s,
             )

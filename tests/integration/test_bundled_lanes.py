@@ -1,6 +1,6 @@
 """Bundles on moto, through the real handlers with their roles: units due together travel as one
 lane message and run in one worker invocation, one outcome page for them all; a bundle whose
-invocation died is split, so a unit that kills its sandbox reaches the dead-letter queue alone
+invocations died is split, so a unit that kills its sandbox reaches the dead-letter queue alone
 and the others of its bundle complete."""
 
 from __future__ import annotations
@@ -88,10 +88,10 @@ def test_a_unit_that_kills_its_sandbox_reaches_the_dead_letter_queue_alone(
                 ReceiptHandle=messages[0]["ReceiptHandle"],
                 VisibilityTimeout=0,
             )
-    # Then the bundle came twice (its first invocation died with it; the second split it, each
-    # unit alone), and only the poison unit reached the dead-letter queue: the others completed
-    # (unsplit, the bundle would have taken all four there)
-    assert bundles_seen == 2
+    # Then the bundle came three times (its first two invocations died with it; the third
+    # split it, each unit alone), and only the poison unit reached the dead-letter queue: the
+    # others completed (unsplit, the bundle would have taken all four there)
+    assert bundles_seen == 3
     dead = plane.receive(Lane.NORMAL, dlq=True)
     assert [[u.unit_id for u in parse_message(m["Body"])] for m in dead] == [["u0002"]]
     plane.deliver(Lane.NORMAL, dead, dlq=True)

@@ -217,6 +217,27 @@ def test_places_booked_together_are_the_places_taken_one_by_one(dynamodb: Any) -
     assert many.draw(amounts[0], Lane.NORMAL, ticket.ready_at, ticket=ticket, tenant="t").granted
 
 
+def test_places_reach_the_places_horizon_beyond_the_booking_horizon(dynamodb: Any) -> None:
+    """A place is an estimate, not tokens: it reaches as far as a message may wait hidden (the
+    places' horizon, hours), while tokens are booked only as far as SQS delays a message."""
+    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1}, initial_fill=0.0)
+    amounts = [50_000] * 10  # 10 s of refill each: 100 s in all
+    near = gov(dynamodb, config, horizon_s=12.0, name="near")
+    far = gov(dynamodb, config, horizon_s=12.0, place_horizon_s=60.0, name="far")
+    for g in (near, far):
+        g.create(0.0)
+    cut = [d.ticket is not None for d in near.book_places(amounts, Lane.NORMAL, "t", 1.0)]
+    reach = far.book_places(amounts, Lane.NORMAL, "t", 1.0)
+    # the places' horizon, not the booking horizon, cuts the places
+    assert sum(cut) < sum(d.ticket is not None for d in reach) < len(amounts)
+    placed = [d for d in reach if d.ticket is not None]
+    assert all(d.ticket is not None and d.ticket.slot for d in placed)
+    assert 12.0 < max(d.wait_s for d in placed) <= 60.0
+    # a worker's client books a slot as far (its own first try past what the fan-out booked)
+    late = far.draw(50_000, Lane.NORMAL, 1.0, tenant="u")
+    assert late.ticket is not None and late.ticket.slot and 12.0 < late.wait_s <= 60.0
+
+
 def test_a_lane_without_a_reserve_or_a_client_without_a_horizon_books_no_places(
     dynamodb: Any,
 ) -> None:

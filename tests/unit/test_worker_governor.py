@@ -24,9 +24,10 @@ class BookingGovernor(InMemoryGovernor):
     """Books every fresh draw ``ahead_s`` in the future, as the DynamoDB governor does under a
     queue; grants a ticket presented when it is ready; notes true-ups."""
 
-    def __init__(self, ahead_s: float) -> None:
+    def __init__(self, ahead_s: float, slot: bool = False) -> None:
         super().__init__(CONFIG)
         self.ahead_s = ahead_s
+        self.slot = slot  # books places in a tenant's queue (a reserved lane) rather than tokens
         self.bookings = 0
         self.presented: list[Ticket | None] = []
         self.true_ups: list[tuple[Grant, int]] = []
@@ -38,7 +39,9 @@ class BookingGovernor(InMemoryGovernor):
         if ticket is None:
             self.bookings += 1
             ready = now + self.ahead_s
-            booked = Ticket("g", 0, amount, lane, ready, Decimal(0), Decimal(0), now)
+            booked = Ticket(
+                "g", 0, amount, lane, ready, Decimal(0), Decimal(0), now, slot=self.slot
+            )
             return Draw(False, self.ahead_s, 0.0, ticket=booked)
         if now >= ticket.ready_at:
             return Draw(True, 0.0, 0.0, grant=ticket.grant())
@@ -187,3 +190,37 @@ def test_the_governor_is_trued_up_once_per_call_with_what_the_model_counted() ->
     assert grant.amount == item.tokens and used == report.tokens
     assert done.refunded + done.dropped == max(0, item.tokens - used)
     assert done.debited == max(0, used - item.tokens)
+
+
+class DeepQueue(InMemoryGovernor):
+    """A unit deep in its tenant's queue, past the booking horizon: refused without a ticket,
+    told how long its tokens take behind the queue."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(CONFIG)
+        self.wait_s = wait_s
+
+    def draw(
+        self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
+    ) -> Draw:
+        return Draw(False, self.wait_s, 0.0)
+
+
+@pytest.mark.parametrize(("wait_s", "hide"), [(600.0, False), (900.0, False), (3_600.0, True)])
+def test_a_unit_whose_tokens_are_further_than_sqs_delays_is_hidden_not_requeued(
+    wait_s: float, hide: bool
+) -> None:
+    plane = Plane()
+    report = worker(plane, DeepQueue(wait_s)).process(one_unit(plane))
+    # back to its lane for as long as its tokens take; past SQS's 900 s delay, the message it
+    # came in is hidden for that long instead (functions/worker.py), not copied every 15 min
+    assert report.outcome == Requeue(wait_s, "governor: tokens not there yet", None, hide=hide)
+    # a unit holding a token booking is never hidden (a message received again never presents
+    # one: its tokens would go unused); one holding a place is (the place stays in the body)
+    other = Plane()
+    booked = worker(other, BookingGovernor(ahead_s=3_600.0)).process(one_unit(other))
+    assert isinstance(booked.outcome, Requeue) and not booked.outcome.hide
+    slotted = Plane()
+    placed = worker(slotted, BookingGovernor(ahead_s=3_600.0, slot=True)).process(one_unit(slotted))
+    assert isinstance(placed.outcome, Requeue) and placed.outcome.hide
+    assert placed.outcome.ticket is not None and placed.outcome.ticket.slot

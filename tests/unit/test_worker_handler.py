@@ -225,18 +225,19 @@ def test_a_bundles_units_run_at_once_each_with_its_own_outcome(
     assert lanes.visibility == []
 
 
-def test_a_bundle_delivered_again_is_split_each_unit_alone(
+def test_a_bundle_delivered_a_third_time_is_split_each_unit_alone(
     monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
 ) -> None:
-    # Given a bundle SQS delivers a second time (its first invocation died), one unit carrying
-    # a token booking (which that invocation may have spent) and one its place in a queue
+    # Given a bundle SQS delivers a third time (its invocations died, or it died once after it
+    # was hidden), one unit carrying a token booking (which an invocation may have spent) and
+    # one its place in a queue
     tokens = Ticket("g", 0, 10_000, Lane.NORMAL, 5.0, Decimal(1), Decimal(0), 1.0, tag="0")
     place = replace(tokens, slot=True)
     units = [replace(item("u0"), ticket=tokens), replace(item("u1"), ticket=place)]
     worker = FakeWorker({})
     # When the worker gets it (with bundling on: the split must not bundle them again)
     response = run(
-        monkeypatch, worker, lanes, bundle_event(("b-1", units), receives="2"), Bundling(10, 5)
+        monkeypatch, worker, lanes, bundle_event(("b-1", units), receives="3"), Bundling(10, 5)
     )
     # Then nothing runs: each unit goes back alone, at once, the spent-able booking dropped and
     # the place kept, and the bundle is deleted
@@ -284,3 +285,62 @@ def test_a_bundle_whose_copies_cannot_be_sent_is_redelivered_whole(
     ev = bundle_event(("b-1", [item("done"), item("later")]))
     # the completed unit's settlement stands; its next delivery finds it completed
     assert run(monkeypatch, worker, lanes, ev) == {"batchItemFailures": [{"itemIdentifier": "b-1"}]}
+
+
+def deep(delay_s: float) -> WorkReport:
+    return WorkReport(Requeue(delay_s, "governor: tokens not there yet", hide=True))
+
+
+def test_a_message_whose_units_wait_further_than_sqs_delays_is_hidden_until_the_last(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # Given a unit alone and a bundle whose units all wait an hour or more (deep in their
+    # tenant's queue, past SQS's 900 s delay), one of the bundle's done already
+    worker = FakeWorker(
+        {
+            "alone": deep(3_600),
+            "a": deep(7_200),
+            "b": deep(5_400),
+            "c": WorkReport(Ack("completed")),
+            "far": deep(100_000),
+        }
+    )
+    ev = bundle_event(
+        ("m-alone", [item("alone")]),
+        ("b-1", [item("a"), item("b"), item("c")]),
+        ("m-far", [item("far")]),
+    )
+    # When the worker runs them
+    response = run(monkeypatch, worker, lanes, ev)
+    # Then no copy is sent: each message is hidden in its lane until its last unit is due (at
+    # most SQS's 12 hours, less a margin), and reported for SQS to keep
+    assert lanes.sends == []
+    longest = worker.config.longest_hide_s
+    assert sorted(lanes.visibility) == sorted(
+        [("r-m-alone", 3_600), ("r-b-1", 7_200), ("r-m-far", longest)]
+    )
+    assert longest < 43_200
+    assert sorted(f["itemIdentifier"] for f in response["batchItemFailures"]) == [
+        "b-1",
+        "m-alone",
+        "m-far",
+    ]
+
+
+def test_a_deep_message_received_again_or_mixed_goes_back_as_copies(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # a bundle whose units do not all wait long: copies (the short wait must come back soon)
+    worker = FakeWorker({"a": deep(7_200), "b": WorkReport(Requeue(30, "draining"))})
+    assert run(monkeypatch, worker, lanes, bundle_event(("b-1", [item("a"), item("b")]))) == {
+        "batchItemFailures": []
+    }
+    assert lanes.visibility == [] and sorted(u for u, _ in sent(lanes)[0]) == ["a", "b"]
+    # a message hidden once already (its second receive): a fresh copy, whose receive count
+    # starts afresh, so waiting never brings it to the lanes' maxReceiveCount
+    lanes.sends.clear()
+    ev = event("again")
+    ev["Records"][0]["attributes"]["ApproximateReceiveCount"] = "2"
+    worker = FakeWorker({"again": deep(7_200)})
+    assert run(monkeypatch, worker, lanes, ev) == {"batchItemFailures": []}
+    assert lanes.visibility == [] and [u for u, _ in sent(lanes)[0]] == ["again"]
