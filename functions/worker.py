@@ -116,8 +116,7 @@ def unit_handler(item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
     logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes, _ = _services()
     # a copy delivered again may carry a ticket an earlier delivery spent (swarm.service.worker)
-    first = (record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", "1") == "1"
-    report = worker.process(item, first_delivery=first)
+    report = worker.process(item, first_delivery=receives(record) == 1)
     outcome = report.outcome
     logger.info(
         "unit processed",
@@ -131,6 +130,11 @@ def unit_handler(item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
         lanes.change_visibility(item.lane, record.receipt_handle, outcome.after_s)
         raise AttemptFailed(outcome.reason)
     return Done(report, item, time.monotonic())
+
+
+def receives(record: SQSRecord) -> int:
+    """How many times SQS has delivered this message, this delivery included."""
+    return int((record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", 1))
 
 
 def _in_page(page: Page, item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
@@ -216,8 +220,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             logger.exception("unreadable message", message_id=record.message_id)
             failures.append(record.message_id)
             continue
-        receives = int((record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", 1))
-        if len(units) > 1 and receives >= SPLIT_RECEIVES:
+        if len(units) > 1 and receives(record) >= SPLIT_RECEIVES:
             # its invocations died: each unit goes back alone, so one that kills its sandbox
             # reaches the dead-letter queue alone
             logger.warning("bundle delivered again: split", message_id=record.message_id)
@@ -225,6 +228,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             copies += [Copy(record.message_id, unspent(u), 0.0, now, alone=True) for u in units]
             continue
         runs.append((record, units))
+    # the tokens of the units delivered for the first time are booked together, so those that
+    # must wait are due back to back and go back together (Worker.book_together)
+    booked = iter(worker.book_together([u for r, us in runs if receives(r) == 1 for u in us]))
+    runs = [(r, tuple(next(booked) for _ in us) if receives(r) == 1 else us) for r, us in runs]
     # the outcomes the units keep are written together, once each has kept one or ended
     page = Page(sum(len(units) for _, units in runs))
     running: list[tuple[SQSRecord, QueuedUnit, bool, Future[Done]]] = []
@@ -288,8 +295,7 @@ def hide_deep(
     hidden: set[str] = set()
     for mid, delays in waits.items():
         record, lane = records[mid]
-        receives = int((record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", 1))
-        if mid in mixed or receives >= HIDE_RECEIVES:  # a copy starts its count afresh
+        if mid in mixed or receives(record) >= HIDE_RECEIVES:  # a copy starts its count afresh
             continue
         try:
             # until the last is due: a bundle's units are due within its window of each other

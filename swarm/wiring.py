@@ -374,9 +374,10 @@ class Wiring:
             longest_delay_s=self.seconds(MAX_SQS_DELAY_S),
             longest_hide_s=self.seconds(WorkerTimings.longest_hide_s),
         )
+        governor = self.dynamodb_governor()
         return Worker(
             self.ledger(),
-            self.governor(),
+            governor,
             self.model(),
             self.result_store(),
             self.drain_switch(),
@@ -384,6 +385,7 @@ class Wiring:
             time.time,
             time.sleep,
             closures=self.closures(),
+            tickets=governor,  # it books a batch's tokens together: TicketBooker
         )
 
     def finalizer(self) -> Finalizer:

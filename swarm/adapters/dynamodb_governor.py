@@ -633,29 +633,111 @@ class DynamoDBGovernor:
             self.stats.slots += placed
             # the queue's end after this write is the last place; the others are before it
             first = s.queues[lane.value][tenant] - plan.step
-            left = float(s.tokens(t))
-            draws = []
-            for i, (amount, end) in enumerate(zip(amounts, ends, strict=True)):
-                ready_at = float(s.time_for_credit(first + end))
-                if i >= placed:  # past the horizon: no place, back when its tokens would be
-                    self.stats.refused_in_view += 1
-                    draws.append(Draw(False, ready_at - now, left))
-                    continue
-                self._waits.append(ready_at - now)
-                ticket = Ticket(
-                    governor=self.name,
-                    shard=index,
-                    amount=amount,
-                    lane=lane,
-                    ready_at=ready_at,
-                    position=first + end,
-                    base_time=s.base_time,
-                    booked_at=now,
-                    slot=True,
-                )
-                draws.append(Draw(False, ready_at - now, left, ticket=ticket))
-            return draws
+            places = [first + end for end in ends]
+            ready = [float(s.time_for_credit(place)) for place in places]
+            return self._draws(index, amounts, places, ready, placed, s, lane, now, slot=True)
         return None
+
+    def book_tickets(self, amounts: Sequence[int], lane: Lane, now: float) -> list[Draw]:
+        """Tokens for a worker's units, in order, booked together (its invocation's, when they
+        arrive): in a lane without a reserve, one conditional write draws the tokens of every
+        unit that fits within the booking horizon, as if those units had booked one after the
+        other with no other booking between them, so their tickets are ready back to back (the
+        units then go back to their lane together, a bundle, rather than each among the other
+        workers' bookings). Each Draw is refused and carries its unit's :class:`Ticket` (ready
+        now, or later: its holder presents it to :meth:`draw`, which grants it without a
+        request); a unit past the horizon gets none, and its Draw says when its tokens would be
+        there. A lane with a reserve, a client without a horizon, or a write that kept
+        colliding books nothing: every Draw's wait is 0 (each unit draws on its own)."""
+        self._writable("book_tickets")
+        for amount in amounts:
+            check_amount(self._shard_config, amount, lane)
+        nothing = [Draw(False, 0.0, 0.0) for _ in amounts]
+        if not amounts or self.horizon_s <= 0 or self.config.reserves.get(lane, 0.0) > 0:
+            return nothing
+        t = micro(now)
+        ends = [sum(amounts[: i + 1]) for i in range(len(amounts))]
+        with self._lock:
+            requests = 0
+            for index in self._shard_order(ends[-1], 0.0, t, now):
+                while requests < self._max_requests:
+                    s = self._shard(index, now)
+
+                    def plan(add: int, s: ShardState = s) -> ShardWrite:
+                        return plan_write(
+                            s,
+                            t,
+                            add=add,
+                            ahead=booking_ahead(s, t, self.horizon_s),
+                            refund=self._refund_for(s),
+                            margin_s=self.margin_s,
+                            grid_s=self.full_grid_s,
+                            drawn_floor=self._drawn_floor(s, t),
+                        )
+
+                    # the longest prefix of the units whose tokens fit within the horizon
+                    booked = next(
+                        (k for k in range(len(ends), 0, -1) if plan(ends[k - 1]).wait_s is None),
+                        0,
+                    )
+                    if booked == 0:
+                        break  # this shard books none of them: try the next one
+                    write = plan(ends[booked - 1])
+                    requests += 1
+                    written, s = self._write(index, write, now)
+                    if not written:
+                        self.stats.condition_failures += 1
+                        continue
+                    # the write's tokens end at the shard's position: each unit's end is its
+                    # ticket's (ready now if the credit is there already)
+                    start = s.position - ends[booked - 1] + write.floor
+                    ends_at = [start + end for end in ends]
+                    ready = [
+                        now if write.credit >= e else float(s.time_for_credit(e)) for e in ends_at
+                    ]
+                    return self._draws(index, amounts, ends_at, ready, booked, s, lane, now)
+            return nothing
+
+    def _draws(
+        self,
+        index: int,
+        amounts: Sequence[int],
+        positions: Sequence[Decimal],
+        ready: Sequence[float],
+        booked: int,
+        s: ShardState,
+        lane: Lane,
+        now: float,
+        slot: bool = False,
+    ) -> list[Draw]:
+        """The Draws of a booking of the first ``booked`` units on shard ``index`` (``s``: the
+        shard as the write left it): each a refused Draw with its ticket (``slot``: a place) at
+        ``positions[i]``, ready at ``ready[i]``; those past it without one, told when their
+        tokens would be there."""
+        left = float(s.tokens(micro(now)))
+        draws = []
+        for i, (amount, position, at) in enumerate(zip(amounts, positions, ready, strict=True)):
+            if i >= booked:  # past the horizon: back when its tokens would be there
+                self.stats.refused_in_view += 1
+                draws.append(Draw(False, at - now, left))
+                continue
+            self._waits.append(at - now)
+            ticket = Ticket(
+                governor=self.name,
+                shard=index,
+                amount=amount,
+                lane=lane,
+                ready_at=at,
+                position=position,
+                base_time=s.base_time,
+                booked_at=now,
+                # a refund's marks (a place draws no tokens: none)
+                refunded=ZERO if slot else s.refunded,
+                highs=0 if slot else s.highs,
+                slot=slot,
+            )
+            draws.append(Draw(False, at - now, left, ticket=ticket))
+        return draws
 
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
         """Settle ``grant`` with the ``used`` tokens the model counted (docs/governor.md,

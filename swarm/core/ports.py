@@ -97,6 +97,19 @@ class PlaceBooker(Protocol):
         ...
 
 
+class TicketBooker(Protocol):
+    """Tokens booked together for the units a worker received on a lane without a reserve, so
+    that those that must wait are due back to back and go back to their lane together
+    (docs/governor.md, "Tickets booked together"). Tokens are not queued tenant by tenant (only
+    a reserved lane's places are): the units of every tenant are booked together."""
+
+    def book_tickets(self, amounts: Sequence[int], lane: Lane, now: float) -> list[Draw]:
+        """One refused Draw per amount, in order: its ``ticket`` the unit's tokens (ready at
+        its ``ready_at``, perhaps now; None: none booked), its ``wait_s`` how long until they
+        are there (0 and no ticket: nothing booked, the unit draws on its own)."""
+        ...
+
+
 @dataclass(frozen=True)
 class UnitsPage:
     units: list[UnitRecord]

@@ -24,7 +24,8 @@ attempt is settled with its projected tokens, then the unit retries).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from swarm.core.governor import Ticket, acquire
@@ -41,12 +42,15 @@ from swarm.core.ports import (
     ModelRequest,
     ModelThrottled,
     ResultStore,
+    TicketBooker,
     requeue_delay,
 )
-from swarm.core.records import Reservation, UnitState
+from swarm.core.records import Lane, Reservation, UnitState
 from swarm.core.results import outcome_of
 from swarm.service.finalizer import wake
 from swarm.service.pages import keep_outcome
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,38 @@ class Worker:
     sleep: Callable[[float], None]
     #: the run's closer wakes its finalize loop (None: nobody waits; tests)
     closures: Closures | None = None
+    #: books the tokens of a batch's units together (None: each unit draws on its own)
+    tickets: TicketBooker | None = None
+
+    def book_together(self, items: Sequence[QueuedUnit]) -> list[QueuedUnit]:
+        """The units of one delivery (each message's first), with the tokens of those on a lane
+        without a reserve booked together, a lane's at a time (:class:`TicketBooker`): each
+        booked unit carries its ticket, ready now or back to back with the others', so those
+        that must wait go back to their lane due together (a bundle) instead of each among the
+        fleet's other bookings. Units that carry a ticket or a place already, a lane with one
+        such unit, a drain, or a booking that fails: unchanged (each unit draws on its own)."""
+        out = list(items)
+        booker = self.tickets
+        if booker is None:
+            return out
+        lanes: dict[Lane, list[int]] = {}
+        for index, item in enumerate(out):
+            if item.ticket is None:
+                lanes.setdefault(item.lane, []).append(index)
+        for lane, indexes in lanes.items():
+            if len(indexes) < 2:
+                continue
+            try:
+                if self.drain.draining():  # the units go back as they came (Worker.process)
+                    break
+                draws = booker.book_tickets([out[i].tokens for i in indexes], lane, self.now())
+            except Exception:  # as if never booked: each unit draws on its own
+                log.exception("booking %d units' tokens on %s failed", len(indexes), lane)
+                continue
+            for i, draw in zip(indexes, draws, strict=True):
+                if draw.ticket is not None:  # bound to the attempt, as process() books it
+                    out[i] = replace(out[i], ticket=replace(draw.ticket, tag=str(out[i].attempt)))
+        return out
 
     def process(self, item: QueuedUnit, first_delivery: bool = True) -> WorkReport:
         """``first_delivery``: SQS delivers this copy of the message for the first time (its

@@ -253,6 +253,95 @@ def test_a_lane_without_a_reserve_or_a_client_without_a_horizon_books_no_places(
         booking.book_places([10_000, 0], Lane.NORMAL, "t", 1.0)
 
 
+def test_tickets_booked_together_are_the_tickets_booked_one_by_one(dynamodb: Any) -> None:
+    """book_tickets (a worker's, for the units it received) writes once what the units' draws
+    one after the other would each have written: the same tokens drawn, each unit's ticket at
+    the position and time its own draw would have booked (ready now where its draw would have
+    been granted), none past the horizon; any client grants each ticket without a request."""
+    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1}, initial_fill=0.1)
+    amounts = [12_000, 8_000, 16_000, 10_000, 14_000, 9_000]
+    one = gov(dynamodb, config, horizon_s=3.0, name="one")
+    many = gov(dynamodb, config, horizon_s=3.0, name="many")
+    for g in (one, many):
+        g.create(0.0)
+    singles = [one.draw(a, Lane.HIGH, 1.0) for a in amounts]
+    requests = many.stats.requests
+    together = many.book_tickets(amounts, Lane.HIGH, 1.0)
+    assert many.stats.requests - requests == 2  # a new client: one Query for a view, one write
+    booked = [d for d in together if d.ticket is not None]
+    assert 2 < len(booked) < len(amounts)  # the horizon cut the last ones
+    assert [d.ticket is not None or d.granted for d in singles] == [
+        d.ticket is not None for d in together
+    ]
+    for single, d in zip(singles, booked, strict=False):
+        assert d.ticket is not None and not d.ticket.slot and not d.granted
+        if single.granted:  # there now: a ticket ready now
+            assert d.wait_s == 0.0 and d.ticket.ready_at == 1.0
+        else:
+            assert single.ticket is not None
+            assert d.ticket.position == single.ticket.position
+            assert d.ticket.ready_at == pytest.approx(single.ticket.ready_at, abs=1e-5)
+            assert d.wait_s == pytest.approx(single.wait_s, abs=1e-5)
+    assert any(d.wait_s > 0 for d in booked) and booked[0].wait_s == 0.0
+    # the same tokens drawn; those past the horizon are told when their tokens would be there
+    assert stored(dynamodb, "one")[0].drawn == stored(dynamodb, "many")[0].drawn
+    cut = together[len(booked) :]
+    assert cut[0].wait_s == pytest.approx(singles[len(booked)].wait_s, abs=1e-5)
+    assert all(3.0 < a.wait_s < b.wait_s for a, b in itertools.pairwise(cut))
+    # each ticket is granted by any client when it is ready, with no request
+    other = gov(dynamodb, config, horizon_s=3.0, name="many")
+    requests = other.stats.requests
+    for amount, d in zip(amounts, booked, strict=False):
+        assert d.ticket is not None
+        drawn = other.draw(amount, Lane.HIGH, d.ticket.ready_at, ticket=d.ticket)
+        assert drawn.granted and drawn.grant is not None and drawn.grant.amount == amount
+    assert other.stats.requests == requests
+
+
+def test_tickets_booked_together_among_other_clients_never_share_a_token(dynamodb: Any) -> None:
+    """Three clients with views of different ages interleave bookings together and draws one
+    by one on one shard: every ticket's tokens are its own (the tokens they span never
+    overlap), none is ready before the refill has credited them, and the shard drew exactly
+    what the tickets hold."""
+    config = GovernorConfig(300_000, 1.0, initial_fill=0.0)  # empty: every draw is booked
+    a, b, c = (gov(dynamodb, config, horizon_s=60.0, name="race") for _ in range(3))
+    a.create(0.0)
+    tickets: list[Ticket] = []
+
+    def keep(draws: list[Draw]) -> None:
+        assert all(d.ticket is not None for d in draws)
+        tickets.extend(d.ticket for d in draws if d.ticket is not None)
+
+    keep(a.book_tickets([10_000, 12_000, 8_000], Lane.HIGH, 1.0))
+    keep([b.draw(9_000, Lane.HIGH, 1.1)])
+    keep(c.book_tickets([11_000, 7_000], Lane.HIGH, 1.2))
+    keep(a.book_tickets([10_000, 10_000], Lane.HIGH, 1.3))  # its view misses b's and c's
+    keep([b.draw(6_000, Lane.HIGH, 1.4)])  # so does b's
+    keep(c.book_tickets([5_000] * 4, Lane.HIGH, 1.5))
+    assert len(tickets) == 13
+    spans = sorted((t.position - t.amount, t.position) for t in tickets)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    [shard] = stored(dynamodb, "race")
+    assert shard.drawn == sum(t.amount for t in tickets)
+    for t in tickets:
+        assert shard.credit(micro(t.ready_at)) >= t.position
+
+
+def test_a_lane_with_a_reserve_or_a_client_without_a_horizon_books_no_tickets(
+    dynamodb: Any,
+) -> None:
+    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1})
+    booking = gov(dynamodb, config, horizon_s=900.0, name="booking")
+    booking.create(0.0)
+    for g, lane in ((booking, Lane.NORMAL), (gov(dynamodb, config, name="booking"), Lane.HIGH)):
+        requests = g.stats.requests
+        draws = g.book_tickets([10_000, 10_000], lane, 1.0)
+        assert [(d.wait_s, d.ticket) for d in draws] == [(0.0, None), (0.0, None)]
+        assert g.stats.requests == requests
+    with pytest.raises(InvalidInput):
+        booking.book_tickets([10_000, 0], Lane.HIGH, 1.0)
+
+
 def test_the_first_client_creates_the_shards_with_conditional_updates_only(
     dynamodb: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

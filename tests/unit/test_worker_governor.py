@@ -4,6 +4,7 @@ invocation no longer than it must; the governor is trued up after every model ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from decimal import Decimal
 
@@ -224,3 +225,82 @@ def test_a_unit_whose_tokens_are_further_than_sqs_delays_is_hidden_not_requeued(
     placed = worker(slotted, BookingGovernor(ahead_s=3_600.0, slot=True)).process(one_unit(slotted))
     assert isinstance(placed.outcome, Requeue) and placed.outcome.hide
     assert placed.outcome.ticket is not None and placed.outcome.ticket.slot
+
+
+class TogetherBooker:
+    """Books a call's units back to back, ``spacing_s`` apart, the first ready now."""
+
+    def __init__(self, spacing_s: float, broken: bool = False) -> None:
+        self.spacing_s = spacing_s
+        self.broken = broken
+        self.calls: list[tuple[list[int], Lane]] = []
+
+    def book_tickets(self, amounts: Sequence[int], lane: Lane, now: float) -> list[Draw]:
+        self.calls.append((list(amounts), lane))
+        if self.broken:
+            raise RuntimeError("DynamoDB is unreachable")
+        draws = []
+        for i, amount in enumerate(amounts):
+            wait = i * self.spacing_s
+            ticket = Ticket("g", 0, amount, lane, now + wait, Decimal(i), Decimal(0), now)
+            draws.append(Draw(False, wait, 0.0, ticket=ticket))
+        return draws
+
+
+def received(plane: Plane, units: int) -> list[QueuedUnit]:
+    plane.submit(units, lane=Lane.HIGH)
+    plane.fan_out()
+    items = []
+    while (item := plane.queue.receive()) is not None:
+        items.append(item)
+    assert len(items) == units
+    return items
+
+
+def test_a_deliverys_units_are_booked_together_and_those_that_wait_go_back_back_to_back() -> None:
+    plane = Plane()
+    gov = BookingGovernor(ahead_s=600.0)  # a unit's own draw would wait 10 minutes
+    booker = TogetherBooker(spacing_s=2.5)
+    w = replace(worker(plane, gov), tickets=booker)
+    # Given a delivery of three units on the high lane (two tenants'), one on another lane, and
+    # one carrying a ticket
+    items = received(plane, 5)
+    carried = Ticket("g", 0, items[4].tokens, Lane.HIGH, 0.0, Decimal(9), Decimal(0), 0.0)
+    items[1] = replace(items[1], tenant="other")
+    items[3] = replace(items[3], lane=Lane.LOW)
+    items[4] = replace(items[4], ticket=replace(carried, tag=str(items[4].attempt)))
+    # When the worker books them together
+    booked = w.book_together(items)
+    # Then one booking covers the lane's three units, whatever their tenants (tokens are not
+    # queued tenant by tenant); the lone unit of the other lane and the unit with a ticket are
+    # left as they were
+    assert booker.calls == [([i.tokens for i in items[:3]], Lane.HIGH)]
+    assert booked[3:] == items[3:]
+    for unit, before in zip(booked[:3], items[:3], strict=True):
+        assert unit.ticket is not None and unit.ticket.tag == str(before.attempt)
+    # and each runs with its ticket: the first at once, the others back to their lane with
+    # theirs, due back to back, with no draw of their own
+    reports = [w.process(unit) for unit in booked[:3]]
+    assert isinstance(reports[0].outcome, Ack)
+    requeued = [r.outcome for r in reports[1:]]
+    assert all(isinstance(r, Requeue) for r in requeued)
+    assert [r.delay_s for r in requeued] == [2.5, 5.0]  # type: ignore[union-attr]
+    assert [r.ticket for r in requeued] == [u.ticket for u in booked[1:3]]  # type: ignore[union-attr]
+    assert gov.bookings == 0
+
+
+def test_nothing_is_booked_together_while_draining_or_when_the_booking_fails() -> None:
+    plane = Plane()
+    items = received(plane, 3)
+    draining = TogetherBooker(spacing_s=2.5)
+    plane.drain.set(True)
+    assert (
+        replace(worker(plane, BookingGovernor(1.0)), tickets=draining).book_together(items) == items
+    )
+    assert draining.calls == []
+    plane.drain.set(False)
+    broken = TogetherBooker(spacing_s=2.5, broken=True)
+    assert (
+        replace(worker(plane, BookingGovernor(1.0)), tickets=broken).book_together(items) == items
+    )
+    assert len(broken.calls) == 1

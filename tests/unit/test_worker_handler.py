@@ -48,10 +48,19 @@ class FakeWorker:
     seen: list[str] = field(default_factory=list)
     first: dict[str, bool] = field(default_factory=dict)  # each unit's first_delivery
     config: WorkerTimings = field(default_factory=lambda: WorkerTimings(lease_s=60, max_wait_s=1))
+    #: each book_together's units; the ticket it gives each of them (none: unchanged)
+    booked: list[list[str]] = field(default_factory=list)
+    tickets: dict[str, Ticket] = field(default_factory=dict)
+    presented: dict[str, Ticket | None] = field(default_factory=dict)  # what process() got
+
+    def book_together(self, items: list[QueuedUnit]) -> list[QueuedUnit]:
+        self.booked.append([i.unit_id for i in items])
+        return [replace(i, ticket=self.tickets.get(i.unit_id, i.ticket)) for i in items]
 
     def process(self, queued: QueuedUnit, first_delivery: bool = True) -> WorkReport:
         self.seen.append(queued.unit_id)
         self.first[queued.unit_id] = first_delivery
+        self.presented[queued.unit_id] = queued.ticket
         if self.together is not None:
             self.together.wait()  # BrokenBarrierError if the messages run one after another
         outcome = self.outcomes[queued.unit_id]
@@ -344,3 +353,24 @@ def test_a_deep_message_received_again_or_mixed_goes_back_as_copies(
     worker = FakeWorker({"again": deep(7_200)})
     assert run(monkeypatch, worker, lanes, ev) == {"batchItemFailures": []}
     assert lanes.visibility == [] and [u for u, _ in sent(lanes)[0]] == ["again"]
+
+
+def test_the_units_of_first_deliveries_are_booked_together_and_run_with_their_tickets(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # Given a bundle and a message of one unit delivered for the first time, and a bundle
+    # delivered again (its units may carry tickets an earlier delivery spent)
+    high = [replace(item(u), lane=Lane.HIGH) for u in ("h0", "h1")]
+    again = [item("a0"), item("a1")]
+    ev = bundle_event(("b-new", high), ("m-one", [item("one")]))
+    ev["Records"] += bundle_event(("b-again", again), receives="2")["Records"]
+    booked = Ticket("g", 0, 10_000, Lane.HIGH, 5.0, Decimal(1), Decimal(0), 1.0, tag="0")
+    units = ["h0", "h1", "one", "a0", "a1"]
+    worker = FakeWorker({u: WorkReport(Ack("completed")) for u in units}, tickets={"h1": booked})
+    # When the worker gets them
+    assert run(monkeypatch, worker, lanes, ev) == {"batchItemFailures": []}
+    # Then the first deliveries' units are booked in one call, and each unit runs with what
+    # that booking gave it; the redelivered bundle's units draw on their own
+    assert worker.booked == [["h0", "h1", "one"]]
+    assert worker.presented == {"h0": None, "h1": booked, "one": None, "a0": None, "a1": None}
+    assert worker.first == {"h0": True, "h1": True, "one": True, "a0": False, "a1": False}
