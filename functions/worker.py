@@ -13,6 +13,8 @@ lease. A bundle whose invocations died (delivered a third time: ``SPLIT_RECEIVES
 each of its units goes back alone, so a unit that kills its sandbox cannot take the others to the
 dead-letter queue with it. A message whose units all wait further than SQS delays a message (deep
 in their tenant's queue) is hidden until the last is due (``hide_deep``), at its first receive.
+The tokens of the units delivered for the first time on a lane without a reserve are booked
+together before they run (``Worker.book_together``), so those that must wait go back together.
 
 The batch's units run at the same time, one thread each (at most the mapping's batch size of
 messages, 10, of at most MAX_BUNDLE_UNITS units): a worker spends nearly all its time waiting for

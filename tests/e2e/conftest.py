@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.adapters.simulated_model import attempt_fails, billed_tokens
 from swarm.cli.local import down, running_pid, up
 from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, Target
@@ -81,6 +82,16 @@ class Stack:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the poller of mapping {uuid} kept receiving: {poller}")
             time.sleep(0.1)
+
+    def settled(self, batch_id: str) -> dict[str, float]:
+        """When each settled unit of the batch was last settled, on the ledger's own clock (its
+        attempt records): an order judged from the books, not from when a poll saw it."""
+        dynamodb = self.aws("dynamodb")
+        [table] = [t for t in dynamodb.list_tables()["TableNames"] if "ledger" in t.lower()]
+        last: dict[str, float] = {}
+        for a in DynamoDBLedger(table, client=dynamodb).attempts(batch_id):
+            last[a.unit_id] = max(a.settled_at, last.get(a.unit_id, a.settled_at))
+        return last
 
     def model(self, batch_id: str | None = None) -> dict[str, Any]:
         """The simulated model's counters: the whole plane's, or one batch's with its call log."""

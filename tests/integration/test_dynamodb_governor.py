@@ -7,6 +7,7 @@ import heapq
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
@@ -238,21 +239,6 @@ def test_places_reach_the_places_horizon_beyond_the_booking_horizon(dynamodb: An
     assert late.ticket is not None and late.ticket.slot and 12.0 < late.wait_s <= 60.0
 
 
-def test_a_lane_without_a_reserve_or_a_client_without_a_horizon_books_no_places(
-    dynamodb: Any,
-) -> None:
-    config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1})
-    booking = gov(dynamodb, config, horizon_s=900.0, name="booking")
-    booking.create(0.0)
-    for g, lane in ((booking, Lane.HIGH), (gov(dynamodb, config, name="booking"), Lane.NORMAL)):
-        requests = g.stats.requests
-        draws = g.book_places([10_000, 10_000], lane, "t", 1.0)
-        assert [(d.wait_s, d.ticket) for d in draws] == [(0.0, None), (0.0, None)]
-        assert g.stats.requests == requests
-    with pytest.raises(InvalidInput):
-        booking.book_places([10_000, 0], Lane.NORMAL, "t", 1.0)
-
-
 def test_tickets_booked_together_are_the_tickets_booked_one_by_one(dynamodb: Any) -> None:
     """book_tickets (a worker's, for the units it received) writes once what the units' draws
     one after the other would each have written: the same tokens drawn, each unit's ticket at
@@ -327,19 +313,41 @@ def test_tickets_booked_together_among_other_clients_never_share_a_token(dynamod
         assert shard.credit(micro(t.ready_at)) >= t.position
 
 
-def test_a_lane_with_a_reserve_or_a_client_without_a_horizon_books_no_tickets(
+@pytest.mark.parametrize(
+    ("book", "books", "never"),
+    [
+        # places in a lane with a reserve (the fan-out's), never in one without
+        pytest.param(
+            lambda g, amounts, lane: g.book_places(amounts, lane, "t", 1.0),
+            Lane.NORMAL,
+            Lane.HIGH,
+            id="places",
+        ),
+        # tokens in a lane without a reserve (a worker's), never in one with
+        pytest.param(
+            lambda g, amounts, lane: g.book_tickets(amounts, lane, 1.0),
+            Lane.HIGH,
+            Lane.NORMAL,
+            id="tickets",
+        ),
+    ],
+)
+def test_the_wrong_lane_or_a_client_without_a_horizon_books_nothing(
     dynamodb: Any,
+    book: Callable[[DynamoDBGovernor, list[int], Lane], list[Draw]],
+    books: Lane,
+    never: Lane,
 ) -> None:
     config = GovernorConfig(300_000, 1.0, reserves={Lane.NORMAL: 0.1})
     booking = gov(dynamodb, config, horizon_s=900.0, name="booking")
     booking.create(0.0)
-    for g, lane in ((booking, Lane.NORMAL), (gov(dynamodb, config, name="booking"), Lane.HIGH)):
+    for g, lane in ((booking, never), (gov(dynamodb, config, name="booking"), books)):
         requests = g.stats.requests
-        draws = g.book_tickets([10_000, 10_000], lane, 1.0)
+        draws = book(g, [10_000, 10_000], lane)
         assert [(d.wait_s, d.ticket) for d in draws] == [(0.0, None), (0.0, None)]
         assert g.stats.requests == requests
     with pytest.raises(InvalidInput):
-        booking.book_tickets([10_000, 0], Lane.HIGH, 1.0)
+        book(booking, [10_000, 0], books)
 
 
 def test_the_first_client_creates_the_shards_with_conditional_updates_only(
