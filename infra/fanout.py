@@ -223,7 +223,6 @@ class FanOutMachine(Construct):
             "dynamodb:Query",  # the run's units (the results, once, at closure)
             # reclaim: books + unit updates; the run's watch entry (record, release)
             "dynamodb:UpdateItem",
-            "dynamodb:PutItem",  # reclaim settles a lost attempt: its attempt item
         )
         role.add_to_principal_policy(  # DynamoDBLedger.expired_leases: one run's expired leases
             iam.PolicyStatement(

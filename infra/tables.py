@@ -28,7 +28,8 @@ class Tables(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, config: SwarmConfig) -> None:
         super().__init__(scope, construct_id)
         # Both use the adapters' key schema (docs/governor.md, docs/ledger.md): governor shards are
-        # pk=gov#<name>, sk=shard#NNNN; ledger items pk=run#<id>, sk=spec|books|unit#..|attempt#..
+        # pk=gov#<name>, sk=shard#NNNN; ledger items pk=run#<id>, sk=spec|books|unit#.. (and
+        # attempt#.. of an earlier layout: read only)
         self.governor = self._table("Governor", config)
         self.ledger = self._table("Ledger", config)
         self._add_open_runs_index(self.ledger)

@@ -62,8 +62,9 @@ class Workers(Construct):
         ledger.grant(
             role,
             "dynamodb:BatchGetItem",  # every read (run, spec, unit, attempt, closure token)
-            "dynamodb:UpdateItem",  # admit, claim, unclaim, reclaim, settlement updates
-            "dynamodb:PutItem",  # settlement's attempt item (inside TransactWriteItems)
+            # admit, claim, unclaim, reclaim, settlement updates (the settled attempt is kept in
+            # its unit's item: no PutItem)
+            "dynamodb:UpdateItem",
         )
         grant_get_parameter(drain_parameter, role)
         # the settlement that ends a run's last unit wakes its finalize loop (its task token:
@@ -110,8 +111,8 @@ class Workers(Construct):
         ledger.grant(
             self.dead_letters.role,
             "dynamodb:BatchGetItem",  # dead_letter reads the run and the unit (and a token)
-            "dynamodb:UpdateItem",  # ends the unit (books + unit updates)
-            "dynamodb:PutItem",  # settles a claimed attempt first: its attempt item
+            # ends the unit (books + unit updates), settling a claimed attempt first
+            "dynamodb:UpdateItem",
         )
         # a dead letter that ends a run's last unit wakes its finalize loop (as the worker)
         grant_task_response(self.dead_letters.role, cdk.Stack.of(self))

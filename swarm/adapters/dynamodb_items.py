@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY
 from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
 from swarm.contract import LEASE_EXPIRY
 from swarm.core.codec import spec_from_doc, spec_to_doc
@@ -43,6 +43,9 @@ COUNTERS = (
 RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed")
 #: where the outcome of the unit's last settled attempt is kept (UnitRecord.outcome_key)
 OUTCOME_KEY = "outcome_key"
+#: a unit's settled attempts are kept in its own item, one map attribute each (``att00001``):
+#: the settlement writes it with the unit, in the same update, once (docs/ledger.md)
+ATTEMPT_PREFIX = "att"
 
 
 # ------------------------------------------------------------------ attribute values
@@ -206,21 +209,49 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
     )
 
 
-def attempt_item(record: AttemptRecord, fate: Fate, expires_at: int) -> Item:
+def attempt_attribute(attempt: int) -> str:
+    """The unit item's attribute that holds its settled attempt ``attempt``."""
+    return f"{ATTEMPT_PREFIX}{attempt:05d}"
+
+
+def attempt_value(record: AttemptRecord, fate: Fate) -> dict[str, Any]:
+    """A settled attempt, as the map its unit item keeps (:func:`attempt_attribute`)."""
     return {
-        **key(record.run_id, attempt_sk(record.unit_id, record.attempt)),
-        "unit_id": string(record.unit_id),
-        "attempt": whole(record.attempt),
-        "tokens": whole(record.tokens),
-        "succeeded": flag(record.succeeded),
-        "settled_at": real(record.settled_at),
-        "reclaimed": flag(record.reclaimed),
-        "fate": string(fate.value),
-        TTL_ATTRIBUTE: whole(expires_at),
+        "M": {
+            "tokens": whole(record.tokens),
+            "succeeded": flag(record.succeeded),
+            "settled_at": real(record.settled_at),
+            "reclaimed": flag(record.reclaimed),
+            "fate": string(fate.value),
+        }
     }
 
 
+def attempts_of(run_id: str, item: Mapping[str, Any]) -> dict[int, tuple[AttemptRecord, Fate]]:
+    """The settled attempts a unit item keeps, by attempt number."""
+    found: dict[int, tuple[AttemptRecord, Fate]] = {}
+    unit_id = item["unit_id"]["S"]
+    for name, value in item.items():
+        if not (name.startswith(ATTEMPT_PREFIX) and name[len(ATTEMPT_PREFIX) :].isdigit()):
+            continue
+        attempt = int(name[len(ATTEMPT_PREFIX) :])
+        doc = value["M"]
+        record = AttemptRecord(
+            run_id=run_id,
+            unit_id=unit_id,
+            attempt=attempt,
+            tokens=whole_of(doc, "tokens"),
+            succeeded=flag_of(doc, "succeeded"),
+            settled_at=float(doc["settled_at"]["N"]),
+            reclaimed=flag_of(doc, "reclaimed"),
+        )
+        found[attempt] = (record, Fate(doc["fate"]["S"]))
+    return found
+
+
 def attempt_from(run_id: str, item: Mapping[str, Any]) -> tuple[AttemptRecord, Fate]:
+    """A settled attempt kept in an item of its own (``attempt#<unit>#<n>``): how a settlement
+    recorded it before attempts were kept in their unit's item. Read, never written."""
     record = AttemptRecord(
         run_id=run_id,
         unit_id=item["unit_id"]["S"],
@@ -360,8 +391,15 @@ def queued_claim(
     return _update(table_name, key(run_id, unit_sk(unit_id)), expression, conditions, names, values)
 
 
-def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
-    """An Update of a unit from ``old`` to ``new``, conditional on ``old`` being current."""
+def unit_update(
+    table_name: str,
+    old: UnitRecord,
+    new: UnitRecord,
+    settled: tuple[AttemptRecord, Fate] | None = None,
+) -> Item:
+    """An Update of a unit from ``old`` to ``new``, conditional on ``old`` being current;
+    ``settled``: the attempt this update settles, kept in the unit's item (only if it is not
+    there yet: exactly once)."""
     names = {"#state": "state"}
     values: Item = {
         ":old_state": string(old.state.value),
@@ -404,6 +442,12 @@ def unit_update(table_name: str, old: UnitRecord, new: UnitRecord) -> Item:
         )
     elif old_res is not None:
         removes += RESERVATION_ATTRIBUTES
+    if settled is not None:
+        record, fate = settled
+        names["#att"] = attempt_attribute(record.attempt)
+        values[":att"] = attempt_value(record, fate)
+        sets.append("#att = :att")
+        conditions.append("attribute_not_exists(#att)")
     expr = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     item_key = key(old.run_id, unit_sk(old.unit_id))
     return _update(table_name, item_key, expr, conditions, names, values)

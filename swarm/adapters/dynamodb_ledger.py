@@ -65,7 +65,6 @@ from swarm.core.records import (
 )
 from swarm.core.tenancy import HOLD_WINDOW_S, MAX_HOLDS
 
-DEFAULT_ATTEMPT_RETENTION_S = 30 * 24 * 3600.0
 MAX_TRIES = 64  # an operation re-decided this often is starved: report Conflict, don't spin
 #: BatchWriteItem's UnprocessedItems: sent again up to this often, after base * 2**n seconds
 #: (capped, full jitter)
@@ -125,13 +124,11 @@ class DynamoDBLedger:
         *,
         client: Any = None,
         client_factory: Any = None,
-        attempt_retention_s: float = DEFAULT_ATTEMPT_RETENTION_S,
         rng: random.Random | None = None,
         watch_grace_s: float = DEFAULT_WATCH_GRACE_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.table_name = table_name
-        self.attempt_retention_s = attempt_retention_s
         #: a run (re)opened now is due for the sweeper this much later (swarm.adapters.
         #: dynamodb_watch): its execution is being started by the same request
         self.watch_grace_s = watch_grace_s
@@ -341,9 +338,12 @@ class DynamoDBLedger:
         )
 
     def attempts(self, run_id: str) -> list[AttemptRecord]:
-        """Every settled attempt (while its record is retained), in settlement order."""
+        """Every settled attempt, in settlement order: kept in their units' items (and, for
+        attempts settled before that, in items of their own)."""
         self.run(run_id)
         records = [items.attempt_from(run_id, it)[0] for it in self._query(run_id, "attempt#")]
+        for item in self._query(run_id, "unit#"):
+            records += [record for record, _ in items.attempts_of(run_id, item).values()]
         return sorted(records, key=lambda a: (a.settled_at, a.unit_id, a.attempt))
 
     def queued_units(self, tenant: str) -> int:
@@ -683,11 +683,22 @@ class DynamoDBLedger:
         return settlement
 
     def _duplicate(self, run_id: str, unit_id: str, attempt: int) -> Settlement | None:
-        (item,) = self._get_many([key(run_id, items.attempt_sk(unit_id, attempt))])
-        if item is None:
+        """The settlement of ``attempt`` if it was settled already (a duplicate), else None."""
+        keys = [key(run_id, BOOKS), key(run_id, items.unit_sk(unit_id))]
+        keys.append(key(run_id, items.attempt_sk(unit_id, attempt)))  # kept apart, before
+        books, unit_item, legacy = self._get_many(keys)
+        if books is None or not items.flag_of(books, "ready"):
+            raise NotFound(f"no run {run_id!r}")
+        if unit_item is None:
+            raise NotFound(f"run {run_id!r} has no unit {unit_id!r}")
+        kept = items.attempts_of(run_id, unit_item).get(attempt)
+        if kept is None and legacy is not None:
+            kept = items.attempt_from(run_id, legacy)
+        if kept is None:
             return None
-        record, fate = items.attempt_from(run_id, item)
-        return Settlement(fate, True, self.run(run_id), self.unit(run_id, unit_id), record)
+        record, fate = kept
+        run, unit = self._run_from(books), items.unit_from(run_id, unit_item)
+        return Settlement(fate, True, run, unit.with_(state=effective_state(run, unit)), record)
 
     def _settle(
         self,
@@ -707,7 +718,7 @@ class DynamoDBLedger:
         ``key``: where the attempt's outcome is kept."""
 
         def duplicate(codes: list[str | None]) -> Settlement | _Again:
-            # the attempt item's Put (the first item) failed: settled already?
+            # the unit's update (the first item) failed: settled already?
             found = None
             if codes and codes[0] == "ConditionalCheckFailed":
                 found = self._duplicate(run_id, unit_id, attempt)
@@ -730,11 +741,9 @@ class DynamoDBLedger:
             new_run, new_unit, settlement = decide_settlement(
                 run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed, outcome_key=key
             )
-            expires_at = int(now + self.attempt_retention_s)
-            attempt_item = items.attempt_item(settlement.attempt, settlement.fate, expires_at)
+            settled = (settlement.attempt, settlement.fate)
             writes = [
-                items.put_new(self.table_name, attempt_item),
-                items.unit_update(self.table_name, unit, new_unit),
+                items.unit_update(self.table_name, unit, new_unit, settled),
                 items.run_update(self.table_name, run, new_run),
             ]
             return _Write(writes, lambda: settlement, duplicate)
@@ -759,14 +768,12 @@ class DynamoDBLedger:
         if decided is None:
             return None
         stand_in, after, unit, settlement = decided
-        expires_at = int(now + self.attempt_retention_s)
+        settled = (settlement.attempt, settlement.fate)
         writes = [
-            items.put_new(
-                self.table_name, items.attempt_item(settlement.attempt, settlement.fate, expires_at)
-            ),
-            # the unit exactly as claimed; the books by deltas, on an open run this unit is not
-            # the last outstanding unit of (the write that closes the run is settle()'s)
-            items.unit_update(self.table_name, claimed, unit),
+            # the unit exactly as claimed, with the attempt it settles; the books by deltas, on
+            # an open run this unit is not the last outstanding unit of (the write that closes
+            # the run is settle()'s)
+            items.unit_update(self.table_name, claimed, unit, settled),
             items.run_update(self.table_name, stand_in, after, any_epoch=True),
         ]
         try:

@@ -129,9 +129,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 # task token when a settlement closes the run (StepFunctionsClosures.notify)
                 "dynamodb:BatchGetItem",
                 # admit, claim, unclaim, reclaim_unit (_release) and settle's books/unit Updates
+                # (the settled attempt is kept in its unit's item)
                 "dynamodb:UpdateItem",
-                # settle / reclaim_unit: the attempt item Put inside TransactWriteItems
-                "dynamodb:PutItem",
             }
         ),
         # SsmDrainSwitch.draining: per message, cached for a few seconds per container
@@ -162,10 +161,9 @@ EXPECTED: dict[FunctionName, Table] = {
                 # ledger.dead_letter reads the run and the unit (_get_many); the finalize
                 # loop's task token when a dead letter closes the run (StepFunctionsClosures)
                 "dynamodb:BatchGetItem",
-                # dead_letter: books + unit Updates (TransactWriteItems)
+                # dead_letter: books + unit Updates (TransactWriteItems), also when it settles
+                # a claimed attempt first (_settle)
                 "dynamodb:UpdateItem",
-                # dead_letter settles a claimed attempt: its attempt item Put (_settle)
-                "dynamodb:PutItem",
             }
         ),
         # StepFunctionsClosures.notify: a dead letter that closes a run wakes its finalize loop
@@ -187,8 +185,6 @@ EXPECTED: dict[FunctionName, Table] = {
                 # DynamoDBRunWatch.record (first poll) and .release (closure announced);
                 # StepFunctionsClosures.wait: the poll's task token (each poll)
                 "dynamodb:UpdateItem",
-                # reclaim_unit settles a lost attempt: its attempt item Put (_settle)
-                "dynamodb:PutItem",
                 # its open action (Opener.open): open_units writes the unit items, 25 a request
                 # (the books' progress and readiness are UpdateItem, above)
                 "dynamodb:BatchWriteItem",
@@ -232,8 +228,6 @@ EXPECTED: dict[FunctionName, Table] = {
                 # DynamoDBRunWatch.check (next look, restarts); Finalizer.finalize: reclaim
                 # Updates and DynamoDBRunWatch.release
                 "dynamodb:UpdateItem",
-                # Finalizer.finalize: reclaim_unit settles a lost attempt (_settle's Put)
-                "dynamodb:PutItem",
             }
         ),
         # DynamoDBRunWatch.due: Query of the sparse index of watched runs, nothing else

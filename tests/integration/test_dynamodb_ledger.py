@@ -14,6 +14,7 @@ from swarm.adapters.dynamodb_ledger import (
     DynamoDBLedger,
 )
 from swarm.core.errors import Conflict
+from swarm.core.ledger import Fate
 from swarm.core.ports import Ledger
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec
 from tests.integration.conftest import TABLE
@@ -26,7 +27,7 @@ class TestDynamoDBLedger(LedgerContract):
         return DynamoDBLedger(TABLE, client=dynamodb)
 
 
-def test_item_layout_keys_ttl_and_a_fresh_client_reads_the_same_books(dynamodb: Any) -> None:
+def test_item_layout_keys_and_a_fresh_client_reads_the_same_books(dynamodb: Any) -> None:
     # Given a run with one settled attempt
     ledger = DynamoDBLedger(TABLE, client=dynamodb)
     ledger.open_run(spec(units=2), now=0.0)
@@ -35,20 +36,61 @@ def test_item_layout_keys_ttl_and_a_fresh_client_reads_the_same_books(dynamodb: 
     # When the table is read directly
     items = dynamodb.scan(TableName=TABLE)["Items"]
     keys = sorted((it["pk"]["S"], it["sk"]["S"]) for it in items)
-    # Then it holds the documented single-table items, and attempts carry the TTL attribute
+    # Then it holds the documented single-table items, the attempt kept in its unit's item
     assert keys == [
-        ("run#run-1", "attempt#u0#00000"),
         ("run#run-1", "books"),
         ("run#run-1", "spec"),
         ("run#run-1", "unit#u0"),
         ("run#run-1", "unit#u1"),
     ]
-    attempt = next(it for it in items if it["sk"]["S"].startswith("attempt#"))
-    assert int(attempt["expires_at"]["N"]) == 2 + 30 * 24 * 3600
+    unit = next(it for it in items if it["sk"]["S"] == "unit#u0")
+    assert unit["att00000"] == {
+        "M": {
+            "tokens": {"N": "42"},
+            "succeeded": {"BOOL": True},
+            "settled_at": {"N": "2.0"},
+            "reclaimed": {"BOOL": False},
+            "fate": {"S": "completed"},
+        }
+    }
     books = next(it for it in items if it["sk"]["S"] == "books")
     assert books["available"]["N"] == str(1_000 - 42)
     # and another client (another Lambda) sees the same books
     assert DynamoDBLedger(TABLE, client=dynamodb).run("run-1") == ledger.run("run-1")
+
+
+def test_attempts_settled_in_items_of_their_own_are_still_read(dynamodb: Any) -> None:
+    # Given a run whose first attempt was settled by the earlier layout: an item of its own
+    # (``attempt#<unit>#<n>``) beside a unit no longer holding the reservation
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=2), now=0.0)
+    ledger.admit("run-1", "u0", 0, now=1.0)
+    ledger.settle("run-1", "u0", 0, 42, False, now=2.0)
+    unit_key = {"pk": {"S": "run#run-1"}, "sk": {"S": "unit#u0"}}
+    dynamodb.update_item(TableName=TABLE, Key=unit_key, UpdateExpression="REMOVE att00000")
+    dynamodb.put_item(
+        TableName=TABLE,
+        Item={
+            "pk": {"S": "run#run-1"},
+            "sk": {"S": "attempt#u0#00000"},
+            "unit_id": {"S": "u0"},
+            "attempt": {"N": "0"},
+            "tokens": {"N": "42"},
+            "succeeded": {"BOOL": False},
+            "settled_at": {"N": "2.0"},
+            "reclaimed": {"BOOL": False},
+            "fate": {"S": "retry"},
+            "expires_at": {"N": "2592002"},
+        },
+    )
+    # When its second attempt settles, and the first is settled again (a late duplicate)
+    ledger.admit("run-1", "u0", 1, now=3.0)
+    ledger.settle("run-1", "u0", 1, 50, True, now=4.0)
+    again = ledger.settle("run-1", "u0", 0, 42, False, now=5.0)
+    # Then both attempts are read, from either layout, and the duplicate changes nothing
+    assert [(a.attempt, a.tokens) for a in ledger.attempts("run-1")] == [(0, 42), (1, 50)]
+    assert again.duplicate and again.fate is Fate.RETRY and again.attempt.tokens == 42
+    assert ledger.run("run-1").spent == 92
 
 
 def test_a_crash_mid_open_is_finished_by_the_next_open(dynamodb: Any) -> None:
