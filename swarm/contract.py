@@ -40,7 +40,7 @@ OPEN_TENANT: Final = "open_tenant"  # S, the index's partition key: the run's te
 # sort key the unit's lease expiry, an attribute only a unit holding a reservation has: every
 # write that takes, renews or ends a lease already sets or removes it, so the index follows ---
 LEASES_INDEX: Final = "Leases"
-LEASE_EXPIRY: Final = "res_lease"  # N, the index's sort key: when the unit's lease expires
+LEASE_EXPIRY: Final = "res_lease"  # N, the index's sort key: when the lease sweep looks at the unit
 
 # --- Bedrock's client timeouts (the adapter uses them; infra checks the worker timeout against
 # them at synth) --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryLedger
-from swarm.core.ports import Ledger
+from swarm.core.ports import ClaimedSettlement, Ledger
 from swarm.core.records import Lane, Reservation, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.tenancy import HOLD_WINDOW_S
 
@@ -352,6 +352,66 @@ class LedgerContract:
         later = ledger.tenant_queue("tenant-a", now=HOLD_WINDOW_S + 0.5)
         ledger.hold_queue("tenant-a", later.version, "run-2", 1, now=HOLD_WINDOW_S + 0.5)
 
+    # -- a worker invocation's settlements, together
+    def test_claimed_attempts_settled_together_are_settled_as_one_by_one(
+        self, ledger: Ledger
+    ) -> None:
+        # Given two runs with units claimed by one invocation's messages (same attempt numbers)
+        reference = InMemoryLedger()
+        handed: list[ClaimedSettlement] = []
+        for led in (ledger, reference):
+            handed = []
+            for run_id in ("run-1", "run-2"):
+                led.open_run(spec(run_id, units=5), now=0.0)
+                for i in range(4):
+                    led.admit(run_id, f"u{i}", 0, now=0.0)
+                    claim = led.claim_queued(run_id, f"u{i}", 0, now=1.0, lease_s=30)
+                    assert claim is not None
+                    ok = i != 1  # u1 fails: a retry
+                    handed.append(ClaimedSettlement(claim.unit, 0, 60 + i, ok, 2.0, f"page-{i}"))
+            # When ``ledger`` settles them together and the reference one by one
+            if led is ledger:
+                fates = ledger.settle_claimed_many(handed)
+            else:
+                fates = [
+                    reference.settle_claimed(
+                        c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key
+                    )
+                    for c in handed
+                ]
+            assert fates == [Fate.COMPLETED, Fate.RETRY, Fate.COMPLETED, Fate.COMPLETED] * 2
+        # Then the books, the units and the attempts are the same
+        for run_id in ("run-1", "run-2"):
+            assert ledger.run(run_id) == reference.run(run_id)
+            assert ledger.units(run_id) == reference.units(run_id)
+            assert ledger.attempts(run_id) == reference.attempts(run_id)
+            balanced(ledger, run_id)
+        # and settling any of them again settles nothing
+        assert ledger.settle_claimed_many(handed[:2]) == [None, None]
+        assert ledger.settle("run-1", "u0", 0, 60, True, now=3.0).duplicate
+
+    def test_claimed_attempts_that_would_end_the_run_are_left_to_settle(
+        self, ledger: Ledger
+    ) -> None:
+        # Given a run of two units, both claimed
+        ledger.open_run(spec(units=2), now=0.0)
+        handed = []
+        for uid in ("u0", "u1"):
+            ledger.admit("run-1", uid, 0, now=0.0)
+            claim = ledger.claim_queued("run-1", uid, 0, now=1.0, lease_s=30)
+            assert claim is not None
+            handed.append(ClaimedSettlement(claim.unit, 0, 50, True, 2.0))
+        # When both are settled together, and the one it left is settled by settle()
+        fates = ledger.settle_claimed_many(handed)
+        assert fates[0] in (Fate.COMPLETED, None) and fates[1] is None  # the last closes the run
+        for c, fate in zip(handed, fates, strict=True):
+            if fate is None:
+                ledger.settle("run-1", c.claimed.unit_id, 0, 50, True, now=3.0)
+        # Then the run closed with each attempt counted once
+        run = ledger.run("run-1")
+        assert (run.state, run.completed, run.spent) == (RunState.COMPLETED, 2, 100)
+        balanced(ledger, "run-1")
+
     # -- claims and leases
     def test_claims_make_duplicate_deliveries_busy_and_reclaim_charges_lost_work(
         self, ledger: Ledger
@@ -360,8 +420,14 @@ class LedgerContract:
         ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
         assert ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30).claimed
         assert ledger.claim("run-1", "u0", 0, now=2.0, lease_s=30).reason == "busy"
-        assert ledger.reclaim_expired("run-1", now=20.0) == []  # lease still live
-        lost = ledger.reclaim_expired("run-1", now=31.0)
+        assert ledger.reclaim_unit("run-1", "u0", now=20.0) is None  # lease still live
+        # the message's next delivery finds the claim stale once its lease expired, and
+        # reclaims it (the sweep would only at the admission's lease: Reservation.sweep_at)
+        assert ledger.claim("run-1", "u0", 0, now=31.0, lease_s=30).reason == "stale"
+        assert ledger.reclaim_expired("run-1", now=31.0) == []
+        reclaimed = ledger.reclaim_unit("run-1", "u0", now=31.0)
+        assert reclaimed is not None
+        lost = [reclaimed]
         assert [s.attempt.reclaimed for s in lost] == [True]
         assert lost[0].attempt.tokens == 100 and lost[0].fate is Fate.RETRY
         # the worker was only slow: its late settlement is a duplicate, counted once
@@ -379,7 +445,8 @@ class LedgerContract:
         # Then it holds it, as a claim after a read would
         assert claim is not None and claim.claimed and claim.reason == "claimed"
         assert claim.unit == ledger.unit("run-1", "u0")
-        assert claim.unit.reservation == Reservation(0, 100, 31.0, claimed=True)
+        # (the sweep still looks at it when the admission's lease ends: a claim never moves it)
+        assert claim.unit.reservation == Reservation(0, 100, 31.0, claimed=True, sweep_at=100.0)
         # and a unit in any other state is left to a read: claimed, waiting for another attempt,
         # pending, settled, or unknown
         assert ledger.claim_queued("run-1", "u0", 0, now=2.0, lease_s=30) is None
@@ -467,13 +534,18 @@ class LedgerContract:
 
     # -- the lease index: only units holding a lease, found by expiry
     def test_an_expired_lease_is_reclaimed_exactly_once(self, ledger: Ledger) -> None:
-        # Given a claimed attempt whose worker died, and a unit whose lease is still live
+        # Given a claimed attempt whose worker died (its admission's lease ends at 20, its claim's
+        # at 31), and a unit whose lease is still live
         ledger.open_run(spec(), now=0.0)
-        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=20)
         ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)
         ledger.admit("run-1", "u1", 0, now=0.0, lease_s=1_000)
-        assert ledger.expired_leases("run-1", now=30.9) == []
-        # When two polls look after the lease expired
+        assert ledger.expired_leases("run-1", now=19.9) == []
+        # the sweep looks at the claimed unit when its admission's lease ends (the claim did not
+        # move it), and leaves it alone while the claim's lease is live
+        assert ledger.expired_leases("run-1", now=20.0) == ["u0"]
+        assert ledger.reclaim_expired("run-1", now=30.9) == []
+        # When two polls look after the claim's lease expired
         assert ledger.expired_leases("run-1", now=31.0) == ["u0"]
         first = ledger.reclaim_expired("run-1", now=31.0)
         second = ledger.reclaim_expired("run-1", now=32.0)
@@ -487,9 +559,10 @@ class LedgerContract:
         balanced(ledger, "run-1")
 
     def test_a_renewed_lease_is_not_reclaimed(self, ledger: Ledger) -> None:
-        # Given u0 claimed until 31 and u1 waiting in its lane until 10
+        # Given u0 claimed until 31 (the sweep looks at it at 20) and u1 waiting in its lane
+        # until 10
         ledger.open_run(spec(), now=0.0)
-        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=20)
         ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)
         ledger.admit("run-1", "u1", 0, now=0.0, lease_s=10)
         # When both leases are seen expired, then renewed before the reclaim acts: u0 by its
@@ -501,15 +574,18 @@ class LedgerContract:
         assert ledger.reclaim_unit("run-1", "u0", now=35.0) is None
         assert ledger.reclaim_unit("run-1", "u1", now=35.0) is None
         assert ledger.reclaim_expired("run-1", now=36.0) == []
-        assert ledger.expired_leases("run-1", now=64.0) == []
-        assert ledger.expired_leases("run-1", now=65.0) == ["u0", "u1"]  # ties by unit id
+        # u1's claim kept its place (its admission's lease, 10): the sweep looks at it, and
+        # leaves it alone until its claim's lease ends; u0's unclaim moved it to its new lease
+        assert ledger.expired_leases("run-1", now=64.0) == ["u1"]
+        assert ledger.expired_leases("run-1", now=65.0) == ["u1", "u0"]
         for uid, claimed in (("u0", False), ("u1", True)):
             unit = ledger.unit("run-1", uid)
             assert unit.state is UnitState.IN_FLIGHT and unit.reservation is not None
             assert unit.reservation.claimed is claimed and unit.reservation.lease_expires == 65.0
         # and the next delivery's claim renews u0's lease again
         assert ledger.claim("run-1", "u0", 0, now=36.0, lease_s=500).claimed
-        assert ledger.expired_leases("run-1", now=100.0) == ["u1"]
+        assert ledger.expired_leases("run-1", now=100.0) == ["u1", "u0"]
+        assert ledger.reclaim_unit("run-1", "u0", now=100.0) is None  # claimed until 536
         assert (ledger.run("run-1").spent, ledger.run("run-1").in_flight) == (0, 2)
         balanced(ledger, "run-1")
 

@@ -38,9 +38,12 @@ COUNTERS = (
 )  # fmt: skip
 
 #: a unit's reservation, set and removed together (:func:`unit_update`). ``res_lease`` is also
-#: the ``Leases`` index's sort key (swarm.contract.LEASE_EXPIRY): only a unit holding a lease is in
-#: that index, and the write that takes, renews or ends the lease moves it there, in the same write
-RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed")
+#: the ``Leases`` index's sort key (swarm.contract.LEASE_EXPIRY): when the lease sweep looks at
+#: the reservation (``Reservation.swept_from``); only a unit holding a reservation is in that
+#: index, and the write that takes, hands back or ends it moves it there, in the same write. A
+#: claim's own lease is ``res_until``, which no index holds: a claim writes no index entry
+CLAIM_LEASE = "res_until"
+RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed", CLAIM_LEASE)
 #: where the outcome of the unit's last settled attempt is kept (UnitRecord.outcome_key)
 OUTCOME_KEY = "outcome_key"
 #: a unit's settled attempts are kept in its own item, one map attribute each (``att00001``):
@@ -187,14 +190,18 @@ def index_of(item: Mapping[str, Any]) -> int:
 
 
 def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
-    lease = real_of(item, "res_lease")
+    lease = real_of(item, LEASE_EXPIRY)
     reservation = None
     if lease is not None:
+        # a claim's lease of its own, or the one the sweep looks at (a claim written before
+        # claims kept their lease apart moved res_lease itself: read as it is)
+        until = real_of(item, CLAIM_LEASE)
         reservation = Reservation(
             attempt=whole_of(item, "res_attempt"),
             projected=whole_of(item, "res_projected"),
-            lease_expires=lease,
+            lease_expires=lease if until is None else until,
             claimed=flag_of(item, "res_claimed"),
+            sweep_at=None if until is None else lease,
         )
     return UnitRecord(
         run_id=run_id,
@@ -377,7 +384,8 @@ def queued_claim(
 ) -> Item:
     """An Update that claims attempt ``attempt`` of a unit only if it is in flight for it and
     unclaimed (``Ledger.claim_queued``): what the claim decides on a read, checked by the write
-    itself, so no read comes first. The new lease moves the unit in the lease index."""
+    itself, so no read comes first. The claim's lease is its own (``res_until``): the unit keeps
+    its place in the lease index (``Reservation.sweep_at``), so the claim writes no index entry."""
     names = {"#state": "state"}
     values: Item = {
         ":in_flight": string(UnitState.IN_FLIGHT.value),
@@ -387,7 +395,7 @@ def queued_claim(
         ":lease": real(lease_expires),
     }
     conditions = ["#state = :in_flight", "res_attempt = :attempt", "res_claimed = :unclaimed"]
-    expression = f"SET res_claimed = :claimed, {LEASE_EXPIRY} = :lease"
+    expression = f"SET res_claimed = :claimed, {CLAIM_LEASE} = :lease"
     return _update(table_name, key(run_id, unit_sk(unit_id)), expression, conditions, names, values)
 
 
@@ -419,9 +427,14 @@ def unit_update(
             {
                 ":old_ra": whole(old_res.attempt),
                 ":old_rc": flag(old_res.claimed),
-                ":old_rl": real(old_res.lease_expires),
+                ":old_rl": real(old_res.swept_from),
             }
         )
+        if old_res.sweep_at is None:
+            conditions.append(f"attribute_not_exists({CLAIM_LEASE})")
+        else:
+            conditions.append(f"{CLAIM_LEASE} = :old_ru")
+            values[":old_ru"] = real(old_res.lease_expires)
     sets = ["#state = :state", "attempts = :attempts", "spent = :spent", "drain_epoch = :de"]
     removes: tuple[str, ...] = ()
     if new.outcome_key is not None:
@@ -436,10 +449,15 @@ def unit_update(
             {
                 ":ra": whole(res.attempt),
                 ":rp": whole(res.projected),
-                ":rl": real(res.lease_expires),
+                ":rl": real(res.swept_from),
                 ":rc": flag(res.claimed),
             }
         )
+        if res.sweep_at is not None:
+            sets.append(f"{CLAIM_LEASE} = :ru")
+            values[":ru"] = real(res.lease_expires)
+        elif old_res is not None and old_res.sweep_at is not None:
+            removes += (CLAIM_LEASE,)
     elif old_res is not None:
         removes += RESERVATION_ATTRIBUTES
     if settled is not None:

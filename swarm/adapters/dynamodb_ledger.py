@@ -53,7 +53,7 @@ from swarm.core.ledger import (
     effective_state,
     fresh_records,
 )
-from swarm.core.ports import TenantQueued, UnitsPage
+from swarm.core.ports import ClaimedSettlement, TenantQueued, UnitsPage
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -761,26 +761,49 @@ class DynamoDBLedger:
         now: float,
         outcome_key: str | None = None,
     ) -> Fate | None:
-        spec = self._spec(claimed.run_id)  # immutable, read once per client
-        decided = decide_claimed_settlement(
-            spec, claimed, attempt, tokens, succeeded, now, outcome_key
-        )
-        if decided is None:
-            return None
-        stand_in, after, unit, settlement = decided
-        settled = (settlement.attempt, settlement.fate)
-        writes = [
-            # the unit exactly as claimed, with the attempt it settles; the books by deltas, on
-            # an open run this unit is not the last outstanding unit of (the write that closes
-            # the run is settle()'s)
-            items.unit_update(self.table_name, claimed, unit, settled),
-            items.run_update(self.table_name, stand_in, after, any_epoch=True),
+        one = ClaimedSettlement(claimed, attempt, tokens, succeeded, now, outcome_key)
+        return self.settle_claimed_many([one])[0]
+
+    def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
+        """One transaction: each unit exactly as claimed, with the attempt it settles, and each
+        run's books once, by the sum of their deltas, on an open run whose outstanding units
+        outnumber the ones this write ends (the write that closes a run is settle()'s). All or
+        nothing: if any condition fails, nothing is written and every fate is None."""
+        fates: list[Fate | None] = [None] * len(settlements)
+        units: list[Item] = []
+        books: dict[str, list[tuple[RunRecord, RunRecord]]] = {}
+        seen: set[tuple[str, str]] = set()
+        for i, s in enumerate(settlements):
+            run_id, unit_id = s.claimed.run_id, s.claimed.unit_id
+            runs = books.get(run_id, [])
+            if (run_id, unit_id) in seen or len(units) + len(books) + (not runs) >= 100:
+                continue  # one write per item; at most 100 items: left to settle alone
+            spec = self._spec(run_id)  # immutable, read once per client
+            decided = decide_claimed_settlement(
+                spec, s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key
+            )
+            if decided is None:
+                continue
+            stand_in, after, unit, settlement = decided
+            seen.add((run_id, unit_id))
+            units.append(
+                items.unit_update(
+                    self.table_name, s.claimed, unit, (settlement.attempt, settlement.fate)
+                )
+            )
+            books[run_id] = [*runs, (stand_in, after)]
+            fates[i] = settlement.fate
+        if not units:
+            return fates
+        writes = units + [
+            items.run_update(self.table_name, *_together(pairs), any_epoch=True)
+            for pairs in books.values()
         ]
         try:
             self._write(writes)
         except _Retry:
-            return None
-        return settlement.fate
+            return [None] * len(settlements)
+        return fates
 
     # ------------------------------------------------------------------ top-up
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
@@ -986,3 +1009,17 @@ class DynamoDBLedger:
         return self._optimistic(
             step, f"dead-lettering unit {unit_id} (run {run_id}) kept colliding; retry"
         )
+
+
+def _together(pairs: Sequence[tuple[RunRecord, RunRecord]]) -> tuple[RunRecord, RunRecord]:
+    """Several settlements' stand-ins of one run's books and their afters
+    (``decide_claimed_settlement``) as one: the stand-ins' counters summed, and the sum of the
+    changes added to them, so the write changes the books by every delta and requires as many
+    outstanding units as they end, plus one."""
+    first = pairs[0][0]
+    names = [c for c in items.COUNTERS if c != "budget"]  # the budget is the run's, not summed
+    old = first.with_(**{c: sum(getattr(b, c) for b, _ in pairs) for c in names})
+    new = old.with_(
+        **{c: getattr(old, c) + sum(getattr(a, c) - getattr(b, c) for b, a in pairs) for c in names}
+    )
+    return old, new

@@ -103,6 +103,7 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
             "projected": res.projected,
             "lease_expires": res.lease_expires,
             "claimed": res.claimed,
+            "sweep_at": res.sweep_at,
         },
     }
 
@@ -124,6 +125,7 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
             int(res["projected"]),
             float(res["lease_expires"]),
             bool(res.get("claimed", False)),
+            None if res.get("sweep_at") is None else float(res["sweep_at"]),
         ),
     )
 

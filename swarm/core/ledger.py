@@ -248,7 +248,9 @@ def decide_claim(
             return unit, Claim(False, "busy", unit)
         if res.claimed:
             return unit, Claim(False, "stale", unit)
-        unit = unit.with_(reservation=replace(res, claimed=True, lease_expires=now + lease_s))
+        # the sweep keeps looking at it when it did before (see Reservation.sweep_at)
+        claimed = replace(res, claimed=True, lease_expires=now + lease_s, sweep_at=res.swept_from)
+        unit = unit.with_(reservation=claimed)
         return unit, Claim(True, "claimed", unit)
     if unit.state.terminal or attempt < unit.attempts:
         return unit, Claim(False, "settled", unit)
@@ -263,7 +265,9 @@ def decide_unclaim(
     res = unit.reservation
     if unit.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
         return unit, False
-    unit = unit.with_(reservation=replace(res, claimed=False, lease_expires=now + lease_s))
+    unit = unit.with_(
+        reservation=replace(res, claimed=False, lease_expires=now + lease_s, sweep_at=None)
+    )
     return unit, True
 
 

@@ -44,6 +44,7 @@ from swarm.core.ledger import (
     fresh_records,
 )
 from swarm.core.ports import (
+    ClaimedSettlement,
     DrainState,
     LaneDepth,
     MappingState,
@@ -261,6 +262,12 @@ class InMemoryLedger:
             return None  # it would close the run: the books decide (settle)
         return self.settle(run_id, unit_id, attempt, tokens, succeeded, now, outcome_key).fate
 
+    def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
+        return [
+            self.settle_claimed(s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key)
+            for s in settlements
+        ]
+
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:
         before = self.run(run_id)
         requeue = tuple(
@@ -297,10 +304,10 @@ class InMemoryLedger:
 
     def expired_leases(self, run_id: str, now: float) -> list[str]:
         self.run(run_id)
-        expired = [
-            (u.reservation.lease_expires, u.unit_id)
+        expired = [  # as the lease index lists them (Reservation.sweep_at)
+            (u.reservation.swept_from, u.unit_id)
             for u in self._units[run_id].values()
-            if u.reservation is not None and u.reservation.lease_expires <= now
+            if u.reservation is not None and u.reservation.swept_from <= now
         ]
         return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
 

@@ -125,6 +125,18 @@ class TenantQueued:
     version: int
 
 
+@dataclass(frozen=True)
+class ClaimedSettlement:
+    """One claimed attempt to settle (:meth:`Ledger.settle_claimed`'s arguments)."""
+
+    claimed: UnitRecord  # the unit its claim wrote
+    attempt: int
+    tokens: int
+    succeeded: bool
+    now: float
+    outcome_key: str | None = None
+
+
 class Ledger(Protocol):
     """The run books. Every method is atomic with respect to every other caller."""
 
@@ -233,6 +245,13 @@ class Ledger(Protocol):
         (whose settlement closes the run: that needs the books), and the attempt was not settled
         yet; the attempt's fate then. None otherwise, and nothing written: the caller settles
         with :meth:`settle`, which reads and decides."""
+        ...
+
+    def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
+        """Settle several claimed attempts (a worker invocation's) as :meth:`settle_claimed`
+        settles each, in as few writes as it can (DynamoDB: one transaction, each run's books
+        written once, all or nothing). Each one's fate, in order, or None for one this call did
+        not settle: the caller settles it alone (:meth:`settle_claimed`, then :meth:`settle`)."""
         ...
 
     def top_up(self, run_id: str, amount: int, now: float, max_budget: int | None = None) -> TopUp:

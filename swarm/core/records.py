@@ -190,6 +190,17 @@ class Reservation:
     projected: int
     lease_expires: float
     claimed: bool = False  # a worker started the attempt (lease = its visibility timeout)
+    #: when the lease sweep looks at it, if not when its lease expires: a claim keeps the lease
+    #: of the admission (or unclaim) it took the reservation from here, so it never moves the
+    #: reservation in the lease index. A dead worker's attempt is found by its message's next
+    #: delivery, after the visibility timeout the claim's lease equals (``Claim.reason``
+    #: "stale"); the sweep is the backstop for a message that is gone. None: ``lease_expires``
+    sweep_at: float | None = None
+
+    @property
+    def swept_from(self) -> float:
+        """When the lease sweep looks at this reservation (the lease index's key)."""
+        return self.lease_expires if self.sweep_at is None else self.sweep_at
 
 
 @dataclass(frozen=True)

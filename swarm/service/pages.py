@@ -12,6 +12,12 @@ the ledger names where each unit's outcome is, so a page written by a worker who
 settled otherwise (a duplicate delivery, a lost attempt's late answer) is never read as the
 unit's.
 
+The settlements are written together too: once the page is written, each message that kept an
+outcome in it hands its claimed attempt's settlement to the page (:func:`settle_claimed`), and the
+last to arrive settles them all in one write (``Ledger.settle_claimed_many``: one transaction,
+each run's books written once, not once per unit); a settlement that write did not make (any of
+its conditions failed: a unit changed, the run's last units) is made alone, as before.
+
 The wait costs no Lambda time: the invocation lasts until its slowest message ends anyway. A
 message's claim lease (the lanes' visibility timeout, six worker timeouts) covers it. An output
 too long for a results page to inline is kept alone (its link reads exactly it). A write that
@@ -27,7 +33,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from swarm.core.ports import ResultStore
+from swarm.core.ledger import Fate
+from swarm.core.ports import ClaimedSettlement, Ledger, ResultStore
 from swarm.core.results import MAX_PAGED_OUTPUT_BYTES, AttemptOutcome
 
 
@@ -49,6 +56,12 @@ class Page:
     _state: str = "open"  # open -> writing -> written | failed
     _error: BaseException | None = None
     writes: int = 0  # objects written (for tests and logs)
+    #: the settlements handed over (or None: a message that kept an outcome and ended without)
+    _settling: list[tuple[_Participant, Ledger, ClaimedSettlement] | None] = field(
+        default_factory=list, repr=False
+    )
+    _settled: dict[int, Fate | None] | None = field(default=None, repr=False)  # by participant
+    together: int = 0  # settlements written together (for tests and logs)
 
     @contextmanager
     def message(self) -> Iterator[None]:
@@ -62,6 +75,8 @@ class Page:
             _CURRENT.reset(reset)
             if not token.kept:
                 self._arrive(None)
+            elif not token.settling and self._state == "written":
+                self._hand(None)  # kept an outcome, ended without settling: not waited for
 
     def _arrive(self, kept: _Kept | None) -> None:
         with self._cond:
@@ -105,11 +120,45 @@ class Page:
                 raise self._error
         return kept.key
 
+    def _hand(self, item: tuple[_Participant, Ledger, ClaimedSettlement] | None) -> None:
+        """A settlement handed over (or a message that will hand none); the last settles all."""
+        with self._cond:
+            self._settling.append(item)
+            last = len(self._settling) == len(self._kept)
+        if not last:
+            return
+        handed = [i for i in self._settling if i is not None]
+        self.together = len(handed)
+        settled: dict[int, Fate | None] = {}
+        by_ledger: dict[int, list[tuple[_Participant, Ledger, ClaimedSettlement]]] = {}
+        for entry in handed:
+            by_ledger.setdefault(id(entry[1]), []).append(entry)
+        for group in by_ledger.values():
+            try:
+                fates = group[0][1].settle_claimed_many([c for _, _, c in group])
+            except Exception:  # each settles alone, and meets the error itself if it persists
+                fates = [None] * len(group)
+            settled.update({id(p): f for (p, _, _), f in zip(group, fates, strict=True)})
+        with self._cond:
+            self._settled = settled
+            self._cond.notify_all()
+
+    def _settle(
+        self, participant: _Participant, ledger: Ledger, c: ClaimedSettlement
+    ) -> Fate | None:
+        participant.settling = True
+        self._hand((participant, ledger, c))
+        with self._cond:
+            while self._settled is None:
+                self._cond.wait()
+            return self._settled[id(participant)]
+
 
 @dataclass(eq=False)
 class _Participant:
     page: Page
     kept: bool = False
+    settling: bool = False
 
 
 _CURRENT: ContextVar[_Participant | None] = ContextVar("swarm_outcome_page", default=None)
@@ -125,3 +174,22 @@ def keep_outcome(store: ResultStore, outcome: AttemptOutcome) -> str | None:
         return None
     participant.kept = True
     return participant.page._keep(outcome, store)
+
+
+def settle_claimed(ledger: Ledger, claimed: ClaimedSettlement) -> Fate | None:
+    """Settle a claimed attempt (``Ledger.settle_claimed``): together with the other messages'
+    settlements when its outcome was kept in the invocation's page, else alone. None if it was
+    not settled: the caller settles it with ``Ledger.settle`` (which reads and decides)."""
+    participant = _CURRENT.get()
+    c = claimed
+    if participant is None or not participant.kept or participant.settling:
+        return ledger.settle_claimed(
+            c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key
+        )
+    page = participant.page
+    fate = page._settle(participant, ledger, c)
+    if fate is None and page.together > 1:  # the write of them all failed: alone, as before
+        return ledger.settle_claimed(
+            c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key
+        )
+    return fate

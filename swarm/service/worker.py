@@ -34,6 +34,7 @@ from swarm.core.ledger import Fate
 from swarm.core.ports import (
     MAX_SQS_DELAY_S,
     MAX_SQS_VISIBILITY_S,
+    ClaimedSettlement,
     Closures,
     DrainSwitch,
     Governor,
@@ -48,7 +49,7 @@ from swarm.core.ports import (
 from swarm.core.records import Lane, Reservation, UnitState
 from swarm.core.results import outcome_of
 from swarm.service.finalizer import wake
-from swarm.service.pages import keep_outcome
+from swarm.service.pages import keep_outcome, settle_claimed
 
 log = logging.getLogger(__name__)
 
@@ -258,10 +259,14 @@ class Worker:
         key = keep_outcome(
             self.results, outcome_of(item.run_id, item.unit_id, attempt, result, self.now())
         )
-        # from the unit the claim wrote, one write; if anything changed it since (or this is
-        # the run's last unit, or the run is exhausting), read and decide
-        fate = self.ledger.settle_claimed(
-            claim.unit, attempt, result.tokens, result.succeeded, self.now(), key
+        # from the unit the claim wrote, one write (with the invocation's other units': swarm.
+        # service.pages); if anything changed it since (or this is the run's last unit, or the
+        # run is exhausting), read and decide
+        fate = settle_claimed(
+            self.ledger,
+            ClaimedSettlement(
+                claim.unit, attempt, result.tokens, result.succeeded, self.now(), key
+            ),
         )
         duplicate = False
         if fate is None:

@@ -687,8 +687,9 @@ def test_workers_killed_between_settle_and_delete_leave_the_books_exact(
 ) -> None:
     ledger = _open_race_run(moto_server.endpoint, server_table)
     ctx = mp.get_context("spawn")
-    for uid in ("u1", "u2"):
-        ledger.admit(RUN, uid, 0, time.time())
+    ledger.admit(RUN, "u1", 0, time.time())
+    # u2's message is lost with its worker: the sweep finds it when its admission's lease ends
+    ledger.admit(RUN, "u2", 0, time.time(), lease_s=1.0)
     ledger.claim(RUN, "u1", 0, time.time(), 60.0)
     # Given one worker killed after settling u1, and one killed while holding u2's claim
     killed = [

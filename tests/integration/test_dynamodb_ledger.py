@@ -15,7 +15,7 @@ from swarm.adapters.dynamodb_ledger import (
 )
 from swarm.core.errors import Conflict
 from swarm.core.ledger import Fate
-from swarm.core.ports import Ledger
+from swarm.core.ports import ClaimedSettlement, Ledger
 from swarm.core.records import Lane, RunSpec, RunState, UnitSpec
 from tests.integration.conftest import TABLE
 from tests.ledger_contract import LedgerContract, spec
@@ -284,3 +284,33 @@ def test_a_batched_admission_that_a_concurrent_write_cancels_is_decided_again(
     ]
     run = ledger.run("run-1")
     assert (run.in_flight, run.reserved) == (5, 500)
+
+
+def test_an_invocations_settlements_are_one_transaction_all_or_nothing(dynamodb: Any) -> None:
+    # Given five units claimed by one invocation's messages
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=8), now=0.0)
+    claims = []
+    for i in range(5):
+        ledger.admit("run-1", f"u{i}", 0, now=0.0)
+        claim = ledger.claim_queued("run-1", f"u{i}", 0, now=1.0, lease_s=30)
+        assert claim is not None
+        claims.append(claim.unit)
+    # When one of them changed since its claim (its worker handed it back, another claimed it)
+    assert ledger.unclaim("run-1", "u4", 0, now=1.5, lease_s=30)
+    assert ledger.claim("run-1", "u4", 0, now=1.6, lease_s=30).claimed
+    before = ledger.run("run-1")
+    handed = [ClaimedSettlement(unit, 0, 70, True, 2.0) for unit in claims]
+    requests = ledger.requests
+    # Then settling them together writes nothing: one request, refused as a whole
+    assert ledger.settle_claimed_many(handed) == [None] * 5
+    assert ledger.requests == requests + 1
+    assert ledger.run("run-1") == before and ledger.attempts("run-1") == []
+    # and without it, the other four are settled by one request (one transaction: four units and
+    # the books once)
+    requests = ledger.requests
+    assert ledger.settle_claimed_many(handed[:4]) == [Fate.COMPLETED] * 4
+    assert ledger.requests == requests + 1
+    run = ledger.run("run-1")
+    assert (run.completed, run.spent, run.in_flight) == (4, 280, 1)
+    assert [a.unit_id for a in ledger.attempts("run-1")] == ["u0", "u1", "u2", "u3"]

@@ -91,8 +91,11 @@ def test_the_ledgers_writes_keep_the_index(dynamodb: Any) -> None:
     ledger.admit("run-1", "u0", 0, now=0.0, lease_s=900)
     ledger.admit("run-1", "u1", 0, now=0.0, lease_s=900)
     assert _index(dynamodb, pk) == [("unit#u0", 900.0), ("unit#u1", 900.0)]
-    ledger.claim("run-1", "u0", 0, now=10.0, lease_s=60)  # renewed by the claim
-    assert _index(dynamodb, pk) == [("unit#u0", 70.0), ("unit#u1", 900.0)]
+    ledger.claim("run-1", "u0", 0, now=10.0, lease_s=60)  # its own lease: not in the index
+    assert _index(dynamodb, pk) == [("unit#u0", 900.0), ("unit#u1", 900.0)]
+    ledger.unclaim("run-1", "u0", 0, now=10.0, lease_s=30)  # handed back: a new lease
+    assert _index(dynamodb, pk) == [("unit#u0", 40.0), ("unit#u1", 900.0)]
+    ledger.claim("run-1", "u0", 0, now=11.0, lease_s=60)
     ledger.settle("run-1", "u0", 0, 50, True, now=11.0)  # ended by the settlement
     assert _index(dynamodb, pk) == [("unit#u1", 900.0)]
     ledger.dead_letter("run-1", "u1", now=12.0)
@@ -142,7 +145,8 @@ def test_a_poll_reads_the_expired_leases_not_the_units(
     metered: tuple[billing.Meter, Any],
 ) -> None:
     # Given two runs, of 200 and 2,000 units, each with 10 units in flight: 3 claimed by
-    # workers that died (their leases expired at 60) and 7 still leased until 900
+    # workers that died (the sweep looks at them at 60: their admission's lease; their claims'
+    # ended at 30) and 7 still leased until 900
     meter, client = metered
     ledger = DynamoDBLedger(TABLE, client=client)
     polls: dict[int, tuple[float, float, int]] = {}
@@ -150,9 +154,9 @@ def test_a_poll_reads_the_expired_leases_not_the_units(
         run_id = f"run-{size}"
         ledger.open_run(_spec(run_id, size), now=0.0)
         for i in range(10):
-            ledger.admit(run_id, f"unit-{i:06d}", 0, now=0.0, lease_s=900)
+            ledger.admit(run_id, f"unit-{i:06d}", 0, now=0.0, lease_s=60 if i < 3 else 900)
         for i in range(3):
-            ledger.claim(run_id, f"unit-{i:06d}", 0, now=0.0, lease_s=60)
+            ledger.claim(run_id, f"unit-{i:06d}", 0, now=0.0, lease_s=30)
         # When the finalizer polls once (its leases, then the books: Finalizer.finalize)
         meter.reset()
         lost = ledger.reclaim_expired(run_id, now=61.0)
@@ -200,3 +204,33 @@ def test_a_stale_index_entry_is_decided_from_the_fresh_unit(
     assert u0.reservation is not None and u0.reservation.lease_expires == 959.0
     run = ledger.run("run-1")
     assert (run.completed, run.spent, run.in_flight) == (1, 70 + 100, 1)
+
+
+def test_a_claim_written_before_claims_kept_their_own_lease_is_read_as_it_is(
+    dynamodb: Any,
+) -> None:
+    # Given u0 claimed by the earlier layout (the claim moved res_lease itself, no res_until)
+    # and u1 claimed now (its own lease, res_until; res_lease stays its admission's)
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=2), now=0.0)
+    for uid in ("u0", "u1"):
+        ledger.admit("run-1", uid, 0, now=0.0, lease_s=900)
+    dynamodb.update_item(
+        TableName=TABLE,
+        Key={"pk": {"S": "run#run-1"}, "sk": {"S": "unit#u0"}},
+        UpdateExpression="SET res_claimed = :t, res_lease = :l",
+        ExpressionAttributeValues={":t": {"BOOL": True}, ":l": {"N": "70"}},
+    )
+    ledger.claim("run-1", "u1", 0, now=10.0, lease_s=60)
+    # Then each reads as the reservation it is, and the index lists each where its layout put it
+    u0, u1 = ledger.unit("run-1", "u0").reservation, ledger.unit("run-1", "u1").reservation
+    assert u0 is not None and (u0.claimed, u0.lease_expires, u0.sweep_at) == (True, 70.0, None)
+    assert u1 is not None and (u1.claimed, u1.lease_expires, u1.sweep_at) == (True, 70.0, 900.0)
+    assert _index(dynamodb, "run#run-1") == [("unit#u0", 70.0), ("unit#u1", 900.0)]
+    # When the sweep runs after both claims' leases ended, then at u1's admission's lease
+    first = ledger.reclaim_expired("run-1", now=71.0)
+    second = ledger.reclaim_expired("run-1", now=900.0)
+    # Then each lost attempt is settled once, and the index is empty
+    assert [s.unit.unit_id for s in first] == ["u0"]
+    assert [s.unit.unit_id for s in second] == ["u1"]
+    assert _index(dynamodb, "run#run-1") == []

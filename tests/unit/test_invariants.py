@@ -161,10 +161,14 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def reclaim(self) -> None:
         before = self.ledger.run("r1")
+        # the sweep looks at a reservation from its admission's (or unclaim's) lease on
+        # (Reservation.sweep_at: a claim does not move it), and acts once its lease ended
         expired = [
             u
             for u in self.ledger.units("r1")
-            if u.reservation is not None and u.reservation.lease_expires <= self.now
+            if u.reservation is not None
+            and u.reservation.lease_expires <= self.now
+            and u.reservation.swept_from <= self.now
         ]
         reclaimed = self.ledger.reclaim_expired("r1", self.now)
         # claimed attempts are lost (their projected tokens charged); unclaimed ones released

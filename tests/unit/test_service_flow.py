@@ -428,7 +428,12 @@ def test_the_finalizer_sweeps_a_lost_claim_and_requeues_the_unit_with_its_input(
     assert plane.ledger.claim(run_id, "only", 0, plane.clock.now(), 300).claimed
     assert not plane.finalizer.finalize(run_id, plane.clock.now())["closed"]
     assert plane.queue.receive() is None  # nothing to redeliver yet: the lease is live
+    # the claim's lease ends; a redelivery would reclaim it now, but the message is gone: the
+    # sweep finds it when its admission's lease (SQS's retention, here a day) ends
     plane.clock.t += 301
+    plane.finalizer.finalize(run_id, plane.clock.now())
+    assert plane.queue.receive() is None
+    plane.clock.t += 86_400
     plane.finalizer.finalize(run_id, plane.clock.now())
     retry = plane.queue.receive()
     assert retry is not None and (retry.attempt, retry.input) == (1, "the prompt")

@@ -51,6 +51,10 @@ INTERVAL = 900.0  # the schedule's rate: 15 minutes
 GRACE = 300.0
 
 
+#: how long an admitted unit may wait in its lane (the fan-out's lease; SQS's retention)
+QUEUE_LEASE_S = 86_400
+
+
 @dataclass
 class Plane:
     now: float = 10_000.0
@@ -75,7 +79,7 @@ class Plane:
             # a chunk per unit: a map that dies after its first item admitted one unit
             BatchesConfig(ShedPolicy({}), max_budget=10**9, units_per_child=1),
         )
-        self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=86_400)
+        self.fanout = FanOut(self.ledger, self.queue, queue_lease_s=QUEUE_LEASE_S)
         self.finalizer = Finalizer(
             self.ledger,
             self.queue,
@@ -288,8 +292,13 @@ def test_the_sweeper_sweeps_expired_leases_of_a_run_without_an_execution() -> No
     plane.ledger.claim(run_id, "u1", 0, plane.now, 60)
     plane.ledger.settle(run_id, "u1", 0, 900, True, plane.now)
     plane.executions.statuses[run_id] = "ABORTED"
-    # When the sweeper looks at it after the lease expired
-    assert plane.tick() == [(run_id, Verdict.ANNOUNCED)]
+    # When the sweeper looks at it after its claim's lease expired: its message would reclaim
+    # it, not the sweep (it looks at a claim when its admission's lease ends)
+    assert plane.tick() == [(run_id, Verdict.FINALIZE_LOOP)]
+    assert plane.ledger.run(run_id).in_flight == 1
+    # and once its admission's lease ended (its message is gone by then)
+    plane.executions.statuses[f"{run_id}-r1"] = "ABORTED"
+    assert plane.tick(minutes=QUEUE_LEASE_S / 60) == [(run_id, Verdict.ANNOUNCED)]
     # Then the lost attempt is settled (dead-lettered: no attempts left) and the run closes
     run = plane.ledger.run(run_id)
     assert run.state is RunState.COMPLETED and run.dead_lettered == 1 and run.completed == 1
@@ -345,9 +354,10 @@ def test_one_broken_run_does_not_stop_the_sweep() -> None:
         plane.first_poll(run_id, run_id)
         plane.executions.statuses[run_id] = "FAILED"
     del plane.blobs.objects[manifest_key(broken)]  # a lost unit's requeue needs its input
-    plane.ledger.claim(broken, "u0", 0, plane.now, 60)  # whose worker dies
-    swept = dict(plane.tick())
-    assert swept == {broken: Verdict.ERROR, fine: Verdict.FINALIZE_LOOP}
+    plane.ledger.claim(broken, "u0", 0, plane.now, 60)  # whose worker dies, its message lost
+    swept = dict(plane.tick(minutes=QUEUE_LEASE_S / 60))
+    # (the fine run's units waited out their admission's lease too: released, fanned out again)
+    assert swept == {broken: Verdict.ERROR, fine: Verdict.FAN_OUT}
 
 
 def test_a_sweep_stops_taking_runs_when_out_of_time() -> None:
