@@ -532,6 +532,53 @@ class LedgerContract:
         assert ledger.run("run-1").state is RunState.COMPLETED
         balanced(ledger, "run-1")
 
+    # -- the fan-out's reservations: not in the lease index, found by the run's scan
+    def test_a_fan_outs_reservations_are_found_by_the_runs_scan_not_the_index(
+        self, ledger: Ledger
+    ) -> None:
+        # Given three units admitted by the fan-out (by_scan), one of them claimed by a worker
+        # that died with its message, and one admitted by a worker (in the lease index)
+        ledger.open_run(spec(units=4), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=100, by_scan=True)
+        ledger.admit("run-1", "u1", 0, now=0.0, lease_s=100, by_scan=True)
+        ledger.admit("run-1", "u2", 0, now=50.0, lease_s=100, by_scan=True)
+        ledger.admit("run-1", "u3", 0, now=0.0, lease_s=100)
+        assert ledger.claim("run-1", "u1", 0, now=1.0, lease_s=30).claimed
+        # Then the index lists only the worker's, and the run's horizon is the latest lease
+        assert ledger.expired_leases("run-1", now=1e12) == ["u3"]
+        assert ledger.run("run-1").scan_at == 150.0
+        # When the sweep runs before the horizon: only the index's expired entry is released
+        assert ledger.reclaim_expired("run-1", now=120.0) == []
+        assert ledger.unit("run-1", "u3").state is UnitState.PENDING
+        assert [ledger.unit("run-1", u).state for u in ("u0", "u1", "u2")] == [
+            UnitState.IN_FLIGHT
+        ] * 3
+        # and at the horizon: every unit is read, the lost attempt settled, the others released
+        lost = ledger.reclaim_expired("run-1", now=150.0)
+        assert [(s.unit.unit_id, s.attempt.reclaimed, s.fate) for s in lost] == [
+            ("u1", True, Fate.RETRY)
+        ]
+        run = ledger.run("run-1")
+        assert (run.in_flight, run.reserved, run.spent, run.scan_at) == (0, 0, 100, None)
+        assert ledger.reclaim_expired("run-1", now=1e12) == []  # nothing left to find
+        balanced(ledger, "run-1")
+
+    def test_a_fan_outs_reservation_is_claimed_and_settled_as_any(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2), now=0.0)
+        ledger.admit_many("run-1", ["u0", "u1"], now=0.0, lease_s=1_000, by_scan=True)
+        claim = ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30)
+        assert claim is not None and claim.unit.reservation is not None
+        assert claim.unit == ledger.unit("run-1", "u0")
+        assert claim.unit.reservation.lease_expires == 31.0  # the claim's own lease
+        assert ledger.settle_claimed(claim.unit, 0, 80, True, now=2.0) is Fate.COMPLETED
+        # a stale claim is reclaimed by its message's next delivery, as any
+        assert ledger.claim("run-1", "u1", 0, now=3.0, lease_s=30).claimed
+        assert ledger.claim("run-1", "u1", 0, now=40.0, lease_s=30).reason == "stale"
+        lost = ledger.reclaim_unit("run-1", "u1", now=40.0)
+        assert lost is not None and lost.attempt.reclaimed
+        assert ledger.expired_leases("run-1", now=1e12) == []
+        balanced(ledger, "run-1")
+
     # -- the lease index: only units holding a lease, found by expiry
     def test_an_expired_lease_is_reclaimed_exactly_once(self, ledger: Ledger) -> None:
         # Given a claimed attempt whose worker died (its admission's lease ends at 20, its claim's

@@ -7,6 +7,7 @@ Pure: no requests. Item layouts and the conditions' reasons: docs/ledger.md.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -43,6 +44,8 @@ COUNTERS = (
 #: index, and the write that takes, hands back or ends it moves it there, in the same write. A
 #: claim's own lease is ``res_until``, which no index holds: a claim writes no index entry
 CLAIM_LEASE = "res_until"
+#: the books' scan horizon (RunRecord.scan_at): when the lease sweep reads every unit of the run
+SCAN_AT = "scan_at"
 RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed", CLAIM_LEASE)
 #: where the outcome of the unit's last settled attempt is kept (UnitRecord.outcome_key)
 OUTCOME_KEY = "outcome_key"
@@ -155,6 +158,8 @@ def books_item(run: RunRecord, ready: bool) -> Item:
     )
     if run.closed_at is not None:
         item["closed_at"] = real(run.closed_at)
+    if run.scan_at is not None:
+        item[SCAN_AT] = real(run.scan_at)
     return item
 
 
@@ -164,6 +169,7 @@ def run_from(books: Mapping[str, Any], spec: RunSpec) -> RunRecord:
         state=RunState(books["state"]["S"]),
         opened_at=float(books["opened_at"]["N"]),
         closed_at=real_of(books, "closed_at"),
+        scan_at=real_of(books, SCAN_AT),
         **{name: whole_of(books, name) for name in COUNTERS},
     )
 
@@ -190,18 +196,20 @@ def index_of(item: Mapping[str, Any]) -> int:
 
 
 def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
-    lease = real_of(item, LEASE_EXPIRY)
     reservation = None
-    if lease is not None:
-        # a claim's lease of its own, or the one the sweep looks at (a claim written before
-        # claims kept their lease apart moved res_lease itself: read as it is)
-        until = real_of(item, CLAIM_LEASE)
+    if "res_attempt" in item:
+        # the lease the index holds (res_lease), the reservation's own when it differs
+        # (res_until: a claim's, or one the index does not hold). A claim written before claims
+        # kept their lease apart moved res_lease itself: read as it is
+        lease, until = real_of(item, LEASE_EXPIRY), real_of(item, CLAIM_LEASE)
+        expires = until if until is not None else lease
+        assert expires is not None, f"unit {item['unit_id']['S']}: a reservation without a lease"
         reservation = Reservation(
             attempt=whole_of(item, "res_attempt"),
             projected=whole_of(item, "res_projected"),
-            lease_expires=lease if until is None else until,
+            lease_expires=expires,
             claimed=flag_of(item, "res_claimed"),
-            sweep_at=None if until is None else lease,
+            sweep_at=None if until is None else (math.inf if lease is None else lease),
         )
     return UnitRecord(
         run_id=run_id,
@@ -345,6 +353,12 @@ def run_update(
     if new.state is not old.state:
         sets.append("#state = :new_state")
         values[":new_state"] = string(new.state.value)
+    if new.scan_at != old.scan_at:  # unconditional: the scan that reads it recomputes it
+        if new.scan_at is None:
+            removes.append(SCAN_AT)
+        else:
+            sets.append(f"{SCAN_AT} = :scan_at")
+            values[":scan_at"] = real(new.scan_at)
     if new.closed_at != old.closed_at:
         if new.closed_at is None:
             removes.append("closed_at")
@@ -422,14 +436,13 @@ def unit_update(
     old_res = old.reservation
     if old_res is not None:
         # the exact reservation read: a claim, unclaim or lease change meanwhile fails this
-        conditions += ["res_attempt = :old_ra", "res_claimed = :old_rc", "res_lease = :old_rl"]
-        values.update(
-            {
-                ":old_ra": whole(old_res.attempt),
-                ":old_rc": flag(old_res.claimed),
-                ":old_rl": real(old_res.swept_from),
-            }
-        )
+        conditions += ["res_attempt = :old_ra", "res_claimed = :old_rc"]
+        values.update({":old_ra": whole(old_res.attempt), ":old_rc": flag(old_res.claimed)})
+        if old_res.sweep_at == math.inf:
+            conditions.append(f"attribute_not_exists({LEASE_EXPIRY})")
+        else:
+            conditions.append(f"{LEASE_EXPIRY} = :old_rl")
+            values[":old_rl"] = real(old_res.swept_from)
         if old_res.sweep_at is None:
             conditions.append(f"attribute_not_exists({CLAIM_LEASE})")
         else:
@@ -444,15 +457,15 @@ def unit_update(
         removes += (OUTCOME_KEY,)
     res = new.reservation
     if res is not None:
-        sets += ["res_attempt = :ra", "res_projected = :rp", "res_lease = :rl", "res_claimed = :rc"]
+        sets += ["res_attempt = :ra", "res_projected = :rp", "res_claimed = :rc"]
         values.update(
-            {
-                ":ra": whole(res.attempt),
-                ":rp": whole(res.projected),
-                ":rl": real(res.swept_from),
-                ":rc": flag(res.claimed),
-            }
+            {":ra": whole(res.attempt), ":rp": whole(res.projected), ":rc": flag(res.claimed)}
         )
+        if res.sweep_at == math.inf:  # not in the lease index (the run's scan finds it)
+            removes += (LEASE_EXPIRY,)
+        else:
+            sets.append(f"{LEASE_EXPIRY} = :rl")
+            values[":rl"] = real(res.swept_from)
         if res.sweep_at is not None:
             sets.append(f"{CLAIM_LEASE} = :ru")
             values[":ru"] = real(res.lease_expires)

@@ -52,6 +52,7 @@ from swarm.core.ledger import (
     decide_unclaim,
     effective_state,
     fresh_records,
+    scan_leases,
 )
 from swarm.core.ports import ClaimedSettlement, TenantQueued, UnitsPage
 from swarm.core.records import (
@@ -568,11 +569,19 @@ class DynamoDBLedger:
 
     # ------------------------------------------------------------------ admission
     def admit(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+        by_scan: bool = False,
     ) -> Admission:
         def step() -> Admission | _Write[Admission]:
             run, unit = self._read_run_unit(run_id, unit_id)
-            new_run, new_unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+            new_run, new_unit, admission = decide_admission(
+                run, unit, attempt, now, lease_s, by_scan
+            )
             if new_run == run and new_unit == unit:
                 return admission  # nothing to write: already admitted, terminal, closed, ...
             projected = unit.projected_tokens
@@ -603,6 +612,7 @@ class DynamoDBLedger:
         unit_ids: Sequence[str],
         now: float,
         lease_s: float = DEFAULT_LEASE_S,
+        by_scan: bool = False,
     ) -> list[Admission]:
         """Up to :data:`MAX_BATCH_ADMISSIONS` units at a time: one BatchGetItem of the books and
         the units, :func:`decide_admission` for each in turn on the run as it would stand, and
@@ -615,17 +625,18 @@ class DynamoDBLedger:
         admissions: list[Admission] = []
         pending = list(unit_ids)
         while pending:
-            decided = self._admit_batch(run_id, pending[:MAX_BATCH_ADMISSIONS], now, lease_s)
+            batch = pending[:MAX_BATCH_ADMISSIONS]
+            decided = self._admit_batch(run_id, batch, now, lease_s, by_scan)
             if not decided:
                 unit = self._read_run_unit(run_id, pending[0])[1]
                 attempt = unit.reservation.attempt if unit.reservation else unit.attempts
-                decided = [self.admit(run_id, pending[0], attempt, now, lease_s)]
+                decided = [self.admit(run_id, pending[0], attempt, now, lease_s, by_scan)]
             admissions.extend(decided)
             pending = pending[len(decided) :]
         return admissions
 
     def _admit_batch(
-        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float
+        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float, by_scan: bool
     ) -> list[Admission]:
         """The admissions of the longest prefix of ``unit_ids`` that one transaction can
         write (none: the first unit goes to :meth:`admit`)."""
@@ -645,7 +656,9 @@ class DynamoDBLedger:
             unit = items.unit_from(run_id, item)
             attempt = unit.reservation.attempt if unit.reservation else unit.attempts
             try:
-                new_run, new_unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+                new_run, new_unit, admission = decide_admission(
+                    run, unit, attempt, now, lease_s, by_scan
+                )
             except Conflict:
                 break
             if new_run == run and new_unit == unit:
@@ -977,13 +990,43 @@ class DynamoDBLedger:
         Attempts settled meanwhile (by their worker or another reclaimer) are skipped: each
         attempt is counted once, by whoever settles it first.
         """
-        self.run(run_id)
+        run = self.run(run_id)
+        expired = self._expired_leases(run_id, now)
+        if run.scan_at is not None and run.scan_at <= now:
+            expired += [u for u in self._scan(run_id, run.scan_at, now) if u not in expired]
         lost = []
-        for unit_id in self._expired_leases(run_id, now):
+        for unit_id in expired:
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
                 lost.append(settlement)
         return lost
+
+    def _scan(self, run_id: str, scan_at: float, now: float) -> list[str]:
+        """The run's scan horizon passed: read every unit (a strongly consistent Query), and
+        move the horizon to the latest lease still waiting that the index does not hold
+        (``scan_leases``), unless an admission moved it meanwhile. The expired such units."""
+        expired, horizon = scan_leases(
+            (items.unit_from(run_id, it) for it in self._query(run_id, "unit#")), now
+        )
+        names = {"#scan": items.SCAN_AT}
+        values: dict[str, Any] = {":read": items.real(scan_at)}
+        expression = "REMOVE #scan"
+        if horizon is not None:
+            expression, values[":next"] = "SET #scan = :next", items.real(horizon)
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table_name,
+                Key=key(run_id, BOOKS),
+                UpdateExpression=expression,
+                ConditionExpression="#scan = :read",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except client_error_type() as e:
+            if error_code(e) != CONDITIONAL_CHECK_FAILED:
+                raise  # else an admission moved it meanwhile: the next scan is its
+        return expired
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
         """End a unit the queue gave up on; a claimed attempt is settled as lost first."""

@@ -72,6 +72,8 @@ def run_to_doc(run: RunRecord) -> Doc:
     doc: Doc = {"spec": spec_to_doc(run.spec), "state": run.state.value}
     doc.update({name: getattr(run, name) for name in _RUN_COUNTERS})
     doc.update({"opened_at": run.opened_at, "closed_at": run.closed_at})
+    if run.scan_at is not None:
+        doc["scan_at"] = run.scan_at
     return doc
 
 
@@ -82,6 +84,7 @@ def run_from_doc(doc: Doc) -> RunRecord:
         state=RunState(doc["state"]),
         opened_at=float(doc["opened_at"]),
         closed_at=None if doc["closed_at"] is None else float(doc["closed_at"]),
+        scan_at=None if doc.get("scan_at") is None else float(doc["scan_at"]),
         **counters,
     )
 

@@ -8,6 +8,8 @@ unit state machine and the DynamoDB items: docs/ledger.md.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -107,9 +109,16 @@ def _close_if_done(run: RunRecord, now: float) -> RunRecord:
 
 
 def decide_admission(
-    run: RunRecord, unit: UnitRecord, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+    run: RunRecord,
+    unit: UnitRecord,
+    attempt: int,
+    now: float,
+    lease_s: float = DEFAULT_LEASE_S,
+    by_scan: bool = False,
 ) -> tuple[RunRecord, UnitRecord, Admission]:
-    """Admit (reserve) or refuse attempt ``attempt`` of ``unit``; returns the new records."""
+    """Admit (reserve) or refuse attempt ``attempt`` of ``unit``; returns the new records.
+    ``by_scan``: the reservation is left out of the lease index, and the run's scan horizon
+    (``RunRecord.scan_at``) covers its lease instead (the fan-out's admissions)."""
 
     def refuse(reason: str, r: RunRecord, u: UnitRecord) -> tuple[RunRecord, UnitRecord, Admission]:
         return r, u, Admission(False, reason, r, u)
@@ -145,13 +154,40 @@ def decide_admission(
             run = run.with_(remainder=run.remainder + 1)
         return refuse("budget", _close_if_done(run, now), unit)
 
+    lease = now + lease_s
     unit = unit.with_(
         state=UnitState.IN_FLIGHT,
         drain_epoch=0,
-        reservation=Reservation(attempt=attempt, projected=projected, lease_expires=now + lease_s),
+        reservation=Reservation(
+            attempt=attempt,
+            projected=projected,
+            lease_expires=lease,
+            sweep_at=math.inf if by_scan else None,
+        ),
     )
     run = run.with_(reserved=run.reserved + projected, in_flight=run.in_flight + 1)
+    if by_scan and (run.scan_at is None or run.scan_at < lease):
+        run = run.with_(scan_at=lease)
     return run, unit, Admission(True, "admitted", run, unit)
+
+
+def scan_leases(units: Iterable[UnitRecord], now: float) -> tuple[list[str], float | None]:
+    """What the lease sweep's scan of a run's units finds (``RunRecord.scan_at``): the units
+    whose reservation the lease index does not hold and whose lease expired by ``now``, the
+    oldest first; and the run's next scan horizon, the latest lease of such a reservation still
+    waiting for its worker (None: there is none). A live claim does not hold the horizon back:
+    its worker has its message, which comes back if the worker dies."""
+    expired: list[tuple[float, str]] = []
+    horizon: float | None = None
+    for unit in units:
+        res = unit.reservation
+        if res is None or res.sweep_at != math.inf:
+            continue
+        if res.lease_expires <= now:
+            expired.append((res.lease_expires, unit.unit_id))
+        elif not res.claimed and (horizon is None or res.lease_expires > horizon):
+            horizon = res.lease_expires
+    return [unit_id for _, unit_id in sorted(expired)], horizon
 
 
 def decide_settlement(

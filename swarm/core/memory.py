@@ -42,6 +42,7 @@ from swarm.core.ledger import (
     decide_unclaim,
     effective_state,
     fresh_records,
+    scan_leases,
 )
 from swarm.core.ports import (
     ClaimedSettlement,
@@ -205,22 +206,33 @@ class InMemoryLedger:
         return cursor
 
     def admit(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+        by_scan: bool = False,
     ) -> Admission:
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        run, unit, admission = decide_admission(run, unit, attempt, now, lease_s)
+        run, unit, admission = decide_admission(run, unit, attempt, now, lease_s, by_scan)
         self._runs[run_id] = run
         self._units[run_id][unit_id] = unit
         return admission
 
     def admit_many(
-        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float = DEFAULT_LEASE_S
+        self,
+        run_id: str,
+        unit_ids: Sequence[str],
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+        by_scan: bool = False,
     ) -> list[Admission]:
         admissions = []
         for unit_id in unit_ids:
             unit = self._raw_unit(run_id, unit_id)
             attempt = unit.reservation.attempt if unit.reservation else unit.attempts
-            admissions.append(self.admit(run_id, unit_id, attempt, now, lease_s))
+            admissions.append(self.admit(run_id, unit_id, attempt, now, lease_s, by_scan))
         return admissions
 
     def settle(
@@ -312,9 +324,14 @@ class InMemoryLedger:
         return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
 
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
-        self.run(run_id)
+        run = self.run(run_id)
+        expired = self.expired_leases(run_id, now)
+        if run.scan_at is not None and run.scan_at <= now:  # every unit, as DynamoDB's scan
+            scanned, horizon = scan_leases(self._units[run_id].values(), now)
+            expired += [u for u in scanned if u not in expired]
+            self._runs[run_id] = run.with_(scan_at=horizon)
         lost = []
-        for unit_id in self.expired_leases(run_id, now):
+        for unit_id in expired:
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
                 lost.append(settlement)

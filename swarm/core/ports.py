@@ -205,11 +205,26 @@ class Ledger(Protocol):
         ...
 
     def admit(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float = DEFAULT_LEASE_S
-    ) -> Admission: ...
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+        by_scan: bool = False,
+    ) -> Admission:
+        """Reserve the attempt's projected tokens for ``lease_s``, or refuse. ``by_scan``: its
+        reservation is not in the lease index; the run's scan horizon covers it (``RunRecord.
+        scan_at``): for the fan-out's admissions, whose messages carry them."""
+        ...
 
     def admit_many(
-        self, run_id: str, unit_ids: Sequence[str], now: float, lease_s: float = DEFAULT_LEASE_S
+        self,
+        run_id: str,
+        unit_ids: Sequence[str],
+        now: float,
+        lease_s: float = DEFAULT_LEASE_S,
+        by_scan: bool = False,
     ) -> list[Admission]:
         """Admit each unit's next attempt (its reservation's, if it holds one: admitted already;
         else its attempt count), in order: the decisions :meth:`admit` would make one by one,
@@ -284,7 +299,9 @@ class Ledger(Protocol):
 
     def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
         """Settle claimed attempts whose lease expired as lost; release unclaimed ones (those
-        :meth:`expired_leases` lists, each decided again from its fresh record)."""
+        :meth:`expired_leases` lists, each decided again from its fresh record; and once the
+        run's scan horizon passed, ``RunRecord.scan_at``, those of every unit read, the horizon
+        then moved to the latest lease still live that the index does not hold)."""
         ...
 
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:

@@ -194,7 +194,9 @@ class Reservation:
     #: of the admission (or unclaim) it took the reservation from here, so it never moves the
     #: reservation in the lease index. A dead worker's attempt is found by its message's next
     #: delivery, after the visibility timeout the claim's lease equals (``Claim.reason``
-    #: "stale"); the sweep is the backstop for a message that is gone. None: ``lease_expires``
+    #: "stale"); the sweep is the backstop for a message that is gone. None: ``lease_expires``;
+    #: ``math.inf``: not in the lease index at all (a fan-out's admission: ``by_scan``), the
+    #: sweep finds it by reading the run's units once its horizon passed (``RunRecord.scan_at``)
     sweep_at: float | None = None
 
     @property
@@ -244,6 +246,10 @@ class RunRecord:
     closed_at: float | None = None
     #: while ``opening``: how many unit records the open step has written so far
     units_written: int | None = None
+    #: when the lease sweep reads every unit of the run: the latest lease of a reservation the
+    #: lease index does not hold (``Reservation.sweep_at`` is ``math.inf``: the fan-out's
+    #: admissions), or None when there is none to look for
+    scan_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.budget < 0:

@@ -83,8 +83,10 @@ class FanOut:
             _, unit_id, prompt = _named({"run_id": run_id, **unit}, f"chunk.units[{index}]")
             named.append((unit_id, prompt))
         try:
+            # the units' messages carry their reservations: the run's scan horizon, not the
+            # lease index, finds one whose message is gone (Reservation.sweep_at)
             admissions = self.ledger.admit_many(
-                run_id, [unit_id for unit_id, _ in named], now, self.queue_lease_s
+                run_id, [unit_id for unit_id, _ in named], now, self.queue_lease_s, by_scan=True
             )
         except Exception:  # e.g. a DynamoDB error: unit by unit, each failure on its own
             return self._one_by_one(run_id, named, now)
@@ -158,7 +160,9 @@ class FanOut:
         if unit.state.terminal:
             return {"unit_id": unit_id, "outcome": unit.state.value}, None
         attempt = unit.reservation.attempt if unit.reservation else unit.attempts
-        admission = self.ledger.admit(run_id, unit_id, attempt, now, self.queue_lease_s)
+        admission = self.ledger.admit(
+            run_id, unit_id, attempt, now, self.queue_lease_s, by_scan=True
+        )
         return _outcome(run_id, unit_id, prompt, admission)
 
     @staticmethod

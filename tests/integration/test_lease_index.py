@@ -234,3 +234,31 @@ def test_a_claim_written_before_claims_kept_their_own_lease_is_read_as_it_is(
     assert [s.unit.unit_id for s in first] == ["u0"]
     assert [s.unit.unit_id for s in second] == ["u1"]
     assert _index(dynamodb, "run#run-1") == []
+
+
+def test_a_fan_out_admission_and_its_claim_and_settlement_write_no_index_entry(
+    metered: tuple[billing.Meter, Any],
+) -> None:
+    # Given a run of 50 units admitted by the fan-out (by_scan), then claimed and settled
+    meter, client = metered
+    ledger = DynamoDBLedger(TABLE, client=client)
+    ledger.open_run(_spec("run-f", 50), now=0.0)
+    meter.reset()
+    ids = [f"unit-{i:06d}" for i in range(50)]
+    ledger.admit_many("run-f", ids, now=0.0, lease_s=900, by_scan=True)
+    for uid in ids:
+        claim = ledger.claim_queued("run-f", uid, 0, now=1.0, lease_s=60)
+        assert claim is not None
+        if ledger.settle_claimed(claim.unit, 0, 70, True, now=2.0) is None:
+            ledger.settle("run-f", uid, 0, 70, True, now=2.0)  # the last unit closes the run
+    # Then the index was never written (the run's scan horizon stands for it, on the books)
+    index_writes = [
+        line
+        for line in meter.snapshot()["lines"]
+        if line["service"] == "dynamodb" and ": index " in line["operation"]
+    ]
+    assert index_writes == []
+    assert _index(client, "run#run-f") == []
+    books = client.get_item(TableName=TABLE, Key={"pk": {"S": "run#run-f"}, "sk": {"S": "books"}})
+    assert float(books["Item"]["scan_at"]["N"]) == 900.0
+    assert ledger.run("run-f").state.closed
