@@ -220,7 +220,9 @@ class FanOutMachine(Construct):
         self._ledger.grant(
             role,
             "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
-            "dynamodb:Query",  # the run's units (the results, once, at closure)
+            # the run's units (the results, once, at closure; the lease sweep's scan of a run
+            # past its scan horizon: docs/ledger.md)
+            "dynamodb:Query",
             # reclaim: books + unit updates; the run's watch entry (record, release)
             "dynamodb:UpdateItem",
         )

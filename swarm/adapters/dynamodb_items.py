@@ -40,9 +40,10 @@ COUNTERS = (
 
 #: a unit's reservation, set and removed together (:func:`unit_update`). ``res_lease`` is also
 #: the ``Leases`` index's sort key (swarm.contract.LEASE_EXPIRY): when the lease sweep looks at
-#: the reservation (``Reservation.swept_from``); only a unit holding a reservation is in that
-#: index, and the write that takes, hands back or ends it moves it there, in the same write. A
-#: claim's own lease is ``res_until``, which no index holds: a claim writes no index entry
+#: the reservation (``Reservation.swept_from``); only a unit holding a reservation the sweep finds
+#: by the index is in it (not a fan-out's: the run's scan finds those), and the write that takes,
+#: hands back or ends it moves it there, in the same write. A reservation's own lease when it is
+#: not that one (a claim's, a fan-out's admission's) is ``res_until``, which no index holds
 CLAIM_LEASE = "res_until"
 #: the books' scan horizon (RunRecord.scan_at): when the lease sweep reads every unit of the run
 SCAN_AT = "scan_at"
@@ -203,7 +204,8 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
         # kept their lease apart moved res_lease itself: read as it is
         lease, until = real_of(item, LEASE_EXPIRY), real_of(item, CLAIM_LEASE)
         expires = until if until is not None else lease
-        assert expires is not None, f"unit {item['unit_id']['S']}: a reservation without a lease"
+        if expires is None:
+            raise ValueError(f"unit {item['unit_id']['S']}: a reservation without a lease")
         reservation = Reservation(
             attempt=whole_of(item, "res_attempt"),
             projected=whole_of(item, "res_projected"),

@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from swarm.adapters.dynamodb_ledger import DynamoDBLedger
 from swarm.adapters.simulated_model import attempt_fails, billed_tokens
 from swarm.cli.local import down, running_pid, up
 from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, Target
@@ -83,14 +82,14 @@ class Stack:
                 raise AssertionError(f"the poller of mapping {uuid} kept receiving: {poller}")
             time.sleep(0.1)
 
-    def settled(self, batch_id: str) -> dict[str, float]:
-        """When each settled unit of the batch was last settled, on the ledger's own clock (its
-        attempt records): an order judged from the books, not from when a poll saw it."""
-        dynamodb = self.aws("dynamodb")
-        [table] = [t for t in dynamodb.list_tables()["TableNames"] if "ledger" in t.lower()]
+    def served(self, batch_id: str) -> dict[str, float]:
+        """When the simulated model received each unit's last call (the host's clock, as
+        ``time.time()``): the order in which the fleet served the batch's units, before their
+        settlements (which a busy emulator may hold back and let go together)."""
         last: dict[str, float] = {}
-        for a in DynamoDBLedger(table, client=dynamodb).attempts(batch_id):
-            last[a.unit_id] = max(a.settled_at, last.get(a.unit_id, a.settled_at))
+        for call in self.model(batch_id)["log"]:
+            unit_id, at = call["unit_id"], float(call["received_at"])
+            last[unit_id] = max(at, last.get(unit_id, at))
         return last
 
     def model(self, batch_id: str | None = None) -> dict[str, Any]:

@@ -179,7 +179,8 @@ EXPECTED: dict[FunctionName, Table] = {
             {
                 # ledger.run, and reclaim_unit's reads (_get_many)
                 "dynamodb:BatchGetItem",
-                # units: the run's unit items (_query), once, for the results at closure
+                # units: the run's unit items (_query), once, for the results at closure; the
+                # lease sweep's scan of a run past its scan_at (DynamoDBLedger._scan)
                 "dynamodb:Query",
                 # reclaim_unit: books + unit Updates of a lost attempt or an expired lease;
                 # DynamoDBRunWatch.record (first poll) and .release (closure announced);
@@ -223,7 +224,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 # Sweeper.repair: ledger.run; DynamoDBRunWatch.get (the watch entry, consistent);
                 # Finalizer.finalize's reads (reclaim_unit: _get_many)
                 "dynamodb:BatchGetItem",
-                # Finalizer.finalize: units (_query of the unit items) for the results
+                # Finalizer.finalize: units (_query of the unit items) for the results, and the
+                # lease sweep's scan of a run past its scan_at (DynamoDBLedger._scan)
                 "dynamodb:Query",
                 # DynamoDBRunWatch.check (next look, restarts); Finalizer.finalize: reclaim
                 # Updates and DynamoDBRunWatch.release
