@@ -395,6 +395,17 @@ def run_update(
     return _update(table_name, key(old.run_id, BOOKS), " ".join(parts), conditions, names, values)
 
 
+def scan_update(table_name: str, run_id: str, read: float, horizon: float | None) -> Item:
+    """An Update of the books' scan horizon (``RunRecord.scan_at``) from ``read`` to
+    ``horizon`` (None: removed), only if it is still ``read`` (an admission that moved it
+    meanwhile keeps its own): what the lease sweep's scan of the run's units found."""
+    names, values = {"#scan": SCAN_AT}, {":read": real(read)}
+    expression = "REMOVE #scan"
+    if horizon is not None:
+        expression, values[":next"] = "SET #scan = :next", real(horizon)
+    return _update(table_name, key(run_id, BOOKS), expression, ["#scan = :read"], names, values)
+
+
 def queued_claim(
     table_name: str, run_id: str, unit_id: str, attempt: int, lease_expires: float
 ) -> Item:

@@ -8,6 +8,7 @@ conditions and their reasons: docs/ledger.md.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -73,7 +74,9 @@ MAX_UNPROCESSED_RETRIES = 10
 UNPROCESSED_BASE_S = 0.05
 UNPROCESSED_MAX_S = 5.0
 #: a batched admission's units: with the books, one TransactWriteItems of at most 100 items
-MAX_BATCH_ADMISSIONS = 99
+#: DynamoDB's limit on the items of one TransactWriteItems
+MAX_TRANSACTION_ITEMS = 100
+MAX_BATCH_ADMISSIONS = MAX_TRANSACTION_ITEMS - 1
 #: the (books, unit) views a client keeps for its next write to the same unit (a worker's claim
 #: after its read): at most this many, the oldest dropped first
 MAX_VIEWS = 256
@@ -789,8 +792,9 @@ class DynamoDBLedger:
         for i, s in enumerate(settlements):
             run_id, unit_id = s.claimed.run_id, s.claimed.unit_id
             runs = books.get(run_id, [])
-            if (run_id, unit_id) in seen or len(units) + len(books) + (not runs) >= 100:
-                continue  # one write per item; at most 100 items: left to settle alone
+            items_then = len(units) + 1 + len(books) + (not runs)  # with its run's books
+            if (run_id, unit_id) in seen or items_then > MAX_TRANSACTION_ITEMS:
+                continue  # one write per item, and a transaction's limit: left to settle alone
             spec = self._spec(run_id)  # immutable, read once per client
             decided = decide_claimed_settlement(
                 spec, s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key
@@ -1008,24 +1012,8 @@ class DynamoDBLedger:
         expired, horizon = scan_leases(
             (items.unit_from(run_id, it) for it in self._query(run_id, "unit#")), now
         )
-        names = {"#scan": items.SCAN_AT}
-        values: dict[str, Any] = {":read": items.real(scan_at)}
-        expression = "REMOVE #scan"
-        if horizon is not None:
-            expression, values[":next"] = "SET #scan = :next", items.real(horizon)
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table_name,
-                Key=key(run_id, BOOKS),
-                UpdateExpression=expression,
-                ConditionExpression="#scan = :read",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-        except client_error_type() as e:
-            if error_code(e) != CONDITIONAL_CHECK_FAILED:
-                raise  # else an admission moved it meanwhile: the next scan is its
+        with contextlib.suppress(_Retry):  # an admission moved it meanwhile: the next scan is its
+            self._write([items.scan_update(self.table_name, run_id, scan_at, horizon)])
         return expired
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:

@@ -181,15 +181,11 @@ def settle_claimed(ledger: Ledger, claimed: ClaimedSettlement) -> Fate | None:
     settlements when its outcome was kept in the invocation's page, else alone. None if it was
     not settled: the caller settles it with ``Ledger.settle`` (which reads and decides)."""
     participant = _CURRENT.get()
+    if participant is not None and participant.kept and not participant.settling:
+        page = participant.page
+        fate = page._settle(participant, ledger, claimed)
+        if fate is not None or page.together <= 1:
+            return fate
+        # the write of them all failed: alone, as before
     c = claimed
-    if participant is None or not participant.kept or participant.settling:
-        return ledger.settle_claimed(
-            c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key
-        )
-    page = participant.page
-    fate = page._settle(participant, ledger, c)
-    if fate is None and page.together > 1:  # the write of them all failed: alone, as before
-        return ledger.settle_claimed(
-            c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key
-        )
-    return fate
+    return ledger.settle_claimed(c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key)
