@@ -8,6 +8,7 @@ latency each at time scale 10) so that a batch lasts long enough to be caught in
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -110,10 +111,12 @@ def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> 
     the fair receive patch emulates them), and the governor queues each tenant's refused units
     apart, at its share of the refill (docs/governor.md, "Lanes with a reserve queue, tenant by
     tenant"). In a FIFO lane the small batch would wait behind the big tenant's whole backlog:
-    120 units of 10k tokens, ~25 s of the governor's refill on the local clock. (With units of
-    2k tokens the backlog was ~5 s, drained within a few of SQS's one-second delays, which the
-    local clock does not scale: a small unit that lost one toss for a second's tokens saw ~23
-    big ones drawn meanwhile.)
+    120 units of 10k tokens beyond what the governor's bucket holds when it is submitted, ~25 s
+    of its refill on the local clock. (Sized from the bucket: when this scenario ran first, the
+    bucket was full, 3M tokens, and 115 of 120 units were served, at the fleet's pace, before the
+    small tenant's units were queued. With units of 2k tokens the backlog was ~5 s, drained
+    within a few of SQS's one-second delays, which the local clock does not scale: a small unit
+    that lost one toss for a second's tokens saw ~23 big ones drawn meanwhile.)
 
     Judged by order, not time, on the model's clock (when it received each unit's call, not when
     a status poll saw the unit done, nor when it was settled: under load a poll answered late, and
@@ -124,8 +127,11 @@ def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> 
     """
     big = stack.client("e2e-fair-big")
     small = stack.client("e2e-fair-small")
-    backlog = big.submit({"units": units(120, "g", lambda i: 10_000), "budget": 6_000_000})
-    # Given the big tenant's units all admitted and queued ahead
+    # Given the big tenant's units all admitted and queued ahead, 120 of them beyond what the
+    # governor's bucket holds now (the rest are drawn at the fleet's pace, not held back)
+    in_bucket = big.fleet()["governor"]["available_tokens"]
+    n = 120 + math.ceil(in_bucket / 10_000)
+    backlog = big.submit({"units": units(n, "g", lambda i: 10_000), "budget": 6_000_000})
     wait_for(big, backlog["batch_id"], lambda d: d["counts"]["pending"] == 0, timeout_s=60)
     # When a small tenant submits to the same lane and its units are queued behind them
     few = small.submit({"units": units(3, "f", lambda i: 10_000), "budget": 1_000_000})
@@ -134,14 +140,16 @@ def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> 
     done = wait_for(small, few["batch_id"], timeout_s=60, interval_s=0.1)
     small_served_at = max(stack.served(few["batch_id"]).values())
     big_served = stack.served(backlog["batch_id"]).values()
-    ahead = sum(1 for t in big_served if t > queued_at) + 120 - len(big_served)
+    ahead = sum(1 for t in big_served if t > queued_at) + n - len(big_served)
     overtaken = sum(1 for t in big_served if queued_at < t <= small_served_at)
     print(
         f"fairness: the 3-unit tenant done in {done['elapsed_s']:.1f}s; {overtaken} of the big "
-        f"tenant's {ahead} units still ahead of it were served meanwhile"
+        f"tenant's {ahead} units still ahead of it were served meanwhile ({n} units, "
+        f"{in_bucket:,} tokens in the bucket at their submission)"
     )
     # Then it is served before the backlog ahead of it
     assert done["state"] == "completed"
+    assert ahead >= 60, f"the premise: a backlog ahead of the small tenant, not {ahead} units"
     assert overtaken < 0.5 * ahead, (queued_at, small_served_at, sorted(big_served))
     final = wait_for(big, backlog["batch_id"], timeout_s=120)
     assert final["state"] == "completed"
