@@ -1,7 +1,8 @@
 """Finalizer: the state machine's finalize loop (statemachines/fanout.asl.json).
 
 ``{"action": "poll", "batch_id", "execution_arn", "polls", "max_polls", "task_token"}`` (the
-``Poll`` task, which waits for its token): sweep expired leases, then keep the token for whoever
+``Poll`` task, which waits for its token): sweep expired leases (stopping ``MARGIN_S`` before
+the function's timeout: the next poll goes on), then keep the token for whoever
 closes the run (:meth:`swarm.service.finalizer.Finalizer.poll`) and return: the task waits until
 the closing worker hands the token back, or times out and polls again. A run closed already
 raises :class:`RunClosed`, and an execution that has polled ``max_polls`` times raises
@@ -78,11 +79,14 @@ class PollLimit(Exception):
     (the definition catches this name)."""
 
 
-def poll(event: dict[str, Any], batch_id: str, execution: str | None) -> dict[str, Any]:
+def poll(
+    event: dict[str, Any], batch_id: str, execution: str | None, context: LambdaContext
+) -> dict[str, Any]:
     polls, limit = int(event.get("polls", 0)), int(event["max_polls"])
     if polls >= limit:
         raise PollLimit(f"{polls} polls of at most {limit}: continue as a new execution")
-    closed = finalizer().poll(batch_id, time.time(), str(event["task_token"]), execution)
+    token = str(event["task_token"])
+    closed = finalizer().poll(batch_id, time.time(), token, execution, keep_going(context))
     logger.info("poll", closed=closed, polls=polls)
     if closed:
         raise RunClosed(f"run {batch_id} is closed")
@@ -114,7 +118,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if event.get("polls") == 0 and event.get("execution_arn"):
         execution = str(event["execution_arn"]).rsplit(":", 1)[-1]
     if event.get("action") == "poll":
-        return poll(event, batch_id, execution)
+        return poll(event, batch_id, execution, context)
     result = finalizer().finalize(
         batch_id, time.time(), execution=execution, keep_going=keep_going(context)
     )

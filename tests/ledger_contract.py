@@ -563,6 +563,28 @@ class LedgerContract:
         assert ledger.reclaim_expired("run-1", now=1e12) == []  # nothing left to find
         balanced(ledger, "run-1")
 
+    def test_a_scan_cut_short_keeps_its_horizon_and_the_next_sweep_goes_on(
+        self, ledger: Ledger
+    ) -> None:
+        # Given three units admitted by the fan-out whose messages are gone (the horizon passed)
+        ledger.open_run(spec(units=3), now=0.0)
+        ledger.admit_many("run-1", ["u0", "u1", "u2"], now=0.0, lease_s=100, by_scan=True)
+        assert ledger.run("run-1").scan_at == 100.0
+        # When a sweep runs out of time after deciding one of them
+        tries = iter([True])
+        cut = ledger.reclaim_expired("run-1", now=100.0, keep_going=lambda: next(tries, False))
+        assert cut == []  # releases: no attempt lost
+        # Then one is released, and the horizon stays, so the rest are not forgotten
+        states = [ledger.unit("run-1", u).state for u in ("u0", "u1", "u2")]
+        assert sorted(states) == [UnitState.IN_FLIGHT] * 2 + [UnitState.PENDING]
+        assert ledger.run("run-1").scan_at == 100.0
+        # When the next sweep has time: the others are released and the horizon is gone
+        assert ledger.reclaim_expired("run-1", now=101.0) == []
+        run = ledger.run("run-1")
+        assert (run.in_flight, run.reserved, run.scan_at) == (0, 0, None)
+        assert {ledger.unit("run-1", u).state for u in ("u0", "u1", "u2")} == {UnitState.PENDING}
+        balanced(ledger, "run-1")
+
     def test_a_fan_outs_reservation_is_claimed_and_settled_as_any(self, ledger: Ledger) -> None:
         ledger.open_run(spec(units=2), now=0.0)
         ledger.admit_many("run-1", ["u0", "u1"], now=0.0, lease_s=1_000, by_scan=True)

@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -65,6 +65,7 @@ from swarm.core.records import (
     UnitRecord,
     UnitState,
 )
+from swarm.core.results import always
 from swarm.core.tenancy import HOLD_WINDOW_S, MAX_HOLDS
 
 MAX_TRIES = 64  # an operation re-decided this often is starved: report Conflict, don't spin
@@ -172,6 +173,11 @@ class DynamoDBLedger:
         return [found.get((k[PARTITION_KEY]["S"], k[SORT_KEY]["S"])) for k in keys]
 
     def _query(self, run_id: str, prefix: str) -> list[Item]:
+        return list(self._pages(run_id, prefix))
+
+    def _pages(self, run_id: str, prefix: str) -> Iterator[Item]:
+        """The run's items under ``prefix`` (a strongly consistent Query), a page at a time:
+        a reader that keeps only what it needs holds one page (1 MB) in memory, not the run."""
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
@@ -181,12 +187,11 @@ class DynamoDBLedger:
             },
             "ConsistentRead": True,
         }
-        found: list[Item] = []
         while True:
             page = self._call("query", **kwargs)
-            found.extend(page.get("Items", []))
+            yield from page.get("Items", [])
             if "LastEvaluatedKey" not in page:
-                return found
+                return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def _write(self, writes: list[Item]) -> None:
@@ -985,36 +990,43 @@ class DynamoDBLedger:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return [unit_id for _, unit_id in sorted(found)]  # the oldest expiry first
 
-    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+    def reclaim_expired(
+        self, run_id: str, now: float, keep_going: Callable[[], bool] = always
+    ) -> list[Settlement]:
         """Reclaim every expired lease of the run: one Query of the ``Leases`` index (only the
         expired entries), then, per expired unit, a strongly consistent read and a conditional
         write (:meth:`reclaim_unit` decides from the fresh records: a lease renewed after the
         index was read is left alone).
+
+        Once the run's scan horizon passed, every unit is read too (a strongly consistent Query,
+        a page at a time: ``scan_leases``), and when every expired unit it found is decided, the
+        horizon moves to the latest lease still waiting that the index does not hold, unless an
+        admission moved it meanwhile. Cut short by ``keep_going()``, the horizon stays, and the
+        next call reads the run again and goes on where this one stopped (the units it decided
+        are no longer expired).
 
         Attempts settled meanwhile (by their worker or another reclaimer) are skipped: each
         attempt is counted once, by whoever settles it first.
         """
         run = self.run(run_id)
         expired = self._expired_leases(run_id, now)
-        if run.scan_at is not None and run.scan_at <= now:
-            expired += [u for u in self._scan(run_id, run.scan_at, now) if u not in expired]
-        lost = []
+        scan_at, horizon = run.scan_at, None
+        scanned = scan_at is not None and scan_at <= now
+        if scanned:
+            units = (items.unit_from(run_id, it) for it in self._pages(run_id, "unit#"))
+            found, horizon = scan_leases(units, now)
+            expired += [u for u in found if u not in expired]
+        lost: list[Settlement] = []
         for unit_id in expired:
+            if not keep_going():
+                return lost
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
                 lost.append(settlement)
+        if scanned and scan_at is not None:
+            with contextlib.suppress(_Retry):  # an admission moved it: the next scan is its
+                self._write([items.scan_update(self.table_name, run_id, scan_at, horizon)])
         return lost
-
-    def _scan(self, run_id: str, scan_at: float, now: float) -> list[str]:
-        """The run's scan horizon passed: read every unit (a strongly consistent Query), and
-        move the horizon to the latest lease still waiting that the index does not hold
-        (``scan_leases``), unless an admission moved it meanwhile. The expired such units."""
-        expired, horizon = scan_leases(
-            (items.unit_from(run_id, it) for it in self._query(run_id, "unit#")), now
-        )
-        with contextlib.suppress(_Retry):  # an admission moved it meanwhile: the next scan is its
-            self._write([items.scan_update(self.table_name, run_id, scan_at, horizon)])
-        return expired
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
         """End a unit the queue gave up on; a claimed attempt is settled as lost first."""

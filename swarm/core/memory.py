@@ -323,18 +323,26 @@ class InMemoryLedger:
         ]
         return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
 
-    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+    def reclaim_expired(
+        self, run_id: str, now: float, keep_going: Callable[[], bool] = always
+    ) -> list[Settlement]:
         run = self.run(run_id)
         expired = self.expired_leases(run_id, now)
-        if run.scan_at is not None and run.scan_at <= now:  # every unit, as DynamoDB's scan
-            scanned, horizon = scan_leases(self._units[run_id].values(), now)
-            expired += [u for u in scanned if u not in expired]
-            self._runs[run_id] = run.with_(scan_at=horizon)
-        lost = []
+        scanned = run.scan_at is not None and run.scan_at <= now
+        horizon = None
+        if scanned:  # every unit, as DynamoDB's scan
+            found, horizon = scan_leases(self._units[run_id].values(), now)
+            expired += [u for u in found if u not in expired]
+        lost: list[Settlement] = []
         for unit_id in expired:
+            if not keep_going():
+                return lost  # the horizon stays: the next call scans again
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
                 lost.append(settlement)
+        latest = self.run(run_id)
+        if scanned and latest.scan_at == run.scan_at:  # else an admission moved it meanwhile
+            self._runs[run_id] = latest.with_(scan_at=horizon)
         return lost
 
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:

@@ -297,11 +297,16 @@ class Ledger(Protocol):
         expired ones, not every unit. May lag a write just made: callers re-read before acting."""
         ...
 
-    def reclaim_expired(self, run_id: str, now: float) -> list[Settlement]:
+    def reclaim_expired(
+        self, run_id: str, now: float, keep_going: Callable[[], bool] = always
+    ) -> list[Settlement]:
         """Settle claimed attempts whose lease expired as lost; release unclaimed ones (those
         :meth:`expired_leases` lists, each decided again from its fresh record; and once the
         run's scan horizon passed, ``RunRecord.scan_at``, those of every unit read, the horizon
-        then moved to the latest lease still live that the index does not hold)."""
+        then moved to the latest lease still live that the index does not hold). Stops when
+        ``keep_going()`` turns False (the caller's time is up); the horizon moves only once
+        every expired unit the scan found is decided, so the next call scans again and goes on
+        (a run whose messages are gone may have a great many)."""
         ...
 
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:

@@ -54,16 +54,24 @@ class Finalizer:
     #: where the loop's poll keeps its task token (None: the loop cannot wait; tests)
     closures: Closures | None = None
 
-    def poll(self, run_id: str, now: float, token: str, execution: str | None = None) -> bool:
-        """The loop's ``Poll``: sweep expired leases, then keep ``token`` for whoever closes the
-        run. True: the run is closed already (the loop writes its closure now, not the token's
-        holder). The run is read again after the token is kept: a run closed meanwhile by a
-        write that found no token yet is seen here, so no closure waits for a timeout.
-        ``execution``: the calling execution's name, on its first poll (the sweeper's record of
-        who is finalizing the run)."""
+    def poll(
+        self,
+        run_id: str,
+        now: float,
+        token: str,
+        execution: str | None = None,
+        keep_going: Callable[[], bool] = always,
+    ) -> bool:
+        """The loop's ``Poll``: sweep expired leases (until ``keep_going()`` turns False: the
+        next poll goes on), then keep ``token`` for whoever closes the run. True: the run is
+        closed already (the loop writes its closure now, not the token's holder). The run is
+        read again after the token is kept: a run closed meanwhile by a write that found no
+        token yet is seen here, so no closure waits for a timeout. ``execution``: the calling
+        execution's name, on its first poll (the sweeper's record of who is finalizing the
+        run)."""
         if execution is not None and self.watch is not None:
             self.watch.record(run_id, execution)
-        self._sweep(run_id, now)
+        self._sweep(run_id, now, keep_going)
         if self.ledger.run(run_id).state.closed:
             return True
         if self.closures is None:
@@ -71,9 +79,10 @@ class Finalizer:
         self.closures.wait(run_id, token, now)
         return self.ledger.run(run_id).state.closed
 
-    def _sweep(self, run_id: str, now: float) -> None:
+    def _sweep(self, run_id: str, now: float, keep_going: Callable[[], bool]) -> None:
         """Settle or release the run's expired leases; requeue the lost attempts' retries."""
-        retries = [s for s in self.ledger.reclaim_expired(run_id, now) if s.fate is Fate.RETRY]
+        reclaimed = self.ledger.reclaim_expired(run_id, now, keep_going)
+        retries = [s for s in reclaimed if s.fate is Fate.RETRY]
         if retries:  # the dead workers' messages may be gone: requeue them, input included
             inputs: dict[str, Prompt] = {  # as the manifest holds it: text or a request
                 item["unit_id"]: item.get("input", "")
@@ -111,7 +120,7 @@ class Finalizer:
         """
         if execution is not None and self.watch is not None:
             self.watch.record(run_id, execution)
-        self._sweep(run_id, now)
+        self._sweep(run_id, now, keep_going)
         run = self.ledger.run(run_id)
         if not run.state.closed:
             return {"run_id": run_id, "closed": False, "writing": False, "state": run.state.value}
