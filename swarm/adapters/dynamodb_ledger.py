@@ -908,20 +908,6 @@ class DynamoDBLedger:
         ]
         return _Write(writes, then)
 
-    def _release(self, run_id: str, unit_id: str, now: float) -> bool:
-        """Give back an unclaimed reservation whose lease expired; False if it changed."""
-
-        def step() -> bool | _Write[bool]:
-            run, unit = self._read_run_unit(run_id, unit_id)
-            res = unit.reservation
-            if res is None or res.claimed or res.lease_expires > now:
-                return False
-            return self._release_write(run, unit, now, lambda: True)
-
-        return self._optimistic(
-            step, f"release of unit {unit_id} (run {run_id}) kept colliding; retry"
-        )
-
     def _settle_lost(
         self, run_id: str, unit_id: str, res: Reservation, now: float
     ) -> Settlement | None:
@@ -936,15 +922,13 @@ class DynamoDBLedger:
         or release an expired unclaimed reservation. None unless this call settled a lost
         attempt (another caller, or the worker itself, may have settled it first)."""
 
-        def step() -> Settlement | _Again | None:
-            _, unit = self._read_run_unit(run_id, unit_id)
+        def step() -> Settlement | _Write[Settlement | None] | _Again | None:
+            run, unit = self._read_run_unit(run_id, unit_id)
             res = unit.reservation
             if res is None or res.lease_expires > now:
                 return None
-            if not res.claimed:
-                if self._release(run_id, unit_id, now):
-                    return None
-                return _AGAIN  # it changed meanwhile (claimed?): look again
+            if not res.claimed:  # released on this read: if it changed meanwhile, look again
+                return self._release_write(run, unit, now, lambda: None)
             s = self._settle_lost(run_id, unit_id, res, now)
             if s is None:
                 return _AGAIN  # the reservation changed before we could settle it: look again
@@ -1001,9 +985,11 @@ class DynamoDBLedger:
         Once the run's scan horizon passed, every unit is read too (a strongly consistent Query,
         a page at a time: ``scan_leases``), and when every expired unit it found is decided, the
         horizon moves to the latest lease still waiting that the index does not hold, unless an
-        admission moved it meanwhile. Cut short by ``keep_going()``, the horizon stays, and the
-        next call reads the run again and goes on where this one stopped (the units it decided
-        are no longer expired).
+        admission moved it meanwhile. Cut short by ``keep_going()`` (after one unit at least, so
+        that every call makes progress), the horizon stays, and the next call reads the run
+        again and goes on where this one stopped (the units it decided are no longer expired).
+        An expired unclaimed reservation is released on the read that found it: a read and a
+        transaction.
 
         Attempts settled meanwhile (by their worker or another reclaimer) are skipped: each
         attempt is counted once, by whoever settles it first.
@@ -1017,8 +1003,8 @@ class DynamoDBLedger:
             found, horizon = scan_leases(units, now)
             expired += [u for u in found if u not in expired]
         lost: list[Settlement] = []
-        for unit_id in expired:
-            if not keep_going():
+        for i, unit_id in enumerate(expired):
+            if i > 0 and not keep_going():  # one at least: every call makes progress
                 return lost
             settlement = self.reclaim_unit(run_id, unit_id, now)
             if settlement is not None:
