@@ -31,7 +31,8 @@ def test_a_quota_storm_slows_the_governor_grows_the_lanes_and_sheds_then_recover
 ) -> None:
     client = stack.client("e2e-storm")
     throttles_before = client.fleet()["governor"]["throttles"]
-    # (enough that a full bucket cannot hold them all: the lanes still hold some at the storm)
+    # (a full bucket, 3M tokens, grants them all at the fleet's pace; the storm still catches
+    # units in the model call, and those go back to their lane: passed 3 of 3 so, 2026-12-05)
     doc = client.submit({"units": units(120, "s", lambda i: 10_000), "budget": 6_000_000})
     wait_for(client, doc["batch_id"], lambda d: d["counts"]["completed"] >= 3, timeout_s=60)
     # Given a bystander eats the model quota for 5 s (50 s on the deployed clock)
