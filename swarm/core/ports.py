@@ -305,9 +305,9 @@ class Ledger(Protocol):
         run's scan horizon passed, ``RunRecord.scan_at``, those of every unit read, the horizon
         then moved to the latest lease still live that the index does not hold). Stops when
         ``keep_going()`` turns False (the caller's time is up), after one unit at least so that
-        every call makes progress; the horizon moves only once
-        every expired unit the scan found is decided, so the next call scans again and goes on
-        (a run whose messages are gone may have a great many)."""
+        every call makes progress; the horizon moves only once every expired unit the scan
+        found is decided, so the next call scans again and goes on (a run whose messages are
+        gone may have a great many)."""
         ...
 
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
