@@ -717,7 +717,7 @@ class LedgerContract:
         expected = []
         for uid in order:
             unit = reference.unit("run-1", uid)
-            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            attempt = unit.next_attempt
             expected.append(reference.admit("run-1", uid, attempt, now=3.0, lease_s=50.0))
         assert admissions == expected
         assert ledger.run("run-1") == reference.run("run-1")
@@ -794,7 +794,7 @@ def replay(ledger: Ledger, seed: int, steps: int) -> None:
         now += rng.choice([0.5, 1.0, 7.0])
         uid = f"u{rng.randrange(6)}"
         unit = reference.unit("run-1", uid)
-        attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+        attempt = unit.next_attempt
         attempt += rng.choice([0, 0, 0, 0, -1])
         op = rng.choice(OPS)
         args = (rng.choice([5.0, 20.0]), rng.randint(0, 150), rng.random() < 0.5)
@@ -804,7 +804,7 @@ def replay(ledger: Ledger, seed: int, steps: int) -> None:
             expected = []
             for u in uids:
                 record = reference.unit("run-1", u)
-                next_attempt = record.reservation.attempt if record.reservation else record.attempts
+                next_attempt = record.next_attempt
                 expected.append(reference.admit("run-1", u, next_attempt, now, args[0]))
             assert actual == expected, f"step many {uids} at {now}"
         else:

@@ -53,6 +53,7 @@ from swarm.core.ledger import (
     decide_unclaim,
     effective_state,
     fresh_records,
+    reclaim_in_turn,
     scan_leases,
 )
 from swarm.core.ports import ClaimedSettlement, TenantQueued, UnitsPage
@@ -636,8 +637,7 @@ class DynamoDBLedger:
             batch = pending[:MAX_BATCH_ADMISSIONS]
             decided = self._admit_batch(run_id, batch, now, lease_s, by_scan)
             if not decided:
-                unit = self._read_run_unit(run_id, pending[0])[1]
-                attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+                attempt = self._read_run_unit(run_id, pending[0])[1].next_attempt
                 decided = [self.admit(run_id, pending[0], attempt, now, lease_s, by_scan)]
             admissions.extend(decided)
             pending = pending[len(decided) :]
@@ -662,10 +662,9 @@ class DynamoDBLedger:
             if item is None:
                 break  # admit() says NotFound for it
             unit = items.unit_from(run_id, item)
-            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
             try:
                 new_run, new_unit, admission = decide_admission(
-                    run, unit, attempt, now, lease_s, by_scan
+                    run, unit, unit.next_attempt, now, lease_s, by_scan
                 )
             except Conflict:
                 break
@@ -996,20 +995,16 @@ class DynamoDBLedger:
         """
         run = self.run(run_id)
         expired = self._expired_leases(run_id, now)
-        scan_at, horizon = run.scan_at, None
-        scanned = scan_at is not None and scan_at <= now
-        if scanned:
+        scan_at = run.scan_at if run.scan_at is not None and run.scan_at <= now else None
+        horizon = None
+        if scan_at is not None:
             units = (items.unit_from(run_id, it) for it in self._pages(run_id, "unit#"))
             found, horizon = scan_leases(units, now)
-            expired += [u for u in found if u not in expired]
-        lost: list[Settlement] = []
-        for i, unit_id in enumerate(expired):
-            if i > 0 and not keep_going():  # one at least: every call makes progress
-                return lost
-            settlement = self.reclaim_unit(run_id, unit_id, now)
-            if settlement is not None:
-                lost.append(settlement)
-        if scanned and scan_at is not None:
+            expired = list(dict.fromkeys([*expired, *found]))
+        lost, whole = reclaim_in_turn(
+            expired, lambda unit_id: self.reclaim_unit(run_id, unit_id, now), keep_going
+        )
+        if whole and scan_at is not None:
             with contextlib.suppress(_Retry):  # an admission moved it: the next scan is its
                 self._write([items.scan_update(self.table_name, run_id, scan_at, horizon)])
         return lost

@@ -9,7 +9,7 @@ unit state machine and the DynamoDB items: docs/ledger.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -188,6 +188,25 @@ def scan_leases(units: Iterable[UnitRecord], now: float) -> tuple[list[str], flo
         elif not res.claimed and (horizon is None or res.lease_expires > horizon):
             horizon = res.lease_expires
     return [unit_id for _, unit_id in sorted(expired)], horizon
+
+
+def reclaim_in_turn(
+    unit_ids: Iterable[str],
+    reclaim: Callable[[str], Settlement | None],
+    keep_going: Callable[[], bool],
+) -> tuple[list[Settlement], bool]:
+    """The lease sweep's loop (``Ledger.reclaim_expired``): ``reclaim`` each unit in turn until
+    ``keep_going()`` turns False, after one at least, so that every call makes progress. The lost
+    attempts' settlements, and whether every unit was reached (only then may the run's scan
+    horizon move: a sweep cut short leaves it, and the next one reads the run again)."""
+    lost: list[Settlement] = []
+    for i, unit_id in enumerate(unit_ids):
+        if i > 0 and not keep_going():
+            return lost, False
+        settlement = reclaim(unit_id)
+        if settlement is not None:
+            lost.append(settlement)
+    return lost, True
 
 
 def decide_settlement(

@@ -42,6 +42,7 @@ from swarm.core.ledger import (
     decide_unclaim,
     effective_state,
     fresh_records,
+    reclaim_in_turn,
     scan_leases,
 )
 from swarm.core.ports import (
@@ -230,8 +231,7 @@ class InMemoryLedger:
     ) -> list[Admission]:
         admissions = []
         for unit_id in unit_ids:
-            unit = self._raw_unit(run_id, unit_id)
-            attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+            attempt = self._raw_unit(run_id, unit_id).next_attempt
             admissions.append(self.admit(run_id, unit_id, attempt, now, lease_s, by_scan))
         return admissions
 
@@ -328,20 +328,18 @@ class InMemoryLedger:
     ) -> list[Settlement]:
         run = self.run(run_id)
         expired = self.expired_leases(run_id, now)
-        scanned = run.scan_at is not None and run.scan_at <= now
+        scan_at = run.scan_at if run.scan_at is not None and run.scan_at <= now else None
         horizon = None
-        if scanned:  # every unit, as DynamoDB's scan
+        if scan_at is not None:  # every unit, as DynamoDB's scan
             found, horizon = scan_leases(self._units[run_id].values(), now)
-            expired += [u for u in found if u not in expired]
-        lost: list[Settlement] = []
-        for i, unit_id in enumerate(expired):
-            if i > 0 and not keep_going():  # one at least: every call makes progress
-                return lost  # the horizon stays: the next call scans again
-            settlement = self.reclaim_unit(run_id, unit_id, now)
-            if settlement is not None:
-                lost.append(settlement)
+            expired = list(dict.fromkeys([*expired, *found]))
+        lost, whole = reclaim_in_turn(
+            expired, lambda unit_id: self.reclaim_unit(run_id, unit_id, now), keep_going
+        )
         latest = self.run(run_id)
-        if scanned and latest.scan_at == run.scan_at:  # else an admission moved it meanwhile
+        if (
+            whole and scan_at is not None and latest.scan_at == scan_at
+        ):  # else an admission moved it
             self._runs[run_id] = latest.with_(scan_at=horizon)
         return lost
 

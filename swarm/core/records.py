@@ -225,6 +225,12 @@ class UnitRecord:
     def with_(self, **changes: object) -> UnitRecord:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    @property
+    def next_attempt(self) -> int:
+        """The attempt an admission of the unit is for: its reservation's (admitted already),
+        else the next after those it settled."""
+        return self.reservation.attempt if self.reservation else self.attempts
+
 
 @dataclass(frozen=True)
 class RunRecord:

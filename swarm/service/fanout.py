@@ -159,9 +159,8 @@ class FanOut:
         unit = self.ledger.unit(run_id, unit_id)
         if unit.state.terminal:
             return {"unit_id": unit_id, "outcome": unit.state.value}, None
-        attempt = unit.reservation.attempt if unit.reservation else unit.attempts
         admission = self.ledger.admit(
-            run_id, unit_id, attempt, now, self.queue_lease_s, by_scan=True
+            run_id, unit_id, unit.next_attempt, now, self.queue_lease_s, by_scan=True
         )
         return _outcome(run_id, unit_id, prompt, admission)
 
@@ -185,8 +184,7 @@ def _outcome(
     if not admission.admitted:
         return {"unit_id": unit_id, "outcome": "remainder", "reason": admission.reason}, None
     spec = admission.run.spec  # the tenant, lane and budget the API opened the run with
-    reservation = admission.unit.reservation
-    attempt = reservation.attempt if reservation is not None else admission.unit.attempts
+    attempt = admission.unit.next_attempt
     # a Step Functions retry of this item may send twice: the worker's claim makes it harmless
     message = QueuedUnit(
         run_id, unit_id, spec.tenant, spec.lane, attempt, admission.unit.projected_tokens, prompt

@@ -589,7 +589,7 @@ def _ledger_worker(endpoint: str, table: str, threads: int, seed: int, out: Any)
             uid = deliveries.pop()
             try:
                 unit = ledger.unit(RUN, uid)
-                attempt = unit.reservation.attempt if unit.reservation else unit.attempts
+                attempt = unit.next_attempt
                 if not ledger.admit(RUN, uid, attempt, time.time()).admitted:
                     continue
                 if not ledger.claim(RUN, uid, attempt, time.time(), 60.0).claimed:
