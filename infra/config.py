@@ -123,6 +123,28 @@ class WorkerConfig(_Strict):
     # bundle_units of them (swarm.core.lanes.bundle): they reach one invocation together
     bundle_units: int = Field(default=5, ge=1, le=MAX_BUNDLE_UNITS)
     bundle_window_seconds: float = Field(default=10, ge=0, le=60)
+    # a bundle whose first unit is due later (deep in a queue) gathers for this fraction of that
+    # unit's delay when longer than bundle_window_seconds, at most bundle_max_window_seconds:
+    # a unit waits at most that much (and this fraction) longer than its place, and more units
+    # share an invocation's wait for the model (docs/scale.md)
+    bundle_stretch: float = Field(default=0.0, ge=0, le=1)
+    bundle_max_window_seconds: float | None = Field(default=None, ge=0, le=600)
+
+    @property
+    def longest_bundle_window_seconds(self) -> float:
+        """``bundle_max_window_seconds``, or without one ``bundle_window_seconds``."""
+        given = self.bundle_max_window_seconds
+        return self.bundle_window_seconds if given is None else given
+
+    @model_validator(mode="after")
+    def _bundle_windows(self) -> WorkerConfig:
+        if self.longest_bundle_window_seconds < self.bundle_window_seconds:
+            raise ValueError(
+                f"worker.bundle_max_window_seconds={self.bundle_max_window_seconds} is below "
+                f"worker.bundle_window_seconds={self.bundle_window_seconds}: the longest window "
+                "is at least the shortest"
+            )
+        return self
 
 
 class BudgetConfig(_Strict):
@@ -419,8 +441,28 @@ class SwarmConfig(_Strict):
             )
         if self.budget.default_tokens > self.budget.max_tokens:
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
+        self._bundles_keep_their_tickets()
         self._tenants_fit_the_deployment()
         return self
+
+    def _bundles_keep_their_tickets(self) -> None:
+        """A bundle is delayed until its last unit is due: its first unit presents its ticket
+        (or place) up to the longest window late. The governor honours one at most the time its
+        bucket takes to fill after its ready time (docs/governor.md): a longer window would
+        throw the first units' bookings away."""
+        capacity = self.governor_capacity_tokens or self.quota_tpm
+        grace = capacity / GovernorConfig(self.quota_tpm, self.governor_share).rate
+        longest = self.worker.longest_bundle_window_seconds
+        if longest > grace:
+            key = "max_window" if self.worker.bundle_max_window_seconds is not None else "window"
+            raise ValueError(
+                f"worker.bundle_{key}_seconds={longest:g} is above {grace:.1f} s, the time "
+                f"the governor's bucket ({capacity:,} tokens) takes to fill at "
+                f"quota_tpm={self.quota_tpm} x governor_share={self.governor_share}: the "
+                "governor honours a booking at most that long after it is ready, and a "
+                "bundle's first unit would present its booking later; lower the window or "
+                "raise governor_capacity_tokens"
+            )
 
     def _tenants_fit_the_deployment(self) -> None:
         """A tenant's budget per batch within the deployment's; its guaranteed share within the

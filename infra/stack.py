@@ -140,6 +140,8 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.LEASE_SECONDS: str(config.visibility_timeout_seconds),
         env.BUNDLE_WINDOW_SECONDS: str(config.worker.bundle_window_seconds),
         env.BUNDLE_UNITS: str(config.worker.bundle_units),
+        env.BUNDLE_STRETCH: str(config.worker.bundle_stretch),
+        env.BUNDLE_MAX_WINDOW_SECONDS: str(config.worker.longest_bundle_window_seconds),
         env.DEFAULT_BUDGET_TOKENS: str(config.budget.default_tokens),
         env.MAX_BUDGET_TOKENS: str(config.budget.max_tokens),
         env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,

@@ -235,9 +235,13 @@ LEASE_SECONDS: Final = "LEASE_SECONDS"  # reservation lease = the lanes' visibil
 #: swarm.core.lanes.bundle), at most BUNDLE_UNITS of them (cdk.json worker.bundle_*)
 BUNDLE_WINDOW_SECONDS: Final = "BUNDLE_WINDOW_SECONDS"
 BUNDLE_UNITS: Final = "BUNDLE_UNITS"
+#: a bundle whose first unit is due later: its window is this fraction of that unit's delay when
+#: longer than BUNDLE_WINDOW_SECONDS, at most BUNDLE_MAX_WINDOW_SECONDS
+BUNDLE_STRETCH: Final = "BUNDLE_STRETCH"
+BUNDLE_MAX_WINDOW_SECONDS: Final = "BUNDLE_MAX_WINDOW_SECONDS"
 #: the bound on cdk.json worker.bundle_units: a worker runs every unit of its SQS batch at once
 #: (at most 10 messages), one thread each
-MAX_BUNDLE_UNITS: Final = 10
+MAX_BUNDLE_UNITS: Final = 25
 
 
 DEFAULT_BUDGET_TOKENS: Final = "DEFAULT_BUDGET_TOKENS"
@@ -343,7 +347,7 @@ _COMMON: Final = (
 _GOVERNOR: Final = (QUOTA_TPM, GOVERNOR_SHARE, GOVERNOR_CAPACITY, *LANE_RESERVE_VARS)
 
 
-_BUNDLES: Final = (BUNDLE_WINDOW_SECONDS, BUNDLE_UNITS)
+_BUNDLES: Final = (BUNDLE_WINDOW_SECONDS, BUNDLE_UNITS, BUNDLE_STRETCH, BUNDLE_MAX_WINDOW_SECONDS)
 
 
 _MODEL: Final = (

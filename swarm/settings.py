@@ -24,6 +24,8 @@ from swarm.contract import (
     BEDROCK_MODEL_ID,
     BEDROCK_READ_TIMEOUT_SECONDS,
     BUCKET_NAME,
+    BUNDLE_MAX_WINDOW_SECONDS,
+    BUNDLE_STRETCH,
     BUNDLE_UNITS,
     BUNDLE_WINDOW_SECONDS,
     DEFAULT_BUDGET_TOKENS,
@@ -160,9 +162,22 @@ class BundleUnitsSettings(_Model):
 
 
 class BundleSettings(BundleUnitsSettings):
-    """How the lanes' messages carry units: those due within the window, at most bundle_units."""
+    """How the lanes' messages carry units: those due within the window, at most bundle_units;
+    the window of a bundle due later is stretched, up to its most."""
 
     bundle_window_seconds: float = Field(alias=BUNDLE_WINDOW_SECONDS, ge=0)
+    bundle_stretch: float = Field(alias=BUNDLE_STRETCH, ge=0, le=1)
+    bundle_max_window_seconds: float = Field(alias=BUNDLE_MAX_WINDOW_SECONDS, ge=0)
+
+    @model_validator(mode="after")
+    def _longest_window(self) -> Self:
+        if self.bundle_max_window_seconds < self.bundle_window_seconds:
+            raise PydanticCustomError(
+                "bundle_window",
+                f"{BUNDLE_MAX_WINDOW_SECONDS} ({self.bundle_max_window_seconds:g}) is below "
+                f"{BUNDLE_WINDOW_SECONDS} ({self.bundle_window_seconds:g})",
+            )
+        return self
 
 
 class ModelSettings(_Model):

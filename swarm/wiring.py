@@ -351,6 +351,8 @@ class Wiring:
             s.bundle_units,
             max_bytes=SQS_BATCH_BYTES,
             size=codec.bundle_size,
+            stretch=s.bundle_stretch,
+            max_window_s=self.seconds(s.bundle_max_window_seconds),
         )
 
     def fanout(self) -> FanOut:

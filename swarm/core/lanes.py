@@ -9,6 +9,7 @@ queues keyed by tenant (``MessageGroupId``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -74,17 +75,30 @@ def bundle(
     max_units: int,
     size: Callable[[Sequence[QueuedUnit]], int] | None = None,
     max_bytes: int | None = None,
+    stretch: float = 0.0,
+    max_window_s: float | None = None,
 ) -> list[Bundle]:
     """The units as bundles: those of one run, lane and tenant, in the order they are due, each
-    bundle as many units as are due within ``window_s`` of its first (at most ``max_units``,
-    and, with ``size``, at most ``max_bytes`` as a message), delayed until its last is due. A
-    unit waits at most ``window_s`` more than it would alone; ``max_units`` 1 sends each alone."""
+    bundle as many units as are due within its window of its first (at most ``max_units``,
+    and, with ``size``, at most ``max_bytes`` as a message), delayed until its last is due.
+
+    The window is ``window_s``, or ``stretch`` times the first unit's delay if that is longer,
+    but never longer than ``max_window_s`` (when given, at least ``window_s``): a unit deep in a
+    queue, which waits long anyway, waits a little more so that more units share its
+    invocation. So a unit waits at most ``max(window_s, stretch x its delay)`` more than it
+    would alone, and never more than ``max_window_s``; ``max_units`` 1 sends each alone."""
     if len(delays_s) != len(items):
         raise InvalidInput("delays_s", f"{len(delays_s)} delays for {len(items)} items")
     if max_units < 1 or window_s < 0:
         raise InvalidInput(
             "bundle", f"max_units >= 1 and window_s >= 0, not {max_units}, {window_s}"
         )
+    if stretch < 0 or (max_window_s is not None and max_window_s < window_s):
+        raise InvalidInput(
+            "bundle",
+            f"stretch >= 0 and max_window_s >= window_s, not {stretch}, {max_window_s}",
+        )
+    longest = math.inf if max_window_s is None else max_window_s
     groups: dict[tuple[str, Lane, str], list[tuple[float, QueuedUnit]]] = {}
     for item, delay in zip(items, delays_s, strict=True):
         groups.setdefault((item.run_id, item.lane, item.tenant), []).append((max(0.0, delay), item))
@@ -97,7 +111,7 @@ def bundle(
             fits = (
                 current
                 and len(current) < max_units
-                and delay - first <= window_s
+                and delay - first <= min(max(window_s, stretch * first), longest)
                 and (size is None or max_bytes is None or size([*current, item]) <= max_bytes)
             )
             if current and not fits:
@@ -115,12 +129,24 @@ def bundle(
 @dataclass(frozen=True)
 class Bundling:
     """How units are bundled into lane messages (:func:`bundle`); the default sends each unit
-    alone. ``size``: a bundle's message in bytes, bounded by ``max_bytes``."""
+    alone. ``size``: a bundle's message in bytes, bounded by ``max_bytes``; ``stretch`` and
+    ``max_window_s``: the window of a bundle whose first unit is deep in a queue."""
 
     window_s: float = 0.0
     max_units: int = 1
     max_bytes: int | None = None
     size: Callable[[Sequence[QueuedUnit]], int] | None = None
+    stretch: float = 0.0
+    max_window_s: float | None = None
 
     def of(self, items: Sequence[QueuedUnit], delays_s: Sequence[float]) -> list[Bundle]:
-        return bundle(items, delays_s, self.window_s, self.max_units, self.size, self.max_bytes)
+        return bundle(
+            items,
+            delays_s,
+            self.window_s,
+            self.max_units,
+            self.size,
+            self.max_bytes,
+            self.stretch,
+            self.max_window_s,
+        )

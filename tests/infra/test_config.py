@@ -682,9 +682,16 @@ def test_the_api_function_gets_the_resolved_tenant_limits(synth: Synthesized) ->
     ("worker", "key"),
     [
         ({"bundle_units": 0}, "worker.bundle_units"),
-        ({"bundle_units": 11}, "worker.bundle_units"),
+        ({"bundle_units": 26}, "worker.bundle_units"),
         ({"bundle_window_seconds": -1}, "worker.bundle_window_seconds"),
         ({"bundle_window_seconds": 61}, "worker.bundle_window_seconds"),
+        ({"bundle_stretch": -0.1}, "worker.bundle_stretch"),
+        ({"bundle_stretch": 1.5}, "worker.bundle_stretch"),
+        ({"bundle_max_window_seconds": -1}, "worker.bundle_max_window_seconds"),
+        # the longest window below the shortest
+        ({"bundle_max_window_seconds": 5}, "worker.bundle_max_window_seconds"),
+        # a window longer than the governor honours a booking (300k tokens at 4,750 a second)
+        ({"bundle_max_window_seconds": 64}, "worker.bundle_max_window_seconds"),
     ],
 )
 def test_a_bundle_setting_out_of_range_fails_synth_naming_the_key(
@@ -694,8 +701,26 @@ def test_a_bundle_setting_out_of_range_fails_synth_naming_the_key(
         load_config(_context(worker=_worker(**worker)))
 
 
+def test_a_bundle_window_longer_than_the_governor_honours_a_booking_fails_synth() -> None:
+    # a bucket that fills in ~3.2 s (300,000 tokens at 6M tokens a minute x 0.95): a bundle's
+    # first unit, presenting its booking up to a window late, would find it thrown away
+    worker = _worker()
+    del worker["bundle_max_window_seconds"]
+    small = _context(quota_tpm=6_000_000, governor_capacity_tokens=300_000, worker=worker)
+    with pytest.raises(ConfigError, match=r"worker\.bundle_window_seconds=10 is above 3\.2 s"):
+        load_config(small)
+    # a window within it, or a bigger bucket, deploys
+    load_config({**small, "worker": {**worker, "bundle_window_seconds": 3}})
+    load_config({**small, "governor_capacity_tokens": 1_000_000})
+
+
 def test_the_bundle_settings_are_read_from_cdk_json() -> None:
-    config = load_config(_context(worker=_worker(bundle_units=3, bundle_window_seconds=4.5)))
+    worker = _worker(bundle_units=3, bundle_window_seconds=4.5)
+    del worker["bundle_stretch"], worker["bundle_max_window_seconds"]
+    config = load_config(_context(worker=worker))
     assert (config.worker.bundle_units, config.worker.bundle_window_seconds) == (3, 4.5)
+    # without a stretch or a longest window, the window alone
+    assert (config.worker.bundle_stretch, config.worker.longest_bundle_window_seconds) == (0, 4.5)
     defaults = load_config(cdk_json_context()).worker
-    assert (defaults.bundle_units, defaults.bundle_window_seconds) == (5, 10)
+    assert (defaults.bundle_units, defaults.bundle_window_seconds) == (20, 10)
+    assert (defaults.bundle_stretch, defaults.longest_bundle_window_seconds) == (0.25, 45)

@@ -75,8 +75,9 @@ ACCOUNT = "123456789012"  # moto's default account
 class TierOptions(LocalOptions):
     """The local stack's context (stage ``local``, bundling skipped, one-second finalizer poll)
     at time scale 1, with this tier's knobs: a quota and a small bucket that refill in a blink
-    (the normal lane keeps 5% of 300,000 tokens), a model that never fails unless a test says so,
-    and a finalize loop that continues as a new execution after 2 polls."""
+    (the normal lane keeps 5% of 300,000 tokens), bundles gathered within 3 s (the bucket fills in
+    3.2), a model that never fails unless a test says so, and a finalize loop that continues as a
+    new execution after 2 polls."""
 
     time_scale: float = 1.0
     failure_rate: float | None = 0.0
@@ -91,6 +92,10 @@ class TierOptions(LocalOptions):
         context["governor_capacity_tokens"] = self.governor_capacity_tokens
         context["model"]["simulated"]["quota_tpm"] = self.model_quota_tpm
         context["fanout"]["finalizer_polls_per_execution"] = self.finalizer_polls_per_execution
+        # the bucket fills in ~3.2 s, the longest the governor honours a booking late: a bundle
+        # gathers no longer (infra/config.py, SwarmConfig._bundles_keep_their_tickets)
+        context["worker"]["bundle_window_seconds"] = 3
+        context["worker"]["bundle_max_window_seconds"] = 3
         return context
 
 

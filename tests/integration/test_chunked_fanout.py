@@ -15,7 +15,7 @@ import pytest
 from moto.dynamodb.models import DynamoDBBackend
 from moto.sqs.models import SQSBackend
 
-from swarm.contract import BUNDLE_UNITS, BUNDLE_WINDOW_SECONDS, GOVERNOR_TABLE_NAME
+from swarm.contract import BUNDLE_MAX_WINDOW_SECONDS, BUNDLE_UNITS, GOVERNOR_TABLE_NAME
 from swarm.core.codec import parse_message
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import Lane, UnitState
@@ -133,7 +133,9 @@ def test_one_child_admits_a_chunk_and_sends_it_ten_messages_per_request(
 def test_failed_entries_of_a_batch_are_sent_again(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    status, doc, _ = plane.api("POST", "/batches", {"units": units(14), "budget": 10**8})
+    # a batch of at least four messages (a message carries up to bundle_units units)
+    n = 3 * int(plane.env("fanout")[BUNDLE_UNITS]) + 2
+    status, doc, _ = plane.api("POST", "/batches", {"units": units(n), "budget": 10**8})
     assert status == 201, doc
     batch_id = doc["batch_id"]
     # Given SQS fails 3 entries of the first SendMessageBatch (not the sender's fault)
@@ -141,10 +143,10 @@ def test_failed_entries_of_a_batch_are_sent_again(
     (event,) = plane.fan_out_events()
     result = plane.invoke("fanout", event)
     # Then those 3 are sent again in a request of their own, and every unit is on its lane once
-    assert result["counts"] == {"enqueued": 14}
+    assert result["counts"] == {"enqueued": n}
     assert counter.sizes[0] >= 3 and counter.sizes[1:] == [3]
     sent = counter.sent()
-    assert sorted(sent) == sorted(u["unit_id"] for u in units(14)) and len(set(sent)) == 14
+    assert sorted(sent) == sorted(u["unit_id"] for u in units(n)) and len(set(sent)) == n
     assert all(u.state is UnitState.IN_FLIGHT for u in ledger(plane).units(batch_id))
 
 
@@ -204,8 +206,8 @@ def test_the_fan_out_books_each_units_place_and_sends_it_for_when_its_tokens_are
     # units due within the bundling window of each other went as one message, delayed until
     # the last one's place is ready (the whole second after), or at once if every place of it
     # is ready within the second the worker holds on for; never before a place is ready, and
-    # never a window later
-    window = float(plane.env("fanout")[BUNDLE_WINDOW_SECONDS])
+    # never the longest window later
+    window = float(plane.env("fanout")[BUNDLE_MAX_WINDOW_SECONDS])
     for items, delay in counter.entries:
         waits = [i.ticket.ready_at - i.ticket.booked_at for i in items if i.ticket is not None]
         last = max(waits)

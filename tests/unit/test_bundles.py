@@ -43,6 +43,30 @@ def test_units_due_within_the_window_go_together_delayed_until_the_last_is_due()
     assert ids(bundle(units, delays, 0, 10)) == [([f"u{i}"], d) for i, d in enumerate(delays)]
 
 
+def test_a_bundle_deep_in_a_queue_gathers_for_a_fraction_of_its_wait_up_to_the_longest() -> None:
+    # units due 4 s apart, from now to 200 s out; a 5 s window, stretched to a tenth of the
+    # first unit's delay, at most 12 s
+    units = [unit(f"u{i}") for i in range(51)]
+    delays = [4.0 * i for i in range(51)]
+    got = ids(bundle(units, delays, 5, 25, stretch=0.1, max_window_s=12))
+    # near the front of the queue the window is 5 s: two units a bundle
+    assert got[:2] == [(["u0", "u1"], 4.0), (["u2", "u3"], 12.0)]
+    # 56 s out, a tenth is 5.6 s: still two units (4 s apart); 80 s out, 8 s: three
+    by_first = {b[0][0]: b for b in got}
+    assert by_first["u14"] == (["u14", "u15"], 60.0)
+    assert by_first["u20"] == (["u20", "u21", "u22"], 88.0)
+    # 160 s out, a tenth is 16 s, cut to the longest window: four units within 12 s
+    assert by_first["u40"] == (["u40", "u41", "u42", "u43"], 172.0)
+    assert got[-1] == (["u48", "u49", "u50"], 200.0)
+    # without a stretch, the window alone, as before
+    plain = ids(bundle(units, delays, 5, 25))
+    assert all(len(b[0]) <= 2 for b in plain)
+    with pytest.raises(InvalidInput, match="max_window_s >= window_s"):
+        bundle(units, delays, 5, 25, stretch=0.1, max_window_s=4)
+    with pytest.raises(InvalidInput, match="stretch >= 0"):
+        bundle(units, delays, 5, 25, stretch=-0.1)
+
+
 def test_a_bundle_is_one_run_lane_and_tenant_in_the_order_units_are_due() -> None:
     units = [
         unit("a2", tenant="a"),
@@ -84,13 +108,16 @@ def test_bad_arguments_are_named() -> None:
     ),
     st.floats(0, 20, allow_nan=False),
     st.integers(1, 6),
+    st.floats(0, 1, allow_nan=False),
+    st.floats(0, 30, allow_nan=False),
 )
 def test_every_unit_goes_once_never_before_it_is_due_and_at_most_a_window_late(
-    due: list[tuple[str, float]], window: float, most: int
+    due: list[tuple[str, float]], window: float, most: int, stretch: float, more: float
 ) -> None:
     units = [unit(f"u{i}", tenant=t) for i, (t, _) in enumerate(due)]
     delays = [d for _, d in due]
-    bundles = Bundling(window, most).of(units, delays)
+    longest = window + more
+    bundles = Bundling(window, most, stretch=stretch, max_window_s=longest).of(units, delays)
     sent = [u.unit_id for b in bundles for u in b.units]
     assert sorted(sent) == sorted(u.unit_id for u in units)  # each once
     own = {u.unit_id: d for u, d in zip(units, delays, strict=True)}
@@ -98,7 +125,9 @@ def test_every_unit_goes_once_never_before_it_is_due_and_at_most_a_window_late(
         assert 1 <= len(b.units) <= most
         assert len({u.tenant for u in b.units}) == 1
         for u in b.units:
-            assert own[u.unit_id] <= b.delay_s <= own[u.unit_id] + window
+            # late by at most the window, or the stretch of its own wait, never the longest
+            late = min(max(window, stretch * own[u.unit_id]), longest)
+            assert own[u.unit_id] <= b.delay_s <= own[u.unit_id] + late
 
 
 def test_a_bundles_message_carries_each_unit_as_it_was() -> None:

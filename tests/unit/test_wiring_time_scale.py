@@ -25,6 +25,8 @@ VALUES = {
     "LEASE_SECONDS": "720",
     "BUNDLE_WINDOW_SECONDS": "10",
     "BUNDLE_UNITS": "5",
+    "BUNDLE_STRETCH": "0.1",
+    "BUNDLE_MAX_WINDOW_SECONDS": "45",
     "MAX_ATTEMPTS": "3",
     "MAX_BUDGET_TOKENS": "1000000000",
     "DEFAULT_BUDGET_TOKENS": "6000000",
@@ -75,6 +77,10 @@ def test_every_timer_of_the_worker_follows_the_time_scale(scale: float) -> None:
     assert worker.config.max_wait_s == 20 / scale
     assert worker.config.retry_backoff_s == WorkerTimings.retry_backoff_s / scale
     assert worker.config.requeue_delay_s == WorkerTimings.requeue_delay_s / scale
+    # the bundles' windows too (the stretch is a fraction of a unit's wait: unscaled)
+    bundling = runtime.bundling()
+    assert (bundling.window_s, bundling.max_window_s) == (10 / scale, 45 / scale)
+    assert (bundling.max_units, bundling.stretch) == (5, 0.1)
     assert governor.throttle_cooldown_s == default.throttle_cooldown_s / scale
     assert governor.recovery_per_s == default.recovery_per_s * scale
     drain = runtime.drain_switch()
