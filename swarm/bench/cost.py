@@ -13,8 +13,9 @@ the meter (``GET /_local/bill``, :mod:`swarm.local.billing`) and stops the stack
 
 Printed: billed requests per unit and US dollars per million units by service, operation and
 caller, at the list prices of :mod:`swarm.bench.prices` (the model's own price excluded: its
-tokens are the budget's business), the Lambda GB-seconds per unit from the measured durations,
-and the Lambda-seconds per unit the workers spent waiting for tokens. Everything the batch made
+tokens are the budget's business), the Lambda GB-seconds per unit from the measured durations
+(with each cold start's INIT, timed apart: :func:`measure_init_s`), and the Lambda-seconds per
+unit the workers spent waiting for tokens. Everything the batch made
 AWS do between submit and its last poll counts, including what is driven by time rather than by
 units (the finalizer's poll loop, the sweeper's schedule, the event source mappings' empty long
 polls): docs/scale.md says which is which.
@@ -22,9 +23,12 @@ polls): docs/scale.md says which is which.
 
 from __future__ import annotations
 
+import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,8 +51,10 @@ NOT_COUNTED = (
     "storage (S3 objects, DynamoDB items, point-in-time recovery)",
     "CloudWatch Logs ingestion, metrics and alarms; X-Ray",
     "KMS requests of AWS-managed keys; data transfer",
-    "Lambda INIT time (the local function host has no cold start to measure)",
 )
+#: a cold start's INIT, measured in a fresh interpreter this many times (the median is billed)
+INIT_SAMPLES = 3
+INIT_OPERATION = "duration: INIT (cold starts)"
 
 
 #: the finalize loop's states entered once per poll (a wait for the closure that timed out),
@@ -117,6 +123,7 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
         final = client.status(batch)  # after the meter was read: not in the bill
     finally:
         down(cfg.state_dir, quiet=True)
+    bill = bill_init(bill, measure_init_s)
     if final.get("state") != "completed" or final["counts"]["completed"] != cfg.units:
         raise SwarmError(
             f"batch {batch} ended {final.get('state')} with {final['counts']['completed']}/"
@@ -174,6 +181,49 @@ def _wait_until_done(client: Client, batch: str, cfg: CostConfig, out: TextIO) -
         time.sleep(0.5)
 
 
+def measure_init_s(module: str) -> float:
+    """A cold start's INIT of the handler ``module`` (``functions.worker``), as this machine
+    does it: a fresh interpreter that imports the module and exits, the median of
+    :data:`INIT_SAMPLES` runs. The local function host cannot time it itself: its process has
+    every library imported already. On Lambda the runtime starts first, and a function below
+    1,769 MB has a fraction of a vCPU: a real INIT is likely longer (docs/scale.md)."""
+    from swarm.local.deploy import ROOT
+
+    samples = []
+    for _ in range(INIT_SAMPLES):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, check=True)
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def bill_init(bill: dict[str, Any], init_s: Callable[[str], float]) -> dict[str, Any]:
+    """The meter's snapshot with each function's cold starts billed: ``init_s(module)`` (on
+    the deployed clock: an INIT waits for nothing scaled) per cold start, at the function's
+    memory and architecture, as AWS bills INIT for functions on managed runtimes."""
+    lines = list(bill["lines"])
+    functions = {name: dict(use) for name, use in bill["lambda"].items()}
+    for name, use in functions.items():
+        if not use.get("cold_starts"):
+            continue
+        seconds = init_s(use["module"])
+        billed = billing.lambda_billed_seconds(seconds)
+        gb = use["cold_starts"] * billing.gb_seconds(billed, use["memory_mb"])
+        price = billing.LAMBDA_GB_S.get(use["architecture"], billing.LAMBDA_GB_S["x86_64"])
+        lines.append(
+            {
+                "service": "lambda",
+                "operation": INIT_OPERATION,
+                "caller": name,
+                "price": price,
+                "requests": 0,
+                "quantity": gb,
+            }
+        )
+        use.update(init_s=seconds, gb_s=use["gb_s"] + gb)
+    return {**bill, "lines": lines, "lambda": functions}
+
+
 def summarize(
     bill: dict[str, Any],
     units: int,
@@ -214,6 +264,7 @@ def summarize(
         for part, operation in (
             ("model_call", "duration: the model call"),
             ("sleeping_for_tokens", "duration: sleeping for tokens"),
+            ("init", INIT_OPERATION),
         )
     }
     total_usd = sum(d["usd_per_million_units"] for d in billed)
@@ -256,6 +307,7 @@ def summarize(
             "usd_per_million_units": by_service.get("lambda", {}).get("usd_per_million_units", 0),
             "model_call_usd_per_million_units": lambda_gb["model_call"],
             "sleeping_for_tokens_usd_per_million_units": lambda_gb["sleeping_for_tokens"],
+            "init_usd_per_million_units": lambda_gb["init"],
             "waited_for_tokens_s_per_unit": worker.get("waited_deployed_s", 0.0) / units,
             "slept_for_tokens_s_per_unit": worker.get("slept_s", 0.0) * time_scale / units,
             "model_call_s_per_unit": worker.get("model_s", 0.0) * time_scale / units,
@@ -346,14 +398,16 @@ def render(result: dict[str, Any], top: int = 30) -> str:
     out += [
         "",
         f"{'Lambda function':<16} {'memory':>7} {'invocations/unit':>17} "
-        f"{'billed ms/invocation: mean':>27} {'p10':>7} {'p50':>7} {'p90':>7} {'GB-s/unit':>10}",
+        f"{'billed ms/invocation: mean':>27} {'p10':>7} {'p50':>7} {'p90':>7} {'GB-s/unit':>10} "
+        f"{'cold starts':>11} {'INIT ms':>8}",
     ]
     for name, use in sorted(lam["functions"].items(), key=lambda kv: -kv[1]["gb_s"]):
         out.append(
             f"{name:<16} {use['memory_mb']:>4} MB {use['invocations_per_unit']:>17.3f} "
             f"{use['billed_ms_per_invocation']:>27,.0f} {use.get('billed_ms_p10', 0):>7,.0f} "
             f"{use.get('billed_ms_p50', 0):>7,.0f} {use.get('billed_ms_p90', 0):>7,.0f} "
-            f"{use['gb_seconds_per_unit']:>10.4f}"
+            f"{use['gb_seconds_per_unit']:>10.4f} {use.get('cold_starts', 0):>11} "
+            f"{1000 * use.get('init_s', 0.0):>8,.0f}"
         )
     targets = result["targets"]
     timed = result["time_driven"]
@@ -370,7 +424,9 @@ def render(result: dict[str, Any], top: int = 30) -> str:
         f"the run's length: {timed['usd_per_million_units']:.2f}",
         f"Lambda: {lam['gb_seconds_per_unit']:.3f} GB-s per unit from measured durations "
         f"(${lam['usd_per_million_units']:.2f} per M units, requests included); the model "
-        f"call's and the token waits' time converted back from x{scale:g}",
+        f"call's and the token waits' time converted back from x{scale:g}; each cold start's "
+        f"INIT (${lam['init_usd_per_million_units']:.2f} per M units) as a fresh interpreter "
+        "importing the handler takes on this machine",
         f"  worker, per unit: {lam['model_call_s_per_unit']:.3f} s in the model call "
         f"(${lam['model_call_usd_per_million_units']:.2f} per M units)",
         f"Lambda-seconds waited for tokens per unit: {lam['waited_for_tokens_s_per_unit']:.3f} "

@@ -200,7 +200,8 @@ def register_cost(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "cdk.json's deployed timings on the local clock), and "
             "prints the billed requests per unit and US dollars per million units by service, "
             "operation and caller at AWS list prices (us-east-1, swarm/bench/prices.py; the "
-            "model excluded), Lambda GB-seconds from measured durations and the Lambda-seconds "
+            "model excluded), Lambda GB-seconds from measured durations (each cold start's "
+            "INIT timed as a fresh interpreter importing the handler) and the Lambda-seconds "
             "per unit spent waiting for tokens. Stops the stack. See docs/scale.md."
         ),
     )

@@ -323,6 +323,8 @@ class FunctionUse:
     billed_s: float = 0.0
     gb_s: float = 0.0
     waited_deployed_s: float = 0.0  # waited_s on the deployed clock
+    cold_starts: int = 0  # invocations that started a new sandbox (an INIT)
+    module: str = ""  # the handler module a cold start imports
 
 
 @dataclass
@@ -430,11 +432,14 @@ class Meter:
         slept_s: float = 0.0,
         waited_s: float = 0.0,
         architecture: str = "x86_64",
+        cold_start: str | None = None,
     ) -> None:
         """One invocation of ``function`` (a label: ``worker``, ``fanout``...) that ran for
         ``measured_s`` on the local clock, of which ``model_s`` in the model call and
         ``slept_s`` sleeping for tokens (both time-scaled); ``waited_s``: what the worker
-        reported holding on for tokens (its sleeps and its draws' requests)."""
+        reported holding on for tokens (its sleeps and its draws' requests). ``cold_start``:
+        the handler module a new sandbox imported for it (its INIT, which AWS bills too, is
+        measured apart: :func:`swarm.bench.cost.bill_init`)."""
         if not self.enabled:
             return
         scale = self.time_scale
@@ -455,6 +460,9 @@ class Meter:
             use = self._functions.setdefault(function, FunctionUse())
             use.memory_mb, use.architecture = memory_mb, architecture
             use.invocations += 1
+            if cold_start is not None:
+                use.cold_starts += 1
+                use.module = cold_start
             use.measured_s += measured_s
             use.model_s += model_s
             use.slept_s += slept_s

@@ -153,6 +153,8 @@ class Invocation:
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     #: the worker's reported waits for tokens outside its sleeps (its draws' requests)
     drawing_s: float = 0.0
+    #: the invocation started a new sandbox (a cold start: its INIT is billed too)
+    cold: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def span(self, kind: str, start: float, end: float) -> None:
@@ -261,8 +263,8 @@ class FunctionHost:
 
     def call(self, function_name: str, handler: str, env: Mapping[str, str], event: Any) -> Any:
         module_name, _, attr = handler.rpartition(".")
-        sandbox = self._acquire(function_name, module_name)
-        invocation = Invocation(function_name, dict(env))
+        sandbox, cold = self._acquire(function_name, module_name)
+        invocation = Invocation(function_name, dict(env), cold=cold)
         token = self._current.set(invocation)
         serial = SERIALIZED.get(module_name, contextlib.nullcontext())
         started: float | None = None
@@ -298,17 +300,18 @@ class FunctionHost:
             slept_s=slept_s,
             waited_s=slept_s + invocation.drawing_s,
             architecture=profile.architecture,
+            cold_start=module_name if invocation.cold else None,
         )
 
-    def _acquire(self, function_name: str, module_name: str) -> ModuleType:
-        """An idle sandbox of the function, or a cold start: a fresh copy of the handler module,
-        so its module-level state (Powertools' batch processor and resolver, the wiring cache)
-        serves one invocation at a time, as a Lambda execution environment does."""
+    def _acquire(self, function_name: str, module_name: str) -> tuple[ModuleType, bool]:
+        """An idle sandbox of the function, or a cold start (True): a fresh copy of the handler
+        module, so its module-level state (Powertools' batch processor and resolver, the wiring
+        cache) serves one invocation at a time, as a Lambda execution environment does."""
         with self._lock:
             self.invocations[function_name] += 1
             idle = self._idle.setdefault(function_name, [])
             if idle:
-                return idle.pop()
+                return idle.pop(), False
             self.invocations[f"cold_starts:{function_name}"] += 1
             self._sandboxes += 1
             unique = f"{module_name}__sandbox{self._sandboxes}"
@@ -320,7 +323,7 @@ class FunctionHost:
         module = importlib.util.module_from_spec(copy_spec)
         sys.modules[unique] = module
         copy_spec.loader.exec_module(module)
-        return module
+        return module, True
 
 
 #: Handlers whose framework keeps per-request state at class level, shared by every sandbox of

@@ -441,6 +441,7 @@ def test_the_function_host_bills_each_invocation_with_its_functions_memory(
         event = {"sleep": 0.02, "model_spans": [[0.0, 0.008], [0.004, 0.006]]}
         assert host.call("fn-1", "billprobe.handler", {}, event) == {"function": "fn-1"}
         host.call("fn-2", "billprobe.handler", {}, {"sleep": 0.0})
+        host.call("fn-2", "billprobe.handler", {}, {"sleep": 0.0})  # its sandbox, warm
         snapshot = meter.snapshot()
     finally:
         meter.reset()
@@ -453,6 +454,11 @@ def test_the_function_host_bills_each_invocation_with_its_functions_memory(
     assert probe["gb_s"] == pytest.approx(probe["billed_s"] * 256 / 1024)
     # a function without a profile: its handler's module, Lambda's default 128 MB
     assert snapshot["lambda"]["billprobe"]["memory_mb"] == 128
+    # each function's first invocation started a sandbox (its INIT is billed apart), the
+    # second reused it
+    assert (probe["cold_starts"], probe["module"]) == (1, "billprobe")
+    assert snapshot["lambda"]["billprobe"]["invocations"] == 2
+    assert snapshot["lambda"]["billprobe"]["cold_starts"] == 1
 
 
 def test_an_invocations_scaled_time_is_the_union_of_its_threads_spans() -> None:
@@ -467,3 +473,46 @@ def test_an_invocations_scaled_time_is_the_union_of_its_threads_spans() -> None:
     invocation.span(SLEEP, 4.0, 4.5)
     model_s, slept_s = invocation.scaled_s()
     assert model_s == pytest.approx(3.0) and slept_s == pytest.approx(2.0)
+
+
+def test_each_cold_start_bills_its_init_at_the_functions_memory(meter: billing.Meter) -> None:
+    # Given three worker invocations (256 MB, arm64), two of them in new sandboxes, and one
+    # warm fan-out invocation
+    for cold in ("functions.worker", None, "functions.worker"):
+        meter.lambda_invocation("worker", 256, 0.1, architecture="arm64", cold_start=cold)
+    meter.lambda_invocation("fanout", 512, 0.1)
+    bill = meter.snapshot()
+    assert bill["lambda"]["worker"]["cold_starts"] == 2
+    assert bill["lambda"]["worker"]["module"] == "functions.worker"
+    assert bill["lambda"]["fanout"]["cold_starts"] == 0
+    # When each cold start's INIT is billed, measured at 0.8 s for the worker's module
+    asked: list[str] = []
+
+    def init_s(module: str) -> float:
+        asked.append(module)
+        return 0.8
+
+    billed = cost.bill_init(bill, init_s)
+    # Then the worker pays 2 x 0.8 s x 0.25 GB at the arm64 price, the warm function nothing
+    assert asked == ["functions.worker"]
+    (init,) = [d for d in billed["lines"] if d["operation"] == cost.INIT_OPERATION]
+    assert (init["caller"], init["price"]) == ("worker", billing.LAMBDA_GB_S["arm64"])
+    assert init["quantity"] == pytest.approx(0.4)
+    worker = billed["lambda"]["worker"]
+    assert worker["gb_s"] == pytest.approx(bill["lambda"]["worker"]["gb_s"] + 0.4)
+    assert worker["init_s"] == 0.8
+    # and the summary prices it, apart, and counts it in the total
+    result = cost.summarize(billed, 100)
+    usd = 0.4 * prices.price_of(billing.LAMBDA_GB_S["arm64"]).usd_per_unit / 100 * 1e6
+    assert result["lambda"]["init_usd_per_million_units"] == pytest.approx(usd)
+    assert result["usd_per_million_units"] > usd
+    assert "INIT" in cost.render(result)
+    # the snapshot the meter gave is unchanged
+    assert all(d["operation"] != cost.INIT_OPERATION for d in bill["lines"])
+
+
+def test_an_init_is_measured_in_a_fresh_interpreter() -> None:
+    # a module this process has imported already is imported afresh: a real cold start
+    assert 0 < cost.measure_init_s("swarm.core.records") < 30
+    with pytest.raises(Exception, match="returned non-zero exit status"):
+        cost.measure_init_s("swarm.no_such_module")
