@@ -476,8 +476,9 @@ def test_a_run_closed_while_the_poll_kept_its_token_is_seen_by_that_poll() -> No
     plane = Plane()
     run_id = plane.submit(1)
     plane.fan_out()
-    item = plane.queue.receive()
-    assert item is not None
+    received = plane.queue.receive()
+    assert received is not None
+    item: QueuedUnit = received
 
     class Racing(MemoryClosures):
         """The last unit's settlement lands between the token kept and the run read again:
