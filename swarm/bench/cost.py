@@ -38,7 +38,7 @@ from swarm.client import Client
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.records import Lane
 from swarm.local import billing
-from swarm.local.deploy import LocalOptions
+from swarm.local.deploy import ROOT, LocalOptions
 
 #: issue 15's targets for the happy path
 TARGET_REQUESTS_PER_UNIT = 8.0
@@ -123,12 +123,12 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
         final = client.status(batch)  # after the meter was read: not in the bill
     finally:
         down(cfg.state_dir, quiet=True)
-    bill = bill_init(bill, measure_init_s)
     if final.get("state") != "completed" or final["counts"]["completed"] != cfg.units:
         raise SwarmError(
             f"batch {batch} ended {final.get('state')} with {final['counts']['completed']}/"
             f"{cfg.units} units completed: not the happy path, so its bill is not reported"
         )
+    bill = bill_init(bill, measure_init_s)
     result = summarize(bill, cfg.units, batch=batch, status=final)
     result["local_timings"] = timings
     result["lane"] = cfg.lane.value
@@ -139,8 +139,6 @@ def deployed_timings(time_scale: float) -> dict[str, Any]:
     """cdk.json's worker timeout, governor wait, finalizer poll bounds and sweeper schedule, as
     :class:`LocalOptions` takes them: in deployed seconds (the wiring scales them), except the
     finalizer's poll bounds, a Wait state's whole seconds on the local clock (30 s at x10: 3 s)."""
-    from swarm.local.deploy import ROOT
-
     if str(ROOT) not in sys.path:  # infra/ next to swarm/, as the local stack imports it
         sys.path.insert(0, str(ROOT))
     from infra.context import cdk_json_context
@@ -187,8 +185,6 @@ def measure_init_s(module: str) -> float:
     :data:`INIT_SAMPLES` runs. The local function host cannot time it itself: its process has
     every library imported already. On Lambda the runtime starts first, and a function below
     1,769 MB has a fraction of a vCPU: a real INIT is likely longer (docs/scale.md)."""
-    from swarm.local.deploy import ROOT
-
     samples = []
     for _ in range(INIT_SAMPLES):
         started = time.perf_counter()
