@@ -450,14 +450,16 @@ class SwarmConfig(_Strict):
         (or place) up to the longest window late. The governor honours one at most the time its
         bucket takes to fill after its ready time (docs/governor.md): a longer window would
         throw the first units' bookings away."""
-        capacity = self.governor_capacity_tokens or self.quota_tpm
-        grace = capacity / GovernorConfig(self.quota_tpm, self.governor_share).rate
+        governor = GovernorConfig(
+            self.quota_tpm, self.governor_share, capacity=self.governor_capacity_tokens
+        )
+        capacity, grace = governor.bucket_capacity, governor.fill_s
         longest = self.worker.longest_bundle_window_seconds
         if longest > grace:
             key = "max_window" if self.worker.bundle_max_window_seconds is not None else "window"
             raise ValueError(
                 f"worker.bundle_{key}_seconds={longest:g} is above {grace:.1f} s, the time "
-                f"the governor's bucket ({capacity:,} tokens) takes to fill at "
+                f"the governor's bucket ({capacity:,.0f} tokens) takes to fill at "
                 f"quota_tpm={self.quota_tpm} x governor_share={self.governor_share}: the "
                 "governor honours a booking at most that long after it is ready, and a "
                 "bundle's first unit would present its booking later; lower the window or "

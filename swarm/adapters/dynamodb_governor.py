@@ -215,9 +215,7 @@ class DynamoDBGovernor:
             raise InvalidInput("place_horizon_s", f"must be >= 0 seconds, got {place_horizon_s!r}")
         self.margin_s = margin_s
         self.full_grid_s = full_grid_s
-        self.ticket_grace_s = (
-            config.bucket_capacity / config.rate if ticket_grace_s is None else ticket_grace_s
-        )
+        self.ticket_grace_s = config.fill_s if ticket_grace_s is None else ticket_grace_s
         #: never write: a missing shard reads as its initial state (docs/governor.md, "Read-only
         #: clients")
         self.read_only = read_only

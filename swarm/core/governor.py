@@ -71,6 +71,12 @@ class GovernorConfig:
     def bucket_capacity(self) -> float:
         return float(self.quota_tpm) if self.capacity is None else float(self.capacity)
 
+    @property
+    def fill_s(self) -> float:
+        """How long the empty bucket takes to fill at the governed rate: the longest a booking
+        is honoured after it is ready, by default (``DynamoDBGovernor.ticket_grace_s``)."""
+        return self.bucket_capacity / self.rate
+
     def reserve(self, lane: Lane) -> float:
         """Tokens a draw from ``lane`` must leave in the bucket."""
         return self.reserves.get(lane, 0.0) * self.bucket_capacity
