@@ -41,6 +41,7 @@ from swarm.cli.deploy import (
     REPO_ROOT,
     CdkDeployer,
     Deployer,
+    DeployFailed,
     LocalDeployer,
     _context_value,
     _stage,
@@ -178,6 +179,30 @@ def _stack_exists(stack: str, region: str | None) -> bool:
     return True
 
 
+def _empty_buckets(stack: str, region: str | None) -> int:
+    """Delete every object (and version) of the stack's buckets: CloudFormation cannot delete a
+    bucket that holds objects, and a non-production stage's buckets are deleted with it (the
+    batch bucket holds the smoke's manifests and results, the access-log bucket its logs).
+    Returns how many objects were deleted."""
+    import boto3
+
+    try:
+        cfn = boto3.client("cloudformation", region_name=region)
+        s3 = boto3.resource("s3", region_name=region)
+        deleted = 0
+        for page in cfn.get_paginator("list_stack_resources").paginate(StackName=stack):
+            for resource in page["StackResourceSummaries"]:
+                if resource["ResourceType"] != "AWS::S3::Bucket":
+                    continue
+                if resource["ResourceStatus"] == "DELETE_COMPLETE":
+                    continue
+                for answer in s3.Bucket(resource["PhysicalResourceId"]).object_versions.delete():
+                    deleted += len(answer.get("Deleted", []))
+    except Exception as e:
+        raise SwarmError(f"cannot empty the buckets of {stack}: {aws_failure(e) or e}") from None
+    return deleted
+
+
 @dataclass
 class AwsSmokeStack:
     """Stack ``Swarm-<stage>`` in the account of your credentials, deployed with ``npx cdk``."""
@@ -186,6 +211,7 @@ class AwsSmokeStack:
     tenant_profile: str | None = None
     operator_profile: str | None = None
     read_stack: StackReader = Target.from_stack
+    empty_buckets: Callable[[str, str | None], int] = _empty_buckets
     _target: Target | None = None
 
     @property
@@ -214,9 +240,19 @@ class AwsSmokeStack:
         return self.deployer
 
     def destroy(self, out: TextIO) -> str:
+        """Empty the buckets, then ``cdk destroy``; once more if it failed (S3 delivers access
+        logs minutes late: one may land in the emptied log bucket before it is deleted)."""
         started = time.monotonic()
-        self.deployer.destroy(out)
-        return f"{self.name} deleted in {time.monotonic() - started:.0f}s"
+        emptied = self.empty_buckets(self.name, self.deployer.region)
+        try:
+            self.deployer.destroy(out)
+        except DeployFailed:
+            emptied += self.empty_buckets(self.name, self.deployer.region)
+            self.deployer.destroy(out)
+        return (
+            f"{self.name} deleted in {time.monotonic() - started:.0f}s ({emptied} objects "
+            "deleted from its buckets first)"
+        )
 
     def keep_hint(self) -> str:
         return shlex.join(self.deployer.command("destroy"))

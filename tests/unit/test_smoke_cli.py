@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import pytest
 
 from swarm.cli import smoke as smoke_cmd
-from swarm.cli.deploy import DeployFailed
+from swarm.cli.deploy import CdkDeployer, DeployFailed
 from swarm.cli.smoke import AwsSmokeStack, Smoke
 from swarm.client import ApiError, Target
 from swarm.core.errors import SwarmError
@@ -316,7 +316,12 @@ def test_a_stage_is_deployed_redeployed_and_destroyed_with_cdk_as_two_roles(
         assert isinstance(stack, AwsSmokeStack)
         stack.deployer.run = cdk
         stack.read_stack = lambda stack, region: TARGET
+        stack.empty_buckets = empty
         return stack
+
+    def empty(stack: str, region: str | None) -> int:
+        cdk.calls.append(["empty the buckets of", stack, str(region)])
+        return 7
 
     monkeypatch.setattr(smoke_cmd, "Client", client)
     monkeypatch.setattr(smoke_cmd, "stack_for", stack_for)
@@ -331,12 +336,30 @@ def test_a_stage_is_deployed_redeployed_and_destroyed_with_cdk_as_two_roles(
     assert cdk.calls == [
         ["npx", "cdk", "deploy", *stage, "--require-approval", "never"],
         ["npx", "cdk", "deploy", *stage, "--require-approval", "never"],
+        ["empty the buckets of", "Swarm-smoke", "eu-west-1"],  # CloudFormation cannot otherwise
         ["npx", "cdk", "destroy", *stage, "--force"],
     ]
     # the tenant submits, the operator drains, each with its own profile
     assert profiles == ["t", "o"]
     assert out.splitlines()[0].startswith("ok deploy: Swarm-smoke in ")
-    assert "ok destroy: Swarm-smoke deleted" in out
+    assert "ok destroy: Swarm-smoke deleted in 0s (7 objects deleted from its buckets first)" in out
+
+
+def test_a_destroy_refused_for_a_late_object_empties_the_buckets_again_and_retries_once() -> None:
+    calls: list[str] = []
+    statuses = iter([1, 0])
+
+    def cdk(command: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+        calls.append(command[2])
+        return next(statuses)
+
+    def empty(stack: str, region: str | None) -> int:
+        calls.append("empty")
+        return 1
+
+    stack = AwsSmokeStack(CdkDeployer("smoke", run=cdk), empty_buckets=empty)
+    assert "(2 objects deleted" in stack.destroy(io.StringIO())
+    assert calls == ["empty", "destroy", "empty", "destroy"]
 
 
 def _args(*argv: str) -> Any:
