@@ -351,9 +351,12 @@ class Smoke:
 
     def _watch(self, tenant: SmokeApi, batch_id: str) -> Any:
         """The batch's status once it is terminal (progress is not printed)."""
-        return self.watcher(
-            cast(Client, tenant), batch_id, self.interval_s, self.timeout_s, out=io.StringIO()
-        )
+        try:
+            return self.watcher(
+                cast(Client, tenant), batch_id, self.interval_s, self.timeout_s, out=io.StringIO()
+            )
+        except InvalidInput as e:  # watch's own timeout names its --watch
+            raise StepFailed(f"{e.message} (--timeout)") from None
 
     def _batch(self, tenant: SmokeApi, batch: dict[str, Any]) -> str:
         final = self._watch(tenant, batch["id"])

@@ -17,7 +17,7 @@ from swarm.cli import smoke as smoke_cmd
 from swarm.cli.deploy import CdkDeployer, DeployFailed
 from swarm.cli.smoke import AwsSmokeStack, Smoke
 from swarm.client import ApiError, Target
-from swarm.core.errors import SwarmError
+from swarm.core.errors import InvalidInput, SwarmError
 from tests.unit.helpers import run_cli
 
 TARGET = Target("https://api.example/smoke", "eu-west-1", "/swarm/smoke/drain")
@@ -166,7 +166,7 @@ class FakeClock:
 
 
 def run_smoke(
-    keep: bool = False, fault: str = "", **stack: Any
+    keep: bool = False, fault: str = "", watcher: Any = None, **stack: Any
 ) -> tuple[int, list[str], list[str]]:
     """(exit status, the calls in order, the printed lines)."""
     log: list[str] = []
@@ -183,6 +183,8 @@ def run_smoke(
         clock=clock.now,
         sleep=clock.sleep,
     )
+    if watcher is not None:
+        smoke.watcher = watcher
     return smoke.run(), log, out.getvalue().splitlines()
 
 
@@ -272,6 +274,15 @@ def test_a_failed_redeploy_leaves_drain_on_and_destroys() -> None:
     assert code == 1
     assert log[-3:] == ["submit 1", "redeploy", "destroy"]  # no drain off
     assert "FAILED redeploy: synth failed" in lines
+
+
+def test_a_batch_that_never_closes_fails_its_step_naming_the_timeout() -> None:
+    def never(client: Any, batch: str, interval_s: float, timeout_s: float, out: Any) -> Any:
+        raise InvalidInput("--watch", f"batch {batch} still running after {timeout_s}s")
+
+    code, log, lines = run_smoke(watcher=never)
+    assert code == 1 and log[-1] == "destroy"
+    assert "FAILED batch: batch b-0 still running after 60s (--timeout)" in lines
 
 
 def test_a_results_file_never_written_fails_after_the_timeout() -> None:
