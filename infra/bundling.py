@@ -1,16 +1,15 @@
 """Lambda packaging without Docker: pip-install pinned dependencies for the Lambda platform.
 
-One asset holds the handlers (``functions/``), the library they call (``swarm/``) and the
-dependencies from ``functions/requirements.txt``, installed as manylinux wheels for the function's
-Python version. Tests skip bundling with the context ``aws:cdk:bundling-stacks=[]``.
+One asset holds the handlers (``functions/``), the modules of the library (``swarm/``) they
+import and the dependencies from ``functions/requirements.txt``, installed as manylinux wheels for
+the function's Python version: :mod:`infra.asset` says which modules (the handlers' import
+closure: no local stack, simulator, CLI or benchmark code). Tests skip bundling with the context
+``aws:cdk:bundling-stacks=[]``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,24 +17,21 @@ import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_lambda as lambda_
 
+from infra import asset
 from infra.constants import ROOT
 
-FUNCTIONS_DIR = ROOT / "functions"
-LIBRARY_DIR = ROOT / "swarm"
-REQUIREMENTS = FUNCTIONS_DIR / "requirements.txt"
-_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt")
+FUNCTIONS_DIR = asset.FUNCTIONS_DIR
+REQUIREMENTS = asset.REQUIREMENTS
 
 
 def _source_files() -> list[Path]:
-    files = [REQUIREMENTS]
-    for directory in (FUNCTIONS_DIR, LIBRARY_DIR):
-        files += sorted(p for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
-    return files
+    return [REQUIREMENTS, *asset.asset_files()]
 
 
 def source_hash(platform: str = "") -> str:
-    """Hash of everything that goes into the asset, so any change re-bundles: the sources, the
-    pinned requirements and the platform their wheels are for."""
+    """Hash of everything that goes into the asset, so any change re-bundles: the shipped
+    sources, the pinned requirements and the platform their wheels are for (a change to code
+    the handlers do not import, the CLI's say, leaves the functions' code as it is)."""
     digest = hashlib.sha256(platform.encode())
     for path in _source_files():
         digest.update(str(path.relative_to(ROOT)).encode())
@@ -45,36 +41,21 @@ def source_hash(platform: str = "") -> str:
 
 @jsii.implements(cdk.ILocalBundling)
 class LocalPipBundling:
-    """``pip install --target`` for the Lambda platform, then copy the sources."""
+    """``pip install --target`` for the Lambda platform, then copy the shipped sources."""
 
     def __init__(self, python_version: str, platform: str) -> None:
         self.python_version = python_version
         self.platform = platform
 
     def try_bundle(self, output_dir: str, options: Any) -> bool:
-        out = Path(output_dir)
-        command = [
-            sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            "--target", str(out), "--platform", self.platform, "--implementation", "cp",
-            "--python-version", self.python_version, "--only-binary=:all:",
-            "--no-compile", "-r", str(REQUIREMENTS),
-        ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(
-                "bundling the Lambda dependencies with pip failed "
-                f"(exit {result.returncode}):\n{result.stderr.strip()}"
-            )
-        shutil.copytree(FUNCTIONS_DIR, out / "functions", ignore=_IGNORED, dirs_exist_ok=True)
-        shutil.copytree(LIBRARY_DIR, out / "swarm", ignore=_IGNORED, dirs_exist_ok=True)
+        asset.build(Path(output_dir), self.python_version, self.platform)
         return True
 
 
 def function_code(runtime: lambda_.Runtime, architecture: lambda_.Architecture) -> lambda_.Code:
     """The shared asset of every function (handler ``functions.<name>.handler``)."""
     python_version = runtime.name.removeprefix("python")
-    machine = "aarch64" if architecture.name == "arm64" else "x86_64"
-    platform = f"manylinux2014_{machine}"
+    platform = asset.lambda_platform(architecture.name)
     return lambda_.Code.from_asset(
         str(FUNCTIONS_DIR),
         asset_hash_type=cdk.AssetHashType.CUSTOM,

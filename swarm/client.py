@@ -130,6 +130,9 @@ class Target:
     tenant_prefix: str = "swarm-tenant-"
     #: local only: the operator's role (fleet, drain view, re-binding, the drain switch)
     operator_role: str = "swarm-operator-local"
+    #: a deployed stack: the AWS profile whose credentials sign the requests and set the drain
+    #: switch (None: the default credentials), e.g. one for a tenant's role, one for an operator's
+    profile: str | None = None
 
     @property
     def local(self) -> bool:
@@ -246,7 +249,9 @@ class Client:
                     "aws_session_token": c.token,
                 },
             )
-        return boto3.client(service, region_name=self.target.region)
+        return boto3.Session(profile_name=self.target.profile).client(
+            service, region_name=self.target.region
+        )
 
     def request(
         self,
@@ -378,7 +383,7 @@ class Client:
             SigV4Auth(credentials, "execute-api", self.target.region).add_auth(request)
             return dict(request.headers.items())
         try:  # a profile that does not exist, an SSO token or a role session that expired...
-            credentials = boto3.Session().get_credentials()
+            credentials = boto3.Session(profile_name=self.target.profile).get_credentials()
             if credentials is None:
                 raise SwarmError(
                     f"no AWS credentials to sign the request with (SigV4): {CREDENTIALS_HINT}"

@@ -14,7 +14,9 @@ the meter (``GET /_local/bill``, :mod:`swarm.local.billing`) and stops the stack
 Printed: billed requests per unit and US dollars per million units by service, operation and
 caller, at the list prices of :mod:`swarm.bench.prices` (the model's own price excluded: its
 tokens are the budget's business), the Lambda GB-seconds per unit from the measured durations
-(with each cold start's INIT, timed apart: :func:`measure_init_s`), and the Lambda-seconds per
+(with each cold start's INIT, timed apart: :func:`measure_init_s`, a fresh interpreter
+importing the handler from the functions' asset alone), the asset's size
+(:func:`measure_asset`), and the Lambda-seconds per
 unit the workers spent waiting for tokens. Everything the batch made
 AWS do between submit and its last poll counts, including what is driven by time rather than by
 units (the finalizer's poll loop, the sweeper's schedule, the event source mappings' empty long
@@ -23,6 +25,8 @@ polls): docs/scale.md says which is which.
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,6 +56,9 @@ NOT_COUNTED = (
     "CloudWatch Logs ingestion, metrics and alarms; X-Ray",
     "KMS requests of AWS-managed keys; data transfer",
 )
+MB = 1024 * 1024
+#: a function's code and layers, unzipped (an asset uploaded through S3: no 50 MB zip limit)
+LAMBDA_UNZIPPED_LIMIT_MB = 250
 #: a cold start's INIT, measured in a fresh interpreter this many times (the median is billed)
 INIT_SAMPLES = 3
 INIT_OPERATION = "duration: INIT (cold starts)"
@@ -128,8 +135,12 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
             f"batch {batch} ended {final.get('state')} with {final['counts']['completed']}/"
             f"{cfg.units} units completed: not the happy path, so its bill is not reported"
         )
-    bill = bill_init(bill, measure_init_s)
+    template = cfg.state_dir / "cdk.out" / f"Swarm-{options.stage}.template.json"
+    print("building the functions' asset to weigh it and time its imports ...", file=out)
+    figures = measure_asset(template, cfg.state_dir / "asset")
+    bill = bill_init(bill, lambda module: float(figures["import_s"][module]))
     result = summarize(bill, cfg.units, batch=batch, status=final)
+    result["asset"] = figures
     result["local_timings"] = timings
     result["lane"] = cfg.lane.value
     return result
@@ -179,18 +190,61 @@ def _wait_until_done(client: Client, batch: str, cfg: CostConfig, out: TextIO) -
         time.sleep(0.5)
 
 
-def measure_init_s(module: str) -> float:
+def measure_init_s(module: str, asset_dir: Path | None = None) -> float:
     """A cold start's INIT of the handler ``module`` (``functions.worker``), as this machine
     does it: a fresh interpreter that imports the module and exits, the median of
-    :data:`INIT_SAMPLES` runs. The local function host cannot time it itself: its process has
-    every library imported already. On Lambda the runtime starts first, and a function below
-    1,769 MB has a fraction of a vCPU: a real INIT is likely longer (docs/scale.md)."""
+    :data:`INIT_SAMPLES` runs. With ``asset_dir`` (a functions' asset built with this machine's
+    wheels, :func:`measure_asset`) the interpreter is isolated and has only the standard library
+    and the asset on ``sys.path``, as on Lambda; without, this checkout's environment. The local
+    function host cannot time it itself: its process has every library imported already. On
+    Lambda the runtime starts first, and a function below 1,769 MB has a fraction of a vCPU: a
+    real INIT is likely longer (docs/scale.md)."""
+    if asset_dir is None:
+        command = [sys.executable, "-c", f"import {module}"]
+    else:
+        code = f"import sys; sys.path.insert(0, {str(asset_dir)!r}); import {module}"
+        command = [sys.executable, "-I", "-S", "-c", code]
     samples = []
     for _ in range(INIT_SAMPLES):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, check=True)
+        subprocess.run(command, cwd=ROOT, check=True)
         samples.append(time.perf_counter() - started)
     return statistics.median(samples)
+
+
+def _functions_runtime(template: Path) -> tuple[str, str]:
+    """(runtime, architecture) of the synthesized template's functions (one asset for all)."""
+    resources = json.loads(template.read_text())["Resources"].values()
+    for resource in resources:
+        if resource["Type"] == "AWS::Lambda::Function":
+            props = resource["Properties"]
+            return str(props["Runtime"]), str(props.get("Architectures", ["x86_64"])[0])
+    raise SwarmError(f"{template} has no Lambda function")
+
+
+def measure_asset(template: Path, workdir: Path) -> dict[str, Any]:
+    """The functions' asset (:mod:`infra.asset`): built as ``cdk deploy`` builds it, for the
+    runtime and architecture of the synthesized ``template``, and weighed; built again with this
+    machine's wheels, to time each handler's cold-start imports from it alone."""
+    if str(ROOT) not in sys.path:  # infra/ next to swarm/, as the local stack imports it
+        sys.path.insert(0, str(ROOT))
+    from infra import asset
+
+    runtime, architecture = _functions_runtime(template)
+    shutil.rmtree(workdir, ignore_errors=True)
+    deployed, here = workdir / "lambda", workdir / "host"
+    asset.build(deployed, runtime.removeprefix("python"), asset.lambda_platform(architecture))
+    asset.build(here, *asset.host_target())
+    sources = asset.asset_files()
+    return {
+        "runtime": runtime,
+        "architecture": architecture,
+        "zipped_bytes": asset.zipped_size(deployed),
+        "unzipped_bytes": asset.tree_size(deployed),
+        "source_files": len(sources),
+        "source_bytes": sum(path.stat().st_size for path in sources),
+        "import_s": {module: measure_init_s(module, here) for module in asset.handler_modules()},
+    }
 
 
 def bill_init(bill: dict[str, Any], init_s: Callable[[str], float]) -> dict[str, Any]:
@@ -422,12 +476,32 @@ def render(result: dict[str, Any], top: int = 30) -> str:
         f"(${lam['usd_per_million_units']:.2f} per M units, requests included); the model "
         f"call's and the token waits' time converted back from x{scale:g}; each cold start's "
         f"INIT (${lam['init_usd_per_million_units']:.2f} per M units) as a fresh interpreter "
-        "importing the handler takes on this machine",
+        "importing the handler from the asset alone takes on this machine",
         f"  worker, per unit: {lam['model_call_s_per_unit']:.3f} s in the model call "
         f"(${lam['model_call_usd_per_million_units']:.2f} per M units)",
         f"Lambda-seconds waited for tokens per unit: {lam['waited_for_tokens_s_per_unit']:.3f} "
         f"(of which sleeping {lam['slept_for_tokens_s_per_unit']:.3f} s: "
         f"${lam['sleeping_for_tokens_usd_per_million_units']:.2f} per M units)",
+        *_asset_lines(result.get("asset")),
         "not counted: " + "; ".join(result["not_counted"]),
     ]
     return "\n".join(out)
+
+
+def _asset_lines(figures: dict[str, Any] | None) -> list[str]:
+    if not figures:
+        return []
+    imports = ", ".join(
+        f"{module.rpartition('.')[2]} {1000 * seconds:,.0f} ms"
+        for module, seconds in sorted(figures["import_s"].items())
+    )
+    return [
+        f"function asset ({figures['runtime']} {figures['architecture']}, one for every "
+        f"function, as cdk deploy bundles it): {figures['zipped_bytes'] / MB:.1f} MB zipped, "
+        f"{figures['unzipped_bytes'] / MB:.1f} MB unzipped (Lambda's limit: "
+        f"{LAMBDA_UNZIPPED_LIMIT_MB} MB); of it the handlers and the library modules they "
+        f"import: {figures['source_files']} files, {figures['source_bytes'] / 1024:,.0f} KiB "
+        "(no local stack, simulator, CLI or bench code)",
+        f"cold start imports (a fresh interpreter with only the asset and the standard library, "
+        f"median of {INIT_SAMPLES}; the INIT billed above): {imports}",
+    ]

@@ -6,7 +6,8 @@
   ``drain``...);
 - :mod:`swarm.cli.deploy`: ``swarm deploy`` (drain, cdk deploy, undrain);
 - :mod:`swarm.cli.local`: the local stack (``swarm local up|down|demo|tenant``);
-- :mod:`swarm.cli.bench`: benchmarks (``swarm bench governor``, ``swarm bench cost``).
+- :mod:`swarm.cli.bench`: benchmarks (``swarm bench governor``, ``swarm bench cost``);
+- :mod:`swarm.cli.smoke`: ``swarm smoke`` (a stack of its own, end to end, then destroyed).
 
 Every error a user can cause ends with a one-line message and exit status 2, never a traceback.
 """
@@ -17,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from swarm.cli import bench, deploy, local, ops, plan, results, sim
+from swarm.cli import bench, deploy, local, ops, plan, results, sim, smoke
 from swarm.client import aws_failure
 from swarm.core.errors import SwarmError
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.register(sub)
     local.register(sub)
     bench.register(sub)
+    smoke.register(sub)
     return parser
 
 

@@ -116,6 +116,8 @@ class CdkDeployer:
             command += ["-c", value]
         if verb == "deploy":
             command += ["--require-approval", self.require_approval]
+        if verb == "destroy":  # `swarm smoke`: its own stage, deleted without a prompt
+            command.append("--force")
         return command
 
     def describe(self) -> str:
@@ -126,6 +128,11 @@ class CdkDeployer:
 
     def deploy(self, out: TextIO) -> None:
         self._run(self.command("deploy"), out)
+
+    def destroy(self, out: TextIO) -> None:
+        """``npx cdk destroy --force``: the stack and what it does not retain (a production
+        stage retains its tables, buckets and logs; cdk.json's production_stages)."""
+        self._run(self.command("destroy"), out)
 
     def _run(self, command: list[str], out: TextIO) -> None:
         if not (self.root / "cdk.json").is_file():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -516,3 +518,51 @@ def test_an_init_is_measured_in_a_fresh_interpreter() -> None:
     assert 0 < cost.measure_init_s("swarm.core.records") < 30
     with pytest.raises(Exception, match="returned non-zero exit status"):
         cost.measure_init_s("swarm.no_such_module")
+
+
+def test_a_cold_start_is_timed_from_the_asset_alone(tmp_path: Path) -> None:
+    # Given an asset whose handler imports the standard library, and one whose handler imports
+    # a package this checkout has installed but the asset does not hold
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "functions" / "__init__.py").write_text("")
+    (tmp_path / "functions" / "lean.py").write_text("import json\n")
+    (tmp_path / "functions" / "leaky.py").write_text("import boto3\n")
+    # Then the first is timed, and the second fails as its cold start would on Lambda
+    assert 0 < cost.measure_init_s("functions.lean", tmp_path) < 30
+    with pytest.raises(subprocess.CalledProcessError):
+        cost.measure_init_s("functions.leaky", tmp_path)
+
+
+def test_the_asset_figures_are_printed_with_the_bill(tmp_path: Path) -> None:
+    template = tmp_path / "Swarm-local.template.json"
+    template.write_text(
+        '{"Resources": {"Q": {"Type": "AWS::SQS::Queue", "Properties": {}}, "F": {"Type": '
+        '"AWS::Lambda::Function", "Properties": {"Runtime": "python3.14", '
+        '"Architectures": ["arm64"]}}}}'
+    )
+    assert cost._functions_runtime(template) == ("python3.14", "arm64")
+    figures = {
+        "runtime": "python3.14",
+        "architecture": "arm64",
+        "zipped_bytes": 15 * 1024 * 1024,
+        "unzipped_bytes": 60 * 1024 * 1024,
+        "source_files": 54,
+        "source_bytes": 600 * 1024,
+        "import_s": {"functions.worker": 0.61, "functions.api": 0.52},
+    }
+    result = cost.summarize(
+        {
+            "lines": [],
+            "lambda": {},
+            "time_scale": 10.0,
+            "window_s": 60.0,
+            "execution_types": {},
+            "stepfunctions": {},
+            "dynamodb": {},
+        },
+        10,
+    )
+    text = cost.render({**result, "asset": figures})
+    assert "15.0 MB zipped, 60.0 MB unzipped (Lambda's limit: 250 MB)" in text
+    assert "54 files, 600 KiB" in text
+    assert "api 520 ms, worker 610 ms" in text

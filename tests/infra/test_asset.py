@@ -1,0 +1,135 @@
+"""The functions' asset ships what the handlers import and nothing else (infra/asset.py): built
+as `cdk synth` builds it, every handler imports with only the asset on ``sys.path``, and no local
+stack, simulator, CLI or benchmark code is in it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra import asset, bundling
+from infra.bundling import LocalPipBundling
+
+#: a fresh interpreter, isolated (-I: no user site, no PYTHON* variables, no current directory)
+#: and without site-packages (-S): what is on sys.path is the standard library and ``argv[1]``
+IMPORT_EVERY_HANDLER = """
+import importlib, json, sys
+asset = sys.argv[1]
+sys.path.insert(0, asset)
+failed = {}
+for name in json.loads(sys.argv[2]):
+    try:
+        module = importlib.import_module(name)
+        assert callable(module.handler), f"{name} has no handler"
+    except Exception as e:
+        failed[name] = f"{type(e).__name__}: {e}"
+outside = sorted(
+    name for name, module in sys.modules.items()
+    if name.split(".")[0] in ("functions", "swarm")
+    and not str(getattr(module, "__file__", "") or "").startswith(asset)
+)
+print(json.dumps({"failed": failed, "outside": outside, "loaded": sorted(sys.modules)}))
+"""
+
+
+def _write(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.mark.slow
+def test_every_handler_imports_from_the_built_asset_alone(tmp_path: Path) -> None:
+    # Given the asset as `cdk synth` bundles it (the same code), with wheels for this machine
+    python_version, platform = asset.host_target()
+    assert LocalPipBundling(python_version, platform).try_bundle(str(tmp_path), None)
+    handlers = asset.handler_modules()
+    assert "functions.worker" in handlers and "functions.api" in handlers
+    # When a fresh interpreter with only the asset (and the standard library) imports them all
+    command = [sys.executable, "-I", "-S", "-c", IMPORT_EVERY_HANDLER, str(tmp_path)]
+    result = subprocess.run(
+        [*command, json.dumps(handlers)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    # Then each imports (a module left out of the asset would be a ModuleNotFoundError here and
+    # on every cold start on AWS), from the asset's own files
+    assert report["failed"] == {}
+    assert report["outside"] == []
+    assert "moto" not in report["loaded"]
+    # and the asset holds no local stack, simulator, CLI or benchmark code
+    for package in ("local", "sim", "cli", "bench"):
+        assert not (tmp_path / "swarm" / package).exists(), f"swarm/{package} was shipped"
+        assert (asset.LIBRARY_DIR / package).is_dir()  # (they are there to leave out)
+    assert not (tmp_path / "swarm" / "client.py").exists()
+    assert not (tmp_path / "functions" / "requirements.txt").exists()
+
+
+def test_the_asset_holds_the_handlers_import_closure_and_no_tooling() -> None:
+    modules = asset.asset_modules()
+    assert set(asset.handler_modules()) <= set(modules)
+    # what the handlers reach through the wiring is shipped
+    for needed in ("swarm.wiring", "swarm.service.worker", "swarm.adapters.dynamodb_governor"):
+        assert needed in modules
+    # the tooling is not, whatever imports it (a handler reaching it fails here, naming it)
+    shipped_tooling = sorted(m for m in modules if m.startswith(asset.NOT_SHIPPED))
+    assert shipped_tooling == []
+
+
+def test_the_closure_follows_lazy_relative_and_parent_imports(tmp_path: Path) -> None:
+    # Given a project whose handler imports a module lazily, one relatively, and one whose
+    # package's __init__ imports another
+    _write(tmp_path, "functions/__init__.py", "")
+    _write(
+        tmp_path,
+        "functions/job.py",
+        "from swarm.core import rules\n"
+        "def handler(event, context):\n"
+        "    from swarm.adapters.late import answer\n"
+        "    return answer()\n",
+    )
+    _write(tmp_path, "swarm/__init__.py", "")
+    _write(tmp_path, "swarm/core/__init__.py", "from swarm.core import base\n")
+    _write(tmp_path, "swarm/core/base.py", "")
+    _write(tmp_path, "swarm/core/rules.py", "from . import helpers\nimport json\n")
+    _write(tmp_path, "swarm/core/helpers.py", "")
+    _write(tmp_path, "swarm/adapters/__init__.py", "")
+    _write(tmp_path, "swarm/adapters/late.py", "def answer(): return 1\n")
+    _write(tmp_path, "swarm/local/__init__.py", "")
+    _write(tmp_path, "swarm/local/stack.py", "import functions.job\n")
+    # When the asset's modules are read from it
+    modules = asset.asset_modules(tmp_path)
+    # Then every module the handler can reach is in, and the one importing it (not imported by
+    # it) is not
+    assert sorted(modules) == [
+        "functions",
+        "functions.job",
+        "swarm",
+        "swarm.adapters",
+        "swarm.adapters.late",
+        "swarm.core",
+        "swarm.core.base",
+        "swarm.core.helpers",
+        "swarm.core.rules",
+    ]
+    # and the copy keeps the project's layout
+    copied = asset.copy_sources(tmp_path / "out", tmp_path)
+    assert (tmp_path / "out" / "swarm" / "core" / "helpers.py") in copied
+    assert not (tmp_path / "out" / "swarm" / "local").exists()
+
+
+def test_the_asset_hash_covers_the_shipped_files_only() -> None:
+    # Given what the asset's hash is computed from
+    hashed = {p.relative_to(asset.ROOT).as_posix() for p in bundling._source_files()}
+    # Then a change to the CLI or the local stack (not shipped) redeploys no function's code,
+    # and a change to a shipped module or the pinned requirements does
+    assert not any(p.startswith(("swarm/cli/", "swarm/local/", "swarm/bench/")) for p in hashed)
+    assert {"swarm/wiring.py", "functions/worker.py", "functions/requirements.txt"} <= hashed
