@@ -632,8 +632,8 @@ class Error(BaseModel):
             "the API function's code: "
             + ", ".join(code.value for code in ErrorCode)
             + "; or, for an error API Gateway answers before the function runs, its response "
-            "type (e.g. MISSING_AUTHENTICATION_TOKEN, ACCESS_DENIED, THROTTLED; a body that "
-            "fails the request model is invalid_request)"
+            "type (e.g. MISSING_AUTHENTICATION_TOKEN, ACCESS_DENIED, THROTTLED, "
+            "REQUEST_TOO_LARGE; a body that fails the request model is invalid_request)"
         )
     )
     message: str
