@@ -1,6 +1,7 @@
 """The local API plays API Gateway in front of a Lambda that refuses an event past 6 MiB (as
 Lambda does, swarm.local.patches.limits): a body whose event Lambda cannot take is API Gateway's
-JSON 413 (REQUEST_TOO_LARGE), not a 5xx, and a body within the handler's limit reaches it."""
+JSON 413 (REQUEST_TOO_LARGE), not a 5xx, a body within the handler's limit reaches it, and a
+function error is API Gateway's 502, rendered by the same gateway responses."""
 
 from __future__ import annotations
 
@@ -101,3 +102,14 @@ def test_a_body_of_the_safe_size_reaches_the_function_whatever_it_escapes_to(
     status, data = post(api, body)
     assert status == 200  # moto's echo: the function got the event, whose body is answered
     assert data == body
+
+
+def test_a_function_error_is_api_gateways_502_with_the_error_body(api: LocalApi) -> None:
+    from moto.awslambda_simple.models import lambda_simple_backends
+
+    # a response past Lambda's 6 MB: the invocation is a function error
+    results = lambda_simple_backends["123456789012"][REGION].lambda_simple_results_queue
+    results.append("r" * (limits.LAMBDA_MAX_SYNC_RESPONSE_BYTES + 1))
+    status, data = post(api, b"{}")
+    assert status == 502
+    assert json.loads(data) == {"error": "DEFAULT_5XX", "message": "Internal server error"}
