@@ -32,6 +32,7 @@ from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
+from swarm.api.gateway import GATEWAY_RESPONSES
 from swarm.api.models import BATCH_ID_PREFIX, UPLOADS_PREFIX
 from swarm.api.openapi import DRAFT4, IDEMPOTENCY_KEY, ROUTES, gateway_schema
 from swarm.contract import API
@@ -61,18 +62,6 @@ def _cdk_schema(schema: Mapping[str, Any]) -> apigw.JsonSchema:
             value = [_cdk_schema(sub) for sub in value]
         kwargs[name] = value
     return apigw.JsonSchema(**kwargs)
-
-
-_ERROR_TEMPLATE = {
-    "application/json": json.dumps(
-        {"error": "$context.error.responseType", "message": "$context.error.messageString"}
-    )
-}
-_VALIDATION_TEMPLATE = {
-    "application/json": json.dumps(
-        {"error": "invalid_request", "message": "$context.error.validationErrorString"}
-    )
-}
 
 
 #: the access log's fields (one JSON object per request)
@@ -236,23 +225,14 @@ class FrontDoor(Construct):
             )
 
     def _gateway_responses(self) -> None:
-        """Errors API Gateway raises itself also answer ``{"error", "message"}`` JSON."""
-        for name, response_type in (
-            ("BadBody", apigw.ResponseType.BAD_REQUEST_BODY),
-            ("BadParameters", apigw.ResponseType.BAD_REQUEST_PARAMETERS),
-        ):
+        """Errors API Gateway raises itself also answer ``{"error", "message"}`` JSON
+        (:data:`swarm.api.gateway.GATEWAY_RESPONSES`; the local API serves them from this
+        template)."""
+        for response in GATEWAY_RESPONSES:
             self.api.add_gateway_response(
-                name, type=response_type, status_code="400", templates=_VALIDATION_TEMPLATE
+                response.name,
+                type=apigw.ResponseType.of(response.response_type),
+                status_code=None if response.status is None else str(response.status),
+                response_headers={k: f"'{v}'" for k, v in response.headers.items()} or None,
+                templates=dict(response.templates),
             )
-        self.api.add_gateway_response(
-            "Throttled",
-            type=apigw.ResponseType.THROTTLED,
-            status_code="429",
-            response_headers={"Retry-After": "'1'"},
-            templates=_ERROR_TEMPLATE,
-        )
-        for name, response_type in (
-            ("Default4xx", apigw.ResponseType.DEFAULT_4_XX),
-            ("Default5xx", apigw.ResponseType.DEFAULT_5_XX),
-        ):
-            self.api.add_gateway_response(name, type=response_type, templates=_ERROR_TEMPLATE)

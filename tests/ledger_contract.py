@@ -318,6 +318,22 @@ class LedgerContract:
         assert ledger.tenant_queue("tenant-a", now=6.0).units == 59
         assert ledger.tenant_queue("tenant-a", now=5.0 + HOLD_WINDOW_S).units == 9
 
+    def test_the_tenant_queue_reads_each_open_runs_drain_for_its_retry_after(
+        self, ledger: Ledger
+    ) -> None:
+        # Given tenant-a's run opened at 10 with one unit completed and one dead-lettered, and
+        # a run of tenant-b
+        ledger.open_run(spec("run-1", units=4), now=10.0)
+        ledger.open_run(replace(spec("run-b", units=3), tenant="tenant-b"), now=11.0)
+        ledger.admit("run-1", "u0", 0, now=12.0)
+        ledger.settle("run-1", "u0", 0, 100, True, now=13.0)
+        ledger.admit("run-1", "u1", 0, now=12.0)
+        ledger.dead_letter("run-1", "u1", now=14.0)
+        # Then the tenant's queue reads when its run opened and the two units drained
+        view = ledger.tenant_queue("tenant-a", now=20.0)
+        assert view.units == 2 and view.progress == ((10.0, 2),)
+        assert ledger.tenant_queue("tenant-b", now=20.0).progress == ((11.0, 0),)
+
     def test_a_hold_on_a_version_another_decision_held_since_is_contended(
         self, ledger: Ledger
     ) -> None:

@@ -362,9 +362,15 @@ class DynamoDBLedger:
         runs per read: the cost grows with the tenant's own open runs, nobody else's."""
         return sum(n or 0 for n in self._queued_by_run(tenant, []).values())
 
-    def _queued_by_run(self, tenant: str, also: Sequence[str]) -> dict[str, int | None]:
+    def _queued_by_run(
+        self,
+        tenant: str,
+        also: Sequence[str],
+        progress: list[tuple[float, int]] | None = None,
+    ) -> dict[str, int | None]:
         """Each of the tenant's open runs (the index's, and the runs ``also`` names) with its
-        units not yet terminal: 0 for a closed run, None for a run whose books do not exist."""
+        units not yet terminal: 0 for a closed run, None for a run whose books do not exist;
+        ``progress`` gets each open run's (opened_at, units completed or dead-lettered)."""
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "IndexName": TENANT_RUNS_INDEX,
@@ -393,6 +399,11 @@ class DynamoDBLedger:
                     queued[run_id] = 0
                 else:
                     queued[run_id] = items.whole_of(books, "outstanding")
+                    opened_at = items.real_of(books, "opened_at")
+                    if progress is not None and opened_at is not None:
+                        drained = items.whole_of(books, "completed")
+                        drained += items.whole_of(books, "dead_lettered")
+                        progress.append((opened_at, drained))
         return queued
 
     # A tenant's holds: one item (``tenant#<tenant>`` / ``queue``) with a version and the runs
@@ -417,9 +428,10 @@ class DynamoDBLedger:
 
     def tenant_queue(self, tenant: str, now: float) -> TenantQueued:
         version, held = self._read_holds(tenant, now)
-        queued = self._queued_by_run(tenant, list(held))
+        progress: list[tuple[float, int]] = []
+        queued = self._queued_by_run(tenant, list(held), progress)
         units = sum(held[r][0] if n is None and r in held else n or 0 for r, n in queued.items())
-        return TenantQueued(units, version)
+        return TenantQueued(units, version, tuple(progress))
 
     def hold_queue(self, tenant: str, version: int, run_id: str, units: int, now: float) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ service answers, built through these models so the document cannot drift from th
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
 
@@ -32,8 +33,30 @@ from typing_extensions import TypedDict
 from swarm.core import prompts
 from swarm.core.records import ID_PATTERN, Lane, RunState, UnitState
 
-MAX_BODY_BYTES = 5 * 1024 * 1024  # under Lambda's 6 MB synchronous payload limit
+#: Lambda's synchronous invocation payload (the whole API Gateway event): "6 MB", 6 MiB exactly
+LAMBDA_PAYLOAD_BYTES = 6 * 1024 * 1024
+#: the event but its body, at most: API Gateway takes up to 10,240 bytes of request line and
+#: headers, which the event carries twice (headers, multiValueHeaders), JSON-escaped (at worst 6
+#: bytes a character), plus the request context (identity, path) and the event's keys
+EVENT_OVERHEAD_BYTES = 256 * 1024
+#: an inline body's limit, counted as the event carries it: JSON-escaped (:func:`escaped_bytes`).
+#: Whatever API Gateway's escaping, a body within it fits Lambda's payload with the rest of the
+#: event, so the handler sees it and answers; past it the handler answers 413, or, when the event
+#: does not fit Lambda at all, API Gateway answers its REQUEST_TOO_LARGE 413 (swarm.api.gateway)
+MAX_BODY_BYTES = LAMBDA_PAYLOAD_BYTES - EVENT_OVERHEAD_BYTES  # 5.75 MiB
+#: escaping makes a byte at most 6 (a control character: \u00XX), so a body of up to this many
+#: bytes fits whatever it holds
+SAFE_BODY_BYTES = 1_000_000
 MAX_INLINE_UNITS = 10_000
+
+
+def escaped_bytes(body: str) -> int:
+    """``body``'s bytes as a JSON string in API Gateway's event, at worst: a quote, backslash or
+    control character escaped (``\\"``, ``\\u0001``: 2 to 6 bytes), every non-ASCII character
+    too (``\\u00e9``: 6 bytes a UTF-16 unit), quotes excluded."""
+    return len(json.dumps(body, ensure_ascii=True)) - 2
+
+
 #: an uploaded manifest's units: the submit writes O(1) items whatever the count (the open step
 #: writes the unit records, swarm.service.opener), so the bound is the API function's time
 #: and memory to read, validate and write the manifest (measured: docs/scale.md)
@@ -609,8 +632,8 @@ class Error(BaseModel):
             "the API function's code: "
             + ", ".join(code.value for code in ErrorCode)
             + "; or, for an error API Gateway answers before the function runs, its response "
-            "type (e.g. MISSING_AUTHENTICATION_TOKEN, ACCESS_DENIED, THROTTLED; a body that "
-            "fails the request model is invalid_request)"
+            "type (e.g. MISSING_AUTHENTICATION_TOKEN, ACCESS_DENIED, THROTTLED, "
+            "REQUEST_TOO_LARGE; a body that fails the request model is invalid_request)"
         )
     )
     message: str

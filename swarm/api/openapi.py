@@ -28,6 +28,7 @@ from swarm.api.models import (
     MAX_INLINE_UNITS,
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_UNITS,
+    SAFE_BODY_BYTES,
     BatchResume,
     BatchStatus,
     BatchSubmission,
@@ -117,7 +118,19 @@ _THROTTLED = Reply(
 )
 _DRAINING = Reply("draining for a deploy: retry after Retry-After seconds", retry_after=True)
 _MISCONFIGURED = Reply("the service is misconfigured (misconfigured); its operators are alerted")
-_BODY_TOO_LARGE = f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB"
+#: the inline body's real limit: what the handler can see is what fits Lambda's payload
+_BODY_LIMIT = (
+    f"the body is over {MAX_BODY_BYTES:,} bytes (5.75 MiB) counted as API Gateway's event "
+    "carries it, JSON-escaped: a quote or backslash counts 2 bytes, a control or non-ASCII "
+    f"character 6 (any body of up to {SAFE_BODY_BYTES:,} bytes fits)"
+)
+#: what the handler never sees is refused by the gateway with the same body
+_GATEWAY_TOO_LARGE = (
+    "A body API Gateway cannot pass to the function at all (its event past Lambda's 6 MiB "
+    "invocation payload, or the body past API Gateway's 10 MB) is the same 413 and Error body "
+    "from API Gateway (REQUEST_TOO_LARGE)."
+)
+_BODY_TOO_LARGE = f"{_BODY_LIMIT} (too_large). {_GATEWAY_TOO_LARGE}"
 
 #: a batch's id in a response that describes one (BatchStatus, ResultsPage)
 _THIS_BATCH = {"batch_id": "$response.body#/batch_id"}
@@ -147,10 +160,10 @@ ROUTES: tuple[Route, ...] = (
             **_AUTH,
             409: Reply("conflict: this Idempotency-Key was used for a different batch"),
             413: Reply(
-                f"over a size limit ({_BODY_TOO_LARGE}, more than {MAX_INLINE_UNITS:,} inline "
-                f"units, or a manifest of more than {MAX_MANIFEST_UNITS:,} units or "
+                f"over a size limit (too_large: {_BODY_LIMIT}, more than {MAX_INLINE_UNITS:,} "
+                f"inline units, or a manifest of more than {MAX_MANIFEST_UNITS:,} units or "
                 f"{MAX_MANIFEST_BYTES // (1024 * 1024)} MiB): upload a manifest instead, or split "
-                "the batch"
+                f"the batch. {_GATEWAY_TOO_LARGE}"
             ),
             429: Reply(
                 "the caller's own queued units plus this batch pass its max_queued_units "

@@ -415,8 +415,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--upload",
         action="store_true",
         help="upload the units as a manifest first (POST /uploads, then a PUT of its URL) and "
-        f"submit its key: past {MAX_INLINE_UNITS:,} units or a {MAX_BODY_BYTES // 2**20} MiB "
-        f"body, up to {MAX_MANIFEST_UNITS:,} units and {MAX_MANIFEST_BYTES // 2**20} MiB",
+        f"submit its key: past {MAX_INLINE_UNITS:,} units or a body of "
+        f"{MAX_BODY_BYTES / 2**20:.2f} MiB JSON-escaped, up to {MAX_MANIFEST_UNITS:,} units "
+        f"and {MAX_MANIFEST_BYTES // 2**20} MiB",
     )
     p.add_argument("--watch", action="store_true", help="show progress until the batch closes")
     p.add_argument(

@@ -9,7 +9,9 @@ drain the work ahead: ``depth x average unit tokens / effective rate``.
 
 Per tenant (:mod:`swarm.core.tenancy`): a submission that would take its tenant past its own
 ``max_queued_units`` is shed first (``tenant_queue``, whatever the lanes hold; Retry-After is the
-time the governed rate needs for the excess), and the lanes' depth limits are a ceiling that
+time the tenant's queue, at the rate it is measured to drain, needs for the excess: the governed
+rate's estimate is only the fallback, as units often spend far fewer tokens than projected), and
+the lanes' depth limits are a ceiling that
 refuses only a tenant past its ``guaranteed_units``: a tenant with little queued is never shed
 because another tenant filled the lanes.
 """
@@ -17,7 +19,7 @@ because another tenant filled the lanes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from swarm.core.governor import GovernorSnapshot
@@ -26,6 +28,10 @@ from swarm.core.tenancy import TenantQueue
 
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 3_600
+#: a run's drain is measured over at least this long: a run opened a moment ago tells little
+MIN_DRAIN_WINDOW_S = 10.0
+#: fewer units drained than this: no measured rate (the governed rate's estimate stands)
+MIN_DRAINED_UNITS = 10
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Shed:
     depth_ahead: int
     tenant_queued: int | None = None  # the tenant's queued units (tenant_queue)
     tenant_max: int | None = None  # and its max_queued_units
+    drain_units_s: float | None = None  # its queue's measured drain (tenant_queue), if known
 
 
 def depth_ahead(depths: Mapping[Lane, int], lane: Lane) -> int:
@@ -56,20 +63,50 @@ def retry_after(depth: int, avg_unit_tokens: float, snapshot: GovernorSnapshot) 
     return int(min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, math.ceil(seconds))))
 
 
+def drain_rate(progress: Sequence[tuple[float, int]], now: float) -> float | None:
+    """Units a second a tenant's queue drains at, measured from its open runs' progress
+    ((opened_at, units completed or dead-lettered) each, :class:`swarm.core.ports.TenantQueued`):
+    each run's units over the time since it opened (at least ``MIN_DRAIN_WINDOW_S``), summed over
+    the runs, which drain side by side. None when fewer than ``MIN_DRAINED_UNITS`` have drained:
+    too little to measure (a first batch, or one still waiting for its first units)."""
+    if sum(drained for _, drained in progress) < MIN_DRAINED_UNITS:
+        return None
+    return sum(
+        drained / max(now - opened_at, MIN_DRAIN_WINDOW_S)
+        for opened_at, drained in progress
+        if drained > 0
+    )
+
+
+def drain_retry_after(units: int, units_per_s: float) -> int:
+    """Seconds for ``units`` to drain at ``units_per_s``, within [MIN, MAX]_RETRY_AFTER_S."""
+    seconds = units / max(units_per_s, 1e-9)
+    return int(min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, math.ceil(seconds))))
+
+
 def tenant_shed(
     tenant: TenantQueue, avg_unit_tokens: float, snapshot: GovernorSnapshot, ahead: int = 0
 ) -> Shed | None:
     """The tenant's own cap alone (also a resume's, whose remainder is queued again): a Shed
-    when the submission would take it past ``max_queued_units``, with the time the governed rate
-    needs to drain the excess as its Retry-After."""
+    when the submission would take it past ``max_queued_units``, with the time its queue needs to
+    drain the excess as its Retry-After: at the rate it is measured to drain
+    (``tenant.drain_units_s``), else (too little drained to tell) at the governed rate, as if
+    every unit spent its projected tokens."""
     if tenant.over_cap <= 0:
         return None
+    rate = tenant.drain_units_s
+    wait = (
+        drain_retry_after(tenant.over_cap, rate)
+        if rate is not None and rate > 0
+        else retry_after(tenant.over_cap, avg_unit_tokens, snapshot)
+    )
     return Shed(
         "tenant_queue",
-        retry_after(tenant.over_cap, avg_unit_tokens, snapshot),
+        wait,
         ahead,
         tenant_queued=tenant.queued,
         tenant_max=tenant.limits.max_queued_units,
+        drain_units_s=rate,
     )
 
 

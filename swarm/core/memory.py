@@ -148,7 +148,13 @@ class InMemoryLedger:
         for run_id, (units, _) in self._live_holds(tenant, now).items():
             if run_id not in known:  # held, not created yet: what it will queue
                 queued[run_id] = units
-        return TenantQueued(sum(queued.values()), self._holds.get(tenant, (0, {}))[0])
+        runs = [*self._runs.values(), *(run for run, _ in self._opening.values())]
+        progress = tuple(
+            (r.opened_at, r.completed + r.dead_lettered)
+            for r in runs
+            if r.spec.tenant == tenant and not r.state.closed
+        )
+        return TenantQueued(sum(queued.values()), self._holds.get(tenant, (0, {}))[0], progress)
 
     def hold_queue(self, tenant: str, version: int, run_id: str, units: int, now: float) -> None:
         current, _ = self._holds.get(tenant, (0, {}))

@@ -119,10 +119,14 @@ class UnitsPage:
 @dataclass(frozen=True)
 class TenantQueued:
     """A tenant's queued units as a decision reads them, with the version of the tenant's
-    holds: :meth:`Ledger.hold_queue` writes only if no other decision held since."""
+    holds: :meth:`Ledger.hold_queue` writes only if no other decision held since, and each of
+    its open runs' progress: (when it opened, its units drained: completed or dead-lettered), from
+    which a 429's Retry-After measures how fast the tenant's queue drains
+    (:func:`swarm.core.backpressure.drain_rate`)."""
 
     units: int
     version: int
+    progress: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ class TenantQueue:
     limits: TenantLimits
     queued: int  # its open runs' units not yet terminal (before this batch)
     adding: int  # the units this submission queues
+    #: how fast its queue drains, measured (units a second: swarm.core.backpressure.drain_rate),
+    #: or None when too little has drained to tell
+    drain_units_s: float | None = None
 
     @property
     def after(self) -> int:

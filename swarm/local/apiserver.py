@@ -13,6 +13,10 @@ allowed ``execute-api:Invoke`` on the method's ARN (``arn:aws:execute-api:<regio
 wrongly signed, expired or unauthorized request is a 403 with API Gateway's message, before the
 function runs.
 
+API Gateway's own errors (403s, a 413 for a body past its 10 MB or an event Lambda refuses past
+its 6 MiB payload, a 502 for a function error) are rendered by the API's gateway responses
+(:mod:`swarm.api.gateway`): the local stack reads them from its synthesized template.
+
 ``/_local/...`` is the emulator's own control surface (not part of the API, never deployed): the
 simulated model plane's counters, a quota storm, injected worker deaths, the pollers' stats.
 """
@@ -30,6 +34,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from swarm.api.gateway import GatewayError, GatewayResponses
 from swarm.local import billing
 from swarm.local.events import proxy_event
 from swarm.local.patches import iam
@@ -40,11 +45,26 @@ MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 SIGNATURE_MAX_SKEW_S = 300  # API Gateway refuses a signature more than 5 minutes off
 
 
-def gateway_error(response_type: str, message: str) -> dict[str, str]:
-    """An error API Gateway answers itself, as the stack's gateway responses render it
-    (infra/api.py: ``{"error": $context.error.responseType, "message": ...}``), so a client
-    reads the same ``Error`` body as from the function."""
-    return {"error": response_type, "message": message}
+def gateway_error(
+    response_type: str,
+    message: str,
+    responses: GatewayResponses | None = None,
+    status: int | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """An error API Gateway answers itself, rendered by the API's gateway responses (by default
+    the ones infra/api.py deploys; the local stack's are read from its synthesized template), as
+    (status, body): a client reads the same ``Error`` body as from the function."""
+    status, _, body = (responses or GatewayResponses.of()).answer(
+        GatewayError(response_type, message, status=status)
+    )
+    doc: dict[str, Any] = json.loads(body)
+    return status, doc
+
+
+def _error_code(error: Exception) -> str:
+    """A botocore ClientError's code ("" for any other exception)."""
+    response = getattr(error, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 AdminHandler = Callable[[str, str, Any, dict[str, str]], tuple[int, Any]]
@@ -69,6 +89,7 @@ class LocalApi:
         admin: AdminHandler,
         port: int = 0,
         stage: str = "local",
+        responses: GatewayResponses | None = None,
     ) -> None:
         self.clients = clients
         self.function_arn = function_arn
@@ -77,6 +98,7 @@ class LocalApi:
         self.api_id = api_id
         self.admin = admin
         self.stage = stage
+        self.responses = responses or GatewayResponses.of()
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(
@@ -100,6 +122,18 @@ class LocalApi:
             f"{method.upper()}/{path.lstrip('/')}"
         )
 
+    def refuse(
+        self, response_type: str, message: str, status: int = 403
+    ) -> tuple[int, dict[str, Any]]:
+        """API Gateway's own error (an authorization refusal: 403), as (status, Error body)."""
+        return gateway_error(response_type, message, self.responses, status)
+
+    def gateway_answer(
+        self, response_type: str, message: str, status: int | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """API Gateway's own error as its gateway responses render it: status, headers, body."""
+        return self.responses.answer(GatewayError(response_type, message, status=status))
+
     def authenticate(
         self, method: str, path: str, raw_query: str, headers: dict[str, str], body: bytes
     ) -> str | tuple[int, dict[str, Any]]:
@@ -111,21 +145,21 @@ class LocalApi:
         authorization = named.get("authorization", "")
         if not authorization.startswith("AWS4-HMAC-SHA256 "):
             missing = "Missing Authentication Token"
-            return 403, gateway_error("MISSING_AUTHENTICATION_TOKEN", missing)
+            return self.refuse("MISSING_AUTHENTICATION_TOKEN", missing)
         try:
             signed_at = datetime.strptime(named.get("x-amz-date", ""), "%Y%m%dT%H%M%SZ")
         except ValueError:
-            return 403, gateway_error(
+            return self.refuse(
                 "INVALID_SIGNATURE", "Authorization header requires existence of a valid X-Amz-Date"
             )
         skew = abs(time.time() - signed_at.replace(tzinfo=UTC).timestamp())
         if skew > SIGNATURE_MAX_SKEW_S:
-            return 403, gateway_error(
+            return self.refuse(
                 "INVALID_SIGNATURE", "Signature expired: the request was signed too long ago"
             )
         if "/execute-api/aws4_request" not in authorization:
             scope = "Credential should be scoped to correct service: 'execute-api'."
-            return 403, gateway_error("INVALID_SIGNATURE", scope)
+            return self.refuse("INVALID_SIGNATURE", scope)
         try:
             request = IAMRequest(
                 account_id=self.account,
@@ -145,11 +179,11 @@ class LocalApi:
                     "The request signature we calculated does not match the signature you "
                     "provided. Check your AWS Secret Access Key and signing method."
                 )
-                return 403, gateway_error("INVALID_SIGNATURE", message)
+                return self.refuse("INVALID_SIGNATURE", message)
             # an access key IAM does not know: API Gateway's 403 with this message (its
             # response type here is the emulator's choice: the DEFAULT_4XX one)
             message = "The security token included in the request is invalid."
-            return 403, gateway_error("DEFAULT_4XX", message)
+            return self.refuse("DEFAULT_4XX", message)
         resource = self.method_arn(method, path)
         try:
             request.check_action_permitted(resource)
@@ -158,7 +192,7 @@ class LocalApi:
                 f"User: {principal} is not authorized to perform: execute-api:Invoke on "
                 f"resource: {resource}"
             )
-            return 403, gateway_error("ACCESS_DENIED", message)
+            return self.refuse("ACCESS_DENIED", message)
         return principal
 
     def invoke(
@@ -188,14 +222,23 @@ class LocalApi:
             stage=self.stage,
             query=query or None,
         )
-        response = self.clients("lambda-invoke").invoke(
-            FunctionName=self.function_arn, Payload=json.dumps(event, ensure_ascii=False).encode()
-        )
+        request = json.dumps(event, ensure_ascii=False).encode()
+        try:
+            response = self.clients("lambda-invoke").invoke(
+                FunctionName=self.function_arn, Payload=request
+            )
+        except Exception as e:
+            if _error_code(e) != "RequestEntityTooLargeException":
+                raise
+            # the event (the body JSON-escaped, the headers twice, the request context) is
+            # past Lambda's 6 MiB request payload though the body is within API Gateway's 10 MB:
+            # Lambda refuses the invocation and API Gateway answers its REQUEST_TOO_LARGE 413
+            log.info("local API: Lambda refused a %d-byte event: %s", len(request), e)
+            return self.gateway_answer("REQUEST_TOO_LARGE", "Request Too Long")
         payload = response["Payload"].read()
         if response.get("FunctionError"):
             log.error("API function error: %s", payload[:2000])
-            doc = {"error": "internal", "message": "Internal server error"}
-            return 502, {"Content-Type": "application/json"}, json.dumps(doc).encode()
+            return self.gateway_answer("DEFAULT_5XX", "Internal server error", status=502)
         result = json.loads(payload)
         out_headers = {k: str(v) for k, v in (result.get("headers") or {}).items()}
         for name, values in (result.get("multiValueHeaders") or {}).items():
@@ -233,7 +276,7 @@ class LocalApi:
                 parsed = urllib.parse.urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY_BYTES:
-                    self._json(413, gateway_error("REQUEST_TOO_LARGE", "Request Too Long"))
+                    self._respond(*api.gateway_answer("REQUEST_TOO_LARGE", "Request Too Long"))
                     self.close_connection = True  # the body is not read
                     return
                 raw = self.rfile.read(length) if length else b""

@@ -326,6 +326,7 @@ class LocalStack:
             self._thread(schedule.run, "schedule-rule")
 
     def _start_api(self, clients: Any) -> None:
+        from swarm.api.gateway import GatewayResponses
         from swarm.local.apiserver import LocalApi
 
         conf = self.functions["functions.api"]
@@ -343,6 +344,8 @@ class LocalStack:
             self.admin,
             port=self.api_port,
             stage=self.options.stage,
+            # API Gateway's own errors as the deployed template's gateway responses render them
+            responses=GatewayResponses.from_template(self.deployed.template),
         )
         self.api.start()
 

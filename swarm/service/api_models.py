@@ -19,12 +19,14 @@ from swarm.api.models import (
     MAX_BODY_BYTES,
     MAX_INLINE_UNITS,
     MAX_MANIFEST_UNITS,
+    SAFE_BODY_BYTES,
     UPLOADS_PREFIX,
     BatchResume,
     BatchSubmission,
     ResultsQuery,
     Unit,
     UploadRequest,
+    escaped_bytes,
 )
 from swarm.core.errors import InvalidInput, SwarmError
 
@@ -63,11 +65,14 @@ def _validate(model: type[M], doc: Any, prefix: str = "") -> M:
 def parse_json(body: str | None) -> Any:
     if body is None or not body.strip():
         raise InvalidInput("body", "the request needs a JSON body")
-    if len(body.encode()) > MAX_BODY_BYTES:
+    size = escaped_bytes(body)
+    if size > MAX_BODY_BYTES:
         raise TooLarge(
-            f"the body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB: upload the units as a "
-            f"manifest under {UPLOADS_PREFIX}<tenant>/ (POST /uploads gives the key and a URL) "
-            "and submit {'manifest': {'key': ...}}"
+            f"the body is {size:,} bytes as API Gateway's event carries it (JSON-escaped: a "
+            "quote or backslash counts 2 bytes, a control or non-ASCII character 6), over the "
+            f"inline limit of {MAX_BODY_BYTES:,} (any body of up to {SAFE_BODY_BYTES:,} bytes "
+            f"fits): upload the units as a manifest under {UPLOADS_PREFIX}<tenant>/ (POST "
+            "/uploads gives the key and a URL) and submit {'manifest': {'key': ...}}"
         )
     try:
         return json.loads(body)

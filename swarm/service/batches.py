@@ -43,6 +43,7 @@ from swarm.core.backpressure import (
     MIN_RETRY_AFTER_S,
     Shed,
     ShedPolicy,
+    drain_rate,
     shed_decision,
     tenant_shed,
 )
@@ -119,6 +120,8 @@ class Shedding(SwarmError):
                 f"{shed.tenant_max:,} (tenant_queue; cdk.json tenants); retry after "
                 f"{shed.retry_after_s}s, when its queued work has drained"
             )
+            if shed.drain_units_s is not None:
+                message += f" (it drains at {shed.drain_units_s:.1f} units/s)"
         else:
             message = (
                 f"the control plane is shedding load ({shed.reason}, {shed.depth_ahead} units "
@@ -450,7 +453,8 @@ class Batches:
         limits = self.config.tenants.of(tenant)
         for _ in range(QUEUE_HOLD_TRIES):
             view = self.ledger.tenant_queue(tenant, now)
-            shed = decide(TenantQueue(tenant, limits, view.units, units))
+            rate = drain_rate(view.progress, now)  # its queue's measured drain: Retry-After
+            shed = decide(TenantQueue(tenant, limits, view.units, units, rate))
             if shed is not None:
                 raise Shedding(shed, tenant)
             try:

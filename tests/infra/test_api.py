@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from swarm.api.models import MAX_MANIFEST_BYTES, BatchResume, BatchSubmission, UploadRequest
+from swarm.api.gateway import GatewayError, GatewayResponses, render
+from swarm.api.models import (
+    MAX_MANIFEST_BYTES,
+    BatchResume,
+    BatchSubmission,
+    Error,
+    UploadRequest,
+)
 from swarm.api.openapi import ROUTES, gateway_schema
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import as_list
@@ -139,17 +146,60 @@ def test_stage_logging_deploys_on_a_fresh_account(synth: Synthesized) -> None:
     assert account_id in as_list(stage.get("DependsOn", []))
 
 
-def test_gateway_errors_answer_json_with_the_validation_message(synth: Synthesized) -> None:
-    responses = {
-        r["Properties"]["ResponseType"]: r["Properties"]
-        for r in synth.of_type("AWS::ApiGateway::GatewayResponse").values()
+#: messages as API Gateway may hold them: quotes, backslashes, newlines, non-ASCII, braces
+HOSTILE_MESSAGES = (
+    'User: arn:aws:sts::123456789012:assumed-role/a"b/s is not authorized',
+    'a \\ backslash, a\nnewline, a\ttab and a "quoted" word',
+    "Request Too Long",
+    "{not json} ' single ' quotes and é ✓",
+)
+#: $context.error.validationErrorString as AWS formats it: a plain string holding quotes
+VALIDATIONS = (
+    '[object has missing required properties (["units"])]',
+    '[instance value ("x\\"y") not found in enum (possible values: ["high","low"])]',
+)
+
+
+def test_every_gateway_response_renders_json_as_api_gateway_substitutes(
+    synth: Synthesized,
+) -> None:
+    """Each template, rendered with API Gateway's variable semantics ($context.error.messageString
+    is a JSON string literal, quotes included; validationErrorString is inserted unescaped), is
+    the API's Error body: before, a quoted messageString rendered ``""Forbidden""``."""
+    responses = GatewayResponses.from_template(synth.template)
+    assert set(responses.responses) == {
+        "BAD_REQUEST_BODY",
+        "BAD_REQUEST_PARAMETERS",
+        "THROTTLED",
+        "REQUEST_TOO_LARGE",
+        "DEFAULT_4XX",
+        "DEFAULT_5XX",
     }
-    body = json.loads(responses["BAD_REQUEST_BODY"]["ResponseTemplates"]["application/json"])
-    assert body == {
-        "error": "invalid_request",
-        "message": "$context.error.validationErrorString",
+    for response in responses.responses.values():
+        template = response.templates["application/json"]
+        for message in HOSTILE_MESSAGES:
+            for validation in VALIDATIONS:
+                error = GatewayError(response.response_type, message, validation)
+                doc = json.loads(render(template, error))
+                Error.model_validate(doc)
+                assert doc["message"] == message, response.name
+                expected = "invalid_request" if "BAD_REQUEST" in response.response_type else None
+                assert doc["error"] == (expected or response.response_type)
+
+
+def test_gateway_responses_are_the_declared_ones_with_their_status(synth: Synthesized) -> None:
+    # the local API answers from the synthesized template; its default (tests) is this table
+    deployed = GatewayResponses.from_template(synth.template).responses
+    declared = GatewayResponses.of().responses
+    assert {t: (r.status, r.headers, r.templates) for t, r in deployed.items()} == {
+        t: (r.status, r.headers, r.templates) for t, r in declared.items()
     }
-    assert responses["THROTTLED"]["StatusCode"] == "429"
-    assert responses["THROTTLED"]["ResponseParameters"] == {
-        "gatewayresponse.header.Retry-After": "'1'"
-    }
+    assert deployed["THROTTLED"].status == 429
+    assert deployed["THROTTLED"].headers == {"Retry-After": "1"}
+    # a body API Gateway cannot pass to the function (past 10 MB, or an event past Lambda's
+    # 6 MB payload) is a JSON 413 too
+    status, headers, body = GatewayResponses.from_template(synth.template).answer(
+        GatewayError("REQUEST_TOO_LARGE", "Request Too Long")
+    )
+    assert (status, headers["Content-Type"]) == (413, "application/json")
+    assert json.loads(body) == {"error": "REQUEST_TOO_LARGE", "message": "Request Too Long"}
