@@ -604,8 +604,10 @@ class SwarmConfig(_Strict):
                 1,
             ),
             Demand(
+                # API Gateway lets the burst through at once, then the rate per second: with
+                # requests under a second (all but a large manifest's submit), that many at once
                 "API requests at once",
-                self.api.throttle_burst_limit,
+                max(self.api.throttle_burst_limit, math.ceil(self.api.throttle_rate_limit)),
                 "api.throttle_burst_limit",
                 1,
             ),
@@ -665,6 +667,9 @@ class SwarmConfig(_Strict):
                 + ("" if reserved is None else ", or lower worker.reserved_concurrency")
             )
         else:
+            api = fit.get("api.throttle_burst_limit")
+            if api is not None and api < self.api.throttle_rate_limit:
+                fit["api.throttle_rate_limit"] = api  # the steady rate also starts requests
             advice = "values that fit: " + ", ".join(f"{k}={v}" for k, v in fit.items())
         raise ValueError(
             f"the concurrent executions a throttle would hurt add up to {budget.total} "
