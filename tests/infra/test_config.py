@@ -17,7 +17,10 @@ from infra.config import ConfigError, load_config, worker_timing_problem
 from infra.constants import ROOT
 from infra.context import cdk_json_context
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
+from swarm.api.models import MAX_MANIFEST_UNITS
+from swarm.core.errors import InvalidInput
 from swarm.core.records import LANES, Lane
+from swarm.core.tenancy import TenantLimits, check_batch_size
 from swarm.sim.engine import FleetConfig
 from swarm.sim.plan import plan
 from swarm.sim.workload import Workload
@@ -917,3 +920,19 @@ def test_an_api_timeout_past_api_gateways_fails_synth_naming_the_key(
     message = str(error.value)
     assert f"api.timeout_seconds={timeout} + 10 s of Lambda INIT = {timeout + 10} s" in message
     assert "set api.timeout_seconds to 19 or less" in message
+
+
+def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> None:
+    # Given the shipped tenant defaults (README and docs/scale.md: 100,000 units is one batch)
+    limits = load_config(cdk_json_context()).tenants.defaults
+    policy = TenantLimits(max_queued_units=limits.max_queued_units)
+    # Then a manifest of MAX_MANIFEST_UNITS passes the cap's size check (it was a 400 at 20,000)
+    check_batch_size("acme", policy, MAX_MANIFEST_UNITS)
+    # and one unit more than the cap would still be refused, naming `units`
+    with pytest.raises(InvalidInput) as error:
+        check_batch_size("acme", policy, MAX_MANIFEST_UNITS + 1)
+    assert error.value.field == "units"
+    # and 100,000 units at the default quota (~12,000 tokens each) run well within SQS's 14 days
+    config = load_config(cdk_json_context())
+    units_per_s = config.quota_tpm * config.governor_share / 60 / 12_000
+    assert MAX_MANIFEST_UNITS / units_per_s < 14 * 86_400 / 4
