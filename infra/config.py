@@ -616,6 +616,7 @@ class SwarmConfig(_Strict):
                 DLQ_MAPPING_CONCURRENCY,
                 "its mapping's least",
                 DLQ_MAPPING_CONCURRENCY,
+                fixed=True,
             ),
         ]
         return ConcurrencyBudget(pool, label, tuple(counted), RETRIED_WHEN_THROTTLED)
@@ -694,6 +695,7 @@ class Demand:
     peak: int
     key: str
     floor: int = 0
+    fixed: bool = False  # not a context key: the stack sets it
 
 
 #: Functions whose throttles are retried without losing anything, at their expected peak: the
@@ -744,11 +746,7 @@ class ConcurrencyBudget:
             lowerable = [i for i, d in enumerate(self.counted) if peaks[i] > d.floor]
             top = max(peaks[i] for i in lowerable)
             peaks[max(i for i in lowerable if peaks[i] == top)] -= 1
-        return {
-            d.key: peak
-            for d, peak in zip(self.counted, peaks, strict=True)
-            if d.peak != d.floor or peak != d.peak
-        }
+        return {d.key: p for d, p in zip(self.counted, peaks, strict=True) if not d.fixed}
 
 
 def worker_timing_problem(config: SwarmConfig) -> str | None:
