@@ -118,13 +118,17 @@ def task_budget(
         if not isinstance(state["TimeoutSeconds"], int | float):
             raise TimingError(f"{name}: TimeoutSeconds is not a number")
         bounds.append((float(state["TimeoutSeconds"]), f"{name}.TimeoutSeconds"))
-    if str(state.get("Resource", "")).startswith(_LAMBDA_INVOKE):
-        function = state.get("Parameters", {}).get("FunctionName")
-        if function in function_timeouts:
-            timeout, key = function_timeouts[function]
-            bounds.append(
-                (timeout + LAMBDA_INIT_MAX_S, f"{key}={timeout:g} + {LAMBDA_INIT_MAX_S} s of INIT")
-            )
+    resource = str(state.get("Resource", ""))
+    # the optimized integration (not .waitForTaskToken: its wait outlasts the function) or the
+    # function's ARN as the resource
+    function = (
+        state.get("Parameters", {}).get("FunctionName") if resource == _LAMBDA_INVOKE else resource
+    )
+    if function in function_timeouts:
+        timeout, key = function_timeouts[function]
+        bounds.append(
+            (timeout + LAMBDA_INIT_MAX_S, f"{key}={timeout:g} + {LAMBDA_INIT_MAX_S} s of INIT")
+        )
     if not bounds:
         raise TimingError(
             f"{name}: no TimeoutSeconds and no Lambda function of known timeout: its attempts "

@@ -55,6 +55,13 @@ def test_a_tasks_worst_case_spends_every_retrier_at_full_length() -> None:
 def test_a_tasks_own_timeout_bounds_an_attempt_when_shorter() -> None:
     assert task_budget("T", _task(TimeoutSeconds=12), FN).attempt_s == 12
     assert task_budget("T", _task(TimeoutSeconds=120), FN).attempt_s == 40
+    # a callback's wait is not the function's run: only its own TimeoutSeconds bounds it
+    callback = {**_task(), "Resource": f"{INVOKE}.waitForTaskToken"}
+    with pytest.raises(TimingError):
+        task_budget("T", callback, FN)
+    assert task_budget("T", {**callback, "TimeoutSeconds": 300}, FN).attempt_s == 300
+    # a function's ARN as the resource
+    assert task_budget("T", {"Type": "Task", "Resource": "${Fn}"}, FN).attempt_s == 40
     # a Task of another resource with a timeout of its own
     other = {"Type": "Task", "Resource": "arn:aws:states:::sqs:sendMessage", "TimeoutSeconds": 5}
     assert task_budget("T", other, FN).total_s == 5
