@@ -105,9 +105,10 @@ class FrontDoor(Construct):
             FunctionSpec(
                 name=API,
                 description="The batch API: submit, status, resume, fleet, drain status",
-                timeout=cdk.Duration.seconds(29),  # API Gateway's integration limit
+                # with INIT within API Gateway's 29 s integration timeout (infra/config.py checks)
+                timeout=cdk.Duration.seconds(config.api.timeout_seconds),
                 # one full vCPU (Lambda gives CPU in proportion to memory): validating a
-                # 100,000-unit manifest took 7.5 s on one core here, and must fit the 29 s; the
+                # 100,000-unit manifest took 7.5 s on one core here, and must fit the 19 s; the
                 # API is called once per batch, so its memory is not what a unit costs
                 memory_mb=1769,
             ),

@@ -11,10 +11,21 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from infra.constants import FANOUT_ASL
+from infra.timing import (
+    API_GATEWAY_INTEGRATION_TIMEOUT_S,
+    EXPRESS_MAX_SECONDS,
+    LAMBDA_INIT_MAX_S,
+    TimingError,
+    machine_budget,
+    parse_definition,
+)
 from swarm.api.models import MAX_BUDGET_TOKENS
 from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
@@ -26,7 +37,13 @@ from swarm.contract import (
 )
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
-from swarm.core.scheduling import UNRESERVED_MINIMUM, FleetSizing, UnitProfile, size_fleet
+from swarm.core.scheduling import (
+    MAPPING_CONCURRENCY,
+    UNRESERVED_MINIMUM,
+    FleetSizing,
+    UnitProfile,
+    size_fleet,
+)
 
 #: CloudWatch Logs accepts only these retention periods (days).
 RETENTION_DAYS = (
@@ -175,6 +192,10 @@ class FanoutConfig(_Strict):
     # chunks of this many (and under the 256 KiB child input), so a batch costs one child
     # start, one Express request and one fan-out invocation per chunk, not per unit
     units_per_child: int = Field(default=DEFAULT_UNITS_PER_CHILD)
+    # the fan-out function's Lambda timeout: each attempt of a map child's AdmitAndEnqueue
+    # lasts at most this plus INIT, and every attempt and retry pause must fit the Express
+    # child's 5 minutes (infra/timing.py, checked at synth)
+    timeout_seconds: int = Field(default=30, ge=3, le=300)
 
     @model_validator(mode="after")
     def _bounded(self) -> FanoutConfig:
@@ -210,6 +231,9 @@ class ApiConfig(_Strict):
         default="swarm-operator-", pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$"
     )
     create_cloudwatch_role: bool  # account-wide API Gateway logging role; see the README
+    # the API function's Lambda timeout: with INIT it must end within API Gateway's 29 s
+    # integration timeout, or the caller gets a 504 while the function goes on (checked at synth)
+    timeout_seconds: int = Field(default=19, ge=3, le=900)
 
     @model_validator(mode="after")
     def _distinct_principals(self) -> ApiConfig:
@@ -555,14 +579,60 @@ class SwarmConfig(_Strict):
                 "lanes.*.max_concurrency and worker.reserved_concurrency by hand"
             )
 
+    def concurrency_budget(self) -> ConcurrencyBudget:
+        """Every concurrent execution the stack can start, and the pool each comes from."""
+        limit, reserved = self.account_concurrency_limit, self.reserved_concurrency
+        counted: list[Demand] = []
+        if reserved is None:  # the workers draw from the same pool as everything else
+            for lane in LANES:  # given by hand ("auto" always reserves)
+                key, peak = f"lanes.{lane.value}.max_concurrency", self.lane_concurrency(lane)
+                counted.append(
+                    Demand(f"{lane.value} lane workers", peak, key, MAPPING_CONCURRENCY[0])
+                )
+            pool, label = limit, f"account_concurrency_limit={limit}"
+        else:
+            pool = limit - reserved
+            label = (
+                f"the {pool} left unreserved (account_concurrency_limit={limit} - "
+                f"worker.reserved_concurrency={reserved})"
+            )
+        counted += [
+            Demand(
+                "map children of a fanning-out batch",
+                self.fanout.max_concurrency,
+                "fanout.max_concurrency",
+                1,
+            ),
+            Demand(
+                # API Gateway lets the burst through at once, then the rate per second: with
+                # requests under a second (all but a large manifest's submit), that many at once
+                "API requests at once",
+                max(self.api.throttle_burst_limit, math.ceil(self.api.throttle_rate_limit)),
+                "api.throttle_burst_limit",
+                1,
+            ),
+            Demand(
+                "dead-letter workers",
+                DLQ_MAPPING_CONCURRENCY,
+                "its mapping's least",
+                DLQ_MAPPING_CONCURRENCY,
+                fixed=True,
+            ),
+        ]
+        return ConcurrencyBudget(pool, label, tuple(counted), RETRIED_WHEN_THROTTLED)
+
     def _concurrency_fits_the_account(self) -> None:
-        """Refuse a worker concurrency the account cannot give it.
+        """Refuse a concurrency the account cannot give.
 
         Reserving concurrency fails to deploy when it would leave less than 100 unreserved.
         Each lane's event source mapping runs up to its ``max_concurrency`` workers at once
         (``MaximumConcurrency``), out of the reservation (or, unreserved, the account's pool):
         beyond it Lambda throttles, and a throttled SQS delivery counts as a receive, so units
-        that never ran would reach their dead-letter queue.
+        that never ran would reach their dead-letter queue. Every other function draws from the
+        unreserved pool: the Distributed Map's children (``fanout.max_concurrency`` fan-out
+        invocations at once; a throttled child spends its Express 5 minutes and the map's
+        tolerated failures), the API (a throttle is a 5xx to the caller) and the dead-letter
+        mapping must fit it beside the workers (:meth:`concurrency_budget`).
         """
         limit = self.account_concurrency_limit
         lanes_total = sum(self.lane_concurrency(lane) for lane in LANES)
@@ -586,14 +656,97 @@ class SwarmConfig(_Strict):
                     "units dead-lettered without running; lower lanes.*.max_concurrency or raise "
                     "worker.reserved_concurrency (or set it to null)"
                 )
-        elif lanes_total > limit:
-            raise ValueError(
-                f"the lanes' max_concurrency add up to {lanes_total} ({lanes_sum}), more than "
-                f"account_concurrency_limit={limit}: the workers would be throttled and units "
-                "dead-lettered without running; lower lanes.*.max_concurrency, or set "
-                "account_concurrency_limit to this account's Lambda 'Concurrent executions' "
-                "quota (Service Quotas) if it is higher"
+        budget = self.concurrency_budget()
+        if budget.total <= budget.pool:
+            return
+        fit = budget.propose()
+        if fit is None:
+            advice = (
+                f"no values fit: at their least they need {budget.floor} (an event source mapping "
+                f"runs at least {MAPPING_CONCURRENCY[0]}); request a higher 'Concurrent "
+                "executions' quota (Service Quotas)"
+                + ("" if reserved is None else ", or lower worker.reserved_concurrency")
             )
+        else:
+            api = fit.get("api.throttle_burst_limit")
+            if api is not None and api < self.api.throttle_rate_limit:
+                fit["api.throttle_rate_limit"] = api  # the steady rate also starts requests
+            advice = "values that fit: " + ", ".join(f"{k}={v}" for k, v in fit.items())
+        raise ValueError(
+            f"the concurrent executions a throttle would hurt add up to {budget.total} "
+            f"({budget.explain()}), more than {budget.label}: throttled lane deliveries "
+            "dead-letter units that never ran, throttled map children fail the fan-out "
+            f"(FanOutFailed), throttled API calls fail; {advice} (README, 'A small account'); "
+            "or set account_concurrency_limit to this account's Lambda 'Concurrent executions' "
+            "quota (Service Quotas) if it is higher"
+        )
+
+
+#: The lanes' dead-letter queue's event source mapping: SQS's least MaximumConcurrency.
+DLQ_MAPPING_CONCURRENCY = MAPPING_CONCURRENCY[0]
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Concurrent executions a part of the stack can start at once, the key that sets it, and
+    the least it can be set to."""
+
+    what: str
+    peak: int
+    key: str
+    floor: int = 0
+    fixed: bool = False  # not a context key: the stack sets it
+
+
+#: Functions whose throttles are retried without losing anything, at their expected peak: the
+#: finalizer (one invocation per execution at a time; the state machine retries
+#: Lambda.TooManyRequestsException, then the sweeper repairs the run), the sweeper (one
+#: invocation per schedule tick, EventBridge's asynchronous invoke, which Lambda retries) and the
+#: drain controller (one per switch flip, asynchronous too). They are listed, not counted: they
+#: take what the counted ones leave (README, 'A small account').
+RETRIED_WHEN_THROTTLED = (
+    Demand("the finalizer (retried by the state machine)", 1, "one per closing batch"),
+    Demand("the sweeper (asynchronous, retried)", 1, "one per schedule tick"),
+    Demand("the drain controller (asynchronous, retried)", 1, "one per switch flip"),
+)
+
+
+@dataclass(frozen=True)
+class ConcurrencyBudget:
+    """The counted demands on the pool they share (the account's, or what the worker's
+    reservation leaves), and the retried ones beside them."""
+
+    pool: int
+    label: str
+    counted: tuple[Demand, ...]
+    retried: tuple[Demand, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(d.peak for d in self.counted)
+
+    @property
+    def floor(self) -> int:
+        """The least the counted demands can be lowered to."""
+        return sum(d.floor for d in self.counted)
+
+    def explain(self) -> str:
+        counted = " + ".join(f"{d.peak} {d.what} ({d.key})" for d in self.counted)
+        retried = sum(d.peak for d in self.retried)
+        return f"{counted}; not counted: {retried} for functions retried when throttled"
+
+    def propose(self) -> dict[str, int] | None:
+        """The configured values lowered until they fit the pool, the largest first (of equal
+        ones the last: so a higher lane stays at least as large as a lower one), none below its
+        floor; None when even the floors do not fit."""
+        if self.floor > self.pool:
+            return None
+        peaks = [d.peak for d in self.counted]
+        while sum(peaks) > self.pool:
+            lowerable = [i for i, d in enumerate(self.counted) if peaks[i] > d.floor]
+            top = max(peaks[i] for i in lowerable)
+            peaks[max(i for i in lowerable if peaks[i] == top)] -= 1
+        return {d.key: p for d, p in zip(self.counted, peaks, strict=True) if not d.fixed}
 
 
 def worker_timing_problem(config: SwarmConfig) -> str | None:
@@ -632,6 +785,68 @@ def worker_timing_problem(config: SwarmConfig) -> str | None:
         return f"{problem}; that is more than Lambda's {LAMBDA_MAX_TIMEOUT_S} s: {lower}"
     needed = math.ceil(per_message)
     return f"{problem}; raise worker.timeout_seconds to {needed} or more, or {lower}"
+
+
+#: The finalizer function's timeout (its open step stops 60 s before it).
+FINALIZER_TIMEOUT_S = 300
+
+
+def fanout_definition_numbers(config: SwarmConfig) -> dict[str, str]:
+    """The numbers statemachines/fanout.asl.json takes from the context (``${...}``)."""
+    return {
+        "MaxConcurrency": str(config.fanout.max_concurrency),
+        "ToleratedFailurePercentage": str(config.fanout.tolerated_failure_percentage),
+        "FinalizerPollSeconds": str(config.fanout.finalizer_poll_seconds),
+        "FinalizerMaxPollSeconds": str(config.fanout.finalizer_max_poll_seconds),
+        "MaxPollsPerExecution": str(config.fanout.finalizer_polls_per_execution),
+    }
+
+
+def express_child_problem(config: SwarmConfig, definition: Path = FANOUT_ASL) -> str | None:
+    """Why the Distributed Map's Express child can outlast Express's 5 minutes, or None.
+
+    The child's worst case is derived from the ASL (:mod:`infra.timing`): every attempt its
+    retriers allow, each up to the fan-out function's timeout plus INIT, and every retry pause
+    at its longest. An Express execution past 300 s is stopped: its chunk counts as a failed
+    item towards ``fanout.tolerated_failure_percentage``."""
+    machine = parse_definition(definition.read_text(), fanout_definition_numbers(config))
+    child = machine["States"]["FanOut"]["ItemProcessor"]
+    timeouts = {
+        "${FanoutFunctionArn}": (float(config.fanout.timeout_seconds), "fanout.timeout_seconds"),
+        "${FinalizerFunctionArn}": (float(FINALIZER_TIMEOUT_S), "the finalizer's timeout"),
+    }
+    try:
+        budget = machine_budget(child, timeouts)
+    except TimingError as error:
+        return f"the map's child in {definition.name} cannot be bounded: {error}"
+    if budget.total_s <= EXPRESS_MAX_SECONDS:
+        return None
+    return (
+        f"the map's Express child may run {budget.total_s:g} s in the worst case "
+        f"({budget.explain()}), more than Express's {EXPRESS_MAX_SECONDS} s: Step Functions "
+        "stops it and its chunk counts as a failed item; lower fanout.timeout_seconds, or the "
+        "MaxAttempts, IntervalSeconds, BackoffRate or MaxDelaySeconds of its retriers in "
+        f"statemachines/{definition.name} (FanOut.ItemProcessor)"
+    )
+
+
+def api_timing_problem(config: SwarmConfig) -> str | None:
+    """Why the API function can outlast API Gateway's 29 s integration timeout, or None.
+
+    Its retries (botocore's, the adapters' backoff on a conflict) all run inside its Lambda
+    timeout, which Lambda enforces; a cold start adds INIT (at most 10 s) before it. Past 29 s
+    API Gateway answers 504 while the function goes on, so a caller may retry a submission that
+    is being accepted."""
+    worst = config.api.timeout_seconds + LAMBDA_INIT_MAX_S
+    if worst <= API_GATEWAY_INTEGRATION_TIMEOUT_S:
+        return None
+    most = API_GATEWAY_INTEGRATION_TIMEOUT_S - LAMBDA_INIT_MAX_S
+    return (
+        f"api.timeout_seconds={config.api.timeout_seconds} + {LAMBDA_INIT_MAX_S} s of Lambda "
+        f"INIT = {worst} s, more than API Gateway's {API_GATEWAY_INTEGRATION_TIMEOUT_S} s "
+        f"integration timeout (the caller would get a 504 while the function goes on); set "
+        f"api.timeout_seconds to {most} or less"
+    )
 
 
 CONFIG_KEYS = tuple(SwarmConfig.model_fields)
@@ -682,7 +897,8 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             else:
                 problems.append(f"context key '{key}': {message} (got {item.get('input')!r})")
         raise ConfigError("invalid cdk.json context: " + "; ".join(problems)) from None
-    timing = worker_timing_problem(config)
-    if timing is not None:
-        raise ConfigError(f"invalid cdk.json context: {timing}")
+    for check in (worker_timing_problem, express_child_problem, api_timing_problem):
+        timing = check(config)
+        if timing is not None:
+            raise ConfigError(f"invalid cdk.json context: {timing}")
     return config

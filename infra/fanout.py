@@ -11,7 +11,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from infra.config import SwarmConfig
+from infra.config import FINALIZER_TIMEOUT_S, SwarmConfig, fanout_definition_numbers
 from infra.constants import (
     FANOUT_ASL,
     LEASES_INDEX,
@@ -34,19 +34,15 @@ from swarm.contract import FANOUT, FINALIZER, SWEEP_INTERVAL_SECONDS, SWEEPER
 #: Child executions in AWS are EXPRESS (cheap, at-least-once is fine: admission is idempotent).
 #: moto cannot run EXPRESS children: the local runtime rewrites this substitution to STANDARD.
 MAP_EXECUTION_TYPE = "EXPRESS"
-#: An Express execution runs for 5 minutes at most: the child's every attempt of the fan-out
-#: function (the first and AdmitAndEnqueue's 3 retries of States.TaskFailed, a timeout
-#: included) plus the retries' pauses (at most 2 + 4 + 8 s) must end within it.
-EXPRESS_MAX_SECONDS = 300
-FANOUT_ATTEMPTS = 4
+
+
 #: The fan-out function admits a chunk of up to fanout.units_per_child units (a ledger read and
 #: transaction each) and sends them. Measured on moto (in-process, one invocation): a chunk of
-#: 100 units in 2.9 s, ~29 ms per unit; on AWS a DynamoDB request takes a few ms. 60 s is 20
-#: times the measured chunk of 100, 4 times a chunk of MAX_UNITS_PER_CHILD (500) at that rate,
-#: and 4 attempts of it fit an Express child (FANOUT_ATTEMPTS * 60 + 14 < 300).
-FANOUT_TIMEOUT_SECONDS = 60
-
-
+#: 100 units in 2.9 s, ~29 ms per unit; on AWS a DynamoDB request takes a few ms. Its timeout
+#: (fanout.timeout_seconds, default 30 s: 10 times the measured chunk of 100, twice a chunk of
+#: MAX_UNITS_PER_CHILD at that rate) times the child's attempts, plus INIT and the retry pauses,
+#: must end within an Express child's 5 minutes: synth derives that from the ASL
+#: (infra/config.py express_child_problem).
 def definition_substitutions(
     *,
     config: SwarmConfig,
@@ -60,11 +56,7 @@ def definition_substitutions(
         "FanoutFunctionArn": fanout_arn,
         "FinalizerFunctionArn": finalizer_arn,
         "MapExecutionType": MAP_EXECUTION_TYPE,
-        "MaxConcurrency": str(config.fanout.max_concurrency),
-        "ToleratedFailurePercentage": str(config.fanout.tolerated_failure_percentage),
-        "FinalizerPollSeconds": str(config.fanout.finalizer_poll_seconds),
-        "FinalizerMaxPollSeconds": str(config.fanout.finalizer_max_poll_seconds),
-        "MaxPollsPerExecution": str(config.fanout.finalizer_polls_per_execution),
+        **fanout_definition_numbers(config),
         "ResultsPrefix": RESULTS_PREFIX,
     }
 
@@ -94,7 +86,7 @@ class FanOutMachine(Construct):
             FunctionSpec(
                 name=FANOUT,
                 description="Distributed Map item: a chunk's ledger admissions, then its sends",
-                timeout=cdk.Duration.seconds(FANOUT_TIMEOUT_SECONDS),
+                timeout=cdk.Duration.seconds(config.fanout.timeout_seconds),
             ),
         )
         ledger.grant(
@@ -115,7 +107,7 @@ class FanOutMachine(Construct):
             FunctionSpec(
                 name=FINALIZER,
                 description="Closes a run as run.completed or run.exhausted",
-                timeout=cdk.Duration.seconds(300),
+                timeout=cdk.Duration.seconds(FINALIZER_TIMEOUT_S),
                 memory_mb=512,
             ),
         )

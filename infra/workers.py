@@ -9,7 +9,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from infra.config import SwarmConfig
+from infra.config import DLQ_MAPPING_CONCURRENCY, SwarmConfig
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, grant_task_response
 from infra.queues import LaneQueues
@@ -130,7 +130,7 @@ class Workers(Construct):
             target=self.dead_letters.function,
             event_source_arn=lanes.dead_letters.queue_arn,
             batch_size=10,
-            max_concurrency=2,
+            max_concurrency=DLQ_MAPPING_CONCURRENCY,  # counted in the account's (infra/config.py)
             report_batch_item_failures=True,
         )
 

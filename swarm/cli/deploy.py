@@ -454,7 +454,7 @@ found, API or switch unreachable), 130 interrupted.
 examples:
   swarm deploy --stage prod --dry-run     # the plan and `cdk diff`; drain untouched
   swarm deploy --stage prod               # npx cdk deploy Swarm-prod -c stage=prod ...
-  swarm deploy --stage dev -c account_concurrency_limit=10 --require-approval never
+  swarm deploy --stage dev -c account_concurrency_limit=3000 --require-approval never
   swarm deploy --local                    # the local stack from `swarm local up`
   make deploy STAGE=prod                  # the same as `swarm deploy --stage prod`
 """

@@ -17,7 +17,10 @@ from infra.config import ConfigError, load_config, worker_timing_problem
 from infra.constants import ROOT
 from infra.context import cdk_json_context
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
+from swarm.api.models import MAX_MANIFEST_UNITS
+from swarm.core.errors import InvalidInput
 from swarm.core.records import LANES, Lane
+from swarm.core.tenancy import TenantLimits, check_batch_size
 from swarm.sim.engine import FleetConfig
 from swarm.sim.plan import plan
 from swarm.sim.workload import Workload
@@ -54,6 +57,14 @@ def _worker(**overrides: Any) -> dict[str, Any]:
     return {**cdk_json_context()["worker"], **overrides}
 
 
+def _fanout(**overrides: Any) -> dict[str, Any]:
+    return {**cdk_json_context()["fanout"], **overrides}
+
+
+def _api(**overrides: Any) -> dict[str, Any]:
+    return {**cdk_json_context()["api"], **overrides}
+
+
 def _lanes(high: int, normal: int, low: int) -> dict[str, Any]:
     lanes = cdk_json_context()["lanes"]
     return {
@@ -88,11 +99,27 @@ def _lanes(high: int, normal: int, low: int) -> dict[str, Any]:
             ("worker.reserved_concurrency", "lanes.*.max_concurrency"),
             "lanes' max_concurrency add up to 14",
         ),
-        # unreserved: the lanes' pollers would need more than the whole account quota
+        # unreserved: the lanes' pollers, the map's children, the API and the dead-letter
+        # mapping would need more than the whole account quota
         (
             {"account_concurrency_limit": 10, "worker": _worker(reserved_concurrency=None)},
-            ("account_concurrency_limit", "lanes.*.max_concurrency"),
-            "lanes' max_concurrency add up to 20",
+            ("account_concurrency_limit", "lanes.high.max_concurrency", "fanout.max_concurrency"),
+            "add up to 222",
+        ),
+        # the lanes alone fit (20 of 120), but the map's 100 children come from the same pool
+        (
+            {
+                "account_concurrency_limit": 120,
+                "api": _api(throttle_burst_limit=10, throttle_rate_limit=10),
+            },
+            ("fanout.max_concurrency", "account_concurrency_limit=120"),
+            "add up to 132",
+        ),
+        # reserved: the lanes fit the reservation, the rest not what it leaves unreserved
+        (
+            {"account_concurrency_limit": 1000, "worker": _worker(reserved_concurrency=900)},
+            ("fanout.max_concurrency", "api.throttle_burst_limit", "worker.reserved_concurrency"),
+            "the 100 left unreserved",
         ),
     ],
 )
@@ -111,16 +138,143 @@ def test_concurrency_that_cannot_fit_the_account_fails_synth_naming_the_key(
 @pytest.mark.parametrize(
     "overrides",
     [
-        # a new account's quota of 10: nothing reserved, lanes within the quota
-        {"account_concurrency_limit": 10, "lanes": _lanes(4, 3, 3)},
-        # the usual quota: up to 900 reserved, the lanes within the reservation
-        {"account_concurrency_limit": 1000, "worker": _worker(reserved_concurrency=900)},
+        # a new account's quota of 10: nothing reserved; 2 + 2 + 2 workers, 1 map child, 1 API
+        # request, 2 dead-letter workers
+        {
+            "account_concurrency_limit": 10,
+            "lanes": _lanes(2, 2, 2),
+            "fanout": _fanout(max_concurrency=1),
+            "api": _api(throttle_burst_limit=1, throttle_rate_limit=1),
+        },
+        # the usual quota: up to 900 reserved, the lanes within the reservation, the map's
+        # children, the API and the dead-letter mapping within the 100 left (48 + 50 + 2)
+        {
+            "account_concurrency_limit": 1000,
+            "worker": _worker(reserved_concurrency=900),
+            "fanout": _fanout(max_concurrency=48),
+            "api": _api(throttle_burst_limit=50),
+        },
         {"worker": _worker(reserved_concurrency=20)},  # exactly the lanes' 10 + 6 + 4
-        {"account_concurrency_limit": "120", "worker": _worker(reserved_concurrency=20)},
+        {
+            "account_concurrency_limit": "320",
+            "worker": _worker(reserved_concurrency=20),  # leaves 300 for 100 + 100 + 2
+        },
     ],
 )
 def test_concurrency_that_fits_the_account_is_accepted(overrides: dict[str, Any]) -> None:
     load_config(_context(**overrides))
+
+
+def test_every_concurrency_the_stack_can_start_is_counted_against_the_account() -> None:
+    # Given the shipped defaults (nothing reserved)
+    budget = load_config(cdk_json_context()).concurrency_budget()
+    # Then the lanes' workers, the map's children, the API's burst and the dead-letter mapping
+    # share the account's pool: 10 + 6 + 4 + 100 + 100 + 2 of 1,000
+    assert [(d.key, d.peak) for d in budget.counted] == [
+        ("lanes.high.max_concurrency", 10),
+        ("lanes.normal.max_concurrency", 6),
+        ("lanes.low.max_concurrency", 4),
+        ("fanout.max_concurrency", 100),
+        ("api.throttle_burst_limit", 100),
+        ("its mapping's least", 2),
+    ]
+    assert (budget.total, budget.pool) == (222, 1000)
+    # and the functions whose throttles are retried are listed beside them, 1 each
+    assert [d.peak for d in budget.retried] == [1, 1, 1]
+    # A reserved worker takes the lanes out of the pool: the rest must fit what it leaves
+    reserved = load_config(_context(worker=_worker(reserved_concurrency=300))).concurrency_budget()
+    assert (reserved.total, reserved.pool) == (202, 700)
+    # The API's steady rate starts requests too: a rate above the burst counts
+    fast = load_config(_context(api=_api(throttle_rate_limit=150.5))).concurrency_budget()
+    assert fast.counted[4].peak == 151
+
+
+@pytest.mark.parametrize("limit", [10, 12, 50, 120])
+def test_a_small_account_is_refused_with_values_that_fit(limit: int) -> None:
+    # Given the shipped defaults on an account whose quota is too small for them
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(account_concurrency_limit=limit))
+    message = str(error.value)
+    assert "values that fit: " in message
+    # When the proposed values are applied
+    proposed = message.split("values that fit: ")[1].split(" (README")[0]
+    values = dict(item.split("=") for item in proposed.split(", "))
+    lanes = cdk_json_context()["lanes"]
+    for lane in LANES:
+        key = f"lanes.{lane.value}.max_concurrency"
+        if key in values:
+            lanes = {
+                **lanes,
+                lane.value: {**lanes[lane.value], "max_concurrency": int(values[key])},
+            }
+    fanout = _fanout(max_concurrency=int(values.get("fanout.max_concurrency", 100)))
+    api = _api(
+        throttle_burst_limit=int(values.get("api.throttle_burst_limit", 100)),
+        throttle_rate_limit=int(values.get("api.throttle_rate_limit", 50)),
+    )
+    config = load_config(
+        _context(account_concurrency_limit=limit, lanes=lanes, fanout=fanout, api=api)
+    )
+    # Then they fit the account exactly, the higher lanes never below the lower ones
+    budget = config.concurrency_budget()
+    assert budget.total == limit
+    given = [config.lane_concurrency(lane) for lane in LANES]
+    assert given == sorted(given, reverse=True) and min(given) >= 2
+
+
+def test_an_account_too_small_for_any_values_is_refused_saying_so() -> None:
+    # 3 lanes x 2 + 1 map child + 1 API request + 2 dead-letter workers = 10 at the least
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(account_concurrency_limit=9))
+    message = str(error.value)
+    assert "no values fit: at their least they need 10" in message
+    assert "Service Quotas" in message
+
+
+SMALL_ACCOUNT = re.compile(r"<!-- small-account-recipe -->\s*```json\n(.*?)```", re.DOTALL)
+
+
+def small_account_recipe() -> dict[str, Any]:
+    """The README's small-account recipe, exactly as printed."""
+    match = SMALL_ACCOUNT.search((ROOT / "README.md").read_text())
+    assert match is not None, "README.md lost its small-account recipe"
+    recipe: dict[str, Any] = json.loads(match.group(1))
+    return recipe
+
+
+def test_the_readmes_small_account_recipe_fits_a_quota_of_10(tmp_path: Path) -> None:
+    # Given the README's recipe merged into cdk.json's context
+    recipe = small_account_recipe()
+    assert recipe["account_concurrency_limit"] == 10
+    config = load_config(_context(**recipe))
+    # Then every concurrency a throttle would hurt fits the 10: 2 + 2 + 2 + 1 + 1 + 2
+    budget = config.concurrency_budget()
+    assert [d.peak for d in budget.counted] == [2, 2, 2, 1, 1, 2]
+    assert (budget.total, budget.pool) == (10, 10)
+    assert config.reserved_concurrency is None  # nothing can be reserved below 100
+    # and it synthesizes, nag-clean (synthesis raises on a finding), and cfn-lint finds no error
+    synthesized = synthesize(tmp_path, recipe, nag=True)
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    assert report["pluginReports"][0]["conclusion"] == "success"
+    mappings = synthesized.of_type("AWS::Lambda::EventSourceMapping").values()
+    assert sorted(m["Properties"]["ScalingConfig"]["MaximumConcurrency"] for m in mappings) == [
+        2, 2, 2, 2,
+    ]  # fmt: skip
+    machine = next(iter(synthesized.of_type("AWS::StepFunctions::StateMachine").values()))
+    assert machine["Properties"]["DefinitionSubstitutions"]["MaxConcurrency"] == "1"
+    stage = next(iter(synthesized.of_type("AWS::ApiGateway::Stage").values()))
+    settings = stage["Properties"]["MethodSettings"][0]
+    assert (settings["ThrottlingBurstLimit"], settings["ThrottlingRateLimit"]) == (1, 1)
+    templates = list(tmp_path.glob("*.template.json"))
+    lint = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), "--non-zero-exit-code", "error", "--"]
+        + [str(t) for t in templates],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_recommended_feature_flags_and_offline_settings_are_in_cdk_json() -> None:
@@ -473,6 +627,13 @@ def _auto(profile: dict[str, Any] | None = None, **worker: Any) -> dict[str, Any
     return _context(lanes=lanes, worker={**context["worker"], **auto})
 
 
+#: the map's and the API's concurrency lowered to fit the 124 an 876 reservation leaves
+SMALL_FRONT = {
+    "fanout": {**cdk_json_context()["fanout"], "max_concurrency": 61},
+    "api": {**cdk_json_context()["api"], "throttle_burst_limit": 61},
+}
+
+
 def test_auto_concurrency_derives_the_lanes_and_the_reservation_from_the_quota() -> None:
     # Given the seed's quota (300k TPM at 95%) and Lab 6.1's unit profile
     config = load_config(_auto())
@@ -482,8 +643,9 @@ def test_auto_concurrency_derives_the_lanes_and_the_reservation_from_the_quota()
     assert sizing is not None and (sizing.n_star, sizing.per_lane) == (119, 146)
     assert [config.lane_concurrency(lane) for lane in LANES] == [146, 146, 146]
     assert config.reserved_concurrency == 438  # the three lanes' pollers, all reserved
-    # and a doubled quota doubles the fleet
-    doubled = load_config({**_auto(), "quota_tpm": 600_000})
+    # and a doubled quota doubles the fleet (876 reserved: the map's children, the API and the
+    # dead-letter mapping within the 124 it leaves)
+    doubled = load_config({**_auto(), "quota_tpm": 600_000, **SMALL_FRONT})
     assert doubled.lane_concurrency(Lane.NORMAL) == 292
 
 
@@ -549,13 +711,20 @@ def test_auto_concurrency_must_fit_a_fresh_account_unless_told_otherwise() -> No
     for words in ("worker.concurrency", "1458 workers per lane", "account_concurrency_limit"):
         assert words in message
     assert "MaximumConcurrency of 1000" in message  # one event source mapping's most
-    # A 600k TPM quota needs 292 per lane, 876 reserved: fits the fresh account's 900
-    assert load_config({**_auto(), "quota_tpm": 600_000}).reserved_concurrency == 876
+    # A 600k TPM quota needs 292 per lane, 876 reserved: fits the fresh account's 900, but
+    # the 124 it leaves cannot hold 100 map children, 100 API requests and 2 dead-letter workers
+    with pytest.raises(ConfigError) as error:
+        load_config({**_auto(), "quota_tpm": 600_000})
+    assert "the 124 left unreserved" in str(error.value)
+    assert "fanout.max_concurrency=61, api.throttle_burst_limit=61" in str(error.value)
+    # ...which it takes with the values proposed
+    fits = load_config({**_auto(), "quota_tpm": 600_000, **SMALL_FRONT})
+    assert fits.reserved_concurrency == 876
     # 900k TPM: 438 per lane, 1,314 reserved: refused by default...
     with pytest.raises(ConfigError, match="can reserve at most 900"):
         load_config({**_auto(), "quota_tpm": 900_000})
-    # ...and accepted once the user says the account allows more
-    raised = load_config({**_auto(), "quota_tpm": 900_000, "account_concurrency_limit": 1500})
+    # ...and accepted once the user says the account allows more (1,314 + 202 <= 1,600)
+    raised = load_config({**_auto(), "quota_tpm": 900_000, "account_concurrency_limit": 1600})
     assert raised.reserved_concurrency == 1314
 
 
@@ -724,3 +893,46 @@ def test_the_bundle_settings_are_read_from_cdk_json() -> None:
     defaults = load_config(cdk_json_context()).worker
     assert (defaults.bundle_units, defaults.bundle_window_seconds) == (20, 10)
     assert (defaults.bundle_stretch, defaults.longest_bundle_window_seconds) == (0.25, 45)
+
+
+def test_the_api_function_ends_within_api_gateways_integration_timeout(
+    synth: Synthesized,
+) -> None:
+    # Given the API function as deployed: its timeout (every retry inside it runs within it)
+    handler = synth.stack.front_door.handler.function
+    timeout = synth.resources[synth.logical_id(handler)]["Properties"]["Timeout"]
+    # Then with a cold start's INIT (at most 10 s) it answers within API Gateway's 29 s: the
+    # caller never gets a 504 while the function goes on accepting its submission
+    assert timeout == synth.config.api.timeout_seconds == 19
+    assert timeout + 10 <= 29
+
+
+@pytest.mark.parametrize(("timeout", "accepted"), [(19, True), (20, False), (29, False)])
+def test_an_api_timeout_past_api_gateways_fails_synth_naming_the_key(
+    timeout: int, accepted: bool
+) -> None:
+    context = _context(api=_api(timeout_seconds=timeout))
+    if accepted:
+        assert load_config(context).api.timeout_seconds == timeout
+        return
+    with pytest.raises(ConfigError) as error:
+        load_config(context)
+    message = str(error.value)
+    assert f"api.timeout_seconds={timeout} + 10 s of Lambda INIT = {timeout + 10} s" in message
+    assert "set api.timeout_seconds to 19 or less" in message
+
+
+def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> None:
+    # Given the shipped tenant defaults (README and docs/scale.md: 100,000 units is one batch)
+    limits = load_config(cdk_json_context()).tenants.defaults
+    policy = TenantLimits(max_queued_units=limits.max_queued_units)
+    # Then a manifest of MAX_MANIFEST_UNITS passes the cap's size check (it was a 400 at 20,000)
+    check_batch_size("acme", policy, MAX_MANIFEST_UNITS)
+    # and one unit more than the cap would still be refused, naming `units`
+    with pytest.raises(InvalidInput) as error:
+        check_batch_size("acme", policy, MAX_MANIFEST_UNITS + 1)
+    assert error.value.field == "units"
+    # and 100,000 units at the default quota (~12,000 tokens each) run well within SQS's 14 days
+    config = load_config(cdk_json_context())
+    units_per_s = config.quota_tpm * config.governor_share / 60 / 12_000
+    assert MAX_MANIFEST_UNITS / units_per_s < 14 * 86_400 / 4

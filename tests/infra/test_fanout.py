@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 
-from infra.constants import FANOUT_ASL, ROOT
-from infra.fanout import (
-    EXPRESS_MAX_SECONDS,
-    FANOUT_ATTEMPTS,
-    FANOUT_TIMEOUT_SECONDS,
-    definition_substitutions,
+from infra.config import (
+    ConfigError,
+    express_child_problem,
+    fanout_definition_numbers,
+    load_config,
 )
+from infra.constants import FANOUT_ASL, ROOT
+from infra.context import cdk_json_context
+from infra.fanout import definition_substitutions
 from infra.local_definition import local_definitions
+from infra.timing import parse_definition
 from tests.infra.conftest import Synthesized
 from tests.infra.helpers import arn, as_list, statements_of_role
 
@@ -177,32 +180,93 @@ def test_lambda_tasks_retry_service_errors_then_function_errors_with_backoff_and
     if path == ("Poll",):  # its answers by name are never retried: the loop goes on with them
         assert retry[0] == {"ErrorEquals": ["RunClosed", "PollLimit"], "MaxAttempts": 0}
         retry = retry[1:]
+    if path == ("FanOut", "AdmitAndEnqueue"):
+        # the Express child's throttles apart (refused before the function runs, they cost only
+        # their pause) and retried as long as before; the errors that may follow a whole run
+        # fewer times, so every attempt fits the child's 5 minutes
+        throttles, retry = retry[0], retry[1:]
+        assert throttles["ErrorEquals"] == ["Lambda.TooManyRequestsException"]
+        assert throttles["MaxAttempts"] >= 6
+        assert throttles["JitterStrategy"] == "FULL"
+        assert set(retry[0]["ErrorEquals"]) | set(throttles["ErrorEquals"]) == LAMBDA_SERVICE_ERRORS
+        least = 2
+    else:
+        assert set(retry[0]["ErrorEquals"]) == LAMBDA_SERVICE_ERRORS
+        least = 3
     # the service errors first (the first matching retrier wins), then any function error
-    assert set(retry[0]["ErrorEquals"]) == LAMBDA_SERVICE_ERRORS
     assert retry[1]["ErrorEquals"] == ["States.TaskFailed"]
     for retrier in retry:
-        assert retrier["MaxAttempts"] >= 3
+        assert retrier["MaxAttempts"] >= least
         assert retrier["BackoffRate"] >= 2
         assert retrier["JitterStrategy"] == "FULL"
 
 
 def test_a_chunks_every_attempt_fits_its_express_child(synth: Synthesized) -> None:
-    # Given the fan-out function's timeout and the child task's retries of a function error
+    # Given the fan-out function's timeout and the child task's retriers as deployed
     fanout = synth.resources[synth.logical_id(synth.stack.fanout.admit.function)]["Properties"]
-    assert fanout["Timeout"] == FANOUT_TIMEOUT_SECONDS
+    assert fanout["Timeout"] == synth.config.fanout.timeout_seconds == 30
     item = _substituted(synth)["States"]["FanOut"]["ItemProcessor"]["States"]["AdmitAndEnqueue"]
-    task_failed = _retriers(item)["States.TaskFailed"]
-    attempts = 1 + task_failed["MaxAttempts"]
-    assert attempts == FANOUT_ATTEMPTS
-    pauses = sum(
-        min(
-            task_failed["IntervalSeconds"] * task_failed["BackoffRate"] ** n,
-            task_failed["MaxDelaySeconds"],
+    throttles, service, task_failed = item["Retry"]
+
+    # When every retrier is spent (errors alternating between them), each run timing out after
+    # a cold start's INIT (10 s) and every pause at its longest (FULL jitter only shortens it)
+    def pauses(retrier: dict[str, Any]) -> float:
+        return sum(
+            min(
+                retrier["IntervalSeconds"] * retrier["BackoffRate"] ** n,
+                retrier.get("MaxDelaySeconds", float("inf")),
+            )
+            for n in range(retrier["MaxAttempts"])
         )
-        for n in range(task_failed["MaxAttempts"])
+
+    runs = 1 + service["MaxAttempts"] + task_failed["MaxAttempts"]
+    worst = (
+        runs * (30 + 10)
+        + throttles["MaxAttempts"] * 1  # a throttled invoke's round trip
+        + pauses(throttles)
+        + pauses(service)
+        + pauses(task_failed)
     )
-    # Then every attempt of a chunk, each timing out, ends within an Express child's 5 minutes
-    assert attempts * FANOUT_TIMEOUT_SECONDS + pauses < EXPRESS_MAX_SECONDS
+    # Then the child ends within Express's 5 minutes, and synth derived the same arithmetic
+    assert (runs, worst) == (5, 278)
+    assert worst <= 300
+    assert express_child_problem(synth.config) is None
+
+
+def test_an_express_child_that_can_outlast_five_minutes_fails_synth_naming_the_keys(
+    tmp_path: Path,
+) -> None:
+    # Given the child's retriers before the fix (one retrier for every Lambda service error,
+    # throttles included: 6 more full runs, and 3 retries of a function error)
+    config = load_config(cdk_json_context())
+    machine = parse_definition(FANOUT_ASL.read_text(), fanout_definition_numbers(config))
+    child = machine["States"]["FanOut"]["ItemProcessor"]["States"]["AdmitAndEnqueue"]
+    child["Retry"] = [
+        {"ErrorEquals": sorted(LAMBDA_SERVICE_ERRORS), "IntervalSeconds": 1, "MaxAttempts": 6,
+         "BackoffRate": 2, "JitterStrategy": "FULL"},
+        {"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": 2, "MaxAttempts": 3,
+         "BackoffRate": 2, "MaxDelaySeconds": 30, "JitterStrategy": "FULL"},
+    ]  # fmt: skip
+    path = tmp_path / "fanout.asl.json"
+    path.write_text(json.dumps(machine))
+    # When synth derives the child's worst case
+    problem = express_child_problem(config, path)
+    # Then it refuses, with the arithmetic and the keys to change
+    assert problem is not None
+    assert "more than Express's 300 s" in problem
+    assert "10 attempts x 40 s" in problem  # 1 + 6 + 3 runs, 30 s + 10 s of INIT each
+    for key in ("fanout.timeout_seconds", "MaxAttempts", "FanOut.ItemProcessor"):
+        assert key in problem
+    # and so does load_config for a timeout the shipped retriers cannot hold
+    with pytest.raises(ConfigError) as error:
+        load_config(
+            {
+                **cdk_json_context(),
+                "fanout": {**cdk_json_context()["fanout"], "timeout_seconds": 60},
+            }
+        )
+    assert "fanout.timeout_seconds=60" in str(error.value)
+    assert "428 s" in str(error.value)  # 5 runs x 70 s + 6 throttles x 1 s + 72 s of pauses
 
 
 def test_a_failed_map_or_finalizer_ends_the_execution_for_the_sweeper(synth: Synthesized) -> None:
