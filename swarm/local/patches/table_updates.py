@@ -8,6 +8,11 @@ UpdateTable does, one create or delete per table per update, and refuses what Cl
 refuses: more than one index created or deleted, or an index whose key schema or projection
 changed under the same name (infra/indexes.py refuses both at synth already). Every other table
 property is left as moto leaves it.
+
+It also keeps a resource moto cannot update as it was: for a type without
+``update_from_cloudformation_json`` (a log group, say), moto's update recorded the resource as
+``None``, so a changed log group (its metadata is enough) broke every ``Fn::GetAtt`` on it
+("references undefined resource") and the whole update failed.
 """
 
 from __future__ import annotations
@@ -85,6 +90,26 @@ def patch_table_index_updates() -> None:
                 backend = dynamodb_backends[account_id][region_name]
                 backend.update_table_global_indexes(table, updates)
             return table
+
+        from moto.cloudformation import parsing
+
+        update_resource = parsing.parse_and_update_resource
+
+        def parse_and_update_resource(
+            logical_id: str,
+            resource_json: dict[str, Any],
+            resources_map: Any,
+            account_id: str,
+            region_name: str,
+        ) -> Any:
+            updated = update_resource(
+                logical_id, resource_json, resources_map, account_id, region_name
+            )
+            if updated is None:  # a type moto cannot update: it stays as it was
+                return resources_map._parsed_resources.get(logical_id)
+            return updated
+
+        parsing.parse_and_update_resource = parse_and_update_resource
 
         Table.update_from_cloudformation_json = classmethod(  # type: ignore[method-assign,assignment]
             update_from_cloudformation_json
