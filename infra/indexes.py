@@ -125,17 +125,17 @@ def plan(
     deleted = [n for n in before if n not in built]
     if len(created) + len(deleted) > 1:
         first = _first_step(before, created, deleted)
-        rollout_value = json.dumps({table: first})
-        deployed_value = json.dumps({table: first})
+        step = f"-c {ROLLOUT_CONTEXT}='{json.dumps({table: first})}'"
+        if table in deployed:
+            step = f"-c {DEPLOYED_CONTEXT}='{json.dumps({table: before})}' {step}"
         changes = [f"create {n}" for n in created] + [f"delete {n}" for n in deleted]
         raise IndexUpdateError(
             f"{table}: this update would {', '.join(changes)} at once on a table that has "
             f"{', '.join(before) or 'no index'} ({source}); CloudFormation creates or deletes "
             "one global secondary index per table in an update, and the update fails. Stage "
-            f"it, one deploy per index: deploy with -c {ROLLOUT_CONTEXT}='{rollout_value}' "
-            f"(plus -c {DEPLOYED_CONTEXT}=... if the stack is older than the release record), "
-            f"then deploy again with -c {DEPLOYED_CONTEXT}='{deployed_value}', and so on until "
-            "no step is refused (README, 'Upgrading a deployed stack')"
+            f"it, one deploy per index: first deploy with {step}, then deploy again with "
+            f"-c {DEPLOYED_CONTEXT}='{json.dumps({table: first})}', and so on until no step is "
+            "refused (README, 'Upgrading a deployed stack')"
         )
     return build
 
