@@ -23,4 +23,6 @@ def service_logger() -> Logger:
     level = os.environ.get(LOG_LEVEL_VAR, "").strip().upper()
     if level:
         logging.getLogger(logger.name).setLevel(level)
+        # what a sampled invocation (POWERTOOLS_LOGGER_SAMPLE_RATE) resets the level to
+        logger.initial_log_level = level
     return logger

@@ -24,6 +24,8 @@ def test_configured_level_wins_over_lambdas_filter_level(
     logger = service_logger()
     # Then the Logger drops INFO and WARNING lines and keeps ERROR ones
     assert logging.getLogger(logger.name).level == logging.ERROR
+    logger.refresh_sample_rate_calculation()  # what a warm, sampled invocation does first
+    assert logging.getLogger(logger.name).level == logging.ERROR
     logger.info("an info line")
     logger.warning("a warning line")
     logger.error("an error line")
