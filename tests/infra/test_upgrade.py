@@ -175,8 +175,12 @@ def _previous_release(workdir: Path) -> Path:
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE],
         capture_output=True,
-        check=True,
+        check=False,
         timeout=120,
+    )
+    assert archive.returncode == 0, (
+        f"the previous release ({PREVIOUS_RELEASE}) is not in this clone's history (a shallow "
+        f"clone? `git fetch --unshallow`): {archive.stderr.decode()[-500:]}"
     )
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True, timeout=120)
     code = (
