@@ -3,6 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# checkov pins boto3, packaging and networkx below the project's pins: its own venv (tests/infra)
+CHECKOV_VENV := .venv-checkov
+CHECKOV_VERSION := 3.3.30
 export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
@@ -12,11 +15,16 @@ export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed node_modules/.installed  ## create .venv, install the project and dev tools, npm ci
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed  ## create .venv (project, dev tools) and .venv-checkov, npm ci
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+$(CHECKOV_VENV)/.installed: Makefile
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'checkov==$(CHECKOV_VERSION)'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

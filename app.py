@@ -11,6 +11,7 @@ from typing import Any
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
+from infra.checkov import acknowledge_checks
 from infra.config import load_config
 from infra.context import cdk_json_context
 from infra.nag import acknowledge_findings
@@ -51,6 +52,7 @@ def build_app(
         description=f"swarm control plane ({config.stage}): lanes, fleet, governor, ledger",
     )
     acknowledge_findings(stack)
+    acknowledge_checks(stack)
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, stack

@@ -14,12 +14,13 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from functions import service_logger
 from swarm.api.models import Error, ErrorCode, Rebound
 from swarm.api.openapi import IDEMPOTENCY_KEY
 from swarm.contract import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED
@@ -42,7 +43,7 @@ from swarm.service.uploads import Uploads
 from swarm.settings import ApiSettings, SettingsError
 from swarm.wiring import Wiring
 
-logger = Logger()
+logger = service_logger()
 tracer = Tracer()
 metrics = Metrics()
 app = APIGatewayRestResolver()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import (
     BatchProcessor,
@@ -17,6 +17,7 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from functions import service_logger
 from swarm.contract import METRIC_UNITS_DEAD_LETTERED
 from swarm.core.codec import parse_message
 from swarm.core.errors import InvalidInput, NotFound
@@ -24,7 +25,7 @@ from swarm.core.ports import Closures, Ledger
 from swarm.service.finalizer import dead_letter
 from swarm.wiring import Wiring
 
-logger = Logger()
+logger = service_logger()
 RECORD_KEYS = ("batch_id", "unit_id", "tenant")
 tracer = Tracer()
 metrics = Metrics()

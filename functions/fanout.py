@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools import Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from functions import service_logger
 from swarm.service.fanout import FanOut
 from swarm.wiring import Wiring
 
-logger = Logger()
+logger = service_logger()
 tracer = Tracer()
 _cache: dict[str, FanOut] = {}
 

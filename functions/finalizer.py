@@ -25,16 +25,17 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from functions import service_logger
 from swarm.contract import METRIC_RUNS_COMPLETED, METRIC_RUNS_EXHAUSTED
 from swarm.service.finalizer import Finalizer
 from swarm.service.opener import Opener
 from swarm.wiring import Wiring
 
-logger = Logger()
+logger = service_logger()
 tracer = Tracer()
 metrics = Metrics()
 _cache: dict[str, Finalizer | Opener] = {}  # the wiring (one dict: the local stack resets it)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from functions import service_logger
 from swarm.contract import (
     METRIC_RUNS_COMPLETED,
     METRIC_RUNS_EXHAUSTED,
@@ -21,7 +22,7 @@ from swarm.contract import (
 from swarm.service.sweeper import Sweeper, Verdict
 from swarm.wiring import Wiring
 
-logger = Logger()
+logger = service_logger()
 tracer = Tracer()
 metrics = Metrics()
 _cache: dict[str, Sweeper] = {}

@@ -33,11 +33,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from functions import service_logger
 from swarm.contract import (
     MAX_BUNDLE_UNITS,
     METRIC_GOVERNOR_SATURATION,
@@ -57,7 +58,7 @@ from swarm.service.pages import Page
 from swarm.service.worker import Requeue, RetryLater, Worker, WorkReport
 from swarm.wiring import Wiring
 
-logger = Logger()
+logger = service_logger()
 tracer = Tracer()
 metrics = Metrics()
 #: an SQS event source mapping's largest batch (infra/config.py bounds worker.batch_size to it)

@@ -852,8 +852,11 @@ def api_timing_problem(config: SwarmConfig) -> str | None:
 CONFIG_KEYS = tuple(SwarmConfig.model_fields)
 
 # Context keys that are not ours: CDK feature flags ("@aws-cdk/..."), CDK's own ("aws:cdk:...",
-# "cli-telemetry", "acknowledged-issue-numbers"...) and lookups ("availability-zones:...").
-_FOREIGN_KEYS = frozenset({"cli-telemetry", "acknowledged-issue-numbers"})
+# "cli-telemetry", "acknowledged-issue-numbers"...) and lookups ("availability-zones:..."); and
+# the staging of index changes, which infra/indexes.py reads and checks (deployed_indexes...).
+_FOREIGN_KEYS = frozenset(
+    {"cli-telemetry", "acknowledged-issue-numbers", "deployed_indexes", "index_rollout"}
+)
 
 
 def _decode(key: str, value: Any) -> Any:

@@ -21,12 +21,20 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 #: mostly a wait for the model (docs/scale.md); every dependency ships aarch64 wheels
 ARCHITECTURE = lambda_.Architecture.ARM_64
 
-_LOG_LEVELS = {
-    "DEBUG": lambda_.ApplicationLogLevel.DEBUG,
-    "INFO": lambda_.ApplicationLogLevel.INFO,
-    "WARNING": lambda_.ApplicationLogLevel.WARN,
-    "ERROR": lambda_.ApplicationLogLevel.ERROR,
-}
+
+def lambda_log_level(log_level: str) -> lambda_.ApplicationLogLevel:
+    """The level Lambda filters a function's application logs at: never above INFO.
+
+    Lambda's log-level filtering (JSON log format) gives a line without a ``level`` field the
+    level INFO, and Powertools' metric lines (EMF, which every alarm reads) carry none: a
+    WARN or ERROR filter would drop every metric. So Lambda filters at INFO (DEBUG when
+    ``observability.log_level`` is DEBUG, so debug lines pass), and the configured level is
+    applied by the handlers' Logger (``POWERTOOLS_LOG_LEVEL``, functions.service_logger), which
+    drops INFO log lines at WARNING or ERROR without touching the metrics.
+    """
+    if log_level == "DEBUG":
+        return lambda_.ApplicationLogLevel.DEBUG
+    return lambda_.ApplicationLogLevel.INFO
 
 
 _RETENTION = {
@@ -142,7 +150,7 @@ class SwarmFunction(Construct):
             environment=environment.for_function(spec.name),
             log_group=self.log_group,
             logging_format=lambda_.LoggingFormat.JSON,
-            application_log_level_v2=_LOG_LEVELS[config.observability.log_level],
+            application_log_level_v2=lambda_log_level(config.observability.log_level),
             system_log_level_v2=lambda_.SystemLogLevel.WARN,
             tracing=lambda_.Tracing.ACTIVE,
         )

@@ -13,6 +13,8 @@ from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 #: the outcome records under every run's results (results/<run>/attempts/<page>.json, and an
 #: attempt kept alone at results/<run>/attempts/<unit>/<n>.json)
 ATTEMPT_RECORDS = f"{RESULTS_PREFIX}*/attempts/"
+#: how long an overwritten or deleted object of the batches bucket stays recoverable
+NONCURRENT_VERSIONS = cdk.Duration.days(7)
 
 
 class BatchStorage(Construct):
@@ -43,6 +45,10 @@ class BatchStorage(Construct):
             enforce_ssl=True,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="batches/",
+            # Every key is written once (manifests and outcome records per batch, results per
+            # closure), so versions cost nothing in normal operation; an overwritten or deleted
+            # object (a bug, a reused upload URL) stays recoverable for a week.
+            versioned=True,
             lifecycle_rules=[
                 s3.LifecycleRule(
                     id="expire-manifests",
@@ -53,6 +59,12 @@ class BatchStorage(Construct):
                     id="expire-results",
                     prefix=RESULTS_PREFIX,
                     expiration=cdk.Duration.days(config.results.retention_days),
+                ),
+                s3.LifecycleRule(
+                    id="expire-noncurrent-versions",
+                    noncurrent_version_expiration=NONCURRENT_VERSIONS,
+                    # the delete marker an expiry leaves once its last version is gone
+                    expired_object_delete_marker=True,
                 ),
                 s3.LifecycleRule(
                     id="abort-incomplete-uploads",

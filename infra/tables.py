@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
+from infra import indexes
 from infra.config import SwarmConfig
 from infra.constants import (
     LEASE_EXPIRY,
@@ -21,6 +22,18 @@ from infra.constants import (
     WATCH_SORT_KEY,
 )
 
+#: the table construct ids (the keys of ``deployed_indexes`` and ``index_rollout``)
+TABLES = ("Governor", "Ledger")
+#: every attribute a table or index key uses, with its DynamoDB type
+ATTRIBUTE_TYPES = {
+    PARTITION_KEY: "S",
+    SORT_KEY: "S",
+    WATCH_PARTITION_KEY: "S",
+    WATCH_SORT_KEY: "N",
+    TENANT_RUNS_PARTITION_KEY: "S",
+    LEASE_EXPIRY: "N",
+}
+
 
 class Tables(Construct):
     """``dynamodb.Table`` (not TableV2: moto silently skips AWS::DynamoDB::GlobalTable)."""
@@ -32,7 +45,8 @@ class Tables(Construct):
         # attempt#.. of an earlier layout: read only)
         self.governor = self._table("Governor", config)
         self.ledger = self._table("Ledger", config)
-        self._add_open_runs_index(self.ledger)
+        for construct_id, table in (("Governor", self.governor), ("Ledger", self.ledger)):
+            self._add_indexes(table, construct_id)
 
     def _table(self, construct_id: str, config: SwarmConfig) -> dynamodb.Table:
         return dynamodb.Table(
@@ -55,10 +69,13 @@ class Tables(Construct):
             ),
         )
 
-    @staticmethod
-    def _add_open_runs_index(table: dynamodb.Table) -> None:
-        """The sweeper's sparse index of watched runs (swarm/adapters/dynamodb_watch.py): only
-        books items carrying ``watch`` appear in it, ordered by ``sweep_at``.
+    def _add_indexes(self, table: dynamodb.Table, construct_id: str) -> None:
+        """The table's indexes (:func:`wanted_indexes`), at most one of them created or deleted
+        in a stack update (infra/indexes.py).
+
+        ``OpenRuns``: the sweeper's sparse index of watched runs
+        (swarm/adapters/dynamodb_watch.py): only books items carrying ``watch`` appear in it,
+        ordered by ``sweep_at``.
 
         Added on the CloudFormation resource, not with ``Table.add_global_secondary_index``: an
         L2 table with an index makes every ``Table.grant`` also grant ``<table>/index/*``, so
@@ -76,43 +93,67 @@ class Tables(Construct):
         """
         cfn = table.node.default_child
         assert isinstance(cfn, dynamodb.CfnTable)
+        build = indexes.plan(
+            construct_id,
+            wanted_indexes()[construct_id],
+            record=indexes.released(),
+            deployed=indexes.names_from_context(
+                self.node.try_get_context(indexes.DEPLOYED_CONTEXT),
+                indexes.DEPLOYED_CONTEXT,
+                TABLES,
+            ),
+            rollout=indexes.names_from_context(
+                self.node.try_get_context(indexes.ROLLOUT_CONTEXT),
+                indexes.ROLLOUT_CONTEXT,
+                TABLES,
+            ),
+        )
+        if not build:
+            return
+        keys = {PARTITION_KEY, SORT_KEY} | {
+            key["AttributeName"] for index in build for key in index["KeySchema"]
+        }
+        # exactly the attributes some key uses: CloudFormation refuses an unused definition
         cfn.add_property_override(
             "AttributeDefinitions",
             [
-                {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
-                {"AttributeName": SORT_KEY, "AttributeType": "S"},
-                {"AttributeName": WATCH_PARTITION_KEY, "AttributeType": "S"},
-                {"AttributeName": WATCH_SORT_KEY, "AttributeType": "N"},
-                {"AttributeName": TENANT_RUNS_PARTITION_KEY, "AttributeType": "S"},
-                {"AttributeName": LEASE_EXPIRY, "AttributeType": "N"},
+                {"AttributeName": name, "AttributeType": kind}
+                for name, kind in ATTRIBUTE_TYPES.items()
+                if name in keys
             ],
         )
-        cfn.add_property_override(
-            "GlobalSecondaryIndexes",
-            [
-                {
-                    "IndexName": OPEN_RUNS_INDEX,
-                    "KeySchema": [
-                        {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
-                        {"AttributeName": WATCH_SORT_KEY, "KeyType": "RANGE"},
-                    ],
-                    "Projection": {
-                        "ProjectionType": "INCLUDE",
-                        "NonKeyAttributes": list(WATCH_PROJECTED),
-                    },
+        cfn.add_property_override("GlobalSecondaryIndexes", build)
+
+
+def wanted_indexes() -> dict[str, list[indexes.Index]]:
+    """Every global secondary index the code needs, per table construct id, in the order a
+    staged upgrade adds them."""
+    return {
+        "Governor": [],
+        "Ledger": [
+            {
+                "IndexName": OPEN_RUNS_INDEX,
+                "KeySchema": [
+                    {"AttributeName": WATCH_PARTITION_KEY, "KeyType": "HASH"},
+                    {"AttributeName": WATCH_SORT_KEY, "KeyType": "RANGE"},
+                ],
+                "Projection": {
+                    "ProjectionType": "INCLUDE",
+                    "NonKeyAttributes": list(WATCH_PROJECTED),
                 },
-                {
-                    "IndexName": TENANT_RUNS_INDEX,
-                    "KeySchema": [{"AttributeName": TENANT_RUNS_PARTITION_KEY, "KeyType": "HASH"}],
-                    "Projection": {"ProjectionType": "KEYS_ONLY"},
-                },
-                {
-                    "IndexName": LEASES_INDEX,
-                    "KeySchema": [
-                        {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
-                        {"AttributeName": LEASE_EXPIRY, "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "KEYS_ONLY"},
-                },
-            ],
-        )
+            },
+            {
+                "IndexName": TENANT_RUNS_INDEX,
+                "KeySchema": [{"AttributeName": TENANT_RUNS_PARTITION_KEY, "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+            {
+                "IndexName": LEASES_INDEX,
+                "KeySchema": [
+                    {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+                    {"AttributeName": LEASE_EXPIRY, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+        ],
+    }

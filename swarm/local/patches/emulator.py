@@ -76,6 +76,7 @@ from typing import Any
 
 from swarm.local.patches import limits
 from swarm.local.patches import stepfunctions as sfn_patch
+from swarm.local.patches.table_updates import patch_table_index_updates
 
 _APPLIED: set[str] = set()
 _GUARD = threading.Lock()
@@ -478,4 +479,5 @@ def apply_all() -> None:
     patch_sfn_client_cache()
     sfn_patch.patch_sfn_start_execution()  # the continue-as-new task (patches/stepfunctions.py)
     sfn_patch.patch_sfn_stop_stays_aborted()  # a stop while a task waits for its token
+    patch_table_index_updates()  # a redeploy's index changes (patches/table_updates.py)
     limits.apply_all()  # AWS's service limits (patches/limits.py)
