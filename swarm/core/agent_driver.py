@@ -142,6 +142,8 @@ class LoopRunner:
     books: TurnBooks
     clock: Clock
     kill: KillHook = never
+    #: the log and the step this worker last decided on (what a zombie of it would carry out)
+    decided: tuple[list[Event], agent.Step] | None = None
 
     def run(self, max_steps: int = 10_000) -> agent.Finished:
         """Run the unit until it has stopped (Killed if the hook says so; Contended if another
@@ -151,6 +153,7 @@ class LoopRunner:
             step = agent.next_step(log, self.spec)
             if isinstance(step, agent.Finished):
                 return step
+            self.decided = (log, step)
             self.advance(log, step)
         raise SwarmError(f"unit {self.spec.unit}: no end after {max_steps} steps")
 
