@@ -315,12 +315,16 @@ class Backends:
     journals: MemoryJournals
     #: the calls this process ran on the backends, journal replays apart
     ran: int = 0
+    #: the calls answered from the journal: run before (by a process that died before the
+    #: loop recorded the result, or by a stale duplicate)
+    repeats: int = 0
     _cached: tuple[int, dict[str, Any]] | None = None
 
     def __call__(self, call: ToolCall) -> ToolOutcome:
         journal = self.journals.read(self.unit)
         for done in journal:
             if done["key"] == call.key:  # ran before: the first outcome, no second effect
+                self.repeats += 1
                 return ToolOutcome(done["status"], done["value"])
         instances = self.instances(journal)
         self._cached = None  # the instances change now; kept again once the journal holds it
@@ -423,6 +427,7 @@ class UnitRun:
     kills: int = 0
     zombies_refused: int = 0  # stale workers whose record the log refused
     tool_runs: int = 0  # calls run on the backends, every process (journal replays apart)
+    tool_repeats: int = 0  # calls answered from the journal by their idempotency key
     model: ScriptedModel | None = None
     verdict: dict[str, Any] = field(default_factory=dict)
 
@@ -470,6 +475,7 @@ def run_in_memory(
         raise AssertionError(f"{spec.unit}: a duplicate delivery did something")
     run.log = store.read(log_key(spec))
     run.tool_runs = sum(p.ran for p in processes)
+    run.tool_repeats = sum(p.repeats for p in processes)
     final = Backends(entry, spec.unit, journals).instances()  # rebuilt from the journal alone
     run.verdict = judge(entry, final)
     return run

@@ -1,0 +1,178 @@
+"""BFCL's 200 multi_turn_base entries as agent units through the in-memory loop, with workers
+killed at every point of a turn and stale duplicates on top: every unit's final backend state
+equals the state its ground truth produces when BFCL executes it directly (BFCL's own
+state_checker), no turn is billed twice, and the books are exact. And the oracle can fail: a
+tool run twice or lost is seen.
+
+All 200 entries take about 3 seconds here, so the whole set runs in the unit tier."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "bfcl_eval",
+    reason="bfcl-eval is not installed: `make setup` installs it (pip install --no-deps)",
+)
+
+from swarm.core import agent
+from swarm.core.agent import ToolCall
+from swarm.core.agent_driver import (
+    Killed,
+    KillPoint,
+    LoopRunner,
+    MemoryLogStore,
+    MemoryTurnBooks,
+    ToolOutcome,
+    log_key,
+)
+from swarm.core.clock import VirtualClock
+from swarm.core.errors import InvalidInput
+from swarm.workloads import bfcl
+
+POINTS = list(KillPoint)
+
+
+@dataclass
+class Plan:
+    """Two kills per unit, at points and turns that rotate with the unit's index, each once."""
+
+    index: int
+    fired: Counter[KillPoint] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        i = self.index
+        self.left = {(POINTS[i % 5], 1 + i % 3), (POINTS[(i + 2) % 5], 2 + i % 4)}
+
+    def __call__(self, point: KillPoint, turn: int) -> bool:
+        if (point, turn) in self.left:
+            self.left.discard((point, turn))
+            self.fired[point] += 1
+            return True
+        return False
+
+
+def test_every_entry_becomes_a_unit_with_converse_tools() -> None:
+    entries = bfcl.entries()
+    assert len(entries) == 200
+    for entry in entries:
+        spec = bfcl.unit_spec(entry, "b1")
+        assert len(spec.follow_ups) == len(entry.user_turns) - 1
+        assert not set(entry.excluded) & {t.name for t in spec.tools}
+        for tool in spec.tools:
+            assert '"dict"' not in str(tool.input_schema) and "'float'" not in str(
+                tool.input_schema
+            )
+    with pytest.raises(InvalidInput, match="'multi_turn_long' is not served"):
+        bfcl.entries("multi_turn_long")
+
+
+def test_all_200_entries_survive_kills_at_every_point_with_exact_books() -> None:
+    store, books, journals = MemoryLogStore(), MemoryTurnBooks(), bfcl.MemoryJournals()
+    fired: Counter[KillPoint] = Counter()
+    began = time.perf_counter()
+    runs = []
+    for index, entry in enumerate(bfcl.entries()):
+        plan = Plan(index)
+        run = bfcl.run_in_memory(entry, "b1", store, books, journals, VirtualClock(), plan)
+        fired += plan.fired
+        runs.append((run, plan))
+    took = time.perf_counter() - began
+    print(f"\n200 BFCL units, {sum(fired.values())} kills: {took:.1f} s")  # measured, not asserted
+
+    assert [r.verdict for r, _ in runs] == [{"valid": True}] * 200
+    assert Counter(r.end.reason for r, _ in runs) == {"completed": 200}
+    # kills at each point of a turn, and stale duplicates, really happened
+    assert set(fired) == set(KillPoint) and min(fired.values()) >= 20
+    assert sum(r.zombies_refused for r, _ in runs) >= 100
+    assert sum(r.tool_repeats for r, _ in runs) >= 20  # tools called again, answered by key
+    total = 0
+    for run, plan in runs:
+        state = agent.read_log(run.log)
+        unit = run.spec.unit
+        # no turn billed twice: the books hold each of the log's turns once
+        assert sorted(t for (_, u, t) in books.billed if u == unit) == [t.n for t in state.turns]
+        # exact books: what the model counted for each recorded turn, a lost one at its draw
+        lost = [t for t in state.turns if t.message is None]
+        recorded = sum(agent.billed_of(t.usage) for t in state.turns if t.message is not None)
+        assert (
+            books.spent("b1", unit) == agent.spent(run.log) == recorded + sum(t.drawn for t in lost)
+        )
+        assert all(t.settled is not None and t.settled["lost"] for t in lost)
+        assert (
+            len(lost)
+            == plan.fired[KillPoint.BEFORE_MODEL_CALL] + plan.fired[KillPoint.AFTER_MODEL_CALL]
+        )
+        # a recorded turn is never called again: one call per recorded turn, plus the calls
+        # made and lost
+        assert run.model is not None
+        assert (
+            run.model.calls == len(state.turns) - len(lost) + plan.fired[KillPoint.AFTER_MODEL_CALL]
+        )
+        # every tool call had its effect once: the journal holds each key once, and it is
+        # what the processes ran
+        journal = journals.read(unit)
+        keys = [done["key"] for done in journal]
+        assert len(keys) == len(set(keys)) == run.tool_runs
+        results = [e for e in run.log if e["type"] == "tool_result"]
+        assert sorted(keys) == sorted(r["key"] for r in results)
+        total += agent.spent(run.log)
+    assert sum(books.billed.values()) == total
+
+
+@dataclass
+class Careless(bfcl.Backends):
+    """A tool function that ignores its idempotency key: a call run again has its effect
+    again."""
+
+    def __call__(self, call: ToolCall) -> ToolOutcome:
+        fresh = ToolCall(
+            call.turn, call.tool_use_id, call.name, call.input, f"{call.key}#{id(self)}"
+        )
+        return super().__call__(fresh)
+
+
+@dataclass
+class Forgetful(bfcl.Backends):
+    """A tool function that loses its first call's effect (and says it succeeded)."""
+
+    def __call__(self, call: ToolCall) -> ToolOutcome:
+        if call.tool_use_id == "c0-0":
+            return ToolOutcome("success", "ok")
+        return super().__call__(call)
+
+
+@pytest.mark.parametrize(("executor", "kill"), [(Careless, True), (Forgetful, False)])
+def test_the_oracle_sees_a_tool_run_twice_or_lost(executor: Any, kill: bool) -> None:
+    invalid = 0
+    for entry in bfcl.entries():
+        spec = bfcl.unit_spec(entry, "b1")
+        store, journals = MemoryLogStore(), bfcl.MemoryJournals()
+        model = bfcl.ScriptedModel(entry)
+        # after the first tool of every turn (each kill once), the worker dies
+        kills = {(KillPoint.WHILE_TOOLS, n) for n in range(1, 40)} if kill else set()
+
+        def hook(point: KillPoint, turn: int, kills: set[Any] = kills) -> bool:
+            if (point, turn) in kills:
+                kills.discard((point, turn))
+                return True
+            return False
+
+        while True:  # the killed worker, then the next
+            tools = executor(entry, spec.unit, journals)
+            runner = LoopRunner(spec, store, model, tools, MemoryTurnBooks(), VirtualClock(), hook)
+            try:
+                runner.run()
+                break
+            except Killed:
+                continue
+        assert agent.read_log(store.read(log_key(spec))).stopped is not None
+        final = bfcl.Backends(entry, spec.unit, journals).instances()
+        invalid += not bfcl.judge(entry, final)["valid"]
+    print(f"\n{executor.__name__}: {invalid} of 200 judged wrong")
+    assert invalid >= 10, invalid
