@@ -14,9 +14,10 @@ help:  ## list the targets
 
 setup: $(VENV)/.installed node_modules/.installed  ## create .venv, install the project and dev tools, npm ci
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements-nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
