@@ -344,6 +344,9 @@ class TurnState:
     usage: dict[str, int] = field(default_factory=dict)
     results: dict[str, Event] = field(default_factory=dict)
     settled: Event | None = None
+    #: why its toolUse blocks cannot be answered (a toolUseId off Converse's pattern, or one
+    #: used before), or None
+    tool_use_problem: str | None = None
 
     @property
     def tool_uses(self) -> list[dict[str, Any]]:
@@ -375,6 +378,7 @@ def read_log(log: Sequence[Event]) -> LogState:
     """The turns and the end the log records; CorruptLog if no run of the loop wrote it."""
     turns: list[TurnState] = []
     stopped: Event | None = None
+    used: set[str] = set()  # the toolUseIds of the turns before
     for seq, event in enumerate(log):
         kind = event.get("type")
         if stopped is not None:
@@ -398,6 +402,8 @@ def read_log(log: Sequence[Event]) -> LogState:
             current.message = event["message"]
             current.stop_reason = event["stopReason"]
             current.usage = dict(event["usage"])
+            current.tool_use_problem = _tool_use_problem(current.tool_uses, used)
+            used.update(str(u.get("toolUseId")) for u in current.tool_uses)
         elif kind == "tool_result":
             if current is None or current.n != event.get("turn") or current.settled is not None:
                 raise CorruptLog(
@@ -427,9 +433,25 @@ def read_log(log: Sequence[Event]) -> LogState:
 
 
 def _runs_tools(turn: TurnState) -> bool:
-    """Whether the turn's tool calls are to run: it asked for some, and its answer was not
-    refused (guardrail, content filter) or cut (max_tokens)."""
-    return bool(turn.tool_uses) and turn.stop_reason not in (*REFUSED, "max_tokens")
+    """Whether the turn's tool calls are to run: it asked for some, its answer was not refused
+    (guardrail, content filter) or cut (max_tokens), and their results can be sent back."""
+    return (
+        bool(turn.tool_uses)
+        and turn.stop_reason not in (*REFUSED, "max_tokens")
+        and turn.tool_use_problem is None
+    )
+
+
+def _tool_use_problem(uses: Sequence[Mapping[str, Any]], used: set[str]) -> str | None:
+    seen: set[str] = set()
+    for use in uses:
+        ident = use.get("toolUseId")
+        if not isinstance(ident, str) or not _NAME.match(ident):
+            return f"the model gave toolUseId {ident!r}, which breaks {NAME_PATTERN}"
+        if ident in seen or ident in used:
+            return f"the model gave toolUseId {ident!r} twice"
+        seen.add(ident)
+    return None
 
 
 def spent(log: Sequence[Event]) -> int:
@@ -620,11 +642,8 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
             return Stop("failed", reason or "no stopReason", answer)
         if reason == "tool_use" and not turn.tool_uses:
             return Stop("failed", "stopReason tool_use without a toolUse block", answer)
-        bad = [u["toolUseId"] for u in turn.tool_uses if not _NAME.match(str(u["toolUseId"]))]
-        if bad:
-            return Stop(
-                "failed", f"the model gave toolUseId {bad[0]!r}, not {NAME_PATTERN}", answer
-            )
+        if turn.tool_use_problem is not None:
+            return Stop("failed", turn.tool_use_problem, answer)
     talk = _conversation(spec, state)
     if talk.user_turn > len(spec.follow_ups):
         return Stop("completed", "", answer)

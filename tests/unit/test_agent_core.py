@@ -363,3 +363,22 @@ def test_a_log_no_loop_writes_is_refused() -> None:
         agent.next_step([*log[:4], result, *log[4:]], spec)
     with pytest.raises(agent.CorruptLog, match="turn 2 started; expected 1"):
         agent.next_step([{**log[0], "turn": 2}], spec)
+
+
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        ([calls(("t 1", "add", {"x": 1}))], "toolUseId 't 1', which breaks"),
+        ([calls(("t1", "add", {"x": 1})), calls(("t1", "add", {"x": 2}))], "'t1' twice"),
+        ([calls(("t1", "add", {"x": 1}), ("t1", "add", {"x": 2}))], "'t1' twice"),
+    ],
+)
+def test_tool_uses_whose_results_cannot_be_sent_fail_the_unit_unrun(
+    script: list[dict[str, Any]], says: str
+) -> None:
+    tools = Counting()
+    run = runner(spec_of(talk("add")), Scripted(script), tools)
+    end = run.run()
+    assert end.reason == "failed" and says in end.detail
+    assert len(tools.effects) == len(script) - 1  # the turn at fault ran nothing
+    assert run.books.spent("b1", "u1") == 29 * len(script)  # type: ignore[attr-defined]
