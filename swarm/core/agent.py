@@ -713,6 +713,14 @@ def model_turn(turn: int, response: Mapping[str, Any], latency_s: float, at: flo
     content = message.get("content")
     if not isinstance(content, list):
         raise BadModelResponse("the assistant message has no content list")
+    for index, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise BadModelResponse(f"content[{index}] is not a content block")
+        use = block.get("toolUse")
+        if use is not None and not (
+            isinstance(use, dict) and isinstance(use.get("name"), str) and "toolUseId" in use
+        ):
+            raise BadModelResponse(f"content[{index}].toolUse has no name or toolUseId")
     usage = response.get("usage") or {}
     return {
         "type": "model_turn",

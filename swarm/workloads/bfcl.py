@@ -479,3 +479,54 @@ def run_in_memory(
     final = Backends(entry, spec.unit, journals).instances()  # rebuilt from the journal alone
     run.verdict = judge(entry, final)
     return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m swarm.workloads.bfcl [--limit N] [--kills]``: run the entries through the
+    in-memory loop (``--kills``: two kills per unit, rotating over the points of a turn, with
+    stale duplicates) and print the verdicts, the books and the time taken."""
+    import argparse
+    import time
+
+    from swarm.core.agent_driver import KillPoint, MemoryLogStore, MemoryTurnBooks
+    from swarm.core.clock import VirtualClock
+
+    parser = argparse.ArgumentParser(
+        prog="python -m swarm.workloads.bfcl", description=main.__doc__
+    )
+    parser.add_argument("--limit", type=int, default=None, help="the first N entries (all: 200)")
+    parser.add_argument("--kills", action="store_true", help="kill workers mid-turn and resume")
+    args = parser.parse_args(argv)
+    points = list(KillPoint)
+    store, books, journals = MemoryLogStore(), MemoryTurnBooks(), MemoryJournals()
+    began = time.perf_counter()
+    valid = kills = turns = lost = 0
+    for index, entry in enumerate(entries(limit=args.limit)):
+        plan = {(points[index % 5], 1 + index % 3), (points[(index + 2) % 5], 2 + index % 4)}
+
+        def kill(point: KillPoint, turn: int, plan: set[tuple[KillPoint, int]] = plan) -> bool:
+            if args.kills and (point, turn) in plan:
+                plan.discard((point, turn))
+                return True
+            return False
+
+        run = run_in_memory(entry, "bfcl", store, books, journals, VirtualClock(), kill)
+        valid += bool(run.verdict.get("valid"))
+        kills += run.kills
+        state = agent.read_log(run.log)
+        turns += len(state.turns)
+        lost += sum(1 for t in state.turns if t.message is None)
+        if not run.verdict.get("valid"):
+            print(f"{entry.id}: {run.end.reason}: {run.verdict.get('error_message')}")
+    took = time.perf_counter() - began
+    total = len(entries(limit=args.limit))
+    print(
+        f"{valid}/{total} final states equal to BFCL's ground truth; {turns} model turns "
+        f"({lost} lost), {kills} kills, {books.duplicates} repeated settlements not billed; "
+        f"{sum(books.billed.values()):,} tokens billed; {took:.1f} s"
+    )
+    return 0 if valid == total else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -382,3 +382,20 @@ def test_tool_uses_whose_results_cannot_be_sent_fail_the_unit_unrun(
     assert end.reason == "failed" and says in end.detail
     assert len(tools.effects) == len(script) - 1  # the turn at fault ran nothing
     assert run.books.spent("b1", "u1") == 29 * len(script)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("response", "says"),
+    [
+        ({"output": {}}, "no assistant message"),
+        ({"output": {"message": {"role": "assistant", "content": "hi"}}}, "no content list"),
+        ({"output": {"message": {"role": "assistant", "content": ["hi"]}}}, "not a content"),
+        (
+            {"output": {"message": {"role": "assistant", "content": [{"toolUse": {"name": "a"}}]}}},
+            "no name or toolUseId",
+        ),
+    ],
+)
+def test_a_response_the_loop_cannot_record_is_refused(response: dict[str, Any], says: str) -> None:
+    with pytest.raises(agent.BadModelResponse, match=says):
+        agent.model_turn(1, response, 0.0, 0.0)
