@@ -301,12 +301,14 @@ class RunTools:
 @dataclass(frozen=True)
 class SettleTurn:
     """Settle turn ``turn`` once: ``billed`` tokens (``lost``: its answer was never recorded,
-    billed at ``drawn``); then record ``turn_settled``."""
+    billed at ``drawn``; ``refused``: the model plane refused the call for quota, billed 0 and
+    not counted against ``max_turns``); then record ``turn_settled``."""
 
     turn: int
     billed: int
     drawn: int
     lost: bool
+    refused: str = ""
 
 
 @dataclass(frozen=True)
@@ -452,6 +454,12 @@ def _tool_use_problem(uses: Sequence[Mapping[str, Any]], used: set[str]) -> str 
             return f"the model gave toolUseId {ident!r} twice"
         seen.add(ident)
     return None
+
+
+def turns_used(state: LogState) -> int:
+    """The model turns that count against ``max_turns``: every turn started but those the model
+    plane refused for quota."""
+    return sum(1 for t in state.turns if not (t.settled and t.settled.get("refused")))
 
 
 def spent(log: Sequence[Event]) -> int:
@@ -649,7 +657,7 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
         return Stop("completed", "", answer)
     if any(not m["content"] for m in talk.messages):
         return Stop("failed", "the model answered with an empty message", answer)
-    if len(state.turns) >= spec.max_turns:
+    if turns_used(state) >= spec.max_turns:
         return Stop("limit_turns", f"{spec.max_turns} model turns reached", answer)
     request = build_request(spec, talk.messages, talk.tool_called)
     if talk.last_usage is None:
@@ -757,8 +765,15 @@ def turn_settled(step: SettleTurn, at: float) -> Event:
         "billed": step.billed,
         "drawn": step.drawn,
         "lost": step.lost,
+        **({"refused": step.refused} if step.refused else {}),
         "at": at,
     }
+
+
+def throttled(turn: int, drawn: int) -> SettleTurn:
+    """The settlement of a turn whose call the model plane refused for quota (nothing billed):
+    the worker records it, then the unit waits (goes back to its lane) and calls again."""
+    return SettleTurn(turn, 0, drawn, lost=False, refused="throttled")
 
 
 def stopped(step: Stop, at: float) -> Event:
@@ -782,6 +797,7 @@ def summary(log: Sequence[Event]) -> dict[str, Any]:
     return {
         "turns": len(state.turns),
         "lost_turns": sum(1 for t in state.turns if t.settled and t.settled.get("lost")),
+        "refused_turns": len(state.turns) - turns_used(state),
         "tool_calls": len(results),
         "tool_errors": sum(1 for r in results if r["status"] == "error"),
         "billed": spent(log),

@@ -29,6 +29,7 @@ from swarm.core import agent
 from swarm.core.agent import AgentSpec, Event, ToolCall
 from swarm.core.clock import Clock
 from swarm.core.errors import Contended, SwarmError
+from swarm.core.ports import ModelThrottled
 
 #: a Converse-shaped model: a request in, a Converse response out (output.message, stopReason,
 #: usage)
@@ -147,7 +148,8 @@ class LoopRunner:
 
     def run(self, max_steps: int = 10_000) -> agent.Finished:
         """Run the unit until it has stopped (Killed if the hook says so; Contended if another
-        worker moves its log under it)."""
+        worker moves its log under it; ModelThrottled, once recorded, when the model plane
+        refused a call for quota: the caller runs the unit again later)."""
         for _ in range(max_steps):
             log = self.store.read(log_key(self.spec))
             step = agent.next_step(log, self.spec)
@@ -164,7 +166,13 @@ class LoopRunner:
             self.store.append(key, seq, agent.turn_started(step, self.clock.now()))
             self._die(KillPoint.BEFORE_MODEL_CALL, step.turn)
             began = self.clock.now()
-            response = self.model(step.request)
+            try:
+                response = self.model(step.request)
+            except ModelThrottled:  # nothing billed: settle the turn at 0, the caller waits
+                settle = agent.throttled(step.turn, step.draw)
+                self.books.settle_turn(self.spec.batch, self.spec.unit, step.turn, 0)
+                self.store.append(key, seq + 1, agent.turn_settled(settle, self.clock.now()))
+                raise
             self._die(KillPoint.AFTER_MODEL_CALL, step.turn)
             ended = self.clock.now()
             self.store.append(

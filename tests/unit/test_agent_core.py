@@ -399,3 +399,28 @@ def test_tool_uses_whose_results_cannot_be_sent_fail_the_unit_unrun(
 def test_a_response_the_loop_cannot_record_is_refused(response: dict[str, Any], says: str) -> None:
     with pytest.raises(agent.BadModelResponse, match=says):
         agent.model_turn(1, response, 0.0, 0.0)
+
+
+def test_a_throttled_call_is_settled_at_nothing_and_not_counted_as_a_turn() -> None:
+    from swarm.core.ports import ModelThrottled
+
+    script = Scripted([calls(("t1", "add", {"x": 1})), answer("done")])
+    refusals = [1, 2]  # the first two calls are refused for quota
+
+    def model(request: dict[str, Any]) -> Mapping[str, Any]:
+        if refusals:
+            refusals.pop()
+            raise ModelThrottled("quota")
+        return script(request)
+
+    store, books = MemoryLogStore(), MemoryTurnBooks()
+    spec = spec_of(talk("add", limits={"max_turns": 2}))
+    for _ in range(2):
+        with pytest.raises(ModelThrottled):
+            LoopRunner(spec, store, model, Counting(), books, VirtualClock()).run()
+    end = LoopRunner(spec, store, model, Counting(), books, VirtualClock()).run()
+    log = store.read("b1/u1")
+    # two refused turns, then the two the unit may have: it completes within max_turns 2
+    assert end.reason == "completed"
+    assert agent.summary(log)["turns"] == 4 and agent.summary(log)["refused_turns"] == 2
+    assert books.spent("b1", "u1") == agent.spent(log) == script.billed
