@@ -175,7 +175,7 @@ def parse_agent_input(
     follow_ups = _parse_follow_ups(value.get("followUps"), f"{field}.followUps")
     if not isinstance(projected_tokens, int) or projected_tokens < 1:
         raise InvalidInput("projected_tokens", "must be a positive integer: the loop's cap")
-    return AgentSpec(
+    spec = AgentSpec(
         batch=batch,
         unit=unit,
         request=prompts.normal_form(request),
@@ -185,6 +185,14 @@ def parse_agent_input(
         follow_ups=follow_ups,
         max_turns=max_turns,
     )
+    first = next_step([], spec)
+    if isinstance(first, Stop):  # the first turn cannot fit the cap: the unit could do nothing
+        raise InvalidInput(
+            "projected_tokens",
+            f"{first.detail}: raise projected_tokens, or lower inferenceConfig.maxTokens (the "
+            "output bound of each turn)",
+        )
+    return spec
 
 
 def _parse_tools(

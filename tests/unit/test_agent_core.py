@@ -276,10 +276,12 @@ def test_a_turn_that_cannot_fit_the_cap_is_not_called() -> None:
     assert agent.spent(run.store.read("b1/u1")) == 29
 
 
-def test_first_turn_too_big_for_the_cap_stops_at_no_cost() -> None:
-    model = Scripted(TWO_TOOLS)
-    end = runner(spec_of(talk("add"), projected=50), model).run()
-    assert end.reason == "limit_tokens" and model.requests == []
+def test_a_cap_too_small_for_the_first_turn_is_refused_at_submission() -> None:
+    with pytest.raises(InvalidInput) as e:
+        spec_of({**talk("add"), "inferenceConfig": {"maxTokens": 100}}, projected=120)
+    assert e.value.field == "projected_tokens"
+    assert "turn 1 needs" in e.value.message and "of its 120 left" in e.value.message
+    assert "lower inferenceConfig.maxTokens" in e.value.message
 
 
 @pytest.mark.parametrize("stop", ["guardrail_intervened", "content_filtered", "max_tokens"])
