@@ -426,3 +426,96 @@ def test_a_throttled_call_is_settled_at_nothing_and_not_counted_as_a_turn() -> N
     assert end.reason == "completed"
     assert agent.summary(log)["turns"] == 4 and agent.summary(log)["refused_turns"] == 2
     assert books.spent("b1", "u1") == agent.spent(log) == script.billed
+
+
+# ------------------------------------------------------------------ any script, any kills
+
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def scripts(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A model's answers by position: tool calls (to known and unknown tools), answers, and now
+    and then a refusal."""
+    out: list[dict[str, Any]] = []
+    for position in range(draw(st.integers(1, 7))):
+        kind = draw(st.sampled_from(["tools", "tools", "answer", "stop", "refused"]))
+        if kind == "tools":
+            names = draw(st.lists(st.sampled_from(["add", "note", "rm"]), min_size=1, max_size=3))
+            out.append(calls(*[(f"p{position}-{j}", n, {"x": j}) for j, n in enumerate(names)]))
+        elif kind == "refused":
+            out.append(calls(("r1", "add", {"x": 0}), stop="guardrail_intervened"))
+        else:
+            out.append({**answer(f"answer {position}"), "stopReason": "end_turn"})
+    return out
+
+
+@settings(
+    max_examples=150,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    script=scripts(),
+    follow_ups=st.integers(0, 2),
+    max_turns=st.integers(1, 8),
+    projected=st.integers(200, 3_000),
+    kills=st.sets(st.tuples(st.sampled_from(list(KillPoint)), st.integers(1, 8)), max_size=4),
+)
+def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
+    script: list[dict[str, Any]],
+    follow_ups: int,
+    max_turns: int,
+    projected: int,
+    kills: set[tuple[KillPoint, int]],
+) -> None:
+    value = {
+        **talk("add", "note", limits={"max_turns": max_turns}),
+        "inferenceConfig": {"maxTokens": 50},
+        "followUps": [f"and then {i}?" for i in range(follow_ups)],
+    }
+    try:
+        spec = spec_of(value, projected=projected)
+    except InvalidInput:
+        assume(False)
+    model, tools = Scripted(script), Counting()
+    store, books = MemoryLogStore(), MemoryTurnBooks()
+    left, fired = set(kills), Counter[KillPoint]()
+
+    def kill(point: KillPoint, turn: int) -> bool:
+        if (point, turn) in left:
+            left.discard((point, turn))
+            fired[point] += 1
+            return True
+        return False
+
+    for _ in range(len(kills) + 1):
+        try:
+            end = runner(spec, model, tools, store, books, kill).run()
+            break
+        except Killed:
+            continue
+    else:
+        pytest.fail("the unit did not end")
+    log = store.read(log_key(spec))
+    state = agent.read_log(log)
+    assert end.reason in agent.STOP_REASONS
+    assert agent.turns_used(state) <= max_turns
+    if end.reason == "limit_turns":
+        assert agent.turns_used(state) == max_turns
+    # every request the model saw kept Converse's rules (Scripted asserts it), and one call per
+    # recorded turn, plus the calls made and lost
+    recorded = [t for t in state.turns if t.message is not None]
+    assert len(model.requests) == len(recorded) + fired[KillPoint.AFTER_MODEL_CALL]
+    lost = [t for t in state.turns if t.message is None]
+    assert len(lost) == fired[KillPoint.BEFORE_MODEL_CALL] + fired[KillPoint.AFTER_MODEL_CALL]
+    # the books: each turn once, exact, within the cap
+    assert sorted(t for (_, _, t) in books.billed) == [t.n for t in state.turns]
+    billed = sum(agent.billed_of(t.usage) for t in recorded) + sum(t.drawn for t in lost)
+    assert books.spent("b1", "u1") == agent.spent(log) == billed <= projected
+    # each tool call had its effect once, and only calls the loop ran had any
+    assert set(tools.effects.values()) <= {1}
+    ran = {r["key"] for t in state.turns for r in t.results.values() if r["status"] == "success"}
+    assert set(tools.effects) == ran
