@@ -481,6 +481,18 @@ def run_in_memory(
     return run
 
 
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of entries, at least 1")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m swarm.workloads.bfcl [--limit N] [--kills]``: run the entries through the
     in-memory loop (``--kills``: two kills per unit, rotating over the points of a turn, with
@@ -492,10 +504,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from swarm.core.clock import VirtualClock
 
     parser = argparse.ArgumentParser(
-        prog="python -m swarm.workloads.bfcl", description=main.__doc__
+        prog="python -m swarm.workloads.bfcl",
+        description="Run BFCL's multi_turn_base entries as agent units through the in-memory "
+        "loop and judge each unit's final backend state against its ground truth with BFCL's "
+        "own state comparison; print the verdicts, the books and the time taken.",
     )
-    parser.add_argument("--limit", type=int, default=None, help="the first N entries (all: 200)")
-    parser.add_argument("--kills", action="store_true", help="kill workers mid-turn and resume")
+    parser.add_argument(
+        "--limit", type=_positive, default=None, help="run the first N entries (default: all 200)"
+    )
+    parser.add_argument(
+        "--kills",
+        action="store_true",
+        help="kill two workers per unit, at points of a turn rotating over the units, carry out "
+        "each killed worker's last step again as a stale duplicate, and resume",
+    )
     args = parser.parse_args(argv)
     points = list(KillPoint)
     store, books, journals = MemoryLogStore(), MemoryTurnBooks(), MemoryJournals()

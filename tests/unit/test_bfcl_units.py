@@ -176,3 +176,14 @@ def test_the_oracle_sees_a_tool_run_twice_or_lost(executor: Any, kill: bool) -> 
         invalid += not bfcl.judge(entry, final)["valid"]
     print(f"\n{executor.__name__}: {invalid} of 200 judged wrong")
     assert invalid >= 10, invalid
+
+
+def test_the_command_prints_the_verdicts_and_refuses_a_bad_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bfcl.main(["--limit", "3", "--kills"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("3/3 final states equal to BFCL's ground truth;") and " kills, " in out
+    with pytest.raises(SystemExit):
+        bfcl.main(["--limit", "0"])
+    assert "--limit: '0': give a whole number of entries, at least 1" in capsys.readouterr().err
