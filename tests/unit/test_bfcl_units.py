@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 pytest.importorskip(
     "bfcl_eval",
@@ -36,6 +37,17 @@ from swarm.core.errors import InvalidInput
 from swarm.workloads import bfcl
 
 POINTS = list(KillPoint)
+JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+def types_in(schema: Any) -> list[str]:
+    """Every "type" a schema names, nested ones too."""
+    if isinstance(schema, dict):
+        found = [schema["type"]] if isinstance(schema.get("type"), str) else []
+        return found + [t for v in schema.values() for t in types_in(v)]
+    if isinstance(schema, list):
+        return [t for v in schema for t in types_in(v)]
+    return []
 
 
 @dataclass
@@ -64,10 +76,9 @@ def test_every_entry_becomes_a_unit_with_converse_tools() -> None:
         spec = bfcl.unit_spec(entry, "b1")
         assert len(spec.follow_ups) == len(entry.user_turns) - 1
         assert not set(entry.excluded) & {t.name for t in spec.tools}
-        for tool in spec.tools:
-            assert '"dict"' not in str(tool.input_schema) and "'float'" not in str(
-                tool.input_schema
-            )
+        for tool in spec.tools:  # JSON Schema a validator accepts, with JSON Schema's types
+            Draft202012Validator.check_schema(tool.input_schema)
+            assert set(types_in(tool.input_schema)) <= JSON_TYPES, tool.name
     with pytest.raises(InvalidInput, match="'multi_turn_long' is not served"):
         bfcl.entries("multi_turn_long")
 
