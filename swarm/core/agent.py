@@ -498,13 +498,26 @@ def tool_result_block(event: Event) -> dict[str, Any]:
 
 def result_content(value: Any, status: str) -> list[dict[str, Any]]:
     """A tool's return value as a toolResult's content, never empty: an object as a json block,
-    anything else as text (a string as itself, other values as their JSON)."""
-    if isinstance(value, dict):
+    anything else as text (a string as itself, other values as their JSON, or as their Python
+    text when JSON cannot hold them: NaN, infinity, objects)."""
+    if isinstance(value, dict) and _json_safe(value):
         return [{"json": value}]
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value) if _json_safe(value) else str(value)
     if not text.strip():
         text = EMPTY_ERROR if status == "error" else EMPTY_RESULT
     return [{"text": text}]
+
+
+def _json_safe(value: Any) -> bool:
+    """Whether ``value`` is JSON a durable store keeps as is (no NaN, no infinity, no object)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ docs/agents.md, "Status"), and what the unit tests drive with crashes injected:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -94,19 +95,21 @@ def never(point: KillPoint, turn: int) -> bool:
 
 @dataclass
 class MemoryLogStore:
-    """Event logs in memory, appended on the length condition (as a DynamoDB conditional put on
-    the event's sequence number, or an S3 conditional write, would)."""
+    """Event logs in memory, each event kept as its JSON text (so a log holds only what a
+    durable store can, and reads back as one would), appended on the length condition (as a
+    DynamoDB conditional put on the event's sequence number, or an S3 conditional write,
+    would)."""
 
-    logs: dict[str, list[Event]] = field(default_factory=dict)
+    logs: dict[str, list[str]] = field(default_factory=dict)
 
     def read(self, key: str) -> list[Event]:
-        return [dict(event) for event in self.logs.get(key, [])]
+        return [json.loads(event) for event in self.logs.get(key, [])]
 
     def append(self, key: str, seq: int, event: Event) -> None:
         log = self.logs.setdefault(key, [])
         if len(log) != seq:
             raise Contended(f"log {key!r} holds {len(log)} events, not {seq}: another worker")
-        log.append(dict(event))
+        log.append(json.dumps(event, allow_nan=False))
 
 
 @dataclass

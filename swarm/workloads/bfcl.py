@@ -292,16 +292,16 @@ class MemoryJournals:
     """Each unit's journal, durably (in memory here; S3 or DynamoDB on the stack): appended on
     the condition that it still has the length the caller read."""
 
-    journals: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    journals: dict[str, list[str]] = field(default_factory=dict)  # each call as its JSON
 
     def read(self, unit: str) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.journals.get(unit, []))
+        return [json.loads(done) for done in self.journals.get(unit, [])]
 
     def append(self, unit: str, seq: int, entry: dict[str, Any]) -> None:
         journal = self.journals.setdefault(unit, [])
         if len(journal) != seq:
             raise Contended(f"journal of {unit!r} holds {len(journal)} calls, not {seq}")
-        journal.append(copy.deepcopy(entry))
+        journal.append(json.dumps(entry, allow_nan=False))
 
 
 @dataclass
@@ -374,7 +374,7 @@ def _run(instances: Mapping[str, Any], name: str, arguments: Any) -> tuple[str, 
         return "error", f"Error during execution: {e}"
     if isinstance(result, dict):
         try:
-            return "success", json.loads(json.dumps(result))
+            return "success", json.loads(json.dumps(result, allow_nan=False))
         except (TypeError, ValueError):
             return "success", str(result)
     return "success", result if isinstance(result, str) else str(result)

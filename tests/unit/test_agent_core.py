@@ -219,6 +219,9 @@ def test_an_empty_tool_result_is_never_sent_empty() -> None:
     assert agent.result_content("", "error") == [{"text": agent.EMPTY_ERROR}]
     assert agent.result_content("  ", "success") == [{"text": agent.EMPTY_RESULT}]
     assert agent.result_content([1, 2], "success") == [{"text": "[1, 2]"}]
+    # what JSON cannot hold goes as text, so the log's store can keep it
+    assert agent.result_content({"x": float("nan")}, "success") == [{"text": "{'x': nan}"}]
+    assert agent.result_content(float("inf"), "success") == [{"text": "inf"}]
 
 
 @pytest.mark.parametrize(
