@@ -825,3 +825,40 @@ def summary(log: Sequence[Event]) -> dict[str, Any]:
         "usage": usage,
         "stop": None if state.stopped is None else state.stopped["reason"],
     }
+
+
+def transcript(log: Sequence[Event]) -> dict[str, Any]:
+    """A unit's output as the results will carry it: the figures of :func:`summary`, the final
+    answer, the stop (its reason and detail), and every turn: its draw and bill, the assistant message, its stop reason,
+    usage and latency, and each tool call with its input, status, result and latency."""
+    state = read_log(log)
+    turns = []
+    for turn in state.turns:
+        settled = turn.settled or {}
+        turns.append(
+            {
+                "turn": turn.n,
+                "drawn": turn.drawn,
+                "billed": settled.get("billed"),
+                "lost": bool(settled.get("lost")),
+                "refused": settled.get("refused", ""),
+                "message": turn.message,
+                "stopReason": turn.stop_reason,
+                "usage": turn.usage,
+                "tool_calls": [
+                    {
+                        name: turn.results[use["toolUseId"]][name]
+                        for name in ("toolUseId", "name", "input", "status", "content", "latency_s")
+                    }
+                    for use in turn.tool_uses
+                    if use["toolUseId"] in turn.results
+                ],
+            }
+        )
+    stop = state.stopped
+    return {
+        **summary(log),
+        "answer": final_answer(state) if stop is None else stop["answer"],
+        "stop": None if stop is None else {"reason": stop["reason"], "detail": stop["detail"]},
+        "turns": turns,
+    }

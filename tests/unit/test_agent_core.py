@@ -526,3 +526,26 @@ def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
     assert set(tools.effects.values()) <= {1}
     ran = {r["key"] for t in state.turns for r in t.results.values() if r["status"] == "success"}
     assert set(tools.effects) == ran
+
+
+def test_the_transcript_holds_every_message_call_and_usage() -> None:
+    model = Scripted(TWO_TOOLS)
+    run = runner(spec_of(talk("add", "note")), model)
+    run.run()
+    out = agent.transcript(run.store.read("b1/u1"))
+    assert out["answer"] == "It is 3." and out["stop"] == {"reason": "completed", "detail": ""}
+    assert (out["turns"][0]["turn"], len(out["turns"])) == (1, 3)
+    first = out["turns"][0]
+    assert first["message"] == TWO_TOOLS[0]["output"]["message"]
+    assert [c["toolUseId"] for c in first["tool_calls"]] == ["t1", "t2"]
+    assert first["tool_calls"][0] == {
+        "toolUseId": "t1",
+        "name": "add",
+        "input": {"x": 1},
+        "status": "success",
+        "content": [{"json": {"x": 2}}],
+        "latency_s": 0.0,
+    }
+    assert sum(t["billed"] for t in out["turns"]) == out["billed"] == model.billed
+    assert out["usage"]["cacheReadInputTokens"] == 3 and out["usage"]["cacheWriteInputTokens"] == 4
+    json.dumps(out, allow_nan=False)  # JSON, as the results carry it
