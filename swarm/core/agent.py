@@ -829,8 +829,9 @@ def summary(log: Sequence[Event]) -> dict[str, Any]:
 
 def transcript(log: Sequence[Event]) -> dict[str, Any]:
     """A unit's output as the results will carry it: the figures of :func:`summary`, the final
-    answer, the stop (its reason and detail), and every turn: its draw and bill, the assistant message, its stop reason,
-    usage and latency, and each tool call with its input, status, result and latency."""
+    answer, the stop (its reason and detail), and every turn: its draw and bill, the assistant
+    message, its stop reason and usage, and each tool call with its input, status, result and
+    latency."""
     state = read_log(log)
     turns = []
     for turn in state.turns:

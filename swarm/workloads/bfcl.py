@@ -70,6 +70,8 @@ SPARE_TURNS: Final = 10
 OUTPUT_BOUND: Final = 512
 #: the token cap of a BFCL unit: far above what its turns bill
 PROJECTED_TOKENS: Final = 400_000
+#: how many times a call is run again on a journal another process moved meanwhile
+MAX_JOURNAL_TRIES: Final = 20
 
 
 def data_dir() -> str:
@@ -313,7 +315,8 @@ class Backends:
     entry: Entry
     unit: str
     journals: MemoryJournals
-    #: the calls this process ran on the backends, journal replays apart
+    #: the calls this process ran and journaled (journal replays, and runs another process
+    #: journaled first, apart)
     ran: int = 0
     #: the calls answered from the journal: run before (by a process that died before the
     #: loop recorded the result, or by a stale duplicate)
@@ -321,19 +324,26 @@ class Backends:
     _cached: tuple[int, dict[str, Any]] | None = None
 
     def __call__(self, call: ToolCall) -> ToolOutcome:
-        journal = self.journals.read(self.unit)
-        for done in journal:
-            if done["key"] == call.key:  # ran before: the first outcome, no second effect
-                self.repeats += 1
-                return ToolOutcome(done["status"], done["value"])
-        instances = self.instances(journal)
-        self._cached = None  # the instances change now; kept again once the journal holds it
-        status, value = _run(instances, call.name, call.input)
-        self.ran += 1
-        record = {"key": call.key, "name": call.name, "input": call.input}
-        self.journals.append(self.unit, len(journal), {**record, "status": status, "value": value})
-        self._cached = (len(journal) + 1, instances)
-        return ToolOutcome(status, value)
+        for _ in range(MAX_JOURNAL_TRIES):
+            journal = self.journals.read(self.unit)
+            for done in journal:
+                if done["key"] == call.key:  # ran before: the first outcome, no second effect
+                    self.repeats += 1
+                    return ToolOutcome(done["status"], done["value"])
+            instances = self.instances(journal)
+            self._cached = None  # the instances change now; kept again once the journal holds it
+            status, value = _run(instances, call.name, call.input)
+            record = {"key": call.key, "name": call.name, "input": call.input}
+            try:
+                self.journals.append(
+                    self.unit, len(journal), {**record, "status": status, "value": value}
+                )
+            except Contended:  # another process journaled first: this run's state is void
+                continue
+            self.ran += 1
+            self._cached = (len(journal) + 1, instances)
+            return ToolOutcome(status, value)
+        raise Contended(f"{self.unit}: the journal kept moving ({MAX_JOURNAL_TRIES} tries)")
 
     def instances(self, journal: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
         """The unit's backends as its journal leaves them: fresh from the entry's initial

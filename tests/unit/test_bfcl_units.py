@@ -198,3 +198,31 @@ def test_the_command_prints_the_verdicts_and_refuses_a_bad_limit(
     with pytest.raises(SystemExit):
         bfcl.main(["--limit", "0"])
     assert "--limit: '0': give a whole number of entries, at least 1" in capsys.readouterr().err
+
+
+@dataclass
+class Racing(bfcl.MemoryJournals):
+    """Journals where another process appends first, once, just before this one does."""
+
+    other: Any = None
+
+    def append(self, unit: str, seq: int, entry: dict[str, Any]) -> None:
+        if self.other is not None:
+            other, self.other = self.other, None
+            other()
+        super().append(unit, seq, entry)
+
+
+def test_two_processes_running_one_call_at_once_have_one_effect() -> None:
+    entry = bfcl.entries(limit=1)[0]
+    spec = bfcl.unit_spec(entry, "b1")
+    name, arguments = bfcl.parse_call(entry.ground_truth[0][1], entry)  # mkdir(dir_name='temp')
+    call = ToolCall(1, "c0-1", name, arguments, agent.idempotency_key(spec, "c0-1"))
+    journals = Racing()
+    first, second = (bfcl.Backends(entry, spec.unit, journals) for _ in range(2))
+    outcomes: list[ToolOutcome] = []
+    journals.other = lambda: outcomes.append(second(call))
+    outcomes.append(first(call))  # `second` journals first; `first` then answers its outcome
+    assert outcomes[0] == outcomes[1] == ToolOutcome("success", "None")
+    assert (first.ran, second.ran, first.repeats) == (0, 1, 1)
+    assert [done["key"] for done in journals.read(spec.unit)] == ["b1/multi-turn-base-0/c0-1"]
