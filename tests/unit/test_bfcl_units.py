@@ -52,21 +52,28 @@ def types_in(schema: Any) -> list[str]:
 
 @dataclass
 class Plan:
-    """Two kills per unit, at points and turns that rotate with the unit's index, each once."""
+    """Two kills per unit, at points and turns that rotate with the unit's index, each once;
+    while tools run, after the first tool of the turn for even units, the second for odd ones
+    (when the turn has a second)."""
 
     index: int
     fired: Counter[KillPoint] = field(default_factory=Counter)
+    seen: Counter[int] = field(default_factory=Counter)  # tools run per turn, while planned
 
     def __post_init__(self) -> None:
         i = self.index
         self.left = {(POINTS[i % 5], 1 + i % 3), (POINTS[(i + 2) % 5], 2 + i % 4)}
 
     def __call__(self, point: KillPoint, turn: int) -> bool:
-        if (point, turn) in self.left:
-            self.left.discard((point, turn))
-            self.fired[point] += 1
-            return True
-        return False
+        if (point, turn) not in self.left:
+            return False
+        if point is KillPoint.WHILE_TOOLS:
+            self.seen[turn] += 1
+            if self.seen[turn] < 1 + self.index % 2:
+                return False
+        self.left.discard((point, turn))
+        self.fired[point] += 1
+        return True
 
 
 def test_every_entry_becomes_a_unit_with_converse_tools() -> None:
