@@ -532,6 +532,17 @@ class _Conversation:
     last_usage: dict[str, int] | None
 
 
+def _sendable(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message as the history sends it back: without the whitespace-only text
+    blocks a model may give (Converse refuses them in a request)."""
+    content = [
+        block
+        for block in message["content"]
+        if not ("text" in block and not str(block["text"]).strip())
+    ]
+    return {"role": message["role"], "content": content}
+
+
 def _conversation(spec: AgentSpec, state: LogState) -> _Conversation:
     messages = [dict(m) for m in spec.request["messages"]]
     user_turn, tool_called = 0, False
@@ -540,7 +551,7 @@ def _conversation(spec: AgentSpec, state: LogState) -> _Conversation:
     for turn in state.turns:
         if turn.message is None:
             continue  # lost: its answer was never recorded, the conversation goes on without it
-        messages.append(turn.message)
+        messages.append(_sendable(turn.message))
         since, last_usage = [], turn.usage
         uses = turn.tool_uses
         if uses:

@@ -549,3 +549,19 @@ def test_the_transcript_holds_every_message_call_and_usage() -> None:
     assert sum(t["billed"] for t in out["turns"]) == out["billed"] == model.billed
     assert out["usage"]["cacheReadInputTokens"] == 3 and out["usage"]["cacheWriteInputTokens"] == 4
     json.dumps(out, allow_nan=False)  # JSON, as the results carry it
+
+
+def test_blank_text_from_the_model_is_not_sent_back_and_an_empty_message_fails() -> None:
+    blank_then_call = calls(("t1", "add", {"x": 1}))
+    blank_then_call["output"]["message"]["content"][0] = {"text": "\n\n"}
+    model = Scripted([blank_then_call, answer("fine")])
+    end = runner(spec_of(talk("add")), model).run()
+    assert end.reason == "completed"  # Scripted refuses any request that breaks Converse
+    assert model.requests[1]["messages"][1]["content"] == [
+        {"toolUse": {"toolUseId": "t1", "name": "add", "input": {"x": 1}}}
+    ]
+    blank = answer(" ")
+    model = Scripted([blank, answer("never")])
+    end = runner(spec_of({**talk(), "followUps": ["more?"]}), model).run()
+    assert (end.reason, end.detail) == ("failed", "the model answered with an empty message")
+    assert len(model.requests) == 1
