@@ -26,6 +26,7 @@ from swarm.core.agent_driver import (
 )
 from swarm.core.clock import VirtualClock
 from swarm.core.errors import Contended, InvalidInput
+from swarm.core.ports import ModelThrottled
 
 OBJECT = {"type": "object", "properties": {"x": {"type": "number"}}}
 REGISTRY = {
@@ -407,8 +408,6 @@ def test_a_response_the_loop_cannot_record_is_refused(response: dict[str, Any], 
 
 
 def test_a_throttled_call_is_settled_at_nothing_and_not_counted_as_a_turn() -> None:
-    from swarm.core.ports import ModelThrottled
-
     script = Scripted([calls(("t1", "add", {"x": 1})), answer("done")])
     refusals = [1, 2]  # the first two calls are refused for quota
 
@@ -466,6 +465,7 @@ def scripts(draw: st.DrawFn) -> list[dict[str, Any]]:
     max_turns=st.integers(1, 8),
     projected=st.integers(150, 600),
     kills=st.sets(st.tuples(st.sampled_from(list(KillPoint)), st.integers(1, 8)), max_size=4),
+    throttles=st.sets(st.integers(0, 8), max_size=3),
 )
 def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
     script: list[dict[str, Any]],
@@ -473,6 +473,7 @@ def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
     max_turns: int,
     projected: int,
     kills: set[tuple[KillPoint, int]],
+    throttles: set[int],
 ) -> None:
     value = {
         **talk("add", "note", limits={"max_turns": max_turns}),
@@ -483,9 +484,16 @@ def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
         spec = spec_of(value, projected=projected)
     except InvalidInput:
         assume(False)
-    model, tools = Scripted(script), Counting()
+    scripted, tools = Scripted(script), Counting()
     store, books = MemoryLogStore(), MemoryTurnBooks()
     left, fired = set(kills), Counter[KillPoint]()
+    arrivals = [0]  # calls that reached the model plane, refused ones too
+
+    def model(request: dict[str, Any]) -> Mapping[str, Any]:
+        arrivals[0] += 1
+        if arrivals[0] - 1 in throttles:  # the plane refuses this call for quota
+            raise ModelThrottled("quota")
+        return scripted(request)
 
     def kill(point: KillPoint, turn: int) -> bool:
         if (point, turn) in left:
@@ -494,11 +502,11 @@ def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
             return True
         return False
 
-    for _ in range(len(kills) + 1):
+    for _ in range(len(kills) + len(throttles) + 1):
         try:
-            end = runner(spec, model, tools, store, books, kill).run()
+            end = LoopRunner(spec, store, model, tools, books, VirtualClock(), kill).run()
             break
-        except Killed:
+        except (Killed, ModelThrottled):
             continue
     else:
         pytest.fail("the unit did not end")
@@ -511,8 +519,10 @@ def test_any_script_with_any_kills_keeps_the_books_and_runs_each_tool_once(
     # every request the model saw kept Converse's rules (Scripted asserts it), and one call per
     # recorded turn, plus the calls made and lost
     recorded = [t for t in state.turns if t.message is not None]
-    assert len(model.requests) == len(recorded) + fired[KillPoint.AFTER_MODEL_CALL]
-    lost = [t for t in state.turns if t.message is None]
+    assert len(scripted.requests) == len(recorded) + fired[KillPoint.AFTER_MODEL_CALL]
+    refused = [t for t in state.turns if t.settled and t.settled.get("refused")]
+    assert all(t.settled and t.settled["billed"] == 0 for t in refused)
+    lost = [t for t in state.turns if t.message is None and t not in refused]
     assert len(lost) == fired[KillPoint.BEFORE_MODEL_CALL] + fired[KillPoint.AFTER_MODEL_CALL]
     # the books: each turn once, exact, within the cap
     assert sorted(t for (_, _, t) in books.billed) == [t.n for t in state.turns]
