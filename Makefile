@@ -17,9 +17,10 @@ help:  ## list the targets
 
 setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed  ## create .venv (project, dev tools) and .venv-checkov, npm ci
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements-nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	touch $@
 
 $(CHECKOV_VENV)/.installed: Makefile
