@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from swarm.core.errors import InvalidInput
-from swarm.core.ports import Running, RunningWork
+from swarm.core.ports import RunningUnits, RunningWork
 
 
 class RunningContract:
@@ -16,23 +16,23 @@ class RunningContract:
         raise NotImplementedError
 
     def test_an_empty_register_runs_nothing(self, register: RunningWork) -> None:
-        assert register.running(0.0) == Running(0, 0, {})
+        assert register.running(0.0) == RunningUnits(0, 0, {})
 
     def test_entries_count_by_run_until_they_leave(self, register: RunningWork) -> None:
         register.enter("inv-a", {"run-1": 3, "run-2": 1}, expires_at=100.0, now=0.0)
         register.enter("inv-b", {"run-1": 2}, expires_at=100.0, now=0.0)
-        assert register.running(1.0) == Running(6, 2, {"run-1": 5, "run-2": 1})
+        assert register.running(1.0) == RunningUnits(6, 2, {"run-1": 5, "run-2": 1})
         register.leave("inv-a")
-        assert register.running(1.0) == Running(2, 1, {"run-1": 2})
+        assert register.running(1.0) == RunningUnits(2, 1, {"run-1": 2})
         register.leave("inv-a")  # leaving twice changes nothing
         register.leave("inv-b")
-        assert register.running(1.0) == Running(0, 0, {})
+        assert register.running(1.0) == RunningUnits(0, 0, {})
 
     def test_an_entry_stops_counting_when_it_expires(self, register: RunningWork) -> None:
         # a worker that died never leaves: its entry counts until its claims' lease ends
         register.enter("dead", {"run-1": 4}, expires_at=50.0, now=0.0)
         assert register.running(49.9).units == 4
-        assert register.running(50.0) == Running(0, 0, {})
+        assert register.running(50.0) == RunningUnits(0, 0, {})
 
     def test_many_invocations_count_across_shards(self, register: RunningWork) -> None:
         for n in range(40):
@@ -44,7 +44,7 @@ class RunningContract:
     def test_entering_again_replaces_the_entry(self, register: RunningWork) -> None:
         register.enter("inv-a", {"run-1": 3}, expires_at=100.0, now=0.0)
         register.enter("inv-a", {"run-1": 1}, expires_at=100.0, now=0.0)
-        assert register.running(1.0) == Running(1, 1, {"run-1": 1})
+        assert register.running(1.0) == RunningUnits(1, 1, {"run-1": 1})
 
     def test_a_bad_entry_is_refused_by_name(self, register: RunningWork) -> None:
         with pytest.raises(InvalidInput, match="runs"):

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY, call
-from swarm.core.ports import Running, check_entry, tally
+from swarm.core.ports import RunningUnits, check_entry, tally
 
 #: the register's shard items: one BatchGetItem reads them all (at most 100 keys)
 SHARDS = 8
@@ -89,7 +89,7 @@ class DynamoDBRunning:
             ExpressionAttributeNames=names,
         )
 
-    def running(self, now: float) -> Running:
+    def running(self, now: float) -> RunningUnits:
         keys = [shard_key(n) for n in range(SHARDS)]
         items: list[dict[str, Any]] = []
         for _ in range(MAX_UNPROCESSED_ROUNDS):

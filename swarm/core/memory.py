@@ -50,7 +50,7 @@ from swarm.core.ports import (
     DrainState,
     LaneDepth,
     MappingState,
-    Running,
+    RunningUnits,
     SignedUpload,
     TenantQueued,
     UnitsPage,
@@ -904,7 +904,7 @@ class MemoryRunning:
     def leave(self, invocation: str) -> None:
         self.entries.pop(invocation, None)
 
-    def running(self, now: float) -> Running:
+    def running(self, now: float) -> RunningUnits:
         return tally((runs for runs, expires in self.entries.values() if expires > now))
 
 

@@ -553,7 +553,7 @@ class DrainSwitch(Protocol):
 
 
 @dataclass(frozen=True)
-class Running:
+class RunningUnits:
     """The work running now: the units held by live worker invocations that are claiming or
     running attempts (:class:`RunningWork`). Queued, delayed and hidden messages are not in it."""
 
@@ -578,7 +578,7 @@ class RunningWork(Protocol):
         """The invocation's settlements are written: it no longer counts (idempotent)."""
         ...
 
-    def running(self, now: float) -> Running:
+    def running(self, now: float) -> RunningUnits:
         """An exact (consistent) read of the entries that have not expired at ``now``."""
         ...
 
@@ -592,7 +592,7 @@ def check_entry(invocation: str, runs: Mapping[str, int]) -> None:
             raise InvalidInput("runs", f"{run_id!r}: {units} units (at least 1 per run)")
 
 
-def tally(entries: Iterable[Mapping[str, int]]) -> Running:
+def tally(entries: Iterable[Mapping[str, int]]) -> RunningUnits:
     """The running work of live entries (each an invocation's units by run)."""
     by_run: dict[str, int] = {}
     invocations = 0
@@ -600,7 +600,7 @@ def tally(entries: Iterable[Mapping[str, int]]) -> Running:
         invocations += 1
         for run_id, units in runs.items():
             by_run[run_id] = by_run.get(run_id, 0) + units
-    return Running(sum(by_run.values()), invocations, by_run)
+    return RunningUnits(sum(by_run.values()), invocations, by_run)
 
 
 class Events(Protocol):

@@ -432,10 +432,11 @@ def probe_worker_reports() -> None:
         return sleep_metered
 
     @functools.wraps(original)
-    def process(self: Any, item: Any, first_delivery: bool = True) -> Any:
+    def process(self: Any, item: Any, first_delivery: bool = True, invocation: Any = None) -> Any:
+        unit_invocation = invocation  # the worker's (drain reading, running-work entry)
         invocation = _current_invocation()
         if invocation is None:
-            return original(self, item, first_delivery)
+            return original(self, item, first_delivery, unit_invocation)
         sleep = getattr(self, "sleep", None)
         if callable(sleep) and not getattr(sleep, "metered", False):
             with contextlib.suppress(AttributeError, TypeError):  # a frozen worker: see above
@@ -444,7 +445,7 @@ def probe_worker_reports() -> None:
         started = time.perf_counter()
         _SLOW.start(str(getattr(item, "unit_id", "?")))
         try:
-            report = original(self, item, first_delivery)
+            report = original(self, item, first_delivery, unit_invocation)
         finally:
             _SLOW.end()
         fn_host = host()

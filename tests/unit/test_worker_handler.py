@@ -17,7 +17,14 @@ from swarm.core.governor import Ticket
 from swarm.core.lanes import Bundle, Bundling, QueuedUnit
 from swarm.core.records import Lane
 from swarm.local.events import LambdaContext, sqs_event
-from swarm.service.worker import Ack, Requeue, RetryLater, WorkerTimings, WorkReport
+from swarm.service.worker import (
+    Ack,
+    Requeue,
+    RetryLater,
+    WorkerInvocation,
+    WorkerTimings,
+    WorkReport,
+)
 
 ARN = "arn:aws:sqs:us-east-1:123456789012:lane-normal"
 
@@ -53,11 +60,30 @@ class FakeWorker:
     tickets: dict[str, Ticket] = field(default_factory=dict)
     presented: dict[str, Ticket | None] = field(default_factory=dict)  # what process() got
 
-    def book_together(self, items: list[QueuedUnit]) -> list[QueuedUnit]:
+    #: each invocation begun and ended (the handler ends every one it begins)
+    begun: list[WorkerInvocation] = field(default_factory=list)
+    ended: list[WorkerInvocation] = field(default_factory=list)
+
+    def begin(self, items: list[QueuedUnit]) -> WorkerInvocation:
+        invocation = WorkerInvocation(f"inv-{len(self.begun)}", False, {"run-1": len(items)})
+        self.begun.append(invocation)
+        return invocation
+
+    def end(self, invocation: WorkerInvocation) -> None:
+        self.ended.append(invocation)
+
+    def book_together(
+        self, items: list[QueuedUnit], invocation: WorkerInvocation | None = None
+    ) -> list[QueuedUnit]:
         self.booked.append([i.unit_id for i in items])
         return [replace(i, ticket=self.tickets.get(i.unit_id, i.ticket)) for i in items]
 
-    def process(self, queued: QueuedUnit, first_delivery: bool = True) -> WorkReport:
+    def process(
+        self,
+        queued: QueuedUnit,
+        first_delivery: bool = True,
+        invocation: WorkerInvocation | None = None,
+    ) -> WorkReport:
         self.seen.append(queued.unit_id)
         self.first[queued.unit_id] = first_delivery
         self.presented[queued.unit_id] = queued.ticket
