@@ -20,11 +20,13 @@ the whole scenario takes ~4-5 minutes.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from swarm.cli.ops import wait_for_drain
+from swarm.client import ApiError
 from tests.e2e.conftest import (
     Stack,
     assert_books,
@@ -56,9 +58,8 @@ def test_a_drain_waits_for_running_units_only_however_deep_the_queue(stack: Stac
 
     # Given a batch whose queue is far deeper than SQS delays a message
     budget = 3 * DEEP_UNITS * DEEP_TOKENS  # every retry covered
-    deep_id = deep.submit(
-        {"units": deep_units, "budget": budget, "lane": "normal"}, idempotency_key="drain-deep-1"
-    )["batch_id"]
+    body = {"units": deep_units, "budget": budget, "lane": "normal"}
+    deep_id = submit_keyed(deep, body, "drain-deep-1")
     # ... some of whose messages now wait hidden in their lane (their first receive, once their
     # 900 s delay has passed, hid them until their places)
     deadline_s = 240.0
@@ -72,7 +73,7 @@ def test_a_drain_waits_for_running_units_only_however_deep_the_queue(stack: Stac
     result: dict[str, Any] = {}
     waiter: threading.Thread | None = None
     try:
-        assert held.submit({"units": held_units}, idempotency_key=held_key)["batch_id"] == held_id
+        assert submit_keyed(held, {"units": held_units}, held_key) == held_id
         wait_for(held, held_id, lambda d: stack.model(held_id)["held_calls"] >= 1, timeout_s=120)
 
         # When the operator drains and waits (`swarm drain on --wait`)
@@ -119,6 +120,19 @@ def test_a_drain_waits_for_running_units_only_however_deep_the_queue(stack: Stac
     for client, bid, batch in ((held, held_id, held_units), (deep, deep_id, deep_units)):
         wait_for(client, bid, timeout_s=COMPLETE_S, interval_s=2.0)
         assert_books(expected_books(model, batch), stack.results(bid, "completed", 60))
+
+
+def submit_keyed(client: Any, body: dict[str, Any], key: str, attempts: int = 30) -> str:
+    """Submit with an Idempotency-Key, honouring 429/503 Retry-After (bounded: an earlier
+    exclusive scenario's quota storm can leave the stack shedding for a minute); the batch id."""
+    for _ in range(attempts):
+        try:
+            return str(client.submit(body, idempotency_key=key)["batch_id"])
+        except ApiError as e:
+            if e.status not in (429, 503):
+                raise
+            time.sleep(min(5, e.retry_after or 1))
+    raise AssertionError("submission kept being refused")
 
 
 def wait_for_settled(client: Any, timeout_s: float = 60.0) -> dict[str, Any]:
