@@ -170,6 +170,31 @@ def test_each_message_has_its_own_outcome_on_sqs(
     assert lanes.visibility == [("r-failed", 10)]  # redelivered after its backoff
 
 
+def test_an_invocation_is_begun_once_for_all_its_units_and_ended_whatever_they_did(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # the drain switch is read once (Worker.begin) and every unit acts on that reading; the
+    # invocation leaves the register of running work (Worker.end) even when a unit raised
+    worker = FakeWorker(
+        {
+            "done": WorkReport(Ack("completed")),
+            "failed": WorkReport(RetryLater(10, "attempt failed: retry")),
+            "broken": RuntimeError("the ledger could not be reached"),
+        }
+    )
+    seen: list[object] = []
+    process = worker.process
+
+    def noting(queued: QueuedUnit, first_delivery: bool = True, invocation: object = None) -> Any:
+        seen.append(invocation)
+        return process(queued, first_delivery)
+
+    monkeypatch.setattr(worker, "process", noting)
+    run(monkeypatch, worker, lanes, event("done", "failed", "broken"))
+    assert len(worker.begun) == 1 and worker.ended == worker.begun
+    assert seen == [worker.begun[0]] * 3
+
+
 def test_a_dying_sandbox_fails_the_whole_batch_after_every_message_has_stopped(
     monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
 ) -> None:
