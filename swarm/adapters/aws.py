@@ -359,8 +359,12 @@ class SsmDrainSwitch:
         return on, parameter.get("LastModifiedDate")
 
     def state(self) -> DrainState:
+        """An exact read. Settled once every cache has expired since the change (``ttl_s``),
+        and as long again: a worker invocation that read "off" just before then may still be
+        writing its entry in the register of running work (one request), and the functions'
+        clocks may be a little off SSM's."""
         on, changed = self._read()
-        settled = changed.timestamp() + self.ttl_s if changed is not None else None
+        settled = changed.timestamp() + 2 * self.ttl_s if changed is not None else None
         return DrainState(on, settled)
 
     def set(self, draining: bool) -> None:

@@ -538,7 +538,7 @@ def test_drain_controller_disables_and_enables_the_worker_mappings(
     status, doc, _ = plane.api("GET", "/drain", operator=True)
     assert status == 200 and doc["draining"] and not doc["safe_to_deploy"]
     # ... and it is once they have expired
-    later = time.time() + SsmDrainSwitch.ttl_s
+    later = time.time() + 2 * SsmDrainSwitch.ttl_s
     monkeypatch.setattr(drain_function, "time", SimpleNamespace(time=lambda: later))
     report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
     assert report["settled"] and report["safe_to_deploy"]
