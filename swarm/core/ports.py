@@ -529,8 +529,9 @@ class Executions(Protocol):
 @dataclass(frozen=True)
 class DrainState:
     on: bool
-    #: when every reader's cache has seen this value (the switch's last change plus the caches'
-    #: lifetime, epoch seconds); None when the switch does not know when it changed
+    #: when every reader's cache has seen this value, and a worker that read the old one has
+    #: written its entry in the register of running work (the switch's last change plus twice
+    #: the caches' lifetime, epoch seconds); None when the switch does not know when it changed
     settled_at: float | None = None
 
     def settled(self, now: float) -> bool:

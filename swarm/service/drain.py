@@ -33,8 +33,9 @@ def safe_to_deploy(
     deep in its tenant's queue waits hidden for up to 12 hours) stay in their lanes across the
     deploy and run after the drain is off. An invocation enters the register before its first
     claim and after reading the switch (Worker.enter, with a cached read no older than the
-    caches' lifetime), so once the switch is settled no invocation outside the register can
-    claim, and an empty register means no attempt is running.
+    caches' lifetime; the switch settles twice that after its change, leaving an entry being
+    written time to land), so once the switch is settled no invocation outside the register
+    can claim, and an empty register means no attempt is running.
 
     ``mappings`` is None for a caller that cannot see the mappings (the API's role may not read
     them): the answer then rests on the switch and the register alone. The switch is what turns
