@@ -1,7 +1,10 @@
 """Worker: an SQS batch from one lane, its units at once, with partial batch responses.
 
-Per unit: the worker loop in :mod:`swarm.service.worker` (drain check, admission of a retry,
-governor draw with a bounded wait, claim, model call, settlement), then its outcome on SQS: delete
+Per invocation: the drain switch read once (``Worker.begin``), and an entry in the register of
+running work made before its first claim and removed once its settlements are written
+(``Worker.enter``, ``Worker.end``: what a drain waits for). Per unit: the worker loop in
+:mod:`swarm.service.worker` (drain check, admission of a retry, governor draw with a bounded
+wait, claim, model call, settlement), then its outcome on SQS: delete
 (success), redeliver after a short backoff (a failed attempt: "retries by redelivery"), or a
 delayed copy (backpressure, draining, a throttle: the unit did not run, so no attempt is spent).
 
