@@ -1,7 +1,10 @@
 """Worker: an SQS batch from one lane, its units at once, with partial batch responses.
 
-Per unit: the worker loop in :mod:`swarm.service.worker` (drain check, admission of a retry,
-governor draw with a bounded wait, claim, model call, settlement), then its outcome on SQS: delete
+Per invocation: the drain switch read once (``Worker.begin``), and an entry in the register of
+running work made before its first claim and removed once its settlements are written
+(``Worker.enter``, ``Worker.end``: what a drain waits for). Per unit: the worker loop in
+:mod:`swarm.service.worker` (drain check, admission of a retry, governor draw with a bounded
+wait, claim, model call, settlement), then its outcome on SQS: delete
 (success), redeliver after a short backoff (a failed attempt: "retries by redelivery"), or a
 delayed copy (backpressure, draining, a throttle: the unit did not run, so no attempt is spent).
 
@@ -55,7 +58,7 @@ from swarm.core.ledger import Fate
 from swarm.core.ports import LaneQueue
 from swarm.core.records import Lane
 from swarm.service.pages import Page
-from swarm.service.worker import Requeue, RetryLater, Worker, WorkReport
+from swarm.service.worker import Requeue, RetryLater, Worker, WorkerInvocation, WorkReport
 from swarm.wiring import Wiring
 
 logger = service_logger()
@@ -112,14 +115,17 @@ class Copy:
 
 
 @tracer.capture_method
-def unit_handler(item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
+def unit_handler(
+    item: QueuedUnit, record: SQSRecord, alone: bool, invocation: WorkerInvocation
+) -> Done:
     """One unit, on a thread of its own. ``alone``: the message carries only this unit, and a
-    failed attempt raises for the message's redelivery; a bundle's unit is retried by a copy."""
+    failed attempt raises for the message's redelivery; a bundle's unit is retried by a copy.
+    ``invocation``: the drain switch as the handler read it, and its running-work entry."""
     # this unit's context is its own (a copy of the invocation's): its lines carry its ids
     logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes, _ = _services()
     # a copy delivered again may carry a ticket an earlier delivery spent (swarm.service.worker)
-    report = worker.process(item, first_delivery=receives(record) == 1)
+    report = worker.process(item, first_delivery=receives(record) == 1, invocation=invocation)
     outcome = report.outcome
     logger.info(
         "unit processed",
@@ -140,9 +146,11 @@ def receives(record: SQSRecord) -> int:
     return int((record.raw_event.get("attributes") or {}).get("ApproximateReceiveCount", 1))
 
 
-def _in_page(page: Page, item: QueuedUnit, record: SQSRecord, alone: bool) -> Done:
+def _in_page(
+    page: Page, item: QueuedUnit, record: SQSRecord, alone: bool, invocation: WorkerInvocation
+) -> Done:
     with page.message():
-        return unit_handler(item, record, alone)
+        return unit_handler(item, record, alone, invocation)
 
 
 def unspent(item: QueuedUnit) -> QueuedUnit:
@@ -208,7 +216,6 @@ def add_metrics(report: WorkReport) -> None:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    # the drain switch is read per unit, cached (SsmDrainSwitch): a batch costs no SSM read
     records = [SQSRecord(raw) for raw in event.get("Records") or []]
     if len(records) > MAX_BATCH:
         raise ValueError(f"{len(records)} records in one batch: SQS delivers at most {MAX_BATCH}")
@@ -231,9 +238,29 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             copies += [Copy(record.message_id, unspent(u), 0.0, now, alone=True) for u in units]
             continue
         runs.append((record, units))
+    # the drain switch is read once for the invocation (cached, SsmDrainSwitch: most batches
+    # cost no SSM read), and its units act on that value; the first about to claim enters the
+    # register of running work, which the invocation leaves once its settlements are written
+    invocation = worker.begin([u for _, us in runs for u in us])
+    try:
+        return _run(worker, lanes, bundling, invocation, runs, copies, failures)
+    finally:
+        worker.end(invocation)
+
+
+def _run(
+    worker: Worker,
+    lanes: LaneQueue,
+    bundling: Bundling,
+    invocation: WorkerInvocation,
+    runs: list[tuple[SQSRecord, tuple[QueuedUnit, ...]]],
+    copies: list[Copy],
+    failures: list[str],
+) -> dict[str, Any]:
     # the tokens of the units delivered for the first time are booked together, so those that
     # must wait are due back to back and go back together (Worker.book_together)
-    booked = iter(worker.book_together([u for r, us in runs if receives(r) == 1 for u in us]))
+    first = [u for r, us in runs if receives(r) == 1 for u in us]
+    booked = iter(worker.book_together(first, invocation))
     runs = [(r, tuple(next(booked) for _ in us) if receives(r) == 1 else us) for r, us in runs]
     # the outcomes the units keep are written together, once each has kept one or ended
     page = Page(sum(len(units) for _, units in runs))
@@ -242,7 +269,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         alone = len(units) == 1
         for unit in units:
             own = contextvars.copy_context()  # the unit's log keys are its own
-            future = _pool.submit(own.run, _in_page, page, unit, record, alone)
+            future = _pool.submit(own.run, _in_page, page, unit, record, alone, invocation)
             running.append((record, unit, alone, future))
     errors = [future.exception() for *_, future in running]  # waits for every unit
     for error in errors:

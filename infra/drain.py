@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -46,6 +47,7 @@ class DrainControl(Construct):
         factory: FunctionFactory,
         mappings: list[lambda_.EventSourceMapping],
         lanes: LaneQueues,
+        ledger: dynamodb.ITable,
     ) -> SwarmFunction:
         """The controller enables/disables exactly the worker mappings, nothing else."""
         controller = factory.build(
@@ -65,8 +67,10 @@ class DrainControl(Construct):
                 resources=[mapping.event_source_mapping_arn for mapping in mappings],
             )
         )
-        for queue in lanes.queues.values():  # in-flight = ApproximateNumberOfMessagesNotVisible
+        for queue in lanes.queues.values():  # queued: visible, delayed and not visible
             queue.grant(controller.role, "sqs:GetQueueAttributes")
+        # running: the register of running work's shard items (DynamoDBRunning.running)
+        ledger.grant(controller.role, "dynamodb:BatchGetItem")
         events.Rule(
             self,
             "Changed",

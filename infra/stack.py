@@ -62,7 +62,10 @@ class SwarmStack(cdk.Stack):
         )
         environment.update(self.workers.mapping_ids())
         self.drain_controller = self.drain.add_controller(
-            factory=factory, mappings=list(self.workers.mappings.values()), lanes=self.lanes
+            factory=factory,
+            mappings=list(self.workers.mappings.values()),
+            lanes=self.lanes,
+            ledger=self.tables.ledger,
         )
         self.fanout = FanOutMachine(
             self,

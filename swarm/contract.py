@@ -423,6 +423,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
     ),
     "drain": (
         *_COMMON,
+        LEDGER_TABLE_NAME,  # the register of running work (DynamoDBRunning.running)
         DRAIN_PARAMETER_NAME,
         *WORKER_MAPPING_VARS,
         *QUEUE_URL_VARS,

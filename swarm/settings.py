@@ -361,7 +361,7 @@ class FinalizerSettings(Settings, LedgerSettings, QueueSettings, BucketSettings,
     """The finalizer: it closes runs, writes their results and announces them."""
 
 
-class DrainSettings(Settings, QueueSettings, DrainSwitchSettings):
+class DrainSettings(Settings, LedgerSettings, QueueSettings, DrainSwitchSettings):
     """The drain controller: it flips the switch and the workers' event source mappings."""
 
     mapping_id_high: str = Field(alias=WORKER_MAPPING_ID_HIGH)

@@ -74,6 +74,7 @@ from swarm.settings import (
 
 if TYPE_CHECKING:
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
+    from swarm.adapters.dynamodb_running import DynamoDBRunning
 
 #: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
 #: longest retention: a message cannot wait longer than that
@@ -226,6 +227,14 @@ class Wiring:
         table = self.settings_as(LedgerSettings).ledger_table
         return DynamoDBRunWatch(table, client=self.clients("dynamodb"))
 
+    def running_work(self) -> DynamoDBRunning:
+        """The register of running work: a few shard items on the ledger table (the workers
+        write their entries; the drain view and the batch status read them)."""
+        from swarm.adapters.dynamodb_running import DynamoDBRunning
+
+        table = self.settings_as(LedgerSettings).ledger_table
+        return DynamoDBRunning(table, self.clients("dynamodb"))
+
     def bindings(self) -> TenantBindings:
         """Each tenant's role, bound at first use (the API)."""
         from swarm.adapters.dynamodb_bindings import DynamoDBBindings
@@ -340,6 +349,7 @@ class Wiring:
                 units_per_child=s.units_per_child,
                 units_per_message=s.bundle_units,
             ),
+            running=self.running_work(),
         )
 
     def bundling(self) -> Bundling:
@@ -388,6 +398,7 @@ class Wiring:
             time.sleep,
             closures=self.closures(),
             tickets=governor,  # it books a batch's tokens together: TicketBooker
+            running=self.running_work(),
         )
 
     def finalizer(self) -> Finalizer:
@@ -431,4 +442,4 @@ class Wiring:
         mappings = LambdaMappings(
             self.clients("lambda"), {lane: s.worker_mapping_id(lane) for lane in LANES}
         )
-        return DrainController(self.drain_switch(), mappings, self.lanes())
+        return DrainController(self.drain_switch(), mappings, self.lanes(), self.running_work())

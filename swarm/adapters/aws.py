@@ -297,12 +297,15 @@ class StepFunctionsExecutions:
 class SsmDrainSwitch:
     """The drain flag; ``draining()`` caches for ``ttl_s`` unless asked for a fresh read.
 
-    Every function reads it cached (the API per submit and resume, the worker per message), so
-    the account's SSM throughput (40 GetParameter/s standard, shared by the account and region)
-    is spent at most once per container per ``ttl_s``; :meth:`state` says when the last change
-    has reached every cache, and the drain view calls a deploy safe only after that. A
-    throttled read serves the last value this container saw, however old (a read that fails
-    with nothing cached raises)."""
+    Every function reads it cached (the API per submit and resume, the worker once per
+    invocation), so the account's SSM throughput (40 GetParameter/s standard, shared by the
+    account and region) is spent at most once per container per ``ttl_s``: concurrent readers
+    of an empty or expired cache (a worker's unit threads) wait for one read instead of each
+    making their own. :meth:`state` says when the last change has reached every cache, and the
+    drain view calls a deploy safe only after that: a cached value is dated from when its read
+    was sent, so no cache holds a value older than the change past ``ttl_s`` after it. A read
+    that fails (throttled, or SSM unreachable) serves the last value this container saw,
+    however old; with nothing cached it raises."""
 
     client: Any
     name: str
@@ -310,30 +313,58 @@ class SsmDrainSwitch:
     clock: Callable[[], float] = time.monotonic
     _cached: tuple[float, bool] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: held across a cached read's GetParameter: one request for every concurrent reader
+    _reading: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: after a failed read, cached readers are served the last value until then (so a throttle
+    #: does not turn every waiting reader into a request of its own)
+    _quiet_until: float = field(default=float("-inf"), repr=False)
+
+    def _fresh_cached(self) -> bool | None:
+        with self._lock:
+            if self._cached is None:
+                return None
+            now = self.clock()
+            if now - self._cached[0] < self.ttl_s or now < self._quiet_until:
+                return self._cached[1]
+        return None
 
     def draining(self, fresh: bool = False) -> bool:
-        with self._lock:
-            now = self.clock()
-            if not fresh and self._cached is not None and now - self._cached[0] < self.ttl_s:
-                return self._cached[1]
+        if not fresh:
+            cached = self._fresh_cached()
+            if cached is not None:
+                return cached
+            with self._reading:  # one read at a time; those who waited find its value
+                cached = self._fresh_cached()
+                if cached is not None:
+                    return cached
+                return self._read_or_cached()
+        return self._read_or_cached()
+
+    def _read_or_cached(self) -> bool:
         try:
             return self._read()[0]
-        except client_error_type() as e:
+        except Exception:
             with self._lock:
-                if error_code(e) == "ThrottlingException" and self._cached is not None:
+                if self._cached is not None:
+                    self._quiet_until = self.clock() + self.ttl_s / 5
                     return self._cached[1]
             raise
 
     def _read(self) -> tuple[bool, Any]:
+        sent = self.clock()  # the value is at least as new as this
         parameter = self.client.get_parameter(Name=self.name)["Parameter"]
         on = parse_drain_value(str(parameter["Value"]))
         with self._lock:
-            self._cached = (self.clock(), on)
+            self._cached = (sent, on)
         return on, parameter.get("LastModifiedDate")
 
     def state(self) -> DrainState:
+        """An exact read. Settled once every cache has expired since the change (``ttl_s``),
+        and as long again: a worker invocation that read "off" just before then may still be
+        writing its entry in the register of running work (one request), and the functions'
+        clocks may be a little off SSM's."""
         on, changed = self._read()
-        settled = changed.timestamp() + self.ttl_s if changed is not None else None
+        settled = changed.timestamp() + 2 * self.ttl_s if changed is not None else None
         return DrainState(on, settled)
 
     def set(self, draining: bool) -> None:

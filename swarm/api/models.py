@@ -410,8 +410,16 @@ class UnitCounts(BaseModel):
     completed: int
     dead_lettered: int
     remainder: int = Field(description="not run: the budget ran out")
-    in_flight: int
-    pending: int
+    running: int = Field(
+        description="held by a worker claiming or running its attempt now (not yet settled)"
+    )
+    queued: int = Field(
+        description=(
+            "admitted (its tokens reserved) and waiting in its lane: visible, delayed, or "
+            "hidden until its turn; not running"
+        )
+    )
+    pending: int = Field(description="waiting for admission (a retry owed, or not yet admitted)")
 
 
 class TokenBook(BaseModel):
@@ -566,7 +574,12 @@ class LaneDepthView(BaseModel):
     most the deployment's worker.bundle_units)."""
 
     visible: int = Field(description="waiting to be received")
-    in_flight: int = Field(description="received by a worker, not yet done")
+    in_flight: int = Field(
+        description=(
+            "not visible: received by a worker, or hidden by one until its unit's turn (queued "
+            "work, not running: GET /drain counts what runs)"
+        )
+    )
     delayed: int = Field(description="handed back with a delay, not yet visible")
 
 
@@ -590,12 +603,23 @@ class Drain(BaseModel):
             "a submit or a worker may act on the old value until then)"
         )
     )
-    in_flight: int
-    queued: int
+    running: int = Field(
+        description=(
+            "units of worker invocations claiming or running attempts now (not yet settled). "
+            "Only these hold up a deploy"
+        )
+    )
+    queued: int = Field(
+        description=(
+            "messages in the lanes: visible, delayed, and hidden by a worker until their "
+            "unit's turn (a unit deep in its tenant's queue waits hidden for up to 12 hours). "
+            "Queued work stays queued across a deploy and runs once the drain is off"
+        )
+    )
     safe_to_deploy: bool = Field(
         description=(
-            "the drain switch is on, settled, and nothing is in flight on any lane. The API "
-            "cannot see "
+            "the drain switch is on, settled, and nothing is running, however deep the "
+            "lanes. The API cannot see "
             "the workers' event source mappings: the drain function's own report, by the same "
             "rule (swarm.service.drain.safe_to_deploy), also requires every one to be stopped"
         )

@@ -1,8 +1,8 @@
-"""``swarm deploy``: drain, wait until nothing is in flight, deploy, undrain.
+"""``swarm deploy``: drain, wait until nothing is running, deploy, undrain.
 
 The README's deploy procedure as one command: turn the drain switch on (new batches get 503,
 workers take nothing new, queued units stay queued), wait until ``GET /drain`` says nothing is
-in flight (bounded by ``--timeout``, with the progress of ``swarm drain on --wait``), deploy,
+running (bounded by ``--timeout``, with the progress of ``swarm drain on --wait``), deploy,
 then turn the switch off. Any failure after the switch went on (the wait timed out, the deploy
 failed, Ctrl-C) leaves it ON, since the deployed version is then unknown or half-updated, and
 says what happened and which commands come next. ``--dry-run`` prints the plan and runs
@@ -256,11 +256,10 @@ class Deployment:
             )
         if not safe:
             return self._stopped(
-                f"still {doc['in_flight']} in flight after {self.timeout_s:g}s; nothing was "
-                "deployed",
+                f"still {doc['running']} running after {self.timeout_s:g}s; nothing was deployed",
                 *self._after_wait(),
             )
-        self._say("[2/4] in flight: 0; queued units stay queued.")
+        self._say("[2/4] running: 0; queued units stay queued.")
         self._say(f"[3/4] deploying: {self.deployer.describe()}")
         try:
             self.deployer.deploy(self.out)
@@ -269,7 +268,7 @@ class Deployment:
                 f"the deploy failed: {e}",
                 [
                     f"fix the cause (the output above), then run `{self.where.again}` again: it "
-                    "finds nothing in flight and goes on to deploy",
+                    "finds nothing running and goes on to deploy",
                     self._resume_intake("or resume work on the version deployed now"),
                 ],
                 1,
@@ -305,11 +304,11 @@ class Deployment:
         state = "on" if before.get("draining") else "off"
         self._say(
             f"swarm deploy: {self.where.name}{' (dry run)' if dry_run else ''}\n"
-            f"  now: drain {state}, {before.get('in_flight', '?')} in flight, "
+            f"  now: drain {state}, {before.get('running', '?')} running, "
             f"{before.get('queued', '?')} queued\n"
             f"  1. drain on ({self.where.drain_parameter}): new batches get 503, workers take "
             "nothing new, queued units stay queued\n"
-            f"  2. wait until nothing is in flight (at most {self.timeout_s:g}s, checking every "
+            f"  2. wait until nothing is running (at most {self.timeout_s:g}s, checking every "
             f"{self.interval_s:g}s)\n"
             f"  3. deploy: {self.deployer.describe()}\n"
             "  4. drain off (on any failure drain stays on, with what to do next)"
@@ -328,10 +327,10 @@ class Deployment:
         return 0
 
     def _after_wait(self, code: int = 1) -> tuple[list[str], int]:
-        """The next steps after a wait that did not end with nothing in flight."""
+        """The next steps after a wait that did not end with nothing running."""
         return (
             [
-                f"see what is still in flight: `{self.where.drain_status}`; when it says safe "
+                f"see what is still running: `{self.where.drain_status}`; when it says safe "
                 f"to deploy, run `{self.where.again}` again (or with a longer --timeout)",
                 self._resume_intake(),
             ],
@@ -444,7 +443,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 HELP = """\
-Deploy with the drain switch: drain on, wait until nothing is in flight, deploy, drain off.
+Deploy with the drain switch: drain on, wait until nothing is running (queued units stay
+queued), deploy, drain off.
 
 On any failure after drain went on (the wait times out, the deploy fails, Ctrl-C) drain stays
 ON (new batches get 503, queued units stay queued) and the message says what to run next.
@@ -463,7 +463,7 @@ examples:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "deploy",
-        help="drain, wait for in flight, cdk deploy, undrain (--dry-run: plan and cdk diff)",
+        help="drain, wait for running work, cdk deploy, undrain (--dry-run: plan and cdk diff)",
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -482,7 +482,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--timeout",
         type=positive_int,
         default=1800,
-        help="seconds to wait for in flight to reach 0 before giving up (1800)",
+        help="seconds to wait for running work to reach 0 before giving up (1800)",
     )
     p.add_argument("--interval", type=_interval, default=2.0, help="seconds between checks (2)")
     p.add_argument(

@@ -69,9 +69,11 @@ def target_options(p: argparse.ArgumentParser) -> None:
 
 
 def progress_line(doc: dict[str, Any], width: int = 30) -> str:
-    """``[#####.....] 120/400 done | 35 in flight | 245 waiting | 1.2M of 6.0M tokens (20%)``
+    """``[#####.....] 120/400 done | 20 running | 15 queued | 245 waiting | 1.2M of 6.0M tokens
+    (20%)``
 
-    *in flight*: admitted by the ledger (tokens reserved), on its lane or running on a worker;
+    *running*: held by a worker claiming or running its attempt now; *queued*: admitted by the
+    ledger (tokens reserved) and waiting on its lane (visible, delayed or hidden until its turn);
     *waiting*: not admitted yet (the fan-out has not reached it, or a retry between attempts).
     A batch being opened (state ``opening``: its execution writes the unit records first) shows
     ``opening: 20,000/100,000 units written`` instead.
@@ -87,8 +89,9 @@ def progress_line(doc: dict[str, Any], width: int = 30) -> str:
     spent, budget = tokens["spent"], tokens["budget"]
     share = f" ({spent / budget:.0%})" if budget else ""
     line = (
-        f"[{bar}] {done:>{len(str(total))}}/{total} done | {counts['in_flight']} in flight | "
-        f"{counts['pending']} waiting | {_tokens(spent)} of {_tokens(budget)} tokens{share}"
+        f"[{bar}] {done:>{len(str(total))}}/{total} done | {counts['running']} running | "
+        f"{counts['queued']} queued | {counts['pending']} waiting | "
+        f"{_tokens(spent)} of {_tokens(budget)} tokens{share}"
     )
     if counts["remainder"]:
         line += f" | remainder {counts['remainder']}"
@@ -313,11 +316,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     )
     for lane, d in doc["lanes"].items():
         print(
-            f"  {lane:<7} visible {d['visible']:>6}  in flight {d['in_flight']:>5}  "
+            f"  {lane:<7} visible {d['visible']:>6}  not visible {d['in_flight']:>5}  "
             f"delayed {d['delayed']:>5}"
         )
     print(
-        f"draining: {'on' if doc['draining'] else 'off'} | in flight {doc['in_flight']} | "
+        f"draining: {'on' if doc['draining'] else 'off'} | not visible {doc['in_flight']} | "
         f"queued {doc['queued']}"
     )
     return 0
@@ -339,7 +342,8 @@ def wait_for_drain(
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[bool, Any]:
     """Check ``GET /drain`` every ``interval_s`` until it says safe to deploy; print
-    ``waiting: N in flight, M queued`` after each check that is not. Returns (safe, the last
+    ``waiting: N running, M queued`` after each check that is not (only running work holds a
+    deploy up: queued units stay queued, however deep). Returns (safe, the last
     status): safe is False once ``timeout_s`` has passed. Up to ``tolerate_errors`` failed
     checks in a row are reported and retried (a long wait should survive one lost request)."""
     out = out or sys.stdout
@@ -362,7 +366,7 @@ def wait_for_drain(
         if clock() > deadline:
             return False, doc
         print(
-            f"{prefix}waiting: {doc['in_flight']} in flight, {doc['queued']} queued",
+            f"{prefix}waiting: {doc['running']} running, {doc['queued']} queued",
             flush=True,
             file=out,
         )
@@ -377,9 +381,12 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.action == "on" and args.wait:
         drained, doc = wait_for_drain(client, args.timeout, args.interval)
         if drained:
-            print("in flight: 0; queued units stay queued. Safe to deploy.")
+            print(
+                f"running: 0; {doc['queued']} queued messages stay queued (they run after "
+                "`swarm drain off`). Safe to deploy."
+            )
             return 0
-        print(f"still {doc['in_flight']} in flight after {args.timeout}s", file=sys.stderr)
+        print(f"still {doc['running']} running after {args.timeout}s", file=sys.stderr)
         return 1
     if args.action == "status":
         doc = client.drain_status()
@@ -388,7 +395,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         else:
             state = "on" if doc["draining"] else "off"
             safe = "safe to deploy" if doc["safe_to_deploy"] else "not safe to deploy yet"
-            print(f"drain {state}: {doc['in_flight']} in flight, {doc['queued']} queued; {safe}")
+            print(f"drain {state}: {doc['running']} running, {doc['queued']} queued; {safe}")
     return 0
 
 
@@ -459,14 +466,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_rebind))
 
-    p = sub.add_parser("fleet", help="operators: governor, lanes, in flight, drain state")
+    p = sub.add_parser("fleet", help="operators: governor, lanes, drain state")
     p.add_argument("--json", action="store_true")
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_fleet))
 
     p = sub.add_parser("drain", help="the drain switch: on [--wait], off, status")
     p.add_argument("action", choices=["on", "off", "status"])
-    p.add_argument("--wait", action="store_true", help="with on: block until in flight is 0")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="with on: block until nothing is running (queued units stay queued)",
+    )
     p.add_argument("--timeout", type=positive_int, default=1800, help="seconds to wait (1800)")
     p.add_argument("--interval", type=_interval, default=2.0, help="seconds between checks (2)")
     p.add_argument("--json", action="store_true")

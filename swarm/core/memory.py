@@ -50,11 +50,14 @@ from swarm.core.ports import (
     DrainState,
     LaneDepth,
     MappingState,
+    RunningUnits,
     SignedUpload,
     TenantQueued,
     UnitsPage,
     WatchedRun,
     check_delays,
+    check_entry,
+    tally,
     upload_headers,
 )
 from swarm.core.records import (
@@ -890,6 +893,25 @@ class MemoryDrain:
 
     def set(self, draining: bool) -> None:
         self.on = draining
+
+
+@dataclass
+class MemoryRunning:
+    """The register of running work (:class:`swarm.core.ports.RunningWork`) in memory."""
+
+    entries: dict[str, tuple[dict[str, int], float]] = field(default_factory=dict)
+
+    def enter(
+        self, invocation: str, runs: Mapping[str, int], expires_at: float, now: float
+    ) -> None:
+        check_entry(invocation, runs)
+        self.entries[invocation] = (dict(runs), expires_at)
+
+    def leave(self, invocation: str) -> None:
+        self.entries.pop(invocation, None)
+
+    def running(self, now: float) -> RunningUnits:
+        return tally((runs for runs, expires in self.entries.values() if expires > now))
 
 
 @dataclass

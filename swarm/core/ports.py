@@ -9,8 +9,8 @@ EventBridge, Lambda and Bedrock, and :mod:`swarm.core.memory` implements every o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from swarm.core.errors import InvalidInput, SwarmError
@@ -533,8 +533,9 @@ class Executions(Protocol):
 @dataclass(frozen=True)
 class DrainState:
     on: bool
-    #: when every reader's cache has seen this value (the switch's last change plus the caches'
-    #: lifetime, epoch seconds); None when the switch does not know when it changed
+    #: when every reader's cache has seen this value, and a worker that read the old one has
+    #: written its entry in the register of running work (the switch's last change plus twice
+    #: the caches' lifetime, epoch seconds); None when the switch does not know when it changed
     settled_at: float | None = None
 
     def settled(self, now: float) -> bool:
@@ -554,6 +555,57 @@ class DrainSwitch(Protocol):
         ...
 
     def set(self, draining: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunningUnits:
+    """The work running now: the units held by live worker invocations that are claiming or
+    running attempts (:class:`RunningWork`). Queued, delayed and hidden messages are not in it."""
+
+    units: int = 0
+    invocations: int = 0
+    by_run: Mapping[str, int] = field(default_factory=dict)
+
+
+class RunningWork(Protocol):
+    """The register of running work: each worker invocation enters it before its first claim
+    (after its drain check) with the units it holds, and leaves it once its settlements are
+    written. An entry counts until ``expires_at`` (the invocation's claims' lease), so a worker
+    that died stops counting by itself. The drain view and the batch status read it."""
+
+    def enter(
+        self, invocation: str, runs: Mapping[str, int], expires_at: float, now: float
+    ) -> None:
+        """Register ``invocation`` holding ``runs`` (units by run id) until ``expires_at``."""
+        ...
+
+    def leave(self, invocation: str) -> None:
+        """The invocation's settlements are written: it no longer counts (idempotent)."""
+        ...
+
+    def running(self, now: float) -> RunningUnits:
+        """An exact (consistent) read of the entries that have not expired at ``now``."""
+        ...
+
+
+def check_entry(invocation: str, runs: Mapping[str, int]) -> None:
+    """What the register takes: a non-empty invocation id and positive unit counts."""
+    if not invocation:
+        raise InvalidInput("invocation", "an invocation id is required")
+    for run_id, units in runs.items():
+        if not run_id or units < 1:
+            raise InvalidInput("runs", f"{run_id!r}: {units} units (at least 1 per run)")
+
+
+def tally(entries: Iterable[Mapping[str, int]]) -> RunningUnits:
+    """The running work of live entries (each an invocation's units by run)."""
+    by_run: dict[str, int] = {}
+    invocations = 0
+    for runs in entries:
+        invocations += 1
+        for run_id, units in runs.items():
+            by_run[run_id] = by_run.get(run_id, 0) + units
+    return RunningUnits(sum(by_run.values()), invocations, by_run)
 
 
 class Events(Protocol):

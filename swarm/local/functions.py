@@ -96,6 +96,10 @@ class Fault:
         )
 
 
+#: the longest a held model call waits (real seconds; a claim's lease is 54 s locally)
+HOLD_AT_MOST_S = 30.0
+
+
 @dataclass
 class FaultyModelPlane:
     """The shared simulated plane, plus injected faults: a worker that calls the model for a
@@ -107,6 +111,28 @@ class FaultyModelPlane:
     _armed: list[Fault] = field(default_factory=list)
     _crashed: Counter[str] = field(default_factory=Counter)  # per run id
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: runs whose model calls wait until released (a scenario holds work running by design)
+    _holds: dict[str, threading.Event] = field(default_factory=dict)
+    _waiting: Counter[str] = field(default_factory=Counter)  # calls held now, per run id
+
+    def hold(self, run_id: str) -> None:
+        """From now on, the run's model calls wait (each at most ``HOLD_AT_MOST_S``, well within
+        a claim's lease) until :meth:`release`: its attempts stay running, by construction."""
+        with self._lock:
+            self._holds.setdefault(run_id, threading.Event())
+
+    def release(self, run_id: str) -> int:
+        """The run's held calls go on, and later ones no longer wait; how many were held."""
+        with self._lock:
+            gate = self._holds.pop(run_id, None)
+            held = self._waiting[run_id]
+        if gate is not None:
+            gate.set()
+        return held
+
+    def held(self, run_id: str) -> int:
+        with self._lock:
+            return self._waiting[run_id]
 
     def arm_crashes(self, n: int, run_id: str, unit_id: str | None = None) -> None:
         with self._lock:
@@ -117,6 +143,16 @@ class FaultyModelPlane:
             return self._crashed[run_id] if run_id else sum(self._crashed.values())
 
     def invoke(self, request: ModelRequest) -> ModelResult:
+        with self._lock:
+            gate = self._holds.get(request.run_id)
+            if gate is not None:
+                self._waiting[request.run_id] += 1
+        if gate is not None:
+            try:
+                gate.wait(HOLD_AT_MOST_S)
+            finally:
+                with self._lock:
+                    self._waiting[request.run_id] -= 1
         started = time.perf_counter()
         try:
             result = self.plane.invoke(request)
@@ -432,10 +468,11 @@ def probe_worker_reports() -> None:
         return sleep_metered
 
     @functools.wraps(original)
-    def process(self: Any, item: Any, first_delivery: bool = True) -> Any:
+    def process(self: Any, item: Any, first_delivery: bool = True, invocation: Any = None) -> Any:
+        unit_invocation = invocation  # the worker's (drain reading, running-work entry)
         invocation = _current_invocation()
         if invocation is None:
-            return original(self, item, first_delivery)
+            return original(self, item, first_delivery, unit_invocation)
         sleep = getattr(self, "sleep", None)
         if callable(sleep) and not getattr(sleep, "metered", False):
             with contextlib.suppress(AttributeError, TypeError):  # a frozen worker: see above
@@ -444,7 +481,7 @@ def probe_worker_reports() -> None:
         started = time.perf_counter()
         _SLOW.start(str(getattr(item, "unit_id", "?")))
         try:
-            report = original(self, item, first_delivery)
+            report = original(self, item, first_delivery, unit_invocation)
         finally:
             _SLOW.end()
         fn_host = host()

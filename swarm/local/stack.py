@@ -366,6 +366,7 @@ class LocalStack:
                 "batch_id": batch,
                 **asdict(counters),
                 "crashed_workers": self.model.crashed(batch) if self.model else 0,
+                "held_calls": self.model.held(batch) if self.model else 0,
                 "log": [call.as_dict() for call in plane.log(batch)],
             }
         if path == "/_local/model" and method == "GET" and plane is not None:
@@ -382,9 +383,19 @@ class LocalStack:
             plane.storm(quota, time.time() + seconds)
             return 200, {"quota_tpm": quota, "until_s": seconds}
         if path == "/_local/faults" and method == "POST" and self.model is not None:
+            if isinstance(doc.get("batch_id"), str) and ("hold" in doc or "release" in doc):
+                if doc.get("hold") is True:
+                    self.model.hold(doc["batch_id"])
+                    return 200, {"holding": True, "batch_id": doc["batch_id"]}
+                if doc.get("release") is True:
+                    held = self.model.release(doc["batch_id"])
+                    return 200, {"released": held, "batch_id": doc["batch_id"]}
             crashes, batch_id = int(doc.get("worker_crashes", 0)), doc.get("batch_id")
             if crashes < 1 or not isinstance(batch_id, str):
-                message = "give worker_crashes >= 1 and the batch_id (and optionally unit_id)"
+                message = (
+                    "give worker_crashes >= 1 and the batch_id (and optionally unit_id), or "
+                    'the batch_id and "hold": true or "release": true'
+                )
                 return 400, {"error": "invalid_request", "message": message}
             self.model.arm_crashes(crashes, batch_id, doc.get("unit_id"))
             return 200, {"armed": crashes, "batch_id": batch_id}

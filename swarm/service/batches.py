@@ -66,6 +66,8 @@ from swarm.core.ports import (
     LaneDepth,
     LaneQueue,
     Ledger,
+    RunningUnits,
+    RunningWork,
 )
 from swarm.core.prompts import Prompt
 from swarm.core.records import (
@@ -313,6 +315,9 @@ class Batches:
     executions: Executions
     drain: DrainSwitch
     config: BatchesConfig
+    #: the register of running work: what a batch status and the drain view count as running
+    #: (None: nothing is counted as running; tests without workers)
+    running: RunningWork | None = None
 
     # ------------------------------------------------------------------ submit
 
@@ -517,6 +522,9 @@ class Batches:
             remainder = [
                 u.unit_id for u in self.ledger.units(run.run_id) if u.state is UnitState.REMAINDER
             ][:MAX_REMAINDER_LISTED]
+        running = 0
+        if self.running is not None and run.in_flight:
+            running = min(run.in_flight, self.running.running(now).by_run.get(run.run_id, 0))
         return BatchStatus(
             batch_id=run.run_id,
             tenant=run.spec.tenant,
@@ -527,7 +535,8 @@ class Batches:
                 completed=run.completed,
                 dead_lettered=run.dead_lettered,
                 remainder=run.remainder,
-                in_flight=run.in_flight,
+                running=running,
+                queued=run.in_flight - running,
                 pending=run.pending,
             ),
             attempts=run.attempts,
@@ -641,7 +650,8 @@ class Batches:
         the lanes. The API cannot see the workers' event source mappings, so ``safe_to_deploy``
         is :func:`swarm.service.drain.safe_to_deploy` without them (its docstring says why
         that holds); the drain function's report adds them."""
-        return drain_view(self.drain.state(), self.queue.depths(), None, now)
+        running = RunningUnits() if self.running is None else self.running.running(now)
+        return drain_view(self.drain.state(), self.queue.depths(), running, None, now)
 
 
 def _unit_inputs(units: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -25,8 +25,10 @@ attempt is settled with its projected tokens, then the unit retries).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
@@ -43,6 +45,7 @@ from swarm.core.ports import (
     ModelRequest,
     ModelThrottled,
     ResultStore,
+    RunningWork,
     TicketBooker,
     requeue_delay,
 )
@@ -116,6 +119,30 @@ class WorkReport:
 
 _delay = requeue_delay
 
+#: reads of the drain switch an invocation makes when SSM fails it with nothing cached, with
+#: a doubling pause from DRAIN_READ_PAUSE_S between; then its units go back for the ordinary
+#: short delay (never a claim's lease)
+DRAIN_READ_TRIES = 3
+DRAIN_READ_PAUSE_S = 0.1
+
+
+@dataclass
+class WorkerInvocation:
+    """One worker invocation: the drain switch as it read it once at its start (every unit
+    thread acts on this value), and its entry in the register of running work, made by the
+    first of its units about to claim (:meth:`Worker.enter`) and removed at its end
+    (:meth:`Worker.end`)."""
+
+    id: str
+    #: the drain switch at the start; None: it could not be read (the units go back shortly)
+    draining: bool | None
+    #: the units it holds, by run (its entry's counts)
+    runs: Mapping[str, int]
+    entered: bool = False
+    #: why no unit of it may claim (the switch turned on, or the entry could not be written)
+    refused: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
 
 @dataclass
 class Worker:
@@ -131,14 +158,77 @@ class Worker:
     closures: Closures | None = None
     #: books the tokens of a batch's units together (None: each unit draws on its own)
     tickets: TicketBooker | None = None
+    #: the register of running work each invocation enters before its first claim (None: no
+    #: register; the simulator and some tests)
+    running: RunningWork | None = None
 
-    def book_together(self, items: Sequence[QueuedUnit]) -> list[QueuedUnit]:
+    def begin(self, items: Sequence[QueuedUnit]) -> WorkerInvocation:
+        """An invocation of ``items``: the drain switch read once for all of them (the switch
+        is cached and read by one thread at a time, see SsmDrainSwitch; a read SSM fails with
+        nothing cached is tried again briefly)."""
+        draining: bool | None = None
+        for attempt in range(DRAIN_READ_TRIES):
+            if attempt:
+                self.sleep(DRAIN_READ_PAUSE_S * 2 ** (attempt - 1))
+            try:
+                draining = self.drain.draining()
+                break
+            except Exception:
+                log.warning("reading the drain switch failed (try %d)", attempt + 1, exc_info=True)
+        runs: dict[str, int] = {}
+        for item in items:
+            runs[item.run_id] = runs.get(item.run_id, 0) + 1
+        return WorkerInvocation(uuid.uuid4().hex, draining, runs)
+
+    def enter(self, invocation: WorkerInvocation) -> str | None:
+        """Before a unit's first claim: the invocation enters the register of running work,
+        once (its other units wait for it), after checking the drain switch again (cached: no
+        request while the value is younger than its lifetime). Once the drain view says the
+        switch is settled, no invocation that has not entered can claim, so an empty register
+        means nothing runs. None: go ahead; else why not (the unit goes back shortly)."""
+        with invocation.lock:
+            if invocation.entered or invocation.refused is not None:
+                return invocation.refused
+            try:
+                if self.drain.draining():
+                    invocation.refused = "draining"
+                    return invocation.refused
+            except Exception:
+                log.warning("reading the drain switch failed", exc_info=True)
+                invocation.refused = "drain switch unreadable"
+                return invocation.refused
+            if self.running is not None:
+                try:
+                    now = self.now()
+                    expires = now + self.config.lease_s  # its claims' lease
+                    self.running.enter(invocation.id, invocation.runs, expires, now)
+                except Exception:
+                    log.exception("entering the register of running work failed")
+                    invocation.refused = "register of running work unwritable"
+                    return invocation.refused
+            invocation.entered = True
+            return None
+
+    def end(self, invocation: WorkerInvocation) -> None:
+        """The invocation's settlements are written: it leaves the register (a failure is
+        logged; its entry expires with its claims' lease)."""
+        if not invocation.entered or self.running is None:
+            return
+        try:
+            self.running.leave(invocation.id)
+        except Exception:
+            log.exception("leaving the register of running work failed: the entry expires")
+
+    def book_together(
+        self, items: Sequence[QueuedUnit], invocation: WorkerInvocation | None = None
+    ) -> list[QueuedUnit]:
         """The units of one delivery (each message's first), with the tokens of those on a lane
         without a reserve booked together, a lane's at a time (:class:`TicketBooker`): each
         booked unit carries its ticket, ready now or back to back with the others', so those
         that must wait go back to their lane due together (a bundle) instead of each among the
         fleet's other bookings. Units that carry a ticket or a place already, a lane with one
-        such unit, a drain, or a booking that fails: unchanged (each unit draws on its own)."""
+        such unit, a drain (as ``invocation`` read the switch; None: read it now), or a booking
+        that fails: unchanged (each unit draws on its own)."""
         out = list(items)
         booker = self.tickets
         if booker is None:
@@ -151,7 +241,8 @@ class Worker:
             if len(indexes) < 2:
                 continue
             try:
-                if self.drain.draining():  # the units go back as they came (Worker.process)
+                draining = self.drain.draining() if invocation is None else invocation.draining
+                if draining is not False:  # the units go back as they came (Worker.process)
                     break
                 draws = booker.book_tickets([out[i].tokens for i in indexes], lane, self.now())
             except Exception:  # as if never booked: each unit draws on its own
@@ -162,7 +253,25 @@ class Worker:
                     out[i] = replace(out[i], ticket=replace(draw.ticket, tag=str(out[i].attempt)))
         return out
 
-    def process(self, item: QueuedUnit, first_delivery: bool = True) -> WorkReport:
+    def process(
+        self,
+        item: QueuedUnit,
+        first_delivery: bool = True,
+        invocation: WorkerInvocation | None = None,
+    ) -> WorkReport:
+        """One unit of ``invocation`` (None: an invocation of this unit alone, begun and ended
+        here). See :meth:`_process`."""
+        if invocation is not None:
+            return self._process(item, first_delivery, invocation)
+        alone = self.begin([item])
+        try:
+            return self._process(item, first_delivery, alone)
+        finally:
+            self.end(alone)
+
+    def _process(
+        self, item: QueuedUnit, first_delivery: bool, invocation: WorkerInvocation
+    ) -> WorkReport:
         """``first_delivery``: SQS delivers this copy of the message for the first time (its
         receive count is 1). A copy delivered again may carry a ticket an earlier delivery
         spent (a failed attempt is retried by redelivering the same message), so only a first
@@ -173,11 +282,12 @@ class Worker:
             ticket.tag != str(item.attempt) or not (first_delivery or ticket.slot)
         ):
             ticket = None
-        # cached for a few seconds: the handler refreshes it once per batch, so a fleet of
-        # hundreds of workers does not read the parameter once per message
-        if self.drain.draining():
+        # read once per invocation (Worker.begin), so a fleet of hundreds of workers does not
+        # read the parameter once per message
+        if invocation.draining is not False:
             delay = _delay(self.config.requeue_delay_s)
-            return WorkReport(Requeue(delay, "draining", ticket=ticket))
+            why = "draining" if invocation.draining else "drain switch unreadable"
+            return WorkReport(Requeue(delay, why, ticket=ticket))
         # Tokens first: under a queue most tries are refused (the unit goes back until its
         # tokens are there), and such a try then costs the governor's request alone, no ledger
         # read. The message names the tokens (the unit's projection, which its reservation
@@ -211,6 +321,11 @@ class Worker:
             )
         assert got.grant is not None
         grant = got.grant
+        refused = self.enter(invocation)  # before the first claim: running work is counted
+        if refused is not None:
+            self.governor.true_up(grant, 0, self.now())  # nothing runs: tokens go back
+            delay = _delay(self.config.requeue_delay_s)
+            return WorkReport(Requeue(delay, refused), waited_s=got.waited_s)
         lease_s, lost_tokens = self.config.lease_s, 0
         # nearly always the unit waits in flight for the message's attempt: claim it with one
         # conditional write; anything else (a retry to admit, a duplicate, a dead worker's

@@ -34,6 +34,7 @@ import pytest
 
 from swarm.client import Target
 from tests.e2e.conftest import Stack, assert_books, expected_books
+from tests.e2e.conftest import batch_id as known_batch_id
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).with_name("swarm")  # [project.scripts] swarm = "swarm.cli:main"
@@ -90,6 +91,26 @@ def swarm(cwd: Path, *args: str, timeout: float = CMD_S) -> subprocess.Completed
         pytest.fail(f"`swarm {' '.join(args)}` still running after {timeout}s: {e.stdout!r}")
     assert "Traceback" not in done.stderr + done.stdout, done.stderr
     return done
+
+
+def swarm_in_background(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    """`swarm ARGS` started in ``cwd`` and left running (the caller waits for it, bounded)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        PYTHONPATH=str(REPO),
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    return subprocess.Popen(
+        [*COMMAND, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> list[str]:
@@ -187,7 +208,7 @@ def test_submit_a_units_file_and_watch_it_then_status_shows_the_same_books(here:
     # And `status` shows the same final books as a bar and the healthy line
     status = ok(swarm(here, "status", bid, "--tenant", tenant))
     assert len(status) == 2
-    assert status[0].startswith("[" + "#" * 30 + "] 8/8 done | 0 in flight | 0 waiting | ")
+    assert status[0].startswith("[" + "#" * 30 + "] 8/8 done | 0 running | 0 queued | 0 waiting | ")
     assert status[1] == lines[-1]
 
     # And `status --json` is the API's document, the same numbers
@@ -248,7 +269,7 @@ def test_submit_generated_units_on_a_lane_with_a_budget_and_an_idempotency_key(
 
     # And `status --watch` follows it to its close (it was just submitted) and shows completion
     watched = ok(swarm(here, "status", bid, "--tenant", tenant, "--watch", timeout=WATCH_S))
-    assert watched[-2].startswith("[" + "#" * 30 + "] 3/3 done | 0 in flight | 0 waiting")
+    assert watched[-2].startswith("[" + "#" * 30 + "] 3/3 done | 0 running | 0 queued | 0 waiting")
     assert HEALTHY.match(watched[-1]) and watched[-1].startswith("run.completed: completed ")
 
     # And a replay with --json --watch ends with the batch closed: stdout is only the final JSON
@@ -369,8 +390,8 @@ def test_fleet_shows_the_governor_the_lanes_and_the_drain_switch(here: Path) -> 
     ), lines[0]
     assert [line.split()[0] for line in lines[1:4]] == ["high", "normal", "low"]
     for line in lines[1:4]:
-        assert re.match(r"^  \w+ +visible +\d+  in flight +\d+  delayed +\d+$", line), line
-    assert re.match(r"^draining: (on|off) \| in flight \d+ \| queued \d+$", lines[4]), lines[4]
+        assert re.match(r"^  \w+ +visible +\d+  not visible +\d+  delayed +\d+$", line), line
+    assert re.match(r"^draining: (on|off) \| not visible \d+ \| queued \d+$", lines[4]), lines[4]
     assert len(lines) == 5
 
 
@@ -392,49 +413,66 @@ def test_an_operator_rebinds_a_tenant_and_the_tenants_next_call_binds_it_again(
 
 
 @pytest.mark.exclusive  # the drain switch stops the whole stack's intake and workers
-def test_drain_on_waits_for_in_flight_refuses_intake_and_drain_off_resumes(
+def test_drain_on_waits_for_running_work_refuses_intake_and_drain_off_resumes(
     stack: Stack, here: Path
 ) -> None:
     tenant = "cli-drain"
     client = stack.client(tenant)
-    # 40 units of 10k tokens (0.5 s of model time each locally): more than the normal lane's
-    # workers hold at once (6 x 5), so some are still queued when the drain takes effect
-    units = write_units(here / "units.json", 40, lambda i: 10_000, "d")
+    # 40 units of 100k tokens: 4M tokens, more than the governor's bucket holds (one minute of
+    # the quota, 3M tokens here), so the units past it wait for their places in their lane:
+    # queued, by construction. And the batch's model calls are held (armed before it is
+    # submitted, for its id), so the units that start stay running until the test lets go
+    units = write_units(here / "units.json", 40, lambda i: 100_000, "d")
     other = write_units(here / "late.json", 5, lambda i: 1_000, "late")
-    lines = ok(submit(here, str(units), "--tenant", tenant))
-    bid = batch_id(lines)
-    eventually(lambda: client.status(bid)["counts"]["completed"] >= 5, "work is under way")
+    key = "cli-drain-1"
+    bid = known_batch_id(tenant, key)
+    stack.local("POST", "/_local/faults", {"batch_id": bid, "hold": True})
+    waiting: subprocess.Popen[str] | None = None
     try:
-        # When the operator drains and waits (work is in flight)
-        wait = ["--wait", "--interval", "0.5", "--timeout", "240", "--tenant", tenant]
-        drained = ok(swarm(here, "drain", "on", *wait, timeout=WATCH_S))
+        lines = ok(submit(here, str(units), "--idempotency-key", key, "--tenant", tenant))
+        assert batch_id(lines) == bid
+        eventually(lambda: stack.model(bid)["held_calls"] >= 1, "a unit is running (held)")
 
-        # Then it names the switch, and returns once nothing is in flight: safe to deploy
+        # When the operator drains and waits while units run
+        wait = ["--wait", "--interval", "0.5", "--timeout", "240", "--tenant", tenant]
+        waiting = swarm_in_background(here, "drain", "on", *wait)
+        # Then the wait holds while they run: the switch settles, and the drain view counts
+        # the held units as running (never the lanes' messages), so it is not safe yet
+        doc = eventually(
+            lambda: (d := client.drain_status())["draining"] and d["settled"] and d,
+            "the switch is on and settled",
+        )
+        assert doc["running"] >= 1 and not doc["safe_to_deploy"], doc
+        counts = client.status(bid)["counts"]
+        assert counts["running"] >= 1 and counts["completed"] == 0, counts
+        assert waiting.poll() is None, "drain on --wait returned while units were running"
+        # When the running units are let go
+        stack.local("POST", "/_local/faults", {"batch_id": bid, "release": True})
+        out, err = waiting.communicate(timeout=WATCH_S)
+        assert waiting.returncode == 0 and "Traceback" not in err, (out, err)
+        drained = out.strip().splitlines()
+
+        # Then it named the switch, and returned once nothing ran: safe to deploy
         assert drained[0] == f"drain on: {stack.target.drain_parameter}"
-        assert drained[-1] == "in flight: 0; queued units stay queued. Safe to deploy."
-        assert all(re.match(r"^waiting: \d+ in flight, \d+ queued$", x) for x in drained[1:-1])
+        assert re.fullmatch(
+            r"running: 0; \d+ queued messages stay queued \(they run after `swarm drain off`\)\. "
+            r"Safe to deploy\.",
+            drained[-1],
+        ), drained[-1]
+        assert all(re.match(r"^waiting: \d+ running, \d+ queued$", x) for x in drained[1:-1])
         # and queued units stay queued: none completes for 3 s (30 s on the deployed clock, ten
         # times the requeue delay of a unit a worker handed back while draining)
-        held = client.status(bid)["counts"]  # (the batch's in_flight counts its queued units)
+        held = client.status(bid)["counts"]
         assert held["completed"] + held["dead_lettered"] < 40, held
+        assert held["running"] == 0 and held["queued"] + held["pending"] > 0, held
         time.sleep(3)
         assert client.status(bid)["counts"]["completed"] == held["completed"]
 
         # And `drain status` says so, as text and as JSON
-        # (polled, bounded: a poller's last long poll can hand a unit back just after)
-        status_re = re.compile(r"^drain on: 0 in flight, \d+ queued; safe to deploy$")
-        eventually(
-            lambda: status_re.match(ok(swarm(here, "drain", "status", "--tenant", tenant))[0]),
-            "drain status says safe to deploy",
-        )
-
-        def drain_doc() -> Any:
-            return as_json(swarm(here, "drain", "status", "--json", "--tenant", tenant))
-
-        doc = eventually(
-            lambda: (d := drain_doc())["safe_to_deploy"] and d, "drain status --json says safe"
-        )
-        assert doc["draining"] is True and doc["in_flight"] == 0
+        status_re = re.compile(r"^drain on: 0 running, \d+ queued; safe to deploy$")
+        assert status_re.match(ok(swarm(here, "drain", "status", "--tenant", tenant))[0])
+        doc = as_json(swarm(here, "drain", "status", "--json", "--tenant", tenant))
+        assert doc["draining"] is True and doc["running"] == 0 and doc["safe_to_deploy"], doc
         eventually(
             lambda: ok(swarm(here, "fleet", "--tenant", tenant))[-1].startswith("draining: on"),
             "fleet shows draining: on",
@@ -462,12 +500,19 @@ def test_drain_on_waits_for_in_flight_refuses_intake_and_drain_off_resumes(
             "drain status says off",
         )
     finally:
+        stack.local("POST", "/_local/faults", {"batch_id": bid, "release": True})
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
         client.set_drain(False)
         eventually(lambda: not client.drain_status()["draining"], "the drain is off")
 
     # Then the held batch finishes across the redeploy: nothing lost, nothing settled twice
     watched = ok(swarm(here, "status", bid, "--tenant", tenant, "--watch", timeout=WATCH_S))
     assert " 40/40 done | " in watched[-2] and watched[-1].startswith("run.completed: ")
+    # with exact books: every unit's attempts and tokens as the seeded model decides them
+    batch = json.loads(units.read_text())
+    assert_books(expected_books(stack.model(), batch), stack.results(bid, "completed"))
     batch = json.loads(units.read_text())
     assert_books(expected_books(stack.model(), batch), stack.results(bid, "completed"))
     # and intake is open again

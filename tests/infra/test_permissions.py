@@ -129,11 +129,12 @@ EXPECTED: dict[FunctionName, Table] = {
                 # task token when a settlement closes the run (StepFunctionsClosures.notify)
                 "dynamodb:BatchGetItem",
                 # admit, claim, unclaim, reclaim_unit (_release) and settle's books/unit Updates
-                # (the settled attempt is kept in its unit's item)
+                # (the settled attempt is kept in its unit's item); DynamoDBRunning.enter/leave
+                # (an invocation's entry in the register of running work)
                 "dynamodb:UpdateItem",
             }
         ),
-        # SsmDrainSwitch.draining: per message, cached for a few seconds per container
+        # SsmDrainSwitch.draining: once per invocation, cached for a few seconds per container
         "drain parameter": frozenset({"ssm:GetParameter"}),
         # StepFunctionsClosures.notify: the settlement that closes a run wakes its finalize loop
         "state machine": frozenset({"states:SendTaskSuccess"}),
@@ -255,8 +256,10 @@ EXPECTED: dict[FunctionName, Table] = {
         "drain parameter": frozenset({"ssm:GetParameter"}),
         # LambdaMappings.set_enabled (its response carries the state: no GetEventSourceMapping)
         **_each("worker mapping", {"lambda:UpdateEventSourceMapping"}),
-        # DrainController._report: SqsLanes.depths (in flight, queued)
+        # DrainController._report: SqsLanes.depths (queued: visible, delayed, hidden)
         **_each("lane", {"sqs:GetQueueAttributes"}),
+        # DynamoDBRunning.running: the register of running work's shards (consistent reads)
+        "ledger table": frozenset({"dynamodb:BatchGetItem"}),
     },
 }
 

@@ -533,12 +533,12 @@ def test_drain_controller_disables_and_enables_the_worker_mappings(
     # Then every worker mapping is disabled, and it is not yet safe to deploy: the functions'
     # cached reads of the switch may say "off" for a few more seconds
     assert set(report["mappings"].values()) <= {"Disabled", "Disabling"}
-    assert report["draining"] and report["in_flight"] == 0 and not report["settled"]
+    assert report["draining"] and report["running"] == 0 and not report["settled"]
     assert not report["safe_to_deploy"]
     status, doc, _ = plane.api("GET", "/drain", operator=True)
     assert status == 200 and doc["draining"] and not doc["safe_to_deploy"]
     # ... and it is once they have expired
-    later = time.time() + SsmDrainSwitch.ttl_s
+    later = time.time() + 2 * SsmDrainSwitch.ttl_s
     monkeypatch.setattr(drain_function, "time", SimpleNamespace(time=lambda: later))
     report = plane.invoke("drain", {"detail-type": "Parameter Store Change"})
     assert report["settled"] and report["safe_to_deploy"]

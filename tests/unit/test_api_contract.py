@@ -21,6 +21,7 @@ from swarm.api.openapi import HANDLER_ONLY, ROUTES, gateway_schema
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import GovernorConfig
+from swarm.core.lanes import QueuedUnit
 from swarm.core.memory import (
     InMemoryGovernor,
     InMemoryLedger,
@@ -29,6 +30,7 @@ from swarm.core.memory import (
     MemoryExecutions,
     MemoryMappings,
     MemoryQueue,
+    MemoryRunning,
 )
 from swarm.core.ports import MappingState
 from swarm.core.records import Lane
@@ -380,7 +382,7 @@ def mappings(*states: str) -> list[MappingState]:
 
 
 @pytest.mark.parametrize(
-    ("draining", "in_flight", "states", "safe"),
+    ("draining", "running", "states", "safe"),
     [
         (True, 0, ("Disabled", "Disabled", "Disabled"), True),
         (True, 0, ("Disabled", "Disabling", "Disabled"), True),
@@ -393,22 +395,24 @@ def mappings(*states: str) -> list[MappingState]:
     ],
 )
 def test_one_safe_to_deploy_rule(
-    draining: bool, in_flight: int, states: tuple[str, ...] | None, safe: bool
+    draining: bool, running: int, states: tuple[str, ...] | None, safe: bool
 ) -> None:
     seen = None if states is None else mappings(*states)
-    assert safe_to_deploy(draining, in_flight, seen) is safe
+    assert safe_to_deploy(draining, running, seen) is safe
     # never before the switch has reached every function's cache
-    assert safe_to_deploy(draining, in_flight, seen, settled=False) is False
+    assert safe_to_deploy(draining, running, seen, settled=False) is False
 
 
 def test_the_api_drain_view_and_the_drain_controller_answer_by_the_same_rule() -> None:
     drain = MemoryDrain()
     service = batches(drain=drain)
-    controller = DrainController(drain, MemoryMappings(), service.queue)
+    running = MemoryRunning()
+    service.running = running
+    controller = DrainController(drain, MemoryMappings(), service.queue, running)
     assert service.drain_status(100.0) == {
         "draining": False,
         "settled": True,
-        "in_flight": 0,
+        "running": 0,
         "queued": 0,
         "safe_to_deploy": False,
     }
@@ -418,7 +422,7 @@ def test_the_api_drain_view_and_the_drain_controller_answer_by_the_same_rule() -
     assert service.drain_status(104.9) == {
         "draining": True,
         "settled": False,
-        "in_flight": 0,
+        "running": 0,
         "queued": 0,
         "safe_to_deploy": False,
     }
@@ -429,3 +433,29 @@ def test_the_api_drain_view_and_the_drain_controller_answer_by_the_same_rule() -
     report = controller.apply(105.0)
     assert report["safe_to_deploy"] is True
     assert {k: v for k, v in report.items() if k != "mappings"} == service.drain_status(105.0)
+
+
+def test_only_running_work_holds_a_deploy_up_however_deep_the_lanes() -> None:
+    # Given the switch on and settled, and lanes far deeper than anything runs: messages
+    # hidden until their units' turn (not visible), delayed and visible
+    drain = MemoryDrain(on=True, settled_at=0.0)
+    service = batches(drain=drain)
+    running = MemoryRunning()
+    service.running = running
+    controller = DrainController(drain, MemoryMappings(), service.queue, running)
+    controller.apply(1.0)
+    service.queue.in_flight[Lane.NORMAL] = 5_000  # type: ignore[attr-defined]
+    for n in range(3):
+        service.queue.send(QueuedUnit("r", f"u{n}", "acme", Lane.NORMAL, 0, 100))
+    # When one invocation still runs two units
+    running.enter("inv-1", {"r": 2}, expires_at=60.0, now=1.0)
+    # Then both views wait for it alone, and count every message as queued
+    for view in (service.drain_status(2.0), controller.status(2.0)):
+        assert (view["running"], view["queued"], view["safe_to_deploy"]) == (2, 5_003, False)
+    # and once it leaves (or its entry's lease ends), it is safe with the lanes as deep
+    running.leave("inv-1")
+    for view in (service.drain_status(3.0), controller.status(3.0)):
+        assert (view["running"], view["queued"], view["safe_to_deploy"]) == (0, 5_003, True)
+    running.enter("dead", {"r": 1}, expires_at=60.0, now=3.0)
+    assert service.drain_status(59.0)["safe_to_deploy"] is False
+    assert service.drain_status(60.0)["safe_to_deploy"] is True

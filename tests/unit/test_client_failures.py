@@ -154,7 +154,14 @@ DONE = {
     "batch_id": "b-1",
     "state": "completed",
     "units": 3,
-    "counts": {"completed": 3, "dead_lettered": 0, "remainder": 0, "in_flight": 0, "pending": 0},
+    "counts": {
+        "completed": 3,
+        "dead_lettered": 0,
+        "remainder": 0,
+        "running": 0,
+        "queued": 0,
+        "pending": 0,
+    },
     "tokens": {"spent": 20_000, "budget": 30_000},
     "healthy_line": "run.completed: completed 3/3",
 }

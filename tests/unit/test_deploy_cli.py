@@ -34,12 +34,12 @@ WHERE = Where(
 )
 
 
-def status(in_flight: int, draining: bool = True, queued: int = 5) -> dict[str, Any]:
+def status(running: int, draining: bool = True, queued: int = 5) -> dict[str, Any]:
     return {
         "draining": draining,
-        "in_flight": in_flight,
+        "running": running,
         "queued": queued,
-        "safe_to_deploy": draining and in_flight == 0,
+        "safe_to_deploy": draining and running == 0,
     }
 
 
@@ -137,7 +137,7 @@ def test_success_drains_waits_deploys_then_undrains_in_that_order() -> None:
     assert log == ["status", "drain on", "status", "status", "status", "deploy", "drain off"]
     text = out.getvalue()
     assert "[1/4] drain on: /swarm/prod/drain" in text
-    assert "[2/4] waiting: 2 in flight, 5 queued\n[2/4] waiting: 1 in flight, 5 queued\n" in text
+    assert "[2/4] waiting: 2 running, 5 queued\n[2/4] waiting: 1 running, 5 queued\n" in text
     assert "[3/4] deploying: npx cdk deploy Swarm-prod" in text
     assert "[4/4] drain off" in text and "deployed Swarm-prod in 4s; drain off" in text
     assert err.getvalue() == ""
@@ -154,7 +154,7 @@ def test_a_wait_that_times_out_deploys_nothing_and_leaves_drain_on() -> None:
     d, log, _, err = deployment([status(2)])
     assert d.run() == 1
     assert "deploy" not in log
-    _assert_left_drained(log, err.getvalue(), "still 2 in flight after 10s; nothing was deployed")
+    _assert_left_drained(log, err.getvalue(), "still 2 running after 10s; nothing was deployed")
     assert "`swarm drain status --stack Swarm-prod`" in err.getvalue()
     assert "run `swarm deploy --stage prod` again" in err.getvalue()
 
@@ -204,7 +204,7 @@ def test_a_dry_run_shows_the_plan_and_the_diff_and_never_touches_the_switch() ->
     assert log == ["status", "diff"]
     text = out.getvalue()
     assert "swarm deploy: Swarm-prod (dry run)" in text
-    assert "now: drain off, 3 in flight, 5 queued" in text
+    assert "now: drain off, 3 running, 5 queued" in text
     assert "3. deploy: npx cdk deploy Swarm-prod" in text
     assert "Stack Swarm-prod: 1 change" in text and "nothing was changed" in text
 
@@ -223,7 +223,7 @@ def test_the_wait_survives_a_few_failed_checks() -> None:
     safe, doc = wait_for_drain(
         Flaky(), 60, 1, out, tolerate_errors=1, clock=clock.now, sleep=clock.sleep
     )
-    assert safe and doc["in_flight"] == 0
+    assert safe and doc["running"] == 0
     assert out.getvalue().count("check failed (no answer); trying again") == 2
 
 
@@ -336,7 +336,10 @@ def test_bad_options_are_one_line_errors(
 def test_help_explains_the_procedure(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(["deploy", "--help"], capsys)
     assert code == 0
-    for text in ("drain on, wait until nothing is in flight, deploy, drain off", "--dry-run"):
+    for text in (
+        "drain on, wait until nothing is running (queued units stay\nqueued), deploy, drain off",
+        "--dry-run",
+    ):
         assert text in out
     assert "make deploy STAGE=prod" in out
 

@@ -11,14 +11,17 @@ from swarm.client import Target
 from swarm.core.errors import InvalidInput
 
 
-def status(done: int, dead: int, in_flight: int, pending: int, spent: int) -> dict[str, object]:
+def status(
+    done: int, dead: int, in_flight: int, pending: int, spent: int, running: int = 0
+) -> dict[str, object]:
     return {
         "units": 400,
         "counts": {
             "completed": done,
             "dead_lettered": dead,
             "remainder": 0,
-            "in_flight": in_flight,
+            "running": running,
+            "queued": in_flight - running,
             "pending": pending,
         },
         "tokens": {"spent": spent, "budget": 6_000_000},
@@ -28,7 +31,7 @@ def status(done: int, dead: int, in_flight: int, pending: int, spent: int) -> di
 def test_progress_line_shows_completion_flight_queue_and_spend() -> None:
     line = progress_line(status(100, 0, 50, 250, 1_200_000), width=20)
     assert line.startswith("[#####...............] 100/400 done")
-    assert "50 in flight | 250 waiting | 1.20M of 6.00M tokens (20%)" in line
+    assert "0 running | 50 queued | 250 waiting | 1.20M of 6.00M tokens (20%)" in line
 
 
 def test_progress_line_of_a_batch_being_opened_shows_the_units_written() -> None:

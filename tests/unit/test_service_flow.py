@@ -23,6 +23,7 @@ from swarm.core.memory import (
     MemoryMappings,
     MemoryQueue,
     MemoryResults,
+    MemoryRunning,
 )
 from swarm.core.records import Lane, RunState, UnitState
 from swarm.core.tenancy import TenantPolicy
@@ -406,7 +407,7 @@ def test_dead_letter_queue_ends_a_poison_unit() -> None:
 
 def test_drain_controller_reports_when_it_is_safe_to_deploy() -> None:
     plane = Plane()
-    controller = DrainController(plane.drain, MemoryMappings(), plane.queue)
+    controller = DrainController(plane.drain, MemoryMappings(), plane.queue, MemoryRunning())
     assert controller.apply(plane.clock.now())["mappings"] == {
         "high": "Enabled",
         "normal": "Enabled",

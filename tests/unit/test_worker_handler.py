@@ -17,7 +17,14 @@ from swarm.core.governor import Ticket
 from swarm.core.lanes import Bundle, Bundling, QueuedUnit
 from swarm.core.records import Lane
 from swarm.local.events import LambdaContext, sqs_event
-from swarm.service.worker import Ack, Requeue, RetryLater, WorkerTimings, WorkReport
+from swarm.service.worker import (
+    Ack,
+    Requeue,
+    RetryLater,
+    WorkerInvocation,
+    WorkerTimings,
+    WorkReport,
+)
 
 ARN = "arn:aws:sqs:us-east-1:123456789012:lane-normal"
 
@@ -53,11 +60,30 @@ class FakeWorker:
     tickets: dict[str, Ticket] = field(default_factory=dict)
     presented: dict[str, Ticket | None] = field(default_factory=dict)  # what process() got
 
-    def book_together(self, items: list[QueuedUnit]) -> list[QueuedUnit]:
+    #: each invocation begun and ended (the handler ends every one it begins)
+    begun: list[WorkerInvocation] = field(default_factory=list)
+    ended: list[WorkerInvocation] = field(default_factory=list)
+
+    def begin(self, items: list[QueuedUnit]) -> WorkerInvocation:
+        invocation = WorkerInvocation(f"inv-{len(self.begun)}", False, {"run-1": len(items)})
+        self.begun.append(invocation)
+        return invocation
+
+    def end(self, invocation: WorkerInvocation) -> None:
+        self.ended.append(invocation)
+
+    def book_together(
+        self, items: list[QueuedUnit], invocation: WorkerInvocation | None = None
+    ) -> list[QueuedUnit]:
         self.booked.append([i.unit_id for i in items])
         return [replace(i, ticket=self.tickets.get(i.unit_id, i.ticket)) for i in items]
 
-    def process(self, queued: QueuedUnit, first_delivery: bool = True) -> WorkReport:
+    def process(
+        self,
+        queued: QueuedUnit,
+        first_delivery: bool = True,
+        invocation: WorkerInvocation | None = None,
+    ) -> WorkReport:
         self.seen.append(queued.unit_id)
         self.first[queued.unit_id] = first_delivery
         self.presented[queued.unit_id] = queued.ticket
@@ -142,6 +168,31 @@ def test_each_message_has_its_own_outcome_on_sqs(
     # a fresh copy of the requeued unit, delayed by what is left of its delay
     assert sent(lanes) == [[("later", 7)]]
     assert lanes.visibility == [("r-failed", 10)]  # redelivered after its backoff
+
+
+def test_an_invocation_is_begun_once_for_all_its_units_and_ended_whatever_they_did(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # the drain switch is read once (Worker.begin) and every unit acts on that reading; the
+    # invocation leaves the register of running work (Worker.end) even when a unit raised
+    worker = FakeWorker(
+        {
+            "done": WorkReport(Ack("completed")),
+            "failed": WorkReport(RetryLater(10, "attempt failed: retry")),
+            "broken": RuntimeError("the ledger could not be reached"),
+        }
+    )
+    seen: list[object] = []
+    process = worker.process
+
+    def noting(queued: QueuedUnit, first_delivery: bool = True, invocation: object = None) -> Any:
+        seen.append(invocation)
+        return process(queued, first_delivery)
+
+    monkeypatch.setattr(worker, "process", noting)
+    run(monkeypatch, worker, lanes, event("done", "failed", "broken"))
+    assert len(worker.begun) == 1 and worker.ended == worker.begun
+    assert seen == [worker.begun[0]] * 3
 
 
 def test_a_dying_sandbox_fails_the_whole_batch_after_every_message_has_stopped(
