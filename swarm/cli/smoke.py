@@ -446,7 +446,7 @@ class Smoke:
         )
         if not safe:
             raise StepFailed(
-                f"still {doc['in_flight']} in flight after {self.timeout_s:g}s with drain on"
+                f"still {doc['running']} running after {self.timeout_s:g}s with drain on"
             )
         unit = generated_units(1, self.seed + 1, MIN_TOKENS, MIN_TOKENS)
         try:
@@ -457,7 +457,7 @@ class Smoke:
         else:
             raise StepFailed(f"batch {refused['batch_id']} was accepted while draining")
         return (
-            f"on, {doc['in_flight']} in flight, {doc['queued']} queued after "
+            f"on, {doc['running']} running, {doc['queued']} queued after "
             f"{self.clock() - started:.0f}s; a new batch refused with 503"
         )
 

@@ -13,11 +13,13 @@ from typing import Any, TextIO
 
 import pytest
 
+from swarm.api.models import BatchStatus, Drain, TokenBook, UnitCounts
 from swarm.cli import smoke as smoke_cmd
 from swarm.cli.deploy import CdkDeployer, DeployFailed
 from swarm.cli.smoke import AwsSmokeStack, Smoke
 from swarm.client import ApiError, Target
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.records import Lane, RunState
 from tests.unit.helpers import run_cli
 
 TARGET = Target("https://api.example/smoke", "eu-west-1", "/swarm/smoke/drain")
@@ -63,26 +65,29 @@ class FakePlane:
         self.log.append(f"status {batch_id}")
         units = self.batches[batch_id]
         spent = sum(u["tokens"] for u in units) + (1000 if self.fault == "overspend" else 0)
-        return {
-            "batch_id": batch_id,
-            "state": "completed",
-            "units": len(units),
-            "counts": {
-                "completed": len(units),
-                "dead_lettered": 0,
-                "remainder": 0,
-                "in_flight": 0,
-                "pending": 0,
-            },
-            "attempts": len(units),
-            "retries": 0,
-            "tokens": {
-                "budget": 6_000_000,
-                "spent": spent,
-                "reserved": 0,
-                "available": 6_000_000 - spent,
-            },
-        }
+        # the API's own models: a fake that drifts from them fails here, not on a real stack
+        return BatchStatus(
+            batch_id=batch_id,
+            tenant="smoke",
+            lane=Lane.NORMAL,
+            state=RunState.COMPLETED,
+            units=len(units),
+            counts=UnitCounts(
+                completed=len(units),
+                dead_lettered=0,
+                remainder=0,
+                running=0,
+                queued=0,
+                pending=0,
+            ),
+            attempts=len(units),
+            retries=0,
+            tokens=TokenBook(
+                budget=6_000_000, spent=spent, reserved=0, available=6_000_000 - spent
+            ),
+            elapsed_s=1.0,
+            healthy_line="",
+        ).model_dump(mode="json", exclude_none=True)
 
     def results(
         self, batch_id: str, *, state: str | None, limit: int, next_token: str | None
@@ -102,7 +107,9 @@ class FakePlane:
 
     def drain_status(self) -> Any:
         self.log.append("drain status")
-        return {"draining": self.draining, "in_flight": 0, "queued": 0, "safe_to_deploy": True}
+        return Drain(
+            draining=self.draining, settled=True, running=0, queued=0, safe_to_deploy=True
+        ).model_dump(mode="json")
 
 
 @dataclass
