@@ -4,7 +4,8 @@ equals the state its ground truth produces when BFCL executes it directly (BFCL'
 state_checker), no turn is billed twice, and the books are exact. And the oracle can fail: a
 tool run twice or lost is seen.
 
-All 200 entries take about 3 seconds here, so the whole set runs in the unit tier."""
+All 200 entries take about 3 seconds here, so the whole set runs in the unit tier. Never skipped:
+`make setup` installs bfcl-eval (requirements-nodeps.txt), so a missing install fails here."""
 
 from __future__ import annotations
 
@@ -15,11 +16,6 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
-
-pytest.importorskip(
-    "bfcl_eval",
-    reason="bfcl-eval is not installed: `make setup` installs it (pip install --no-deps)",
-)
 
 from swarm.core import agent
 from swarm.core.agent import ToolCall
