@@ -92,6 +92,17 @@ class Stack:
             last[unit_id] = max(at, last.get(unit_id, at))
         return last
 
+    def lease_s(self) -> float:
+        """The claims' lease on the local clock: the worker's ``LEASE_SECONDS`` (the lanes'
+        visibility timeout, on the deployed clock) over the stack's time scale."""
+        lam = self.aws("lambda")
+        functions = [
+            f for p in lam.get_paginator("list_functions").paginate() for f in p["Functions"]
+        ]
+        [worker] = [f for f in functions if "WorkerFunction" in f["FunctionName"]]
+        deployed = float(worker["Environment"]["Variables"]["LEASE_SECONDS"])
+        return deployed / float(self.local("GET", "/_local/status")["time_scale"])
+
     def model(self, batch_id: str | None = None) -> dict[str, Any]:
         """The simulated model's counters: the whole plane's, or one batch's with its call log."""
         path = "/_local/model" + (f"?batch={batch_id}" if batch_id else "")
