@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from swarm.adapters.dynamodb_watch import DEFAULT_WATCH_GRACE_S
 from swarm.core.codec import parse_message
 from swarm.local.patches.iam import role_of
 from tests.e2e.conftest import Stack, submit_retrying, unit_failing, units, wait_for
@@ -97,7 +98,7 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
         "(units still in flight or unadmitted when it looks: StartExecution) or by closing it "
         "itself (every unit terminal: the ledger's Query, the results' PutObject, the closure's "
         "PutEvents); in the e2e scenario either may happen (a unit whose message is redelivered "
-        "after the 54 s visibility timeout is not terminal at the 30 s grace), so the tier "
+        "after the lanes' visibility timeout is not terminal at the 30 s grace), so the tier "
         "cannot require one path (both: tests/integration/test_sweeper.py, on moto)"
         for action in (
             "states:StartExecution",
@@ -156,6 +157,21 @@ def _one_unit_retried_alone(stack: Stack) -> None:
     assert [json.loads(line)["unit_id"] for line in lines] == [unit_id]
 
 
+def _a_bundle_with_a_retry(stack: Stack) -> None:
+    """Units due together travel as one message (a bundle): one that fails its first attempt
+    goes back as a copy of its own (the worker's SendMessage to its lane)."""
+    client = stack.client(TENANT)
+    model = stack.model()
+    retried = unit_failing(int(model["seed"]), float(model["failure_rate"]), "grant-copy", 1)
+    batch = [
+        *units(4, "grant-bundle"),
+        {"unit_id": retried, "projected_tokens": 1_000, "input": "r"},
+    ]
+    bid = submit_retrying(client, {"units": batch, "budget": 100_000})["batch_id"]
+    final = wait_for(client, bid, timeout_s=180)
+    assert final["state"] == "completed" and final["retries"] >= 1, final
+
+
 def _exhausted_then_resumed(stack: Stack) -> None:
     """A batch that runs out of budget (its closure writes the remainder) and is topped up."""
     client = stack.client(TENANT)
@@ -168,7 +184,8 @@ def _exhausted_then_resumed(stack: Stack) -> None:
 
 def _one_message_dead_lettered(stack: Stack) -> None:
     """A unit's message SQS gives up on (moved to the dead-letter queue here, while the low
-    lane's workers are paused): the dead-letter handler ends it, and the run closes."""
+    lane's workers are paused): the dead-letter handler ends it, and the run closes. Held in
+    the lane until the sweeper has looked at its run, open past the sweeper's grace."""
     client = stack.client(TENANT)
     sqs, lam = stack.aws("sqs"), stack.aws("lambda")
     urls = sqs.list_queues()["QueueUrls"]
@@ -183,6 +200,7 @@ def _one_message_dead_lettered(stack: Stack) -> None:
     try:
         body = {"units": units(1, "grant-dlq"), "lane": "low", "budget": 100_000}
         bid = submit_retrying(client, body)["batch_id"]
+        _swept_while_open(stack, opened_before=time.monotonic())
         moved = False
         deadline = time.monotonic() + 60
         while not moved and time.monotonic() < deadline:
@@ -200,6 +218,24 @@ def _one_message_dead_lettered(stack: Stack) -> None:
         assert final["counts"]["dead_lettered"] == 1, final
     finally:
         lam.update_event_source_mapping(UUID=mapping, Enabled=True)
+
+
+def _swept_while_open(stack: Stack, opened_before: float) -> None:
+    """Wait until the scheduled sweeper has looked at the open run (its execution alive: the
+    sweeper reads the run and its watch, describes the execution, and snoozes the watch): past
+    the grace a new run gets, two more ticks of every schedule."""
+    status = stack.local("GET", "/_local/status")
+    grace_s = DEFAULT_WATCH_GRACE_S / float(status["time_scale"])
+    time.sleep(max(0.0, opened_before + grace_s - time.monotonic()))
+    before = [s["fired"] for s in stack.local("GET", "/_local/status")["schedules"]]
+    assert before, "the local stack plays no schedule rule (the sweeper's)"
+    deadline = time.monotonic() + 120
+    while True:
+        fired = [s["fired"] for s in stack.local("GET", "/_local/status")["schedules"]]
+        if all(now >= then + 2 for now, then in zip(fired, before, strict=True)):
+            return
+        assert time.monotonic() < deadline, f"the sweeper's schedule stalled: {before} {fired}"
+        time.sleep(0.5)
 
 
 def _drain_switch_written(stack: Stack) -> None:
@@ -225,6 +261,7 @@ def _operator_rebinds(stack: Stack) -> None:
 def exercised(stack: Stack) -> None:
     """Every call the checks below expect, made here: the verdict holds whatever ran before."""
     _one_unit_retried_alone(stack)
+    _a_bundle_with_a_retry(stack)
     _exhausted_then_resumed(stack)
     _one_message_dead_lettered(stack)
     _drain_switch_written(stack)
