@@ -382,6 +382,9 @@ def test_the_local_stacks_context_passes_every_synth_check_the_timing_included()
     config = load_config(local)
     timeout = LocalOptions().worker_timeout_s
     assert config.worker.timeout_seconds == timeout and worker_timing_problem(config) is None
+    # the lease (6 x the timeout, on the local clock) at least twice the longest worker message
+    # `make test-scale` measured (46.8 s, 2026-12-06; tests/scale/test_big_batch.py prints it)
+    assert 6 * timeout / LocalOptions().time_scale >= 2 * 46.8
     with pytest.raises(
         ConfigError, match=rf"= {timeout + 1} s, more than worker\.timeout_seconds={timeout}"
     ):
