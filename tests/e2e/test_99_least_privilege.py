@@ -1,4 +1,4 @@
-"""Least privilege, proven both ways on the strict local stack, after every other e2e scenario.
+"""Least privilege, proven both ways on the strict local stack, whatever ran on it before.
 
 The local stack enforces IAM (swarm.local.patches.iam): each function runs with its own role's STS
 credentials, the state machine's tasks with its role, and every request is judged against the
