@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -210,6 +211,12 @@ def assert_books(books: Books, results: dict[str, Any]) -> None:
     assert {k for k, u in got.items() if u["state"] == "completed"} == books.completed
     assert {k for k, u in got.items() if u["state"] == "dead_lettered"} == books.dead
     assert results["spent"] == books.spent
+
+
+def fresh_key(name: str) -> str:
+    """An Idempotency-Key no earlier run of the scenario used: a scenario run again on the same
+    stack (``SWARM_E2E_STATE_DIR``) gets a batch of its own, not the first run's."""
+    return f"{name}-{uuid.uuid4().hex[:12]}"
 
 
 def batch_id(tenant: str, key: str) -> str:

@@ -22,6 +22,7 @@ from tests.e2e.conftest import (
     assert_books,
     batch_id,
     expected_books,
+    fresh_key,
     submit_retrying,
     unit_failing,
     units,
@@ -48,8 +49,9 @@ def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack)
     client = stack.client("e2e-batch")
 
     # When it is submitted through the HTTP API
-    doc = client.submit({"units": batch, "budget": 6_000_000}, idempotency_key="books")
-    assert doc["batch_id"] == batch_id("e2e-batch", "books")
+    key = fresh_key("books")
+    doc = client.submit({"units": batch, "budget": 6_000_000}, idempotency_key=key)
+    assert doc["batch_id"] == batch_id("e2e-batch", key)
     final = wait_for(client, doc["batch_id"], timeout_s=180)
 
     # Then the run completed with exactly the outcomes the seed dictates
@@ -118,7 +120,7 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     client = stack.client("e2e-crash")
     batch = units(4, "c")
     victim = batch[1]
-    key = "crash"
+    key = fresh_key("crash")
     # Given the worker that calls the model for one unit of this batch dies before it can
     # settle (the model billed the call)
     armed = {
@@ -247,7 +249,7 @@ def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
     client = stack.client("e2e-sweep")
     batch = units(10, "w", lambda i: 10_000)
     victim = batch[3]["unit_id"]
-    key = "sweep"
+    key = fresh_key("sweep")
     bid = batch_id("e2e-sweep", key)
     # Given a unit whose worker dies before it settles: its message comes back only after the
     # lanes' visibility timeout (the local lease, far longer than the sweeper's 30 s grace), so

@@ -26,6 +26,7 @@ from tests.e2e.conftest import (
     Stack,
     batch_id,
     expected_books,
+    fresh_key,
     unit_failing,
     units,
     wait_for,
@@ -67,7 +68,7 @@ def test_every_completed_unit_keeps_exactly_the_output_the_model_gave_its_succes
 ) -> None:
     model = stack.model()
     seed, rate = int(model["seed"]), float(model["failure_rate"])
-    tenant, key = "e2e-results", "outputs"
+    tenant, key = "e2e-results", fresh_key("outputs")
     bid = batch_id(tenant, key)
     retried = unit_failing(seed, rate, "retry", 1)
     batch = [
