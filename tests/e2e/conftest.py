@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,6 +92,17 @@ class Stack:
             unit_id, at = call["unit_id"], float(call["received_at"])
             last[unit_id] = max(at, last.get(unit_id, at))
         return last
+
+    def lease_s(self) -> float:
+        """The claims' lease on the local clock: the worker's ``LEASE_SECONDS`` (the lanes'
+        visibility timeout, on the deployed clock) over the stack's time scale."""
+        lam = self.aws("lambda")
+        functions = [
+            f for p in lam.get_paginator("list_functions").paginate() for f in p["Functions"]
+        ]
+        [worker] = [f for f in functions if "WorkerFunction" in f["FunctionName"]]
+        deployed = float(worker["Environment"]["Variables"]["LEASE_SECONDS"])
+        return deployed / float(self.local("GET", "/_local/status")["time_scale"])
 
     def model(self, batch_id: str | None = None) -> dict[str, Any]:
         """The simulated model's counters: the whole plane's, or one batch's with its call log."""
@@ -199,6 +211,12 @@ def assert_books(books: Books, results: dict[str, Any]) -> None:
     assert {k for k, u in got.items() if u["state"] == "completed"} == books.completed
     assert {k for k, u in got.items() if u["state"] == "dead_lettered"} == books.dead
     assert results["spent"] == books.spent
+
+
+def fresh_key(name: str) -> str:
+    """An Idempotency-Key no earlier run of the scenario used: a scenario run again on the same
+    stack (``SWARM_E2E_STATE_DIR``) gets a batch of its own, not the first run's."""
+    return f"{name}-{uuid.uuid4().hex[:12]}"
 
 
 def batch_id(tenant: str, key: str) -> str:

@@ -4,9 +4,10 @@ Every unit's attempts, fate and billed tokens are computed in advance from the s
 seed (``expected_books``), so the books are checked exactly, retries and dead letters included,
 and billed tokens differ from the projections (under, or capped at the reservation).
 
-Timing bounds are the waits' timeouts, each more than 10x what was measured here with the tier
+Timing bounds are the waits' timeouts, each well above what was measured here with the tier
 running: the 40-unit batch closes in ~16 s (bound 180 s), each half of the budget scenario in
-~5 s (120 s), the crash scenario (a 54 s visibility timeout included) in ~70 s (300 s).
+~5 s (120 s); the crash and the sweeper scenarios wait for a dead worker's message, which
+comes back after the lanes' visibility timeout (the local lease, 108 s): ~110 s each (600 s).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 from swarm.core.codec import parse_message
 from tests.e2e.conftest import (
+    TERMINAL,
     Stack,
     assert_books,
     batch_id,
     expected_books,
+    fresh_key,
     submit_retrying,
     unit_failing,
     units,
@@ -46,8 +49,9 @@ def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack)
     client = stack.client("e2e-batch")
 
     # When it is submitted through the HTTP API
-    doc = client.submit({"units": batch, "budget": 6_000_000}, idempotency_key="books")
-    assert doc["batch_id"] == batch_id("e2e-batch", "books")
+    key = fresh_key("books")
+    doc = client.submit({"units": batch, "budget": 6_000_000}, idempotency_key=key)
+    assert doc["batch_id"] == batch_id("e2e-batch", key)
     final = wait_for(client, doc["batch_id"], timeout_s=180)
 
     # Then the run completed with exactly the outcomes the seed dictates
@@ -116,7 +120,7 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     client = stack.client("e2e-crash")
     batch = units(4, "c")
     victim = batch[1]
-    key = "crash"
+    key = fresh_key("crash")
     # Given the worker that calls the model for one unit of this batch dies before it can
     # settle (the model billed the call)
     armed = {
@@ -128,7 +132,7 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
 
     # When the batch runs
     doc = client.submit({"units": batch, "budget": 1_000_000}, idempotency_key=key)
-    final = wait_for(client, doc["batch_id"], timeout_s=300)
+    final = wait_for(client, doc["batch_id"], timeout_s=600)
 
     # Then the crash happened, the message came back after its visibility timeout, and the
     # books hold every attempt exactly once, the dead worker's included (settled at its
@@ -203,13 +207,56 @@ def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_cl
     assert results["spent"] == seen["tokens_billed"]
 
 
+def in_callback(sfn: Any, arn: str) -> bool:
+    """The execution is RUNNING and its latest event is a callback task's submission: it waits
+    for its task token (the finalize loop's Poll)."""
+    if sfn.describe_execution(executionArn=arn)["status"] != "RUNNING":
+        return False
+    events = sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    last = events[-1] if events else {}
+    details = last.get("taskSubmittedEventDetails") or {}
+    return last.get("type") == "TaskSubmitted" and str(details.get("resource", "")).endswith(
+        ".waitForTaskToken"
+    )
+
+
+def stop_in_callback(sfn: Any, arn: str, timeout_s: float = 120) -> None:
+    """Stop the execution while it waits in a callback task, and wait until it really is
+    ABORTED. moto's interpreter honours a stop between states and inside a callback's wait; a
+    stop that lands elsewhere (the map, a Lambda task) takes effect only when that step ends,
+    so the execution may go on running: the stop is repeated at the next callback (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = sfn.describe_execution(executionArn=arn)["status"]
+        if status == "ABORTED":
+            return
+        assert status == "RUNNING", f"{arn} ended {status} before it was stopped"
+        assert time.monotonic() < deadline, f"{arn} never stopped in a callback: {status}"
+        if in_callback(sfn, arn):
+            sfn.stop_execution(executionArn=arn, cause="e2e: killed")
+            stopped = time.monotonic() + 10
+            while time.monotonic() < stopped:
+                if sfn.describe_execution(executionArn=arn)["status"] != "RUNNING":
+                    break
+                time.sleep(0.2)
+            continue
+        time.sleep(0.1)
+
+
 def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
     stack: Stack,
 ) -> None:
     client = stack.client("e2e-sweep")
     batch = units(10, "w", lambda i: 10_000)
-    doc = client.submit({"units": batch, "budget": 2_000_000})
-    bid = doc["batch_id"]
+    victim = batch[3]["unit_id"]
+    key = fresh_key("sweep")
+    bid = batch_id("e2e-sweep", key)
+    # Given a unit whose worker dies before it settles: its message comes back only after the
+    # lanes' visibility timeout (the local lease, far longer than the sweeper's 30 s grace), so
+    # the run is still open when the sweeper looks, whatever the machine's speed
+    stack.local("POST", "/_local/faults", {"worker_crashes": 1, "batch_id": bid, "unit_id": victim})
+    doc = client.submit({"units": batch, "budget": 2_000_000}, idempotency_key=key)
+    assert doc["batch_id"] == bid
     sfn = stack.aws("stepfunctions")
     machine = next(
         m["stateMachineArn"]
@@ -221,29 +268,38 @@ def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
         listed = sfn.list_executions(stateMachineArn=machine, maxResults=1000)["executions"]
         return {e["name"]: e for e in listed if e["name"].startswith(bid)}
 
-    # Given the batch's execution dies mid-run (stopped, as a timeout or an operator would)
-    wait_for(client, bid, lambda d: d["counts"]["completed"] >= 1, timeout_s=60)
-    sfn.stop_execution(executionArn=executions()[bid]["executionArn"], cause="e2e: killed")
+    # When the batch's execution dies while it waits in its finalize loop's callback (the Poll
+    # task holding its task token, where an execution spends its run), stopped as a timeout or
+    # an operator would, and really is ABORTED
+    stop_in_callback(sfn, executions()[bid]["executionArn"])
+    assert client.status(bid)["state"] not in TERMINAL
+
     # Then the scheduled sweeper finds the open run without a live execution (after its grace,
-    # 30 s here) and repairs it: it closes the run itself when every unit is terminal by then,
-    # or restarts it as <batch>-r1 (both paths are tested on moto in test_sweeper.py); either
-    # way the run completes with exact books, announced by the repair
-    final = wait_for(client, bid, timeout_s=180)
+    # 30 s here) and restarts it as <batch>-r1, and the run completes with exact books,
+    # announced by the restarted execution
+    final = wait_for(client, bid, timeout_s=600)
     assert final["state"] == "completed", final
     names = executions()
     assert names[bid]["status"] == "ABORTED"
+    assert f"{bid}-r1" in names, sorted(names)
     print(f"sweeper repair of {bid}: executions {sorted(names)}")
     results = stack.results(bid, "completed")
     assert {k for k, u in results["units"].items() if u["state"] == "completed"} == {
         u["unit_id"] for u in batch
     }
-    assert results["spent"] == stack.model(bid)["tokens_billed"]
+    assert results["units"][victim]["attempts"] >= 2
+    assert results["spent"] == sum(u["tokens"] for u in results["units"].values())
+    assert stack.model(bid)["crashed_workers"] == 1
 
 
 def test_the_bill_prices_each_function_at_its_templates_architecture(stack: Stack) -> None:
     """moto's CloudFormation ignores a function's Architectures: the local stack takes the
     template's (arm64), so the bill charges an Arm GB-second, not an x86 one."""
+    # a batch of its own runs the worker (whatever ran before it, or did not)
+    client = stack.client("e2e-bill")
+    doc = submit_retrying(client, {"units": units(2, "p"), "budget": 100_000})
+    assert wait_for(client, doc["batch_id"], timeout_s=120)["state"] == "completed"
     uses = stack.local("GET", "/_local/bill")["lambda"]
-    # every function invoked since the bill's last reset (the scenarios above ran the worker)
+    # every function invoked since the bill's last reset
     assert "worker" in uses
     assert {name: use["architecture"] for name, use in uses.items()} == dict.fromkeys(uses, "arm64")

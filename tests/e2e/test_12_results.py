@@ -26,6 +26,7 @@ from tests.e2e.conftest import (
     Stack,
     batch_id,
     expected_books,
+    fresh_key,
     unit_failing,
     units,
     wait_for,
@@ -67,7 +68,7 @@ def test_every_completed_unit_keeps_exactly_the_output_the_model_gave_its_succes
 ) -> None:
     model = stack.model()
     seed, rate = int(model["seed"]), float(model["failure_rate"])
-    tenant, key = "e2e-results", "outputs"
+    tenant, key = "e2e-results", fresh_key("outputs")
     bid = batch_id(tenant, key)
     retried = unit_failing(seed, rate, "retry", 1)
     batch = [
@@ -83,7 +84,8 @@ def test_every_completed_unit_keeps_exactly_the_output_the_model_gave_its_succes
 
     # When the batch runs out of budget half-way
     client.submit({"units": batch, "budget": 80_000, "lane": "high"}, idempotency_key=key)
-    first = wait_for(client, bid, timeout_s=180)
+    # (the dead worker's claim holds the closure until its lease, 108 s locally, runs out)
+    first = wait_for(client, bid, timeout_s=300)
     assert first["state"] == "exhausted", first
     # Then its partial results are readable: completed units have their outputs
     partial = {u["unit_id"]: u for u in pages(client, bid)}

@@ -17,6 +17,7 @@ from tests.e2e.conftest import (
     assert_books,
     batch_id,
     expected_books,
+    fresh_key,
     units,
     wait_for,
 )
@@ -33,7 +34,7 @@ def put(url: str, headers: dict[str, str], body: bytes) -> int:
 
 
 def test_a_manifest_uploaded_through_the_api_runs_and_stays_the_tenants(stack: Stack) -> None:
-    tenant, key = "e2e-uploads", "uploaded"
+    tenant, key = "e2e-uploads", fresh_key("uploaded")
     bid = batch_id(tenant, key)
     batch = units(40, "m")
     books = expected_books(stack.model(), batch)

@@ -1,16 +1,21 @@
-"""Least privilege, proven both ways on the strict local stack, after every other e2e scenario.
+"""Least privilege, proven both ways on the strict local stack, whatever ran on it before.
 
 The local stack enforces IAM (swarm.local.patches.iam): each function runs with its own role's STS
 credentials, the state machine's tasks with its role, and every request is judged against the
 caller's policies with its real resource ARN. It records every decision (``GET /_local/iam``).
-This file runs last (``exclusive``, so after the concurrent phase; ``99``, so after the other
-exclusive ones) and checks, over the stack's whole life:
+It checks, over the stack's whole life:
 
 * what each role called was granted: no AccessDenied for any role of the stack;
 * what each role is granted was called: every (action, resource) of its policies was used by
   some request, or is listed in :data:`NOT_CALLED_HERE` with the reason the e2e tier cannot call
   it. The three lanes count as one resource: the code that calls
   one calls each, with the unit's lane.
+
+Its verdict does not depend on what ran before it: the module's fixture (:func:`exercised`)
+first makes every call this file expects, whether the other scenarios ran (``make test`` runs
+this file last, ``exclusive``, after the concurrent phase) or not (the file alone, or the tier
+in reverse order on a fresh stack). It is ``exclusive`` because the fixture pauses the low
+lane's workers for a moment.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import time
 from typing import Any
 
 import pytest
 
+from swarm.adapters.dynamodb_watch import DEFAULT_WATCH_GRACE_S
+from swarm.core.codec import parse_message
 from swarm.local.patches.iam import role_of
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, submit_retrying, unit_failing, units, wait_for
 
 pytestmark = pytest.mark.exclusive
 
@@ -90,7 +98,7 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
         "(units still in flight or unadmitted when it looks: StartExecution) or by closing it "
         "itself (every unit terminal: the ledger's Query, the results' PutObject, the closure's "
         "PutEvents); in the e2e scenario either may happen (a unit whose message is redelivered "
-        "after the 54 s visibility timeout is not terminal at the 30 s grace), so the tier "
+        "after the lanes' visibility timeout is not terminal at the 30 s grace), so the tier "
         "cannot require one path (both: tests/integration/test_sweeper.py, on moto)"
         for action in (
             "states:StartExecution",
@@ -118,6 +126,146 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
     "(_settle's Put); the e2e scenario's dead letter was still queued, not claimed",
     ("FanOut", "xray:*"): "Step Functions' tracing; the local stack runs without X-Ray",
 }
+
+
+TENANT = "e2e-grants"
+
+
+def _one_unit_retried_alone(stack: Stack) -> None:
+    """A manifest uploaded through the API (the API's upload URL: PutObject under
+    ``manifests/uploads/``), submitted by key, of one unit that fails its first attempt: the
+    unit is alone in its message, so the worker hides the message for the retry's backoff
+    (ChangeMessageVisibility) and SQS redelivers it; then its results are read through the API
+    and downloaded (the results' GetObject)."""
+    client = stack.client(TENANT)
+    model = stack.model()
+    unit_id = unit_failing(int(model["seed"]), float(model["failure_rate"]), "grant-retry", 1)
+    manifest = [{"unit_id": unit_id, "projected_tokens": 1_000, "input": "retried alone"}]
+    key = client.upload(json.dumps(manifest).encode())
+    bid = submit_retrying(client, {"manifest": {"key": key}, "budget": 100_000})["batch_id"]
+    final = wait_for(client, bid, timeout_s=180)
+    assert final["state"] == "completed" and final["retries"] == 1, final
+    # its results through the API: a page, and the closed batch's results file from its
+    # short-lived link (signed by the API function's role; written within a poll of closing)
+    deadline = time.monotonic() + 30
+    page = client.results(bid, state=None, limit=10, next_token=None)
+    while "download" not in page and time.monotonic() < deadline:
+        time.sleep(0.5)
+        page = client.results(bid, state=None, limit=10, next_token=None)
+    assert [u["unit_id"] for u in page["units"]] == [unit_id], page
+    lines = client.fetch(page["download"]["url"]).splitlines()
+    assert [json.loads(line)["unit_id"] for line in lines] == [unit_id]
+
+
+def _a_bundle_with_a_retry(stack: Stack) -> None:
+    """Units due together travel as one message (a bundle): one that fails its first attempt
+    goes back as a copy of its own (the worker's SendMessage to its lane)."""
+    client = stack.client(TENANT)
+    model = stack.model()
+    retried = unit_failing(int(model["seed"]), float(model["failure_rate"]), "grant-copy", 1)
+    batch = [
+        *units(4, "grant-bundle"),
+        {"unit_id": retried, "projected_tokens": 1_000, "input": "r"},
+    ]
+    bid = submit_retrying(client, {"units": batch, "budget": 100_000})["batch_id"]
+    final = wait_for(client, bid, timeout_s=180)
+    assert final["state"] == "completed" and final["retries"] >= 1, final
+
+
+def _exhausted_then_resumed(stack: Stack) -> None:
+    """A batch that runs out of budget (its closure writes the remainder) and is topped up."""
+    client = stack.client(TENANT)
+    body = {"units": units(4, "grant-budget", lambda i: 10_000), "budget": 25_000}
+    bid = submit_retrying(client, body)["batch_id"]
+    assert wait_for(client, bid, timeout_s=180)["state"] == "exhausted"
+    client.resume(bid, 100_000)
+    assert wait_for(client, bid, timeout_s=180)["state"] == "completed"
+
+
+def _one_message_dead_lettered(stack: Stack) -> None:
+    """A unit's message SQS gives up on (moved to the dead-letter queue here, while the low
+    lane's workers are paused): the dead-letter handler ends it, and the run closes. Held in
+    the lane until the sweeper has looked at its run, open past the sweeper's grace."""
+    client = stack.client(TENANT)
+    sqs, lam = stack.aws("sqs"), stack.aws("lambda")
+    urls = sqs.list_queues()["QueueUrls"]
+    lane = next(u for u in urls if "LanesLowLane" in u)
+    dead_letters = next(u for u in urls if "LanesDeadLetters" in u)
+    mapping = next(
+        m["UUID"]
+        for m in lam.list_event_source_mappings()["EventSourceMappings"]
+        if "LanesLowLane" in m["EventSourceArn"] and "Worker" in m["FunctionArn"]
+    )
+    stack.pause_mapping(mapping)
+    try:
+        body = {"units": units(1, "grant-dlq"), "lane": "low", "budget": 100_000}
+        bid = submit_retrying(client, body)["batch_id"]
+        _swept_while_open(stack, opened_before=time.monotonic())
+        moved = False
+        deadline = time.monotonic() + 60
+        while not moved and time.monotonic() < deadline:
+            for m in sqs.receive_message(QueueUrl=lane, MaxNumberOfMessages=10).get("Messages", []):
+                if not moved and parse_message(m["Body"])[0].run_id == bid:
+                    sqs.send_message(QueueUrl=dead_letters, MessageBody=m["Body"])
+                    sqs.delete_message(QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"])
+                    moved = True
+                else:  # another scenario's: back at once
+                    sqs.change_message_visibility(
+                        QueueUrl=lane, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+                    )
+        assert moved, "no queued message of the batch in the low lane"
+        final = wait_for(client, bid, timeout_s=120)
+        assert final["counts"]["dead_lettered"] == 1, final
+    finally:
+        lam.update_event_source_mapping(UUID=mapping, Enabled=True)
+
+
+def _swept_while_open(stack: Stack, opened_before: float) -> None:
+    """Wait until the scheduled sweeper has looked at the open run (its execution alive: the
+    sweeper reads the run and its watch, describes the execution, and snoozes the watch): past
+    the grace a new run gets, two more ticks of every schedule."""
+    status = stack.local("GET", "/_local/status")
+    grace_s = DEFAULT_WATCH_GRACE_S / float(status["time_scale"])
+    time.sleep(max(0.0, opened_before + grace_s - time.monotonic()))
+    before = [s["fired"] for s in stack.local("GET", "/_local/status")["schedules"]]
+    assert before, "the local stack plays no schedule rule (the sweeper's)"
+    deadline = time.monotonic() + 120
+    while True:
+        fired = [s["fired"] for s in stack.local("GET", "/_local/status")["schedules"]]
+        if all(now >= then + 2 for now, then in zip(fired, before, strict=True)):
+            return
+        assert time.monotonic() < deadline, f"the sweeper's schedule stalled: {before} {fired}"
+        time.sleep(0.5)
+
+
+def _drain_switch_written(stack: Stack) -> None:
+    """The drain parameter written (``off``, as it is: the work goes on): its change runs the
+    drain controller, which sets every worker mapping to follow it and reads the lanes."""
+    client = stack.client(TENANT)
+    before = sum(r["fired"] for r in stack.local("GET", "/_local/status")["drain_rule"])
+    client.set_drain(False)
+    deadline = time.monotonic() + 60
+    while sum(r["fired"] for r in stack.local("GET", "/_local/status")["drain_rule"]) <= before:
+        assert time.monotonic() < deadline, "the drain rule never ran the drain controller"
+        time.sleep(0.25)
+    assert client.drain_status()["draining"] is False
+
+
+def _operator_rebinds(stack: Stack) -> None:
+    """An operator forgets the tenant's binding (the ledger's binding item deleted)."""
+    # (the tenant's calls above bound its role)
+    assert stack.client(TENANT).rebind(TENANT)["was_bound"] is True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exercised(stack: Stack) -> None:
+    """Every call the checks below expect, made here: the verdict holds whatever ran before."""
+    _one_unit_retried_alone(stack)
+    _a_bundle_with_a_retry(stack)
+    _exhausted_then_resumed(stack)
+    _one_message_dead_lettered(stack)
+    _drain_switch_written(stack)
+    _operator_rebinds(stack)
 
 
 def _logical(role_name: str) -> str:

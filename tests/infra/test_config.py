@@ -527,16 +527,24 @@ def test_a_model_override_without_bedrock_gets_the_default_read_timeout() -> Non
 
 
 def test_the_local_stacks_context_passes_every_synth_check_the_timing_included() -> None:
-    """The local context sets the worker's timeout to 90 s (the lanes' visibility timeout and
-    the claims' lease follow it: 54 s on the local clock): a batch's units run at once, so
-    one governor wait (5 s) and 2 s fit."""
+    """The local context sets the worker's timeout (LocalOptions.worker_timeout_s, 180 s: the
+    lanes' visibility timeout and the claims' lease follow it, 108 s on the local clock): a
+    batch's units run at once, so one governor wait (5 s) and 2 s fit."""
     from swarm.local.deploy import LocalOptions
 
     local = _context(**LocalOptions().context())
     config = load_config(local)
-    assert config.worker.timeout_seconds == 90 and worker_timing_problem(config) is None
-    with pytest.raises(ConfigError, match=r"= 91 s, more than worker\.timeout_seconds=90"):
-        load_config({**local, "worker": {**local["worker"], "governor_max_wait_seconds": 89}})
+    timeout = LocalOptions().worker_timeout_s
+    assert config.worker.timeout_seconds == timeout and worker_timing_problem(config) is None
+    # the lease (6 x the timeout, on the local clock) at least twice the longest worker message
+    # `make test-scale` measured (46.8 s, 2026-12-06; tests/scale/test_big_batch.py prints it)
+    assert 6 * timeout / LocalOptions().time_scale >= 2 * 46.8
+    with pytest.raises(
+        ConfigError, match=rf"= {timeout + 1} s, more than worker\.timeout_seconds={timeout}"
+    ):
+        load_config(
+            {**local, "worker": {**local["worker"], "governor_max_wait_seconds": timeout - 1}}
+        )
 
 
 def test_the_local_stack_lets_every_tenant_use_every_lane_and_keeps_the_rest_of_tenants() -> None:
