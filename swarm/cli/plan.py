@@ -16,7 +16,7 @@ from typing import Any
 
 from swarm.cli.argtypes import non_negative_int, number, positive_int, share
 from swarm.cli.ops import read_units_file
-from swarm.cli.sim import fleet_of, policy, workload_options
+from swarm.cli.sim import fleet_of, policy, turn_options, turns_of, workload_options
 from swarm.core.errors import InvalidInput
 from swarm.core.records import UnitSpec
 from swarm.core.scheduling import DEFAULT_SCHEDULE, ServiceModel
@@ -64,7 +64,9 @@ def manifest_workload(path: Path, args: argparse.Namespace) -> tuple[Workload, d
     if repeated:
         raise InvalidInput("--manifest", f"{path}: unit id {repeated[0]!r} appears more than once")
     service = ServiceModel(args.base_seconds, args.tokens_per_second)
-    workload = Workload.from_sizes(sizes, ids, args.failure_rate, args.seed, service)
+    workload = Workload.from_sizes(
+        sizes, ids, args.failure_rate, args.seed, service, turns=turns_of(args)
+    )
     batch = {
         k: v
         for k in ("budget", "max_attempts")
@@ -221,7 +223,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args.max_tokens = 16_000 if args.max_tokens is None else args.max_tokens
         service = ServiceModel(args.base_seconds, args.tokens_per_second)
         workload = Workload(
-            args.units, args.min_tokens, args.max_tokens, args.failure_rate, args.seed, service
+            args.units,
+            args.min_tokens,
+            args.max_tokens,
+            args.failure_rate,
+            args.seed,
+            service,
+            turns=turns_of(args),
         )
     if args.budget is None:
         args.budget = batch.get("budget", DEFAULT_BUDGET)
@@ -268,6 +276,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--min-tokens", type=positive_int, help="smallest unit (8,000)")
     g.add_argument("--max-tokens", type=positive_int, help="largest unit (16,000)")
     workload_options(p, sizes=False)
+    turn_options(p)
     f = p.add_argument_group("quota, budget and fleet")
     f.add_argument("--quota-tpm", type=positive_int, default=300_000, help="model quota (300,000)")
     f.add_argument("--share", type=share, default=0.95, help="governor share of the quota (0.95)")

@@ -25,6 +25,7 @@ from swarm.core.scheduling import (
     expected_attempts,
     size_fleet,
 )
+from swarm.sim.agent import check_agent_units
 from swarm.sim.engine import FleetConfig, SimResult, simulate
 from swarm.sim.workload import Workload
 
@@ -136,12 +137,15 @@ def plan(
     if usd_per_mtok is not None and usd_per_mtok < 0:
         raise InvalidInput("usd_per_mtok", f"must be >= 0, got {usd_per_mtok}")
     config = fleet.governor
-    for index in range(workload.units):
-        try:
-            check_amount(config, workload.tokens(index), Lane.NORMAL)
-        except InvalidInput as e:
-            raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
-    profile = UnitProfile.of(workload.all_tokens, workload.service)
+    if workload.turns.agent:
+        check_agent_units(workload, fleet)  # each turn's draw, not the whole loop, must fit
+    else:
+        for index in range(workload.units):
+            try:
+                check_amount(config, workload.tokens(index), Lane.NORMAL)
+            except InvalidInput as e:
+                raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
+    profile = workload.profile()
     sizing = size_fleet(config.rate, profile)
     outcome = _simulate(workload, replace(fleet, workers=sizing.per_lane), seeds)
     fitting = None
