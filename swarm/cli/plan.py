@@ -96,8 +96,26 @@ def _outcome_doc(o: Outcome) -> dict[str, Any]:
         "spent": o.seeded.run.spent,
         "spent_over_seeds": {"mean": round(o.spent.mean), "min": o.spent.low, "max": o.spent.high},
         "runs_completed": o.completed_runs,
+        "agent": None if o.seeded.agent is None else o.seeded.agent.doc(),
         "state": o.seeded.run.state.value,
         "completed_units": o.seeded.run.completed,
+    }
+
+
+def _turns_doc(p: Plan) -> dict[str, Any] | None:
+    t = p.workload.turns
+    if not t.agent:
+        return None
+    return {
+        "min": t.turns_min,
+        "max": t.turns_max,
+        "tool_seconds": t.tool_seconds,
+        "tool_tokens": t.tool_tokens,
+        "output_tokens": t.output_tokens,
+        "output_bound": t.output_bound,
+        "prompt_tokens": t.prompt_tokens,
+        "cap_headroom": t.headroom,
+        "hold_seconds": t.hold_seconds,
     }
 
 
@@ -114,6 +132,7 @@ def plan_doc(p: Plan) -> dict[str, Any]:
         "budget": f.budget,
         "max_attempts": f.max_attempts,
         "failure_rate": w.failure_rate,
+        "turns": _turns_doc(p),
         "policy": f.schedule.value,
         "seeds": p.seeds,
         "profile": p.profile_doc(),
@@ -148,6 +167,8 @@ def _print_outcome(o: Outcome, p: Plan, label: str) -> None:
             f"  over {p.seeds} seeds: mean {e.mean:,.0f}s, from {e.low:,.0f}s to {e.high:,.0f}s "
             "(which late attempts fail sets the end)"
         )
+    if r.agent is not None:
+        print(f"  {r.agent.line()}")
     if o.completed_runs < p.seeds:
         c = o.completed_units
         print(
@@ -158,12 +179,23 @@ def _print_outcome(o: Outcome, p: Plan, label: str) -> None:
 
 def print_plan(p: Plan) -> None:
     w, f = p.workload, p.fleet
+    sizes, fails = "per unit", "of attempts fail"
+    if w.turns.agent:
+        sizes, fails = "caps per unit", "of model turns fail"
     print(
         f"{w.units:,} units, {w.first_attempt_tokens:,} tokens of first-attempt work "
-        f"({w.min_tokens:,}-{w.max_tokens:,} per unit) | quota {f.quota_tpm:,} TPM x "
-        f"{f.share:g} = {f.governor.rate:,.0f} tokens/s | {w.failure_rate:.0%} of attempts "
-        f"fail, {f.max_attempts} attempts"
+        f"({w.min_tokens:,}-{w.max_tokens:,} {sizes}) | quota {f.quota_tpm:,} TPM x "
+        f"{f.share:g} = {f.governor.rate:,.0f} tokens/s | {w.failure_rate:.0%} {fails}, "
+        f"{f.max_attempts} attempts"
     )
+    t = w.turns
+    if t.agent:
+        turns = f"{t.turns_min}" if t.turns_min == t.turns_max else f"{t.turns_min}-{t.turns_max}"
+        print(
+            f"agent units: {turns} model turns each, {t.tool_seconds}s of tool calls after "
+            f"each but the last (the worker held), {t.hold_seconds}s bounded hold; a unit's "
+            "tokens are its loop's, its seconds every second the loop holds a worker"
+        )
     prof = p.profile
     print(
         f"N* = {p.sizing.n_star} workers (Little's law: {f.governor.rate:,.0f} tokens/s x "

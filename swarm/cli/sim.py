@@ -92,9 +92,7 @@ def turn_range(text: str) -> tuple[int, int]:
 def turn_options(p: argparse.ArgumentParser) -> None:
     """Agent units: a unit as a loop of model turns (docs/planner.md, "Agent units")."""
     d = TurnModel()
-    g = p.add_argument_group(
-        "agent units (--turns above 1; docs/planner.md, \"Agent units\")"
-    )
+    g = p.add_argument_group('agent units (--turns above 1; docs/planner.md, "Agent units")')
     g.add_argument(
         "--turns",
         type=turn_range,

@@ -78,8 +78,17 @@ class Plan:
     @property
     def expected_spend(self) -> float:
         """First attempts plus the retries the failure rate implies (budget aside)."""
-        per_unit = expected_attempts(self.workload.failure_rate, self.fleet.max_attempts)
-        return self.workload.first_attempt_tokens * per_unit
+        w = self.workload
+        per_unit = expected_attempts(w.failure_rate, self.fleet.max_attempts)
+        if not w.turns.agent:
+            return w.first_attempt_tokens * per_unit
+        # agent units fail turn by turn: a lost turn bills its draw and is called again
+        # (approximately: the attempts a unit has left, and the cap, are not counted)
+        return sum(
+            turn.billed + (per_unit - 1) * turn.draw
+            for index in range(w.units)
+            for turn in w.turn_plan(index)
+        )
 
     def cost(self, tokens: float) -> float | None:
         return None if self.usd_per_mtok is None else tokens * self.usd_per_mtok / 1e6
