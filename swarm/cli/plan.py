@@ -16,7 +16,7 @@ from typing import Any
 
 from swarm.cli.argtypes import non_negative_int, number, positive_int, share
 from swarm.cli.ops import read_units_file
-from swarm.cli.sim import fleet_of, policy, workload_options
+from swarm.cli.sim import fleet_of, policy, turn_options, turns_of, workload_options
 from swarm.core.errors import InvalidInput
 from swarm.core.records import UnitSpec
 from swarm.core.scheduling import DEFAULT_SCHEDULE, ServiceModel
@@ -64,7 +64,9 @@ def manifest_workload(path: Path, args: argparse.Namespace) -> tuple[Workload, d
     if repeated:
         raise InvalidInput("--manifest", f"{path}: unit id {repeated[0]!r} appears more than once")
     service = ServiceModel(args.base_seconds, args.tokens_per_second)
-    workload = Workload.from_sizes(sizes, ids, args.failure_rate, args.seed, service)
+    workload = Workload.from_sizes(
+        sizes, ids, args.failure_rate, args.seed, service, turns=turns_of(args)
+    )
     batch = {
         k: v
         for k in ("budget", "max_attempts")
@@ -94,8 +96,26 @@ def _outcome_doc(o: Outcome) -> dict[str, Any]:
         "spent": o.seeded.run.spent,
         "spent_over_seeds": {"mean": round(o.spent.mean), "min": o.spent.low, "max": o.spent.high},
         "runs_completed": o.completed_runs,
+        "agent": None if o.seeded.agent is None else o.seeded.agent.doc(),
         "state": o.seeded.run.state.value,
         "completed_units": o.seeded.run.completed,
+    }
+
+
+def _turns_doc(p: Plan) -> dict[str, Any] | None:
+    t = p.workload.turns
+    if not t.agent:
+        return None
+    return {
+        "min": t.turns_min,
+        "max": t.turns_max,
+        "tool_seconds": t.tool_seconds,
+        "tool_tokens": t.tool_tokens,
+        "output_tokens": t.output_tokens,
+        "output_bound": t.output_bound,
+        "prompt_tokens": t.prompt_tokens,
+        "cap_headroom": t.headroom,
+        "hold_seconds": t.hold_seconds,
     }
 
 
@@ -112,6 +132,7 @@ def plan_doc(p: Plan) -> dict[str, Any]:
         "budget": f.budget,
         "max_attempts": f.max_attempts,
         "failure_rate": w.failure_rate,
+        "turns": _turns_doc(p),
         "policy": f.schedule.value,
         "seeds": p.seeds,
         "profile": p.profile_doc(),
@@ -146,6 +167,8 @@ def _print_outcome(o: Outcome, p: Plan, label: str) -> None:
             f"  over {p.seeds} seeds: mean {e.mean:,.0f}s, from {e.low:,.0f}s to {e.high:,.0f}s "
             "(which late attempts fail sets the end)"
         )
+    if r.agent is not None:
+        print(f"  {r.agent.line()}")
     if o.completed_runs < p.seeds:
         c = o.completed_units
         print(
@@ -156,12 +179,23 @@ def _print_outcome(o: Outcome, p: Plan, label: str) -> None:
 
 def print_plan(p: Plan) -> None:
     w, f = p.workload, p.fleet
+    sizes, fails = "per unit", "of attempts fail"
+    if w.turns.agent:
+        sizes, fails = "caps per unit", "of model turns fail"
     print(
         f"{w.units:,} units, {w.first_attempt_tokens:,} tokens of first-attempt work "
-        f"({w.min_tokens:,}-{w.max_tokens:,} per unit) | quota {f.quota_tpm:,} TPM x "
-        f"{f.share:g} = {f.governor.rate:,.0f} tokens/s | {w.failure_rate:.0%} of attempts "
-        f"fail, {f.max_attempts} attempts"
+        f"({w.min_tokens:,}-{w.max_tokens:,} {sizes}) | quota {f.quota_tpm:,} TPM x "
+        f"{f.share:g} = {f.governor.rate:,.0f} tokens/s | {w.failure_rate:.0%} {fails}, "
+        f"{f.max_attempts} attempts"
     )
+    t = w.turns
+    if t.agent:
+        turns = f"{t.turns_min}" if t.turns_min == t.turns_max else f"{t.turns_min}-{t.turns_max}"
+        print(
+            f"agent units: {turns} model turns each, {t.tool_seconds}s of tool calls after "
+            f"each but the last (the worker held), {t.hold_seconds}s bounded hold; a unit's "
+            "tokens are its loop's, its seconds every second the loop holds a worker"
+        )
     prof = p.profile
     print(
         f"N* = {p.sizing.n_star} workers (Little's law: {f.governor.rate:,.0f} tokens/s x "
@@ -221,7 +255,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args.max_tokens = 16_000 if args.max_tokens is None else args.max_tokens
         service = ServiceModel(args.base_seconds, args.tokens_per_second)
         workload = Workload(
-            args.units, args.min_tokens, args.max_tokens, args.failure_rate, args.seed, service
+            args.units,
+            args.min_tokens,
+            args.max_tokens,
+            args.failure_rate,
+            args.seed,
+            service,
+            turns=turns_of(args),
         )
     if args.budget is None:
         args.budget = batch.get("budget", DEFAULT_BUDGET)
@@ -268,6 +308,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--min-tokens", type=positive_int, help="smallest unit (8,000)")
     g.add_argument("--max-tokens", type=positive_int, help="largest unit (16,000)")
     workload_options(p, sizes=False)
+    turn_options(p)
     f = p.add_argument_group("quota, budget and fleet")
     f.add_argument("--quota-tpm", type=positive_int, default=300_000, help="model quota (300,000)")
     f.add_argument("--share", type=share, default=0.95, help="governor share of the quota (0.95)")

@@ -8,16 +8,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from swarm.cli.argtypes import non_negative_int, positive_int, rate, share, worker_list
+from swarm.cli.argtypes import (
+    float_in,
+    non_negative_int,
+    positive_int,
+    rate,
+    share,
+    worker_list,
+)
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import Policy
 from swarm.core.report import healthy_line
 from swarm.core.scheduling import DEFAULT_SCHEDULE, Floor, Schedule, ServiceModel
 from swarm.sim import lab61, state
-from swarm.sim.engine import FleetConfig, SimResult, Simulation
+from swarm.sim.engine import FleetConfig, SimResult, Simulation, simulate
 from swarm.sim.plot import plot_sweep
 from swarm.sim.sweep import Sweep, sweep
-from swarm.sim.workload import Workload
+from swarm.sim.workload import TurnModel, Workload
 
 POLICIES = ", ".join(s.value for s in Schedule)
 
@@ -67,6 +74,96 @@ def workload_options(p: argparse.ArgumentParser, *, sizes: bool = True) -> None:
     )
 
 
+def turn_range(text: str) -> tuple[int, int]:
+    """``N`` or ``A-B``: model turns per unit, 1..100."""
+    parts = text.split("-")
+    if len(parts) > 2 or not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of turns: give N or a range like 4-12"
+        )
+    low, high = int(parts[0]), int(parts[-1])
+    if not 1 <= low <= high <= 100:
+        raise argparse.ArgumentTypeError(
+            f"{text} is out of range: turns must be 1..100, a range low-high with low <= high"
+        )
+    return low, high
+
+
+def turn_options(p: argparse.ArgumentParser) -> None:
+    """Agent units: a unit as a loop of model turns (docs/planner.md, "Agent units")."""
+    d = TurnModel()
+    g = p.add_argument_group('agent units (--turns above 1; docs/planner.md, "Agent units")')
+    g.add_argument(
+        "--turns",
+        type=turn_range,
+        default=(1, 1),
+        metavar="N|A-B",
+        help="model turns per unit, or a range drawn per unit from the seed (1: one call, as "
+        "in Lab 6.1)",
+    )
+    g.add_argument(
+        "--tool-seconds",
+        type=non_negative_int,
+        default=d.tool_seconds,
+        help=f"each turn's tool calls hold the worker this long, all but the last turn "
+        f"({d.tool_seconds})",
+    )
+    g.add_argument(
+        "--tool-tokens",
+        type=non_negative_int,
+        default=d.tool_tokens,
+        help=f"tokens a turn's tool results add to the conversation ({d.tool_tokens})",
+    )
+    g.add_argument(
+        "--output-tokens",
+        type=positive_int,
+        default=d.output_tokens,
+        help=f"tokens the model writes per turn, billed and added to the conversation "
+        f"({d.output_tokens})",
+    )
+    g.add_argument(
+        "--output-bound",
+        type=positive_int,
+        default=d.output_bound,
+        help=f"a turn's maxTokens: drawn with its input, the unused part trued up "
+        f"({d.output_bound})",
+    )
+    g.add_argument(
+        "--prompt-tokens",
+        type=positive_int,
+        help="every unit's first input; units whose caps cannot pay for their loop stop "
+        "limit_tokens (default: the largest prompt that fits the loop in its cap)",
+    )
+    g.add_argument(
+        "--cap-headroom",
+        type=float_in(0, 0.99),
+        default=d.headroom,
+        help=f"share of a unit's cap the default prompt leaves for lost turns ({d.headroom})",
+    )
+    g.add_argument(
+        "--hold-seconds",
+        type=non_negative_int,
+        default=d.hold_seconds,
+        help="the bounded hold: a worker waits this long for a turn's tokens, then the unit "
+        f"goes back to its lane ({d.hold_seconds}, worker.governor_max_wait_seconds)",
+    )
+
+
+def turns_of(args: argparse.Namespace) -> TurnModel:
+    low, high = args.turns
+    return TurnModel(
+        turns_min=low,
+        turns_max=high,
+        output_bound=args.output_bound,
+        output_tokens=args.output_tokens,
+        tool_tokens=args.tool_tokens,
+        tool_seconds=args.tool_seconds,
+        hold_seconds=args.hold_seconds,
+        prompt_tokens=args.prompt_tokens,
+        headroom=args.cap_headroom,
+    )
+
+
 def fleet_options(p: argparse.ArgumentParser, *, workers: bool = True, many: bool = False) -> None:
     """The fleet's options (defaults: Lab 6.1, and the better scheduling policy); ``many``:
     ``--policy`` takes a comma-separated list."""
@@ -104,7 +201,13 @@ def fleet_options(p: argparse.ArgumentParser, *, workers: bool = True, many: boo
 def workload_of(args: argparse.Namespace) -> Workload:
     service = ServiceModel(args.base_seconds, args.tokens_per_second)
     return Workload(
-        args.units, args.min_tokens, args.max_tokens, args.failure_rate, args.seed, service
+        args.units,
+        args.min_tokens,
+        args.max_tokens,
+        args.failure_rate,
+        args.seed,
+        service,
+        turns=turns_of(args),
     )
 
 
@@ -169,6 +272,7 @@ def result_doc(result: SimResult, schedule: Schedule) -> dict[str, Any]:
         "killed": result.killed,
         "horizon_reached": result.horizon_reached,
         "healthy_line": healthy_line(run, result.elapsed),
+        "agent": None if result.agent is None else result.agent.doc(),
     }
 
 
@@ -187,6 +291,8 @@ def _print_result(
         )
     else:
         print(healthy_line(run, result.elapsed))
+        if result.agent is not None:
+            print(result.agent.line())
         line = floor_line(result, schedule)
         if line is not None:
             print(line)
@@ -209,7 +315,16 @@ def cmd_lab61(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.kill_at is not None and args.state is None:
         raise InvalidInput("--kill-at", "needs --state FILE to save the killed fleet's state")
-    sim = Simulation.fresh(workload_of(args), fleet_of(args))
+    workload = workload_of(args)
+    if workload.turns.agent:
+        if args.state is not None:
+            raise InvalidInput(
+                "--state", "kill and resume are not simulated for agent units: leave out --turns"
+            )
+        result = simulate(workload, fleet_of(args))
+        _print_result(result, args.policy, args.json, None)
+        return 0
+    sim = Simulation.fresh(workload, fleet_of(args))
     result = sim.run_until(args.kill_at)
     if args.state is not None:
         state.save(sim, args.state)
@@ -289,6 +404,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run", help="one simulated run; prints the healthy line and the ratio to the floor"
     )
     workload_options(p)
+    turn_options(p)
     fleet_options(p)
     p.add_argument(
         "--kill-at", type=positive_int, help="kill the fleet at T seconds (needs --state)"
@@ -301,6 +417,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "sweep", help="makespan against workers for each policy, with the floor and N*"
     )
     workload_options(p)
+    turn_options(p)
     fleet_options(p, workers=False, many=True)
     p.add_argument(
         "--workers",

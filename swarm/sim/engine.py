@@ -36,6 +36,7 @@ from swarm.core.scheduling import (
     makespan_floor,
 )
 from swarm.core.scheduling import crossover_workers as littles_law
+from swarm.sim.agent import AgentSimulation, AgentStats
 from swarm.sim.workload import Workload
 
 RUN_ID = "sim-run"
@@ -85,6 +86,7 @@ class SimResult:
     remainder: tuple[str, ...] = ()
     lost_attempts: int = 0  # attempts that were running at a kill, settled on resume
     floor: Floor | None = None  # the makespan's lower bound for the attempts made (a closed run)
+    agent: AgentStats | None = None  # agent units (--turns): what the turns did
 
     @property
     def floor_ratio(self) -> float | None:
@@ -316,14 +318,33 @@ class Simulation:
 
 
 def simulate(workload: Workload, fleet: FleetConfig, kill_at: int | None = None) -> SimResult:
+    if workload.turns.agent:
+        if kill_at is not None:
+            raise InvalidInput("kill_at", "kill and resume are not simulated for agent units")
+        return simulate_agent(workload, fleet)
     return Simulation.fresh(workload, fleet).run_until(kill_at)
 
 
+def simulate_agent(workload: Workload, fleet: FleetConfig) -> SimResult:
+    """A run of agent units, turn by turn (:mod:`swarm.sim.agent`); no floor: the one-call
+    floor's arithmetic does not hold for loops of turns."""
+    sim = AgentSimulation.fresh(workload, fleet)
+    elapsed, horizon = sim.run_until(fleet.horizon_s)
+    return SimResult(
+        run=sim.run,
+        elapsed=elapsed,
+        horizon_reached=horizon,
+        remainder=sim.remainder(),
+        agent=sim.stats(elapsed),
+    )
+
+
 def crossover_workers(workload: Workload, fleet: FleetConfig) -> int:
-    """Little's law: the workers the governed quota can actually feed (N* = rate x service time)."""
-    tokens = workload.all_tokens
-    avg_tokens = sum(tokens) / len(tokens)
-    avg_service = sum(workload.service_s(t) for t in tokens) / len(tokens)
+    """Little's law: the workers the governed quota can actually feed (N* = rate x service time;
+    an agent unit's service time is every second its loop holds a worker)."""
+    count = workload.units
+    avg_tokens = sum(workload.appetite(i) for i in range(count)) / count
+    avg_service = sum(workload.held_s(i) for i in range(count)) / count
     return littles_law(fleet.governor.rate, avg_tokens, avg_service)
 
 

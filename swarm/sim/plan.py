@@ -25,6 +25,7 @@ from swarm.core.scheduling import (
     expected_attempts,
     size_fleet,
 )
+from swarm.sim.agent import check_agent_units
 from swarm.sim.engine import FleetConfig, SimResult, simulate
 from swarm.sim.workload import Workload
 
@@ -77,8 +78,17 @@ class Plan:
     @property
     def expected_spend(self) -> float:
         """First attempts plus the retries the failure rate implies (budget aside)."""
-        per_unit = expected_attempts(self.workload.failure_rate, self.fleet.max_attempts)
-        return self.workload.first_attempt_tokens * per_unit
+        w = self.workload
+        per_unit = expected_attempts(w.failure_rate, self.fleet.max_attempts)
+        if not w.turns.agent:
+            return w.first_attempt_tokens * per_unit
+        # agent units fail turn by turn: a lost turn bills its draw and is called again
+        # (approximately: the attempts a unit has left, and the cap, are not counted)
+        return sum(
+            turn.billed + (per_unit - 1) * turn.draw
+            for index in range(w.units)
+            for turn in w.turn_plan(index)
+        )
 
     def cost(self, tokens: float) -> float | None:
         return None if self.usd_per_mtok is None else tokens * self.usd_per_mtok / 1e6
@@ -136,12 +146,15 @@ def plan(
     if usd_per_mtok is not None and usd_per_mtok < 0:
         raise InvalidInput("usd_per_mtok", f"must be >= 0, got {usd_per_mtok}")
     config = fleet.governor
-    for index in range(workload.units):
-        try:
-            check_amount(config, workload.tokens(index), Lane.NORMAL)
-        except InvalidInput as e:
-            raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
-    profile = UnitProfile.of(workload.all_tokens, workload.service)
+    if workload.turns.agent:
+        check_agent_units(workload, fleet)  # each turn's draw, not the whole loop, must fit
+    else:
+        for index in range(workload.units):
+            try:
+                check_amount(config, workload.tokens(index), Lane.NORMAL)
+            except InvalidInput as e:
+                raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
+    profile = workload.profile()
     sizing = size_fleet(config.rate, profile)
     outcome = _simulate(workload, replace(fleet, workers=sizing.per_lane), seeds)
     fitting = None

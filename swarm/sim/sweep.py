@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from swarm.core.errors import InvalidInput
-from swarm.core.scheduling import Schedule, UnitProfile, size_fleet
+from swarm.core.scheduling import Schedule, size_fleet
 from swarm.sim.engine import FleetConfig, SimResult, crossover_workers, simulate
 from swarm.sim.workload import Workload
 
@@ -127,7 +127,7 @@ def sweep(
         for policy in policies:
             f = replace(fleet, workers=n, schedule=policy)
             cells.append(Cell(n, policy, tuple(simulate(w, f) for w in loads)))
-    profile = UnitProfile.of(workload.all_tokens, workload.service)
+    profile = workload.profile()
     return Sweep(
         workload=workload,
         fleet=fleet,
