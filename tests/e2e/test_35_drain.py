@@ -32,6 +32,7 @@ from tests.e2e.conftest import (
     assert_books,
     batch_id,
     expected_books,
+    fresh_key,
     units,
     wait_for,
 )
@@ -53,13 +54,13 @@ def test_a_drain_waits_for_running_units_only_however_deep_the_queue(stack: Stac
     deep, held = stack.client(deep_tenant), stack.client(held_tenant)
     deep_units = units(DEEP_UNITS, "deep", lambda i: DEEP_TOKENS)
     held_units = units(3, "held", lambda i: 2_000)
-    held_key = "drain-held-1"
+    held_key = fresh_key("drain-held")
     held_id = batch_id(held_tenant, held_key)
 
     # Given a batch whose queue is far deeper than SQS delays a message
     budget = 3 * DEEP_UNITS * DEEP_TOKENS  # every retry covered
     body = {"units": deep_units, "budget": budget, "lane": "normal"}
-    deep_id = submit_keyed(deep, body, "drain-deep-1")
+    deep_id = submit_keyed(deep, body, fresh_key("drain-deep"))
     # ... some of whose messages now wait hidden in their lane (their first receive, once their
     # 900 s delay has passed, hid them until their places)
     deadline_s = 240.0
