@@ -7,7 +7,7 @@ and billed tokens differ from the projections (under, or capped at the reservati
 Timing bounds are the waits' timeouts, each well above what was measured here with the tier
 running: the 40-unit batch closes in ~16 s (bound 180 s), each half of the budget scenario in
 ~5 s (120 s); the crash and the sweeper scenarios wait for a dead worker's message, which
-comes back after the lanes' visibility timeout (the local lease, 108 s): ~110 s each (600 s).
+comes back after the lanes' visibility timeout (the local lease, 144 s): ~150 s each (600 s).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_every_completed_unit_keeps_exactly_the_output_the_model_gave_its_succes
 
     # When the batch runs out of budget half-way
     client.submit({"units": batch, "budget": 80_000, "lane": "high"}, idempotency_key=key)
-    # (the dead worker's claim holds the closure until its lease, 108 s locally, runs out)
+    # (the dead worker's claim holds the closure until its lease, 144 s locally, runs out)
     first = wait_for(client, bid, timeout_s=300)
     assert first["state"] == "exhausted", first
     # Then its partial results are readable: completed units have their outputs
