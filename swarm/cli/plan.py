@@ -16,7 +16,7 @@ from typing import Any
 
 from swarm.cli.argtypes import non_negative_int, number, positive_int, share
 from swarm.cli.ops import read_units_file
-from swarm.cli.sim import fleet_of, policy, turn_options, turns_of, workload_options
+from swarm.cli.sim import fleet_of, policy, turn_options, turns_of, workload_of, workload_options
 from swarm.core.errors import InvalidInput
 from swarm.core.records import UnitSpec
 from swarm.core.scheduling import DEFAULT_SCHEDULE, ServiceModel
@@ -253,16 +253,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args.units = 400 if args.units is None else args.units
         args.min_tokens = 8_000 if args.min_tokens is None else args.min_tokens
         args.max_tokens = 16_000 if args.max_tokens is None else args.max_tokens
-        service = ServiceModel(args.base_seconds, args.tokens_per_second)
-        workload = Workload(
-            args.units,
-            args.min_tokens,
-            args.max_tokens,
-            args.failure_rate,
-            args.seed,
-            service,
-            turns=turns_of(args),
-        )
+        workload = workload_of(args)
     if args.budget is None:
         args.budget = batch.get("budget", DEFAULT_BUDGET)
     if args.max_attempts is None:
