@@ -99,6 +99,8 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
         "attempts": unit.attempts,
         "spent": unit.spent,
         "drain_epoch": unit.drain_epoch,
+        "turns": unit.turns,
+        "log_key": unit.log_key,
         "reservation": None
         if res is None
         else {
@@ -107,6 +109,8 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
             "lease_expires": res.lease_expires,
             "claimed": res.claimed,
             "sweep_at": res.sweep_at,
+            "loop": res.loop,
+            "used": res.used,
         },
     }
 
@@ -121,6 +125,8 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
         attempts=int(doc["attempts"]),
         spent=int(doc["spent"]),
         drain_epoch=int(doc["drain_epoch"]),
+        turns=int(doc.get("turns", 0)),
+        log_key=doc.get("log_key"),
         reservation=None
         if res is None
         else Reservation(
@@ -129,6 +135,8 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
             float(res["lease_expires"]),
             bool(res.get("claimed", False)),
             None if res.get("sweep_at") is None else float(res["sweep_at"]),
+            loop=bool(res.get("loop", False)),
+            used=int(res.get("used", 0)),
         ),
     )
 

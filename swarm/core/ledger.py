@@ -8,8 +8,9 @@ unit state machine and the DynamoDB items: docs/ledger.md.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -30,6 +31,16 @@ if TYPE_CHECKING:
 
 
 DEFAULT_LEASE_S = 900.0
+
+#: DynamoDB's limit on an item (names and values, UTF-8): a log event's item must fit in it
+LOG_ITEM_LIMIT = 400 * 1024
+#: DynamoDB's limits on one TransactWriteItems: its items, and their total size
+TRANSACTION_ITEMS = 100
+TRANSACTION_BYTES = 4 * 1024 * 1024
+#: a turn's settlement writes the unit and the books with its events: at most this many events
+MAX_TURN_EVENTS = TRANSACTION_ITEMS - 2
+#: a log's sequence numbers are kept as 6 digits (the items' sort key, in order)
+MAX_LOG_SEQ = 999_999
 
 
 class Fate(StrEnum):
@@ -66,8 +77,21 @@ class Settlement:
 class Claim:
     claimed: bool
     reason: (
-        str  # claimed | busy (another worker holds a live lease) | stale | settled | not_admitted
+        # claimed | busy (another worker holds a live lease) | stale | settled | not_admitted
+        # | taken_over (an agent loop's stale claim, claimed again: decide_claim)
+        str
     )
+    unit: UnitRecord
+
+
+@dataclass(frozen=True)
+class TurnSettlement:
+    """What :meth:`Ledger.settle_turn` did: ``settled`` False for a turn settled before (a
+    duplicate: nothing written); the run's state (the loop stops at this boundary unless it is
+    ``open``) and the unit as it stands."""
+
+    settled: bool
+    run_state: RunState
     unit: UnitRecord
 
 
@@ -219,10 +243,14 @@ def decide_settlement(
     *,
     reclaimed: bool = False,
     outcome_key: str | None = None,
+    retry: bool = True,
 ) -> tuple[RunRecord, UnitRecord, Settlement]:
     """Settle a first (never a repeated) settlement of an admitted attempt; ``outcome_key``:
-    where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`)."""
-    if not isinstance(tokens, int) or tokens < 0:
+    where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`). ``retry`` False: a
+    failed attempt ends the unit dead-lettered whatever attempts it has left (a model that
+    refused: its guardrail or content filter). For an agent loop's reservation, ``tokens`` is
+    what is billed beyond the turns settled against it (:func:`decide_turn`)."""
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
         raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
     reservation = unit.reservation
     if (
@@ -233,11 +261,15 @@ def decide_settlement(
         raise Conflict(
             f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) holds no reservation"
         )
-    record = AttemptRecord(run.run_id, unit.unit_id, attempt, tokens, succeeded, now, reclaimed)
+    # a loop's turns were settled against its reservation already (settle_turn): ``tokens``
+    # is what is billed beyond them, and the attempt's bill is both
+    record = AttemptRecord(
+        run.run_id, unit.unit_id, attempt, reservation.used + tokens, succeeded, now, reclaimed
+    )
     attempts = unit.attempts + 1
     run = run.with_(
         spent=run.spent + tokens,
-        reserved=run.reserved - reservation.projected,
+        reserved=run.reserved - reservation.held,
         in_flight=run.in_flight - 1,
         attempts=run.attempts + 1,
     )
@@ -248,7 +280,7 @@ def decide_settlement(
         fate = Fate.COMPLETED
         unit = unit.with_(state=UnitState.COMPLETED)
         run = run.with_(completed=run.completed + 1)
-    elif attempts >= run.spec.max_attempts:
+    elif attempts >= run.spec.max_attempts or not retry:
         fate = Fate.DEAD_LETTERED
         unit = unit.with_(state=UnitState.DEAD_LETTERED)
         run = run.with_(dead_lettered=run.dead_lettered + 1)
@@ -269,6 +301,7 @@ def decide_claimed_settlement(
     succeeded: bool,
     now: float,
     outcome_key: str | None = None,
+    retry: bool = True,
 ) -> tuple[RunRecord, RunRecord, UnitRecord, Settlement] | None:
     """The settlement of the attempt a worker claimed, decided on the unit its claim wrote and
     without the books: on an open run, an attempt's fate and the books' changes do not depend
@@ -284,9 +317,9 @@ def decide_claimed_settlement(
         return None
     if not res.claimed:
         return None
-    stand_in = RunRecord(spec, reserved=res.projected, in_flight=1)
+    stand_in = RunRecord(spec, reserved=res.held, in_flight=1)
     after, unit, settlement = decide_settlement(
-        stand_in, claimed, attempt, tokens, succeeded, now, outcome_key=outcome_key
+        stand_in, claimed, attempt, tokens, succeeded, now, outcome_key=outcome_key, retry=retry
     )
     if after.state.closed:
         return None
@@ -294,19 +327,33 @@ def decide_claimed_settlement(
 
 
 def decide_claim(
-    run: RunRecord, unit: UnitRecord, attempt: int, now: float, lease_s: float
+    run: RunRecord,
+    unit: UnitRecord,
+    attempt: int,
+    now: float,
+    lease_s: float,
+    loop: bool = False,
 ) -> tuple[UnitRecord, Claim]:
-    """A worker starts attempt ``attempt``: take the reservation's lease (run books unchanged)."""
+    """A worker starts attempt ``attempt``: take the reservation's lease (run books unchanged).
+    ``loop``: the attempt is an agent loop's; its reservation is marked so, and a stale claim of
+    a loop's reservation (its worker died) is taken over (reason ``taken_over``): the loop goes
+    on from its log, its attempt is never settled as lost."""
     res = unit.reservation
     if unit.state is UnitState.IN_FLIGHT and res is not None and res.attempt == attempt:
         if res.claimed and res.lease_expires > now:
             return unit, Claim(False, "busy", unit)
-        if res.claimed:
+        if res.claimed and not (loop and res.loop):
             return unit, Claim(False, "stale", unit)
         # the sweep keeps looking at it when it did before (see Reservation.sweep_at)
-        claimed = replace(res, claimed=True, lease_expires=now + lease_s, sweep_at=res.swept_from)
+        claimed = replace(
+            res,
+            claimed=True,
+            lease_expires=now + lease_s,
+            sweep_at=res.swept_from,
+            loop=res.loop or loop,
+        )
         unit = unit.with_(reservation=claimed)
-        return unit, Claim(True, "claimed", unit)
+        return unit, Claim(True, "taken_over" if res.claimed else "claimed", unit)
     if unit.state.terminal or attempt < unit.attempts:
         return unit, Claim(False, "settled", unit)
     return unit, Claim(False, "not_admitted", unit)
@@ -327,15 +374,143 @@ def decide_unclaim(
 
 
 def decide_release(run: RunRecord, unit: UnitRecord, now: float) -> tuple[RunRecord, UnitRecord]:
-    """Give back an unclaimed reservation: no attempt ran, so nothing is spent or counted."""
+    """Give back an unclaimed reservation (no attempt ran, so nothing is spent or counted), or
+    an agent loop's, claimed or not: its settled turns stay spent, what it still holds is given
+    back, and the unit is pending again with its attempts, turns and spent as they are."""
     res = unit.reservation
-    if unit.state is not UnitState.IN_FLIGHT or res is None or res.claimed:
+    if unit.state is not UnitState.IN_FLIGHT or res is None or (res.claimed and not res.loop):
         raise Conflict(f"unit {unit.unit_id} of run {run.run_id} holds no unclaimed reservation")
     unit = unit.with_(state=UnitState.PENDING, reservation=None)
-    run = run.with_(reserved=run.reserved - res.projected, in_flight=run.in_flight - 1)
+    run = run.with_(reserved=run.reserved - res.held, in_flight=run.in_flight - 1)
     if run.state is RunState.EXHAUSTING:  # not a drain retry: it joins the remainder
         run = run.with_(remainder=run.remainder + 1)
     return _close_if_done(run, now), unit
+
+
+def decide_turn(
+    run: RunRecord, unit: UnitRecord, attempt: int, turn: int, tokens: int, now: float
+) -> tuple[RunRecord, UnitRecord, TurnSettlement]:
+    """Settle model turn ``turn`` of an agent loop's attempt ``attempt`` (``Ledger.settle_turn``):
+    its billed ``tokens`` spent now, released from the reservation as far as it still holds
+    them (a turn beyond it is an overrun: spent, and ``available`` drops by the excess). A
+    turn settled before is a duplicate (``settled`` False, records unchanged); any state of the
+    run (a turn that ran is always billed): the caller stops the loop unless it is open."""
+    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
+        raise InvalidInput("turn", f"must be a whole number >= 1, got {turn!r}")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
+    if unit.turns >= turn:
+        return run, unit, TurnSettlement(False, run.state, unit)
+    res = unit.reservation
+    if unit.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
+        raise Conflict(
+            f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) holds no reservation: "
+            f"its turn {turn} cannot be settled"
+        )
+    if not res.loop:
+        raise Conflict(
+            f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) is not an agent "
+            "loop's: claim it with loop=True before settling its turns"
+        )
+    if turn != unit.turns + 1:
+        raise Conflict(
+            f"unit {unit.unit_id} (run {run.run_id}) has settled {unit.turns} turns: turn "
+            f"{turn} cannot be settled before turn {unit.turns + 1}"
+        )
+    released = min(tokens, res.held)
+    unit = unit.with_(
+        turns=turn,
+        spent=unit.spent + tokens,
+        reservation=replace(res, used=res.used + tokens),
+        log_key=unit.log_key or log_key(run.run_id, unit.unit_id),
+    )
+    run = run.with_(spent=run.spent + tokens, reserved=run.reserved - released)
+    return run, unit, TurnSettlement(True, run.state, unit)
+
+
+def decide_pause(
+    run: RunRecord, unit: UnitRecord, attempt: int, now: float
+) -> tuple[RunRecord, UnitRecord]:
+    """An agent loop stopped at a turn boundary because its run is no longer open
+    (``Ledger.pause``): its reservation is released (:func:`decide_release`), the unit is
+    pending again (the remainder while the run exhausts) and may close the run. A unit that no
+    longer holds a reservation for ``attempt`` is left as it is (a repeated pause)."""
+    res = unit.reservation
+    if unit.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
+        return run, unit
+    if not res.loop:
+        raise Conflict(
+            f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) is not an agent "
+            "loop's: only a loop pauses at a turn boundary (settle or unclaim it)"
+        )
+    return decide_release(run, unit, now)
+
+
+def log_key(run_id: str, unit_id: str) -> str:
+    """The key of a unit's event log (``UnitRecord.log_key``; the log items' partition key)."""
+    return f"log#{run_id}#{unit_id}"
+
+
+def log_sort_key(seq: int) -> str:
+    """A log event's place, as its item's sort key: in order as text."""
+    return f"{seq:06d}"
+
+
+def log_item_bytes(key: str, text: str) -> int:
+    """The size DynamoDB counts for a log event's item: its attributes' names and values."""
+    return len("pk") + len(key.encode()) + len("sk") + 6 + len("event") + len(text.encode())
+
+
+def numbered(
+    seq: int, events: Sequence[Mapping[str, object]]
+) -> list[tuple[int, Mapping[str, object]]]:
+    """``Ledger.append_log``'s events with their seqs: ``seq``, ``seq + 1``, ..."""
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise InvalidInput("seq", f"must be a whole number >= 0, got {seq!r}")
+    return list(enumerate(events, start=seq))
+
+
+def encode_events(
+    key: str, events: Sequence[tuple[int, Mapping[str, object]]], max_events: int
+) -> list[tuple[int, str]]:
+    """A unit's log events as the compact JSON text they are kept as, each checked: its
+    ``seq`` a whole number 0..999999 and given once, the event a JSON object, its item within
+    DynamoDB's 400 KB, and all of them within one transaction (at most ``max_events``, 4 MB)."""
+    if len(events) > max_events:
+        raise InvalidInput(
+            "events", f"{len(events)} events in one write; at most {max_events} fit a transaction"
+        )
+    encoded: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    total = 0
+    for seq, event in events:
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_LOG_SEQ:
+            raise InvalidInput("seq", f"must be a whole number 0..{MAX_LOG_SEQ}, got {seq!r}")
+        if seq in seen:
+            raise InvalidInput("seq", f"event {seq} is given more than once")
+        seen.add(seq)
+        if not isinstance(event, Mapping):
+            raise InvalidInput(
+                f"events[{seq}]", f"must be a JSON object, got {type(event).__name__}"
+            )
+        try:
+            text = json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidInput(f"events[{seq}]", f"is not JSON: {e}") from None
+        size = log_item_bytes(key, text)
+        if size > LOG_ITEM_LIMIT:
+            raise InvalidInput(
+                f"events[{seq}]",
+                f"is {size:,} bytes as a log item; DynamoDB keeps at most {LOG_ITEM_LIMIT:,}: "
+                "truncate what it carries (a tool's result) before recording it",
+            )
+        total += size
+        encoded.append((seq, text))
+    if total > TRANSACTION_BYTES - 8 * 1024:  # the unit and the books travel with them
+        raise InvalidInput(
+            "events", f"{total:,} bytes in one write; a transaction takes at most 4 MB"
+        )
+    return encoded
 
 
 def decide_dead_letter(

@@ -28,20 +28,28 @@ from swarm.core.lanes import Bundle, Policy, QueuedUnit
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
     Admission,
+    MAX_TURN_EVENTS,
+    TRANSACTION_ITEMS,
     Claim,
     Fate,
     Settlement,
     TopUp,
+    TurnSettlement,
     decide_admission,
     decide_claim,
     decide_claimed_settlement,
     decide_dead_letter,
+    decide_pause,
     decide_release,
     decide_settlement,
     decide_top_up,
+    decide_turn,
     decide_unclaim,
     effective_state,
+    encode_events,
     fresh_records,
+    log_key,
+    numbered,
     reclaim_in_turn,
     scan_leases,
 )
@@ -96,6 +104,9 @@ class InMemoryLedger:
         self._opening: dict[str, tuple[RunRecord, dict[str, UnitRecord]]] = {}
         #: per tenant: its holds' version and the runs held (units, when), see hold_queue
         self._holds: dict[str, tuple[int, dict[str, tuple[int, float]]]] = {}
+        #: the units' event logs (log_key -> seq -> the event as compact JSON text: what a
+        #: DynamoDB item holds, so a log here holds only what the table can)
+        self._logs: dict[str, dict[int, str]] = {}
 
     # -- reads
     def run(self, run_id: str, opening: bool = False) -> RunRecord:
@@ -253,10 +264,64 @@ class InMemoryLedger:
         succeeded: bool,
         now: float,
         outcome_key: str | None = None,
+        *,
+        retry: bool = True,
     ) -> Settlement:
         return self._settle(
-            run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False, key=outcome_key
+            run_id,
+            unit_id,
+            attempt,
+            tokens,
+            succeeded,
+            now,
+            reclaimed=False,
+            key=outcome_key,
+            retry=retry,
         )
+
+    def settle_turn(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        turn: int,
+        tokens: int,
+        now: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    ) -> TurnSettlement:
+        key = log_key(run_id, unit_id)
+        encoded = encode_events(key, events, MAX_TURN_EVENTS)
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        new_run, new_unit, settled = decide_turn(run, unit, attempt, turn, tokens, now)
+        if not settled.settled:
+            return TurnSettlement(False, run.state, unit.with_(state=effective_state(run, unit)))
+        self._check_free(key, [seq for seq, _ in encoded])
+        self._runs[run_id], self._units[run_id][unit_id] = new_run, new_unit
+        self._logs.setdefault(key, {}).update(encoded)
+        return settled
+
+    def pause(self, run_id: str, unit_id: str, attempt: int, now: float) -> RunRecord:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        self._runs[run_id], self._units[run_id][unit_id] = decide_pause(run, unit, attempt, now)
+        return self._runs[run_id]
+
+    def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
+        log = self._logs.get(log_key(run_id, unit_id), {})
+        return [json.loads(log[seq]) for seq in sorted(log)]
+
+    def append_log(
+        self, run_id: str, unit_id: str, seq: int, events: Sequence[Mapping[str, Any]]
+    ) -> None:
+        key = log_key(run_id, unit_id)
+        encoded = encode_events(key, numbered(seq, events), TRANSACTION_ITEMS)
+        self._check_free(key, [s for s, _ in encoded])
+        self._logs.setdefault(key, {}).update(encoded)
+
+    def _check_free(self, key: str, seqs: Sequence[int]) -> None:
+        log = self._logs.get(key, {})
+        taken = [seq for seq in seqs if seq in log]
+        if taken:
+            raise Contended(f"log {key!r} holds event {taken[0]} already: another worker")
 
     def settle_claimed(
         self,
@@ -266,6 +331,8 @@ class InMemoryLedger:
         succeeded: bool,
         now: float,
         outcome_key: str | None = None,
+        *,
+        retry: bool = True,
     ) -> Fate | None:
         # the DynamoDB write's conditions: the unit exactly as claimed, the attempt unsettled,
         # the run open and, for a unit that ends, not its last outstanding one
@@ -276,16 +343,23 @@ class InMemoryLedger:
             return None
         if (run_id, unit_id, attempt) in self._attempts:
             return None
-        decided = decide_claimed_settlement(run.spec, claimed, attempt, tokens, succeeded, now)
+        decided = decide_claimed_settlement(
+            run.spec, claimed, attempt, tokens, succeeded, now, retry=retry
+        )
         if decided is None:
             return None
         if decided[3].fate is not Fate.RETRY and run.outstanding <= 1:
             return None  # it would close the run: the books decide (settle)
-        return self.settle(run_id, unit_id, attempt, tokens, succeeded, now, outcome_key).fate
+        settled = self.settle(
+            run_id, unit_id, attempt, tokens, succeeded, now, outcome_key, retry=retry
+        )
+        return settled.fate
 
     def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
         return [
-            self.settle_claimed(s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key)
+            self.settle_claimed(
+                s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key, retry=s.retry
+            )
             for s in settlements
         ]
 
@@ -300,14 +374,28 @@ class InMemoryLedger:
         self._runs[run_id] = run
         return TopUp(run, requeue if run.state is RunState.OPEN else ())
 
-    def claim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> Claim:
+    def claim(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float,
+        loop: bool = False,
+    ) -> Claim:
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        unit, claim = decide_claim(run, unit, attempt, now, lease_s)
+        unit, claim = decide_claim(run, unit, attempt, now, lease_s, loop)
         self._units[run_id][unit_id] = unit
         return claim
 
     def claim_queued(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float,
+        loop: bool = False,
     ) -> Claim | None:
         unit = self._units.get(run_id, {}).get(unit_id)
         res = None if unit is None else unit.reservation
@@ -315,7 +403,7 @@ class InMemoryLedger:
             return None
         if res.attempt != attempt or res.claimed:
             return None
-        return self.claim(run_id, unit_id, attempt, now, lease_s)
+        return self.claim(run_id, unit_id, attempt, now, lease_s, loop)
 
     def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
         self.run(run_id)
@@ -357,7 +445,7 @@ class InMemoryLedger:
         res = unit.reservation
         if res is None or res.lease_expires > now:
             return None
-        if not res.claimed:
+        if not res.claimed or res.loop:  # a loop's attempt is never lost: its log tells
             self._runs[run_id], self._units[run_id][unit_id] = decide_release(run, unit, now)
             return None
         return self._settle(run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True)
@@ -366,7 +454,7 @@ class InMemoryLedger:
         unit = self._raw_unit(run_id, unit_id)
         res = unit.reservation
         if res is not None:
-            if res.claimed:
+            if res.claimed and not res.loop:
                 self._settle(
                     run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True
                 )
@@ -405,13 +493,15 @@ class InMemoryLedger:
             ledger._units[unit.run_id][unit.unit_id] = unit
         for a in attempts:
             run = ledger._runs[a.run_id]
+            unit = ledger._units[a.run_id][a.unit_id]
             if a.succeeded:
                 fate = Fate.COMPLETED
-            elif a.attempt + 1 >= run.spec.max_attempts:
+            elif a.attempt + 1 >= run.spec.max_attempts or (
+                unit.state is UnitState.DEAD_LETTERED and a.attempt + 1 == unit.attempts
+            ):  # its last attempt, or one settled without a retry
                 fate = Fate.DEAD_LETTERED
             else:
                 fate = Fate.RETRY
-            unit = ledger._units[a.run_id][a.unit_id]
             ledger._attempts[(a.run_id, a.unit_id, a.attempt)] = Settlement(
                 fate, False, run, unit, a
             )
@@ -435,6 +525,7 @@ class InMemoryLedger:
         *,
         reclaimed: bool,
         key: str | None = None,
+        retry: bool = True,
     ) -> Settlement:
         settled = (run_id, unit_id, attempt)
         first = self._attempts.get(settled)
@@ -444,7 +535,15 @@ class InMemoryLedger:
             )
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
         run, unit, settlement = decide_settlement(
-            run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed, outcome_key=key
+            run,
+            unit,
+            attempt,
+            tokens,
+            succeeded,
+            now,
+            reclaimed=reclaimed,
+            outcome_key=key,
+            retry=retry,
         )
         self._runs[run_id] = run
         self._units[run_id][unit_id] = unit

@@ -16,7 +16,15 @@ from typing import Any, Protocol
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, Grant, Ticket, TrueUp
 from swarm.core.lanes import Bundle, QueuedUnit
-from swarm.core.ledger import DEFAULT_LEASE_S, Admission, Claim, Fate, Settlement, TopUp
+from swarm.core.ledger import (
+    DEFAULT_LEASE_S,
+    Admission,
+    Claim,
+    Fate,
+    Settlement,
+    TopUp,
+    TurnSettlement,
+)
 from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
 from swarm.core.results import AttemptOutcome, FileLines, always
@@ -139,6 +147,8 @@ class ClaimedSettlement:
     succeeded: bool
     now: float
     outcome_key: str | None = None
+    #: False: a failed attempt ends the unit dead-lettered, not retried (Ledger.settle)
+    retry: bool = True
 
 
 class Ledger(Protocol):
@@ -244,9 +254,54 @@ class Ledger(Protocol):
         succeeded: bool,
         now: float,
         outcome_key: str | None = None,
+        *,
+        retry: bool = True,
     ) -> Settlement:
         """Settle the attempt once (a repeat answers the first settlement, ``duplicate``);
-        ``outcome_key``: where its outcome is kept, the unit's from now on."""
+        ``outcome_key``: where its outcome is kept, the unit's from now on. ``retry`` False: a
+        failed attempt ends the unit dead-lettered, whatever attempts it has left (a model that
+        refused). An agent loop's attempt (claimed with ``loop``): ``tokens`` is what is billed
+        beyond its turns settled already (:meth:`settle_turn`; 0 when every turn went through
+        it), and the attempt's record bills both."""
+        ...
+
+    def settle_turn(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        turn: int,
+        tokens: int,
+        now: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    ) -> TurnSettlement:
+        """Settle model turn ``turn`` of an agent loop's attempt (claimed with ``loop``), once,
+        with the log events ``events`` (``(seq, event)``, each only if its seq is free), in one
+        atomic write: the turn's ``tokens`` spent, released from the reservation as far as it
+        holds them. A turn settled before: ``settled`` False, nothing written. Conflict unless
+        the unit holds the attempt's loop reservation and has settled ``turn - 1`` turns;
+        :class:`~swarm.core.errors.Contended` (nothing written) when a seq is taken. Any run
+        state: the answer carries it, and the loop stops at this boundary unless it is open."""
+        ...
+
+    def pause(self, run_id: str, unit_id: str, attempt: int, now: float) -> RunRecord:
+        """An agent loop stopped at a turn boundary because its run is no longer open: release
+        its reservation (what its turns did not use), the unit pending again with its attempts,
+        turns and spent (the remainder while the run exhausts); the run as it stands after, maybe
+        closed (the caller wakes the finalizer). A unit no longer holding it is left alone."""
+        ...
+
+    def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
+        """The unit's event log: every event, in seq order (DynamoDB: a strongly consistent
+        Query)."""
+        ...
+
+    def append_log(
+        self, run_id: str, unit_id: str, seq: int, events: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Append ``events`` to the unit's log at ``seq``, ``seq + 1``, ...: all of them, each
+        only if its seq is free, or none (:class:`~swarm.core.errors.Contended`). An event
+        whose item would pass DynamoDB's 400 KB is refused (InvalidInput naming its seq)."""
         ...
 
     def settle_claimed(
@@ -257,6 +312,8 @@ class Ledger(Protocol):
         succeeded: bool,
         now: float,
         outcome_key: str | None = None,
+        *,
+        retry: bool = True,
     ) -> Fate | None:
         """Settle the attempt a worker claimed without reading first: ``claimed`` is the unit
         its claim wrote (:class:`Claim`'s ``unit``). One write, which holds only if the unit is
@@ -279,20 +336,38 @@ class Ledger(Protocol):
         ...
 
     def claim(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
-    ) -> Claim: ...
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float,
+        loop: bool = False,
+    ) -> Claim:
+        """Start the attempt: take its reservation's lease. ``loop``: an agent loop's attempt;
+        its reservation is marked so (written with the claim), and a stale claim of it (its
+        worker died) is taken over (``taken_over``) instead of answered ``stale``."""
+        ...
 
     def claim_queued(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float,
+        loop: bool = False,
     ) -> Claim | None:
         """Claim attempt ``attempt`` of a unit waiting for it in its lane (in flight for that
         attempt, unclaimed: as a worker finds nearly every unit it draws tokens for) without
-        reading it first: one conditional write. None if the unit is in any other state (or
-        unknown): the caller reads it and decides (:meth:`unit`, :meth:`admit`, :meth:`claim`)."""
+        reading it first: one conditional write (``loop`` as :meth:`claim`'s). None if the unit
+        is in any other state (or unknown): the caller reads it and decides (:meth:`unit`,
+        :meth:`admit`, :meth:`claim`)."""
         ...
 
     def unclaim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> bool:
-        """Hand a claimed attempt back unstarted; False if it is no longer in flight."""
+        """Hand a claimed attempt back (unstarted, or an agent loop's between deliveries: its
+        turns settled so far stay with it); False if it is no longer in flight."""
         ...
 
     def expired_leases(self, run_id: str, now: float) -> list[str]:
@@ -304,7 +379,8 @@ class Ledger(Protocol):
     def reclaim_expired(
         self, run_id: str, now: float, keep_going: Callable[[], bool] = always
     ) -> list[Settlement]:
-        """Settle claimed attempts whose lease expired as lost; release unclaimed ones (those
+        """Settle claimed attempts whose lease expired as lost; release unclaimed ones, and
+        an agent loop's claimed ones without charging (its settled turns stay spent) (those
         :meth:`expired_leases` lists, each decided again from its fresh record; and once the
         run's scan horizon passed, ``RunRecord.scan_at``, those of every unit read, the horizon
         then moved to the latest lease still live that the index does not hold). Stops when
@@ -319,7 +395,8 @@ class Ledger(Protocol):
         ...
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
-        """End a unit the queue gave up on; a claimed attempt is settled as lost first."""
+        """End a unit the queue gave up on; a claimed attempt is settled as lost first (an agent
+        loop's is released: its settled turns stay spent)."""
         ...
 
 

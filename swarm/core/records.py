@@ -198,6 +198,18 @@ class Reservation:
     #: ``math.inf``: not in the lease index at all (a fan-out's admission: ``by_scan``), the
     #: sweep finds it by reading the run's units once its horizon passed (``RunRecord.scan_at``)
     sweep_at: float | None = None
+    #: an agent loop's reservation (``Ledger.claim(..., loop=True)``): its attempt spans many
+    #: model turns, each settled on its own (``Ledger.settle_turn``); a stale claim of it is
+    #: taken over, never settled as lost
+    loop: bool = False
+    #: the tokens of the turns settled against this reservation
+    used: int = 0
+
+    @property
+    def held(self) -> int:
+        """What the reservation holds in the run's ``reserved``: its projection less the turns
+        settled against it, never below 0 (a turn beyond it was an overrun, billed as spent)."""
+        return max(0, self.projected - self.used)
 
     @property
     def swept_from(self) -> float:
@@ -221,6 +233,11 @@ class UnitRecord:
     #: of a worker invocation's outcomes, or the attempt's own record), as its settlement wrote
     #: it; None: the attempt's own key (settled before pages, or settled as lost)
     outcome_key: str | None = None
+    #: the unit's model turns settled so far, across attempts (an agent loop's: turn n settles
+    #: only when this is n - 1, ``Ledger.settle_turn``)
+    turns: int = 0
+    #: where the unit's event log is kept (``Ledger.read_log``): set by its first settled turn
+    log_key: str | None = None
 
     def with_(self, **changes: object) -> UnitRecord:
         return replace(self, **changes)  # type: ignore[arg-type]
