@@ -27,9 +27,9 @@ from swarm.core.governor import (
 from swarm.core.lanes import Bundle, Policy, QueuedUnit
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
-    Admission,
     MAX_TURN_EVENTS,
     TRANSACTION_ITEMS,
+    Admission,
     Claim,
     Fate,
     Settlement,
