@@ -16,7 +16,7 @@ from swarm.adapters.dynamodb import PARTITION_KEY, SORT_KEY
 from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
 from swarm.contract import LEASE_EXPIRY
 from swarm.core.codec import spec_from_doc, spec_to_doc
-from swarm.core.ledger import Fate
+from swarm.core.ledger import Fate, log_sort_key
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -47,7 +47,19 @@ COUNTERS = (
 CLAIM_LEASE = "res_until"
 #: the books' scan horizon (RunRecord.scan_at): when the lease sweep reads every unit of the run
 SCAN_AT = "scan_at"
-RESERVATION_ATTRIBUTES = ("res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed", CLAIM_LEASE)
+#: an agent loop's reservation (Reservation.loop) and the tokens of the turns settled against it
+#: (Reservation.used): only on a loop's
+RES_LOOP = "res_loop"
+RES_USED = "res_used"
+RESERVATION_ATTRIBUTES = (
+    "res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed", CLAIM_LEASE, RES_LOOP, RES_USED,
+)  # fmt: skip
+#: a unit's model turns settled (UnitRecord.turns; absent: 0) and where its event log is kept
+#: (UnitRecord.log_key: the log items' partition key), both written by ``settle_turn``
+TURNS = "turns"
+LOG = "log"
+#: a log event's item: the event as compact JSON text
+EVENT = "event"
 #: where the outcome of the unit's last settled attempt is kept (UnitRecord.outcome_key)
 OUTCOME_KEY = "outcome_key"
 #: a unit's settled attempts are kept in its own item, one map attribute each (``att00001``):
@@ -212,6 +224,8 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
             lease_expires=expires,
             claimed=flag_of(item, "res_claimed"),
             sweep_at=None if until is None else (math.inf if lease is None else lease),
+            loop=flag_of(item, RES_LOOP),
+            used=whole_of(item, RES_USED),
         )
     return UnitRecord(
         run_id=run_id,
@@ -223,6 +237,8 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
         reservation=reservation,
         drain_epoch=whole_of(item, "drain_epoch"),
         outcome_key=item[OUTCOME_KEY]["S"] if OUTCOME_KEY in item else None,
+        turns=whole_of(item, TURNS),
+        log_key=item[LOG]["S"] if LOG in item else None,
     )
 
 
@@ -392,6 +408,8 @@ def run_update(
         parts.append("ADD " + ", ".join(adds))
     if removes:
         parts.append("REMOVE " + ", ".join(removes))
+    if not parts:  # nothing changes (a turn billed 0): the write only checks the conditions
+        parts.append("SET #state = :old_state")
     return _update(table_name, key(old.run_id, BOOKS), " ".join(parts), conditions, names, values)
 
 
@@ -407,7 +425,12 @@ def scan_update(table_name: str, run_id: str, read: float, horizon: float | None
 
 
 def queued_claim(
-    table_name: str, run_id: str, unit_id: str, attempt: int, lease_expires: float
+    table_name: str,
+    run_id: str,
+    unit_id: str,
+    attempt: int,
+    lease_expires: float,
+    loop: bool = False,
 ) -> Item:
     """An Update that claims attempt ``attempt`` of a unit only if it is in flight for it and
     unclaimed (``Ledger.claim_queued``): what the claim decides on a read, checked by the write
@@ -423,6 +446,8 @@ def queued_claim(
     }
     conditions = ["#state = :in_flight", "res_attempt = :attempt", "res_claimed = :unclaimed"]
     expression = f"SET res_claimed = :claimed, {CLAIM_LEASE} = :lease"
+    if loop:  # an agent loop's attempt (Reservation.loop), marked with its claim
+        expression += f", {RES_LOOP} = :claimed"
     return _update(table_name, key(run_id, unit_sk(unit_id)), expression, conditions, names, values)
 
 
@@ -446,6 +471,12 @@ def unit_update(
         ":de": whole(new.drain_epoch),
     }
     conditions = ["#state = :old_state", "attempts = :old_attempts", "drain_epoch = :old_de"]
+    # the turns settled as read: a turn settled meanwhile (settle_turn) fails every other write
+    values[":old_turns"] = whole(old.turns)
+    if old.turns == 0:  # a unit written before turns existed has no attribute
+        conditions.append(f"(attribute_not_exists({TURNS}) OR {TURNS} = :old_turns)")
+    else:
+        conditions.append(f"{TURNS} = :old_turns")
     old_res = old.reservation
     if old_res is not None:
         # the exact reservation read: a claim, unclaim or lease change meanwhile fails this
@@ -468,6 +499,13 @@ def unit_update(
         values[":ok"] = string(new.outcome_key)
     elif old.outcome_key is not None:
         removes += (OUTCOME_KEY,)
+    if new.turns != old.turns:
+        sets.append(f"{TURNS} = :turns")
+        values[":turns"] = whole(new.turns)
+    if new.log_key is not None and new.log_key != old.log_key:
+        sets.append("#log = :log")
+        names["#log"] = LOG
+        values[":log"] = string(new.log_key)
     res = new.reservation
     if res is not None:
         sets += ["res_attempt = :ra", "res_projected = :rp", "res_claimed = :rc"]
@@ -484,6 +522,11 @@ def unit_update(
             values[":ru"] = real(res.lease_expires)
         elif old_res is not None and old_res.sweep_at is not None:
             removes += (CLAIM_LEASE,)
+        if res.loop:
+            sets += [f"{RES_LOOP} = :rloop", f"{RES_USED} = :rused"]
+            values.update({":rloop": flag(True), ":rused": whole(res.used)})
+        elif old_res is not None and old_res.loop:
+            removes += (RES_LOOP, RES_USED)
     elif old_res is not None:
         removes += RESERVATION_ATTRIBUTES
     if settled is not None:
@@ -495,3 +538,21 @@ def unit_update(
     expr = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     item_key = key(old.run_id, unit_sk(old.unit_id))
     return _update(table_name, item_key, expr, conditions, names, values)
+
+
+def log_key_of(key_text: str, seq: int) -> Item:
+    """A log event's item key: the log's own partition (``UnitRecord.log_key``), its seq."""
+    return {PARTITION_KEY: string(key_text), SORT_KEY: string(log_sort_key(seq))}
+
+
+def log_put(table_name: str, key_text: str, seq: int, text: str) -> Item:
+    """An Update that creates log event ``seq`` only if its seq is free. An Update rather than a
+    Put: the worker's role writes the ledger's items with ``dynamodb:UpdateItem`` only."""
+    return _update(
+        table_name,
+        log_key_of(key_text, seq),
+        "SET #event = :event",
+        ["attribute_not_exists(pk)"],
+        {"#event": EVENT},
+        {":event": string(text)},
+    )

@@ -9,11 +9,12 @@ conditions and their reasons: docs/ledger.md.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -38,21 +39,29 @@ from swarm.contract import LEASE_EXPIRY, LEASES_INDEX, OPEN_TENANT, TENANT_RUNS_
 from swarm.core.errors import Conflict, Contended, NotFound
 from swarm.core.ledger import (
     DEFAULT_LEASE_S,
+    MAX_TURN_EVENTS,
+    TRANSACTION_ITEMS,
     Admission,
     Claim,
     Fate,
     Settlement,
     TopUp,
+    TurnSettlement,
     decide_admission,
     decide_claim,
     decide_claimed_settlement,
     decide_dead_letter,
+    decide_pause,
     decide_release,
     decide_settlement,
     decide_top_up,
+    decide_turn,
     decide_unclaim,
     effective_state,
+    encode_events,
     fresh_records,
+    log_key,
+    numbered,
     reclaim_in_turn,
     scan_leases,
 )
@@ -707,12 +716,125 @@ class DynamoDBLedger:
         succeeded: bool,
         now: float,
         outcome_key: str | None = None,
+        *,
+        retry: bool = True,
     ) -> Settlement:
         settlement = self._settle(
-            run_id, unit_id, attempt, tokens, succeeded, now, reclaimed=False, key=outcome_key
+            run_id,
+            unit_id,
+            attempt,
+            tokens,
+            succeeded,
+            now,
+            reclaimed=False,
+            key=outcome_key,
+            retry=retry,
         )
         assert settlement is not None  # only a reclaim (``expect``) can give up
         return settlement
+
+    # ------------------------------------------------------------------ agent loops
+    def settle_turn(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        turn: int,
+        tokens: int,
+        now: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    ) -> TurnSettlement:
+        """A strongly consistent read of the books and the unit, then ONE TransactWriteItems:
+        the unit (as read: its turns, its reservation), the books by deltas (on the state and
+        exhaustion epoch read: a run that stopped being open meanwhile cancels it, and the turn
+        is decided again on the state read then, so the answer carries the state the write
+        held), and each log event (only if its seq is free). Cancelled on a log event only:
+        Contended, nothing written; on the unit: decided again from a fresh read (a duplicate
+        answers ``settled`` False)."""
+        log = log_key(run_id, unit_id)
+        encoded = encode_events(log, events, MAX_TURN_EVENTS)
+
+        def on_conflict(codes: list[str | None]) -> TurnSettlement | _Again:
+            if codes and codes[0] == "ConditionalCheckFailed":
+                return _AGAIN  # the unit moved: decide again (a duplicate, perhaps)
+            if any(code == "ConditionalCheckFailed" for code in codes[2:]):
+                raise Contended(
+                    f"the log of unit {unit_id} (run {run_id}) holds one of events "
+                    f"{[seq for seq, _ in encoded]} already: another worker moved it"
+                )
+            return _AGAIN  # the books moved (the run's state) or a conflict: decide again
+
+        def step() -> TurnSettlement | _Write[TurnSettlement]:
+            run, unit = self._read_run_unit(run_id, unit_id)
+            new_run, new_unit, settled = decide_turn(run, unit, attempt, turn, tokens, now)
+            if not settled.settled:
+                return TurnSettlement(
+                    False, run.state, unit.with_(state=effective_state(run, unit))
+                )
+            writes = [
+                items.unit_update(self.table_name, unit, new_unit),
+                items.run_update(self.table_name, run, new_run),
+                *(items.log_put(self.table_name, log, seq, text) for seq, text in encoded),
+            ]
+            return _Write(writes, lambda: settled, on_conflict)
+
+        return self._optimistic(
+            step, f"turn {turn} of unit {unit_id} (run {run_id}) kept colliding; retry"
+        )
+
+    def pause(self, run_id: str, unit_id: str, attempt: int, now: float) -> RunRecord:
+        """A read, then one transaction of the books and the unit (``decide_pause``), each as
+        read; nothing when the unit no longer holds the attempt's reservation."""
+
+        def step() -> RunRecord | _Write[RunRecord]:
+            run, unit = self._read_run_unit(run_id, unit_id)
+            new_run, new_unit = decide_pause(run, unit, attempt, now)
+            if new_unit == unit:
+                return run
+            writes = [
+                items.run_update(self.table_name, run, new_run),
+                items.unit_update(self.table_name, unit, new_unit),
+            ]
+            return _Write(writes, lambda: new_run)
+
+        return self._optimistic(
+            step, f"pause of unit {unit_id} (run {run_id}) kept colliding; retry"
+        )
+
+    def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
+        """A strongly consistent Query of the log's partition, a page at a time, in seq order."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "pk = :pk",
+            "ExpressionAttributeValues": {":pk": items.string(log_key(run_id, unit_id))},
+            "ConsistentRead": True,
+        }
+        events: list[dict[str, Any]] = []
+        while True:
+            page = self._call("query", **kwargs)
+            events += [json.loads(it[items.EVENT]["S"]) for it in page.get("Items", [])]
+            if "LastEvaluatedKey" not in page:
+                return events
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def append_log(
+        self, run_id: str, unit_id: str, seq: int, events: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """One conditional UpdateItem for one event, one TransactWriteItems for several (all or
+        nothing); a seq taken: Contended."""
+        log = log_key(run_id, unit_id)
+        encoded = encode_events(log, numbered(seq, events), TRANSACTION_ITEMS)
+        if not encoded:
+            return
+        writes = [items.log_put(self.table_name, log, n, text) for n, text in encoded]
+        try:
+            self._write(writes)
+        except _Retry as failed:
+            raise Contended(
+                f"the log of unit {unit_id} (run {run_id}) holds an event at "
+                f"{seq}..{seq + len(encoded) - 1} already: another worker moved it "
+                f"({failed.codes})"
+            ) from None
 
     def _duplicate(self, run_id: str, unit_id: str, attempt: int) -> Settlement | None:
         """The settlement of ``attempt`` if it was settled already (a duplicate), else None."""
@@ -744,6 +866,7 @@ class DynamoDBLedger:
         reclaimed: bool,
         expect: Reservation | None = None,
         key: str | None = None,
+        retry: bool = True,
     ) -> Settlement | None:
         """Settle once. With ``expect`` (a reclaim), only that exact reservation is settled:
         None if it changed meanwhile (e.g. the worker unclaimed it with a fresh lease).
@@ -771,7 +894,15 @@ class DynamoDBLedger:
             if expect is not None and reservation != expect:
                 return None
             new_run, new_unit, settlement = decide_settlement(
-                run, unit, attempt, tokens, succeeded, now, reclaimed=reclaimed, outcome_key=key
+                run,
+                unit,
+                attempt,
+                tokens,
+                succeeded,
+                now,
+                reclaimed=reclaimed,
+                outcome_key=key,
+                retry=retry,
             )
             settled = (settlement.attempt, settlement.fate)
             writes = [
@@ -792,8 +923,10 @@ class DynamoDBLedger:
         succeeded: bool,
         now: float,
         outcome_key: str | None = None,
+        *,
+        retry: bool = True,
     ) -> Fate | None:
-        one = ClaimedSettlement(claimed, attempt, tokens, succeeded, now, outcome_key)
+        one = ClaimedSettlement(claimed, attempt, tokens, succeeded, now, outcome_key, retry)
         return self.settle_claimed_many([one])[0]
 
     def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
@@ -813,7 +946,7 @@ class DynamoDBLedger:
                 continue  # one write per item, and a transaction's limit: left to settle alone
             spec = self._spec(run_id)  # immutable, read once per client
             decided = decide_claimed_settlement(
-                spec, s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key
+                spec, s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key, s.retry
             )
             if decided is None:
                 continue
@@ -869,11 +1002,20 @@ class DynamoDBLedger:
         return self._optimistic(step, f"top-up of run {run_id} kept colliding; retry")
 
     # ------------------------------------------------------------------ claims and leases
-    def claim(self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float) -> Claim:
+    def claim(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float,
+        loop: bool = False,
+    ) -> Claim:
         def step() -> Claim | _Write[Claim] | _Again:
             view = self._take_view(run_id, unit_id)
             run, unit = view or self._read_run_unit(run_id, unit_id)
-            new_unit, claim = decide_claim(run, unit, attempt, now, lease_s)
+            # a loop's stale claim is taken over conditional on the exact reservation read
+            new_unit, claim = decide_claim(run, unit, attempt, now, lease_s, loop)
             if new_unit == unit:
                 return claim if view is None else _AGAIN  # never an answer from a view
             write = items.unit_update(self.table_name, unit, new_unit)
@@ -884,9 +1026,15 @@ class DynamoDBLedger:
         )
 
     def claim_queued(
-        self, run_id: str, unit_id: str, attempt: int, now: float, lease_s: float
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        lease_s: float,
+        loop: bool = False,
     ) -> Claim | None:
-        update = items.queued_claim(self.table_name, run_id, unit_id, attempt, now + lease_s)
+        update = items.queued_claim(self.table_name, run_id, unit_id, attempt, now + lease_s, loop)
         try:
             written = self._call("update_item", **update["Update"], ReturnValues="ALL_NEW")
         except client_error_type() as e:
@@ -938,7 +1086,9 @@ class DynamoDBLedger:
             res = unit.reservation
             if res is None or res.lease_expires > now:
                 return None
-            if not res.claimed:  # released on this read: if it changed meanwhile, look again
+            if not res.claimed or res.loop:
+                # released on this read (a loop's attempt is never lost: its log tells what
+                # its worker did); if it changed meanwhile, look again
                 return self._release_write(run, unit, now, lambda: None)
             s = self._settle_lost(run_id, unit_id, res, now)
             if s is None:
@@ -1029,7 +1179,7 @@ class DynamoDBLedger:
             res = unit.reservation
             if res is not None:
                 # look again at the unit, once without its reservation
-                if res.claimed:
+                if res.claimed and not res.loop:
                     self._settle_lost(run_id, unit_id, res, now)
                     return _AGAIN
                 return self._release_write(run, unit, now, lambda: _AGAIN)
