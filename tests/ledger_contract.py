@@ -41,8 +41,14 @@ def balanced(ledger: Ledger, run_id: str) -> None:
     run = ledger.run(run_id)
     units = ledger.units(run_id)
     attempts = ledger.attempts(run_id)
-    assert run.spent == sum(a.tokens for a in attempts) == sum(u.spent for u in units)
-    assert run.reserved == sum(u.reservation.projected for u in units if u.reservation)
+    assert run.spent == sum(u.spent for u in units)
+    if all(u.turns == 0 for u in units):
+        assert run.spent == sum(a.tokens for a in attempts)
+    else:  # an agent loop's turns are spent as they settle, its attempt's record bills them
+        # once it settles (a paused or released loop's turns are in its unit's spent only)
+        in_flight = sum(u.reservation.used for u in units if u.reservation)
+        assert sum(a.tokens for a in attempts) + in_flight <= run.spent
+    assert run.reserved == sum(u.reservation.held for u in units if u.reservation)
     assert run.in_flight == sum(1 for u in units if u.state is UnitState.IN_FLIGHT)
     assert run.completed == sum(1 for u in units if u.state is UnitState.COMPLETED)
     assert run.dead_lettered == sum(1 for u in units if u.state is UnitState.DEAD_LETTERED)
@@ -754,6 +760,273 @@ class LedgerContract:
         assert ledger.unit("run-1", "u1").state is UnitState.PENDING
         with pytest.raises(NotFound):
             ledger.admit_many("run-2", ["u0"], now=1.0)
+
+    # -- agent loops: an attempt of many model turns, each settled once (docs/ledger.md)
+    def test_turns_settle_once_in_order_and_spent_is_the_sum_of_their_bills(
+        self, ledger: Ledger
+    ) -> None:
+        # Given an agent unit admitted (its loop's cap, 100, reserved) and claimed as a loop
+        ledger.open_run(spec(units=2, tokens=100, budget=1_000), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        claim = ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        assert claim is not None and claim.unit.reservation is not None
+        assert claim.unit.reservation.loop and claim.unit.reservation.used == 0
+        assert ledger.run("run-1").available == 900
+        # When its first turn settles with the turn's log events
+        first = [(0, {"type": "turn_started", "turn": 1}), (1, {"type": "model_turn", "n": 1})]
+        settled = ledger.settle_turn("run-1", "u0", 0, 1, 30, now=2.0, events=first)
+        # Then it is spent, released from the reservation, and available has not moved
+        assert settled.settled and settled.run_state is RunState.OPEN
+        assert (settled.unit.turns, settled.unit.spent) == (1, 30)
+        assert settled.unit == ledger.unit("run-1", "u0")
+        assert settled.unit.log_key is not None
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.available) == (30, 70, 900)
+        assert ledger.read_log("run-1", "u0") == [event for _, event in first]
+        balanced(ledger, "run-1")
+        # and settling it again (a redelivery) is a duplicate: nothing written, events included
+        again = ledger.settle_turn("run-1", "u0", 0, 1, 30, now=3.0, events=[(2, {"x": 1})])
+        assert not again.settled and again.unit == settled.unit
+        assert ledger.run("run-1") == run and len(ledger.read_log("run-1", "u0")) == 2
+        # out of order is a Conflict, a bad turn or bill is refused, nothing written
+        with pytest.raises(Conflict, match="turn 2"):
+            ledger.settle_turn("run-1", "u0", 0, 3, 10, now=3.0)
+        with pytest.raises(Conflict):
+            ledger.settle_turn("run-1", "u0", 1, 2, 10, now=3.0)  # not its attempt
+        with pytest.raises(InvalidInput, match="turn"):
+            ledger.settle_turn("run-1", "u0", 0, 0, 10, now=3.0)
+        with pytest.raises(InvalidInput, match="tokens"):
+            ledger.settle_turn("run-1", "u0", 0, 2, -1, now=3.0)
+        assert ledger.run("run-1") == run
+        # When turns 2..4 settle, the third past what the reservation still holds (an overrun)
+        spent = 30
+        for turn, tokens, reserved in ((2, 50, 20), (3, 60, 0), (4, 10, 0)):
+            settled = ledger.settle_turn("run-1", "u0", 0, turn, tokens, now=3.0 + turn)
+            spent += tokens
+            run = ledger.run("run-1")
+            # Then at every step spent is the sum of the turns' bills, and available drops
+            # only by what a turn billed beyond the reservation
+            assert (run.spent, run.reserved) == (spent, reserved)
+            assert run.available == 1_000 - max(100, spent)
+            assert settled.unit.spent == spent and settled.unit.turns == turn
+            balanced(ledger, "run-1")
+        # When the attempt ends with every turn settled (tokens 0)
+        final = ledger.settle("run-1", "u0", 0, 0, True, now=9.0)
+        # Then the attempt bills its turns once, and nothing is spent twice
+        assert final.fate is Fate.COMPLETED and final.attempt.tokens == 150
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.in_flight, run.completed) == (150, 0, 0, 1)
+        assert ledger.settle_turn("run-1", "u0", 0, 4, 10, now=10.0).settled is False
+        with pytest.raises(Conflict):
+            ledger.settle_turn("run-1", "u0", 0, 5, 10, now=10.0)
+        balanced(ledger, "run-1")
+
+    def test_a_loops_final_settlement_bills_what_its_turns_did_not(self, ledger: Ledger) -> None:
+        # Given an agent unit whose first attempt settled one turn of 30
+        ledger.open_run(spec(units=3, tokens=100, budget=1_000), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        ledger.settle_turn("run-1", "u0", 0, 1, 30, now=2.0)
+        # When the attempt fails with 25 billed beyond its turn (a call made, never recorded)
+        failed = ledger.settle("run-1", "u0", 0, 25, False, now=3.0)
+        # Then the attempt bills 55, the reservation's rest is released, the unit retries
+        assert failed.fate is Fate.RETRY and failed.attempt.tokens == 55
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.available) == (55, 0, 945)
+        unit = ledger.unit("run-1", "u0")
+        assert (unit.state, unit.turns, unit.spent, unit.attempts) == (UnitState.PENDING, 1, 55, 1)
+        # and its next attempt goes on from turn 2 (turn 1 is a duplicate)
+        ledger.admit("run-1", "u0", 1, now=4.0)
+        claimed = ledger.claim("run-1", "u0", 1, now=4.0, lease_s=30, loop=True)
+        assert claimed.claimed
+        assert not ledger.settle_turn("run-1", "u0", 1, 1, 30, now=5.0).settled
+        turn = ledger.settle_turn("run-1", "u0", 1, 2, 40, now=5.0)
+        assert turn.settled
+        # When it completes from the unit its last turn answered (no read)
+        assert ledger.settle_claimed(turn.unit, 1, 5, True, now=6.0) is Fate.COMPLETED
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.completed) == (100, 0, 1)
+        assert [a.tokens for a in ledger.attempts("run-1")] == [55, 45]
+        balanced(ledger, "run-1")
+
+    def test_a_turns_events_are_written_with_it_or_not_at_all(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        ledger.append_log("run-1", "u0", 0, [{"e": 0}, {"e": 1}])
+        # When a turn settles with an event at a seq another worker took
+        with pytest.raises(Contended):
+            ledger.settle_turn("run-1", "u0", 0, 1, 30, now=2.0, events=[(2, {"e": 2}), (1, {})])
+        # Then nothing was written: not the turn, not the books, not its free event
+        assert ledger.unit("run-1", "u0").turns == 0 and ledger.run("run-1").spent == 0
+        assert ledger.read_log("run-1", "u0") == [{"e": 0}, {"e": 1}]
+        balanced(ledger, "run-1")
+        # and with free seqs it settles with them
+        ok = ledger.settle_turn("run-1", "u0", 0, 1, 30, now=3.0, events=[(2, {"e": 2})])
+        assert ok.settled and ledger.read_log("run-1", "u0")[-1] == {"e": 2}
+        # an append is all or nothing, each seq only if free
+        with pytest.raises(Contended):
+            ledger.append_log("run-1", "u0", 2, [{"e": "x"}, {"e": 3}])
+        ledger.append_log("run-1", "u0", 3, [{"e": 3}])
+        assert [e["e"] for e in ledger.read_log("run-1", "u0")] == [0, 1, 2, 3]
+        # (in seq order whatever order they were written in, and unit by unit)
+        ledger.append_log("run-1", "u0", 10, [{"e": 10}])
+        ledger.append_log("run-1", "u0", 5, [{"e": 5}])
+        assert [e["e"] for e in ledger.read_log("run-1", "u0")] == [0, 1, 2, 3, 5, 10]
+        assert ledger.read_log("run-1", "u1") == []
+        # and what a DynamoDB item cannot hold is refused, naming the event
+        with pytest.raises(InvalidInput, match=r"events\[11\].*400 KB|events\[11\].*409,600"):
+            ledger.append_log("run-1", "u0", 11, [{"tool": "x" * 410_000}])
+        with pytest.raises(InvalidInput, match=r"events\[11\]"):
+            ledger.append_log("run-1", "u0", 11, ["not an object"])  # type: ignore[list-item]
+        with pytest.raises(InvalidInput, match="seq"):
+            ledger.append_log("run-1", "u0", -1, [{}])
+        with pytest.raises(InvalidInput, match=r"events\[3\]"):
+            ledger.settle_turn("run-1", "u0", 0, 2, 1, now=4.0, events=[(3, {"x": {1, 2}})])
+        assert len(ledger.read_log("run-1", "u0")) == 6
+        assert ledger.unit("run-1", "u0").turns == 1
+
+    def test_a_stale_loop_claim_is_taken_over_and_a_live_one_is_busy(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        assert ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30, loop=True) is not None
+        ledger.settle_turn("run-1", "u0", 0, 1, 40, now=5.0)
+        # a second delivery while the worker lives is busy
+        assert ledger.claim("run-1", "u0", 0, now=10.0, lease_s=30, loop=True).reason == "busy"
+        # the claim's one write is only for an unclaimed reservation: the rest is read
+        assert ledger.claim_queued("run-1", "u0", 0, now=40.0, lease_s=30, loop=True) is None
+        # When the worker died and the message comes back after its lease
+        taken = ledger.claim("run-1", "u0", 0, now=40.0, lease_s=30, loop=True)
+        # Then the next worker takes it over with a lease of its own, the turns kept
+        assert taken.claimed and taken.reason == "taken_over"
+        res = taken.unit.reservation
+        assert res is not None and (res.loop, res.used, res.lease_expires) == (True, 40, 70.0)
+        assert taken.unit.turns == 1 and taken.unit == ledger.unit("run-1", "u0")
+        assert ledger.claim("run-1", "u0", 0, now=41.0, lease_s=30, loop=True).reason == "busy"
+        # and goes on from the next turn; nothing was charged as lost
+        assert ledger.settle_turn("run-1", "u0", 0, 2, 10, now=42.0).settled
+        assert ledger.attempts("run-1") == [] and ledger.run("run-1").spent == 50
+        # a single call's claim of a stale loop reservation is still stale
+        assert ledger.claim("run-1", "u0", 0, now=80.0, lease_s=30).reason == "stale"
+        balanced(ledger, "run-1")
+
+    def test_a_loop_paused_on_an_exhausting_run_joins_the_remainder_and_resumes_on_top_up(
+        self, ledger: Ledger
+    ) -> None:
+        # Given an agent unit mid-loop when the run's budget runs out
+        ledger.open_run(spec(units=2, tokens=100, budget=150), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        assert ledger.settle_turn("run-1", "u0", 0, 1, 40, now=2.0).run_state is RunState.OPEN
+        assert not ledger.admit("run-1", "u1", 0, now=3.0).admitted
+        assert ledger.run("run-1").state is RunState.EXHAUSTING
+        # When its next turn ends: billed, and told the run is no longer open
+        turn = ledger.settle_turn("run-1", "u0", 0, 2, 20, now=4.0)
+        assert turn.settled and turn.run_state is RunState.EXHAUSTING
+        # and the worker pauses it at this boundary
+        run = ledger.pause("run-1", "u0", 0, now=5.0)
+        # Then its reservation is released, its turns stay spent, and the run closes exhausted
+        assert run == ledger.run("run-1")
+        assert (run.state, run.spent, run.reserved, run.in_flight, run.remainder) == (
+            RunState.EXHAUSTED, 60, 0, 0, 2,
+        )  # fmt: skip
+        unit = ledger.unit("run-1", "u0")
+        assert (unit.state, unit.turns, unit.spent, unit.attempts) == (
+            UnitState.REMAINDER, 2, 60, 0,
+        )  # fmt: skip
+        assert unit.reservation is None and ledger.attempts("run-1") == []
+        assert sorted(remainder_of(ledger, "run-1")) == ["u0", "u1"]
+        balanced(ledger, "run-1")
+        # a repeated pause changes nothing
+        assert ledger.pause("run-1", "u0", 0, now=6.0) == run
+        # When a top-up resumes the run
+        top = ledger.top_up("run-1", 200, now=7.0)
+        assert sorted(top.requeue) == ["u0", "u1"] and top.run.state is RunState.OPEN
+        # Then the unit is pending, admitted again at its cap, and its loop goes on at turn 3
+        assert ledger.unit("run-1", "u0").state is UnitState.PENDING
+        assert ledger.admit("run-1", "u0", 0, now=8.0).admitted
+        assert ledger.run("run-1").reserved == 100
+        ledger.claim("run-1", "u0", 0, now=8.0, lease_s=30, loop=True)
+        assert not ledger.settle_turn("run-1", "u0", 0, 2, 20, now=9.0).settled
+        assert ledger.settle_turn("run-1", "u0", 0, 3, 30, now=9.0).settled
+        assert ledger.settle("run-1", "u0", 0, 0, True, now=10.0).attempt.tokens == 30
+        assert ledger.run("run-1").spent == 90
+        balanced(ledger, "run-1")
+
+    def test_a_loops_claim_is_released_by_reclaim_and_dead_letter_charging_nothing(
+        self, ledger: Ledger
+    ) -> None:
+        ledger.open_run(spec(units=4, tokens=100, budget=1_000), now=0.0)
+        for uid, turn_tokens in (("u0", 40), ("u1", 30), ("u2", 20)):
+            ledger.admit("run-1", uid, 0, now=0.0, lease_s=10)
+            ledger.claim("run-1", uid, 0, now=1.0, lease_s=30, loop=True)
+            ledger.settle_turn("run-1", uid, 0, 1, turn_tokens, now=2.0)
+        # When the lease sweep finds u0's worker dead (its claim's lease passed)
+        assert ledger.reclaim_expired("run-1", now=20.0) == []  # the claims are live
+        ledger.unclaim("run-1", "u2", 0, now=20.0, lease_s=100)  # u2: between deliveries
+        assert ledger.reclaim_expired("run-1", now=50.0) == []
+        # Then u0 and u1 are released: pending with their turns spent, no attempt charged
+        for uid, spent in (("u0", 40), ("u1", 30)):
+            unit = ledger.unit("run-1", uid)
+            assert (unit.state, unit.turns, unit.spent, unit.attempts) == (
+                UnitState.PENDING, 1, spent, 0,
+            )  # fmt: skip
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.in_flight) == (90, 80, 1)
+        assert ledger.attempts("run-1") == []
+        # and an unclaimed loop keeps its turns' tokens with its reservation (u2)
+        u2 = ledger.unit("run-1", "u2")
+        assert u2.reservation is not None
+        assert (u2.reservation.loop, u2.reservation.used, u2.reservation.claimed) == (
+            True, 20, False,
+        )  # fmt: skip
+        again = ledger.claim_queued("run-1", "u2", 0, now=51.0, lease_s=30, loop=True)
+        assert again is not None and again.unit.reservation == replace(
+            u2.reservation, claimed=True, lease_expires=81.0, sweep_at=120.0
+        )
+        # When a loop's claimed unit is dead-lettered
+        ended = ledger.dead_letter("run-1", "u2", now=52.0)
+        # Then it ends with its turns' tokens spent, and no projection charged
+        assert ended.state is UnitState.DEAD_LETTERED and ended.spent == 20
+        run = ledger.run("run-1")
+        assert (run.spent, run.reserved, run.dead_lettered) == (90, 0, 1)
+        balanced(ledger, "run-1")
+
+    def test_a_refused_attempt_ends_dead_lettered_without_a_retry(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=3, attempts=3), now=0.0)
+        for uid in ("u0", "u1"):
+            ledger.admit("run-1", uid, 0, now=0.0)
+        # a loop's attempt the model refused (guardrail): not retried, whatever attempts left
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        ledger.settle_turn("run-1", "u0", 0, 1, 30, now=2.0)
+        refused = ledger.settle("run-1", "u0", 0, 0, False, now=3.0, retry=False)
+        assert refused.fate is Fate.DEAD_LETTERED and refused.attempt.tokens == 30
+        assert ledger.unit("run-1", "u0").state is UnitState.DEAD_LETTERED
+        assert ledger.settle("run-1", "u0", 0, 0, False, now=4.0).duplicate
+        # and from a claim, settled together
+        claim = ledger.claim("run-1", "u1", 0, now=1.0, lease_s=30)
+        settled = ledger.settle_claimed_many(
+            [ClaimedSettlement(claim.unit, 0, 10, False, 5.0, retry=False)]
+        )
+        assert settled == [Fate.DEAD_LETTERED]
+        run = ledger.run("run-1")
+        assert (run.dead_lettered, run.retries, run.spent) == (2, 0, 40)
+        balanced(ledger, "run-1")
+
+    def test_turns_and_pauses_need_a_loops_reservation(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2), now=0.0)
+        with pytest.raises(Conflict, match="holds no reservation"):
+            ledger.settle_turn("run-1", "u0", 0, 1, 10, now=1.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)  # a single call's claim
+        with pytest.raises(Conflict, match="loop=True"):
+            ledger.settle_turn("run-1", "u0", 0, 1, 10, now=2.0)
+        with pytest.raises(Conflict, match="loop"):
+            ledger.pause("run-1", "u0", 0, now=2.0)
+        with pytest.raises(NotFound):
+            ledger.settle_turn("run-1", "nope", 0, 1, 10, now=2.0)
+        assert ledger.run("run-1").spent == 0
+        balanced(ledger, "run-1")
 
     # -- the reference, differentially
     @pytest.mark.parametrize("seed", range(6))
