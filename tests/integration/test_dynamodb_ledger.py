@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -314,3 +315,156 @@ def test_an_invocations_settlements_are_one_transaction_all_or_nothing(dynamodb:
     run = ledger.run("run-1")
     assert (run.completed, run.spent, run.in_flight) == (4, 280, 1)
     assert [a.unit_id for a in ledger.attempts("run-1")] == ["u0", "u1", "u2", "u3"]
+
+
+# ------------------------------------------------------------------ agent loops
+def _loop_claimed(ledger: DynamoDBLedger, units: int = 2, budget: int = 1_000) -> None:
+    ledger.open_run(spec(units=units, tokens=100, budget=budget), now=0.0)
+    ledger.admit("run-1", "u0", 0, now=0.0)
+    assert ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30, loop=True) is not None
+
+
+def test_a_turn_is_one_transaction_of_the_unit_the_books_and_its_log_items(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an agent unit claimed as a loop (one conditional write, as any queued claim)
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=2, tokens=100), now=0.0)
+    ledger.admit("run-1", "u0", 0, now=0.0)
+    calls: list[tuple[str, int]] = []
+    call = ledger._call
+
+    def counted(op: str, **kw: Any) -> Any:
+        calls.append((op, len(kw.get("TransactItems", []))))
+        return call(op, **kw)
+
+    monkeypatch.setattr(ledger, "_call", counted)
+    assert ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30, loop=True) is not None
+    assert calls == [("update_item", 0)]
+    # When a turn settles with two events
+    calls.clear()
+    events = [(0, {"type": "turn_started", "turn": 1}), (1, {"type": "model_turn", "t": "é"})]
+    assert ledger.settle_turn("run-1", "u0", 0, 1, 30, now=2.0, events=events).settled
+    # Then it read once and wrote once: the unit, the books and two log items together
+    assert calls == [("batch_get_item", 0), ("transact_write_items", 4)]
+    # and the items are as documented: the unit points to its log, the events are compact JSON
+    table = _table(dynamodb)
+    unit = table[("run#run-1", "unit#u0")]
+    assert unit["res_loop"] == {"BOOL": True} and unit["res_used"] == {"N": "30"}
+    assert unit["turns"] == {"N": "1"} and unit["log"] == {"S": "log#run-1#u0"}
+    assert table[("log#run-1#u0", "000000")]["event"] == {"S": '{"type":"turn_started","turn":1}'}
+    assert json.loads(table[("log#run-1#u0", "000001")]["event"]["S"])["t"] == "é"
+    # and a turn billed nothing is still one transaction (the books only checked)
+    calls.clear()
+    assert ledger.settle_turn("run-1", "u0", 0, 2, 0, now=3.0).settled
+    assert calls == [("batch_get_item", 0), ("transact_write_items", 2)]
+    # and an append of one event is one conditional write, of several one transaction
+    calls.clear()
+    ledger.append_log("run-1", "u0", 2, [{"e": 2}])
+    ledger.append_log("run-1", "u0", 3, [{"e": 3}, {"e": 4}])
+    assert calls == [("update_item", 0), ("transact_write_items", 2)]
+    # and another client (another Lambda) reads the same unit and log
+    fresh = DynamoDBLedger(TABLE, client=dynamodb)
+    assert fresh.unit("run-1", "u0") == ledger.unit("run-1", "u0")
+    assert len(fresh.read_log("run-1", "u0")) == 5
+
+
+def test_a_log_is_read_a_page_at_a_time_in_seq_order(dynamodb: Any) -> None:
+    # Given a log of more than one 1 MB Query page (30 events of ~100 KB)
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    _loop_claimed(ledger)
+    for seq in range(30):
+        ledger.append_log("run-1", "u0", seq, [{"seq": seq, "blob": "x" * 100_000}])
+    before = ledger.requests
+    # When it is read, Then every event comes back once, in order, over several pages
+    assert [e["seq"] for e in ledger.read_log("run-1", "u0")] == list(range(30))
+    assert ledger.requests - before >= 3
+
+
+def test_a_turn_whose_run_stopped_being_open_meanwhile_is_written_on_the_state_read_again(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an agent unit mid-loop, and another worker whose admission exhausts the run right
+    # after this turn's settlement read the books (open)
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    other = DynamoDBLedger(TABLE, client=dynamodb)
+    _loop_claimed(ledger, units=2, budget=150)
+    read = ledger._read_run_unit
+    raced: list[bool] = []
+
+    def read_then_exhaust(run_id: str, unit_id: str) -> Any:
+        found = read(run_id, unit_id)
+        if not raced:
+            raced.append(True)
+            assert not other.admit("run-1", "u1", 0, now=2.0).admitted  # 150 - 100 < 100
+        return found
+
+    monkeypatch.setattr(ledger, "_read_run_unit", read_then_exhaust)
+    transactions: list[list[str | None]] = []
+    write = ledger._write
+
+    def recorded(writes: list[Any]) -> None:
+        try:
+            write(writes)
+        except Exception as e:
+            transactions.append(getattr(e, "codes", []))
+            raise
+        transactions.append([])
+
+    monkeypatch.setattr(ledger, "_write", recorded)
+    # When the turn settles
+    settled = ledger.settle_turn("run-1", "u0", 0, 1, 30, now=3.0, events=[(0, {"e": 0})])
+    # Then the first transaction was cancelled on the books alone, the second held: the turn is
+    # billed once, with its event, and the answer is the state the write was conditioned on
+    assert raced and transactions == [["None", "ConditionalCheckFailed", "None"], []]
+    assert settled.settled and settled.run_state is RunState.EXHAUSTING
+    run = ledger.run("run-1")
+    assert (run.state, run.spent, run.reserved) == (RunState.EXHAUSTING, 30, 70)
+    assert ledger.read_log("run-1", "u0") == [{"e": 0}]
+
+
+def test_threads_settling_the_same_turn_bill_it_exactly_once(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an agent unit mid-loop, and 8 workers (threads, a client each, one boto3 client
+    # underneath, moto patched atomic) that all read it before any of them writes: the same
+    # turn delivered 8 times at once
+    threads = 8
+    _loop_claimed(DynamoDBLedger(TABLE, client=dynamodb))
+    barrier = threading.Barrier(threads, timeout=30)
+    first_read: set[int] = set()
+    results: list[Any] = [None] * threads
+
+    def worker(i: int) -> None:
+        ledger = DynamoDBLedger(TABLE, client=dynamodb)
+        read = ledger._read_run_unit
+
+        def read_together(run_id: str, unit_id: str) -> Any:
+            found = read(run_id, unit_id)
+            if i not in first_read:  # every worker decides on the same read
+                first_read.add(i)
+                barrier.wait()
+            return found
+
+        ledger._read_run_unit = read_together  # type: ignore[method-assign]
+        try:
+            results[i] = ledger.settle_turn(
+                "run-1", "u0", 0, 1, 30, now=2.0, events=[(0, {"by": i}), (1, {"by": i})]
+            )
+        except Exception as e:  # recorded, asserted below
+            results[i] = e
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    # Then exactly one settled the turn; every other was answered a duplicate
+    assert all(not isinstance(r, Exception) for r in results), results
+    winners = [i for i, r in enumerate(results) if r.settled]
+    assert len(winners) == 1
+    # and the books, the unit and the log hold that one settlement
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    run, unit = ledger.run("run-1"), ledger.unit("run-1", "u0")
+    assert (run.spent, run.reserved, unit.turns, unit.spent) == (30, 70, 1, 30)
+    assert ledger.read_log("run-1", "u0") == [{"by": winners[0]}] * 2
