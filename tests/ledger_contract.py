@@ -1035,6 +1035,16 @@ class LedgerContract:
     ) -> None:
         replay(ledger, seed, steps=120)
 
+    @pytest.mark.parametrize("seed", range(4))
+    def test_random_agent_loops_match_the_in_memory_reference(
+        self, ledger: Ledger, seed: int
+    ) -> None:
+        replay(ledger, seed, steps=150, ops=LOOP_OPS)
+
+
+#: the random operations' units claimed as agent loops (the others as single calls)
+AGENT_UNITS = ("u0", "u1", "u2")
+
 
 def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) -> Any:
     lease, tokens, ok = args
@@ -1042,10 +1052,11 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
         return led.admit("run-1", uid, attempt, now, lease)
     if op == "settle":
         return led.settle("run-1", uid, attempt, tokens, ok, now)
+    agent = uid in AGENT_UNITS  # claimed as agent loops
     if op == "claim":
-        return led.claim("run-1", uid, attempt, now, lease)
+        return led.claim("run-1", uid, attempt, now, lease, loop=agent)
     if op == "quick":
-        return led.claim_queued("run-1", uid, attempt, now, lease)
+        return led.claim_queued("run-1", uid, attempt, now, lease, loop=agent)
     if op == "fast":  # settled from the unit as it stands (the claim's answer, if claimed)
         return led.settle_claimed(led.unit("run-1", uid), attempt, tokens, ok, now)
     if op == "unclaim":
@@ -1056,36 +1067,50 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
         return led.dead_letter("run-1", uid, now)
     if op == "leases":
         return led.expired_leases("run-1", now + lease)
+    if op == "loop":  # an agent loop's claim (a stale one taken over)
+        return led.claim("run-1", uid, attempt, now, lease, loop=True)
+    if op == "turn":  # its next turn, or (not ok) the last one again: a duplicate
+        turn = max(1, led.unit("run-1", uid).turns + (1 if ok else 0))
+        seq = len(led.read_log("run-1", uid))
+        return led.settle_turn("run-1", uid, attempt, turn, tokens, now, [(seq, {"turn": turn})])
+    if op == "pause":
+        return led.pause("run-1", uid, attempt, now)
     return led.top_up("run-1", 400, now)
 
 
 def _outcome(led: Ledger, *call: Any) -> tuple[str, Any]:
     try:
         return "ok", _apply(led, *call)
-    except (Conflict, NotFound, InvalidInput) as e:
+    except (Conflict, NotFound, InvalidInput, Contended) as e:
         return type(e).__name__, None
 
 
 OPS = (
     "admit", "admit", "settle", "settle", "claim", "quick", "fast", "unclaim", "reclaim", "dead",
-    "top", "leases", "many",
+    "top", "leases", "many", "loop", "turn", "pause",
+)  # fmt: skip
+#: agent loops' operations, mostly turns (test_random_agent_loops_match_the_in_memory_reference)
+LOOP_OPS = (
+    "admit", "admit", "admit", "quick", "quick", "quick", "loop", *("turn",) * 12, "settle",
+    "fast", "unclaim", "reclaim", "pause", "top",
 )  # fmt: skip
 
 
-def replay(ledger: Ledger, seed: int, steps: int) -> None:
+def replay(ledger: Ledger, seed: int, steps: int, ops: tuple[str, ...] = OPS) -> None:
     """Random operations on ``ledger`` and the reference: same answers, same books."""
     rng = random.Random(seed)
     reference = InMemoryLedger()
-    s = spec(units=6, tokens=100, budget=rng.choice([300, 600, 1_200]), attempts=rng.randint(1, 3))
+    budget = rng.choice([300, 600, 1_200]) * (4 if ops is LOOP_OPS else 1)  # loops: many turns
+    s = spec(units=6, tokens=100, budget=budget, attempts=rng.randint(1, 3))
     assert ledger.open_run(s, now=0.0) == reference.open_run(s, now=0.0)
     now = 0.0
     for _ in range(steps):
         now += rng.choice([0.5, 1.0, 7.0])
-        uid = f"u{rng.randrange(6)}"
+        uid = rng.choice(AGENT_UNITS[:2]) if ops is LOOP_OPS else f"u{rng.randrange(6)}"
         unit = reference.unit("run-1", uid)
         attempt = unit.next_attempt
         attempt += rng.choice([0, 0, 0, 0, -1])
-        op = rng.choice(OPS)
+        op = rng.choice(ops)
         args = (rng.choice([5.0, 20.0]), rng.randint(0, 150), rng.random() < 0.5)
         if op == "many":  # batched admission against admit() one unit at a time
             uids = rng.sample([f"u{i}" for i in range(6)], rng.randint(1, 6))
@@ -1105,6 +1130,8 @@ def replay(ledger: Ledger, seed: int, steps: int) -> None:
     assert sorted(ledger.attempts("run-1"), key=_akey) == sorted(
         reference.attempts("run-1"), key=_akey
     )
+    for i in range(6):
+        assert ledger.read_log("run-1", f"u{i}") == reference.read_log("run-1", f"u{i}")
     balanced(ledger, "run-1")
 
 
