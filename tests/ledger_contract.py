@@ -883,6 +883,8 @@ class LedgerContract:
             ledger.append_log("run-1", "u0", -1, [{}])
         with pytest.raises(InvalidInput, match=r"events\[3\]"):
             ledger.settle_turn("run-1", "u0", 0, 2, 1, now=4.0, events=[(3, {"x": {1, 2}})])
+        with pytest.raises(InvalidInput, match=r"events\[0\].*pair"):
+            ledger.settle_turn("run-1", "u0", 0, 2, 1, now=4.0, events=[{"x": 1}])  # type: ignore[list-item]
         assert len(ledger.read_log("run-1", "u0")) == 6
         assert ledger.unit("run-1", "u0").turns == 1
 

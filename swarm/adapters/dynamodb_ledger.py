@@ -86,7 +86,7 @@ UNPROCESSED_BASE_S = 0.05
 UNPROCESSED_MAX_S = 5.0
 #: a batched admission's units: with the books, one TransactWriteItems of at most 100 items
 #: DynamoDB's limit on the items of one TransactWriteItems
-MAX_TRANSACTION_ITEMS = 100
+MAX_TRANSACTION_ITEMS = TRANSACTION_ITEMS
 MAX_BATCH_ADMISSIONS = MAX_TRANSACTION_ITEMS - 1
 #: the (books, unit) views a client keeps for its next write to the same unit (a worker's claim
 #: after its read): at most this many, the oldest dropped first

@@ -483,7 +483,12 @@ def encode_events(
     encoded: list[tuple[int, str]] = []
     seen: set[int] = set()
     total = 0
-    for seq, event in events:
+    for i, entry in enumerate(events):
+        if not isinstance(entry, tuple) or len(entry) != 2:
+            raise InvalidInput(
+                f"events[{i}]", f"must be a (seq, event) pair, got {type(entry).__name__}"
+            )
+        seq, event = entry
         if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_LOG_SEQ:
             raise InvalidInput("seq", f"must be a whole number 0..{MAX_LOG_SEQ}, got {seq!r}")
         if seq in seen:
