@@ -955,6 +955,27 @@ class LedgerContract:
         assert ledger.run("run-1").spent == 90
         balanced(ledger, "run-1")
 
+    def test_a_loop_whose_run_was_topped_up_before_its_pause_goes_on(self, ledger: Ledger) -> None:
+        # Given a loop told at its turn's end that its run is exhausting
+        ledger.open_run(spec(units=2, tokens=100, budget=150), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        assert not ledger.admit("run-1", "u1", 0, now=2.0).admitted
+        assert ledger.settle_turn("run-1", "u0", 0, 1, 40, now=3.0).run_state is (
+            RunState.EXHAUSTING
+        )
+        # When a top-up reopens the run before the worker pauses it (the top-up's requeue did
+        # not name it: it was in flight)
+        assert ledger.top_up("run-1", 500, now=4.0).requeue == ("u1",)
+        run = ledger.pause("run-1", "u0", 0, now=5.0)
+        # Then nothing is released: the answer is open, and the loop goes on with its claim
+        assert run.state is RunState.OPEN and run.in_flight == 1 and run.reserved == 60
+        unit = ledger.unit("run-1", "u0")
+        assert unit.state is UnitState.IN_FLIGHT and unit.reservation is not None
+        assert unit.reservation.claimed
+        assert ledger.settle_turn("run-1", "u0", 0, 2, 10, now=6.0).settled
+        balanced(ledger, "run-1")
+
     def test_a_loops_claim_is_released_by_reclaim_and_dead_letter_charging_nothing(
         self, ledger: Ledger
     ) -> None:

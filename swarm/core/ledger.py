@@ -434,7 +434,9 @@ def decide_pause(
     """An agent loop stopped at a turn boundary because its run is no longer open
     (``Ledger.pause``): its reservation is released (:func:`decide_release`), the unit is
     pending again (the remainder while the run exhausts) and may close the run. A unit that no
-    longer holds a reservation for ``attempt`` is left as it is (a repeated pause)."""
+    longer holds a reservation for ``attempt`` is left as it is (a repeated pause), and so is
+    one whose run is open (a top-up reopened it since the turn's answer): the loop goes on (its
+    message would be gone, and the top-up did not requeue a unit in flight)."""
     res = unit.reservation
     if unit.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
         return run, unit
@@ -443,6 +445,8 @@ def decide_pause(
             f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) is not an agent "
             "loop's: only a loop pauses at a turn boundary (settle or unclaim it)"
         )
+    if run.state is RunState.OPEN:
+        return run, unit
     return decide_release(run, unit, now)
 
 

@@ -288,7 +288,8 @@ class Ledger(Protocol):
         """An agent loop stopped at a turn boundary because its run is no longer open: release
         its reservation (what its turns did not use), the unit pending again with its attempts,
         turns and spent (the remainder while the run exhausts); the run as it stands after, maybe
-        closed (the caller wakes the finalizer). A unit no longer holding it is left alone."""
+        closed (the caller wakes the finalizer). A unit no longer holding it is left alone, and
+        so is one whose run is open again (a top-up since): the answer is open, the loop goes on."""
         ...
 
     def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
