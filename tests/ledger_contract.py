@@ -881,6 +881,8 @@ class LedgerContract:
             ledger.append_log("run-1", "u0", 11, ["not an object"])  # type: ignore[list-item]
         with pytest.raises(InvalidInput, match="seq"):
             ledger.append_log("run-1", "u0", -1, [{}])
+        with pytest.raises(InvalidInput, match=r"events\[11\].*not JSON"):
+            ledger.append_log("run-1", "u0", 11, [{"text": "\ud800"}])  # not UTF-8
         with pytest.raises(InvalidInput, match=r"events\[3\]"):
             ledger.settle_turn("run-1", "u0", 0, 2, 1, now=4.0, events=[(3, {"x": {1, 2}})])
         with pytest.raises(InvalidInput, match=r"events\[0\].*pair"):

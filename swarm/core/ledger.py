@@ -504,7 +504,8 @@ def encode_events(
             )
         try:
             text = json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as e:
+            text.encode()  # a lone surrogate is no UTF-8: DynamoDB could not store it
+        except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
             raise InvalidInput(f"events[{seq}]", f"is not JSON: {e}") from None
         size = log_item_bytes(key, text)
         if size > LOG_ITEM_LIMIT:
