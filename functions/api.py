@@ -35,6 +35,7 @@ from swarm.service.api_models import (
     parse_results_query,
     parse_resume,
     parse_submit,
+    parse_transcript_query,
     parse_upload,
 )
 from swarm.service.batches import Batches, Draining, Shedding
@@ -245,6 +246,17 @@ def results(batch_id: str) -> Response[str]:
     query = parse_results_query(app.current_event.query_string_parameters)
     run = batches().run_for(tenant, batch_id)
     return _json(200, results_reader().page(run, query))
+
+
+@app.get("/batches/<batch_id>/units/<unit_id>/transcript")
+@tracer.capture_method
+def transcript(batch_id: str, unit_id: str) -> Response[str]:
+    batch_id, unit_id = _path_param(batch_id), _path_param(unit_id)
+    tenant = _caller().tenant  # None: an operator, who may read any batch
+    logger.append_keys(batch_id=batch_id, unit_id=unit_id)
+    query = parse_transcript_query(app.current_event.query_string_parameters)
+    run = batches().run_for(tenant, batch_id)
+    return _json(200, results_reader().transcript(run, unit_id, query.from_turn))
 
 
 @app.post("/batches/<batch_id>/resume")

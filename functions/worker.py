@@ -77,6 +77,8 @@ SPLIT_RECEIVES = 3
 #: (which may be hidden in turn): each receive counts towards the lanes' maxReceiveCount, after
 #: which SQS dead-letters the message, and a deep unit must never get there by waiting
 HIDE_RECEIVES = 2
+#: an invocation's last seconds (deployed clock) are kept for its settlements and requeues
+END_MARGIN_S = 10.0
 
 
 class AttemptFailed(Exception):
@@ -89,6 +91,7 @@ def _services() -> tuple[Worker, LaneQueue, Bundling]:
         _cache["worker"] = runtime.worker()
         _cache["lanes"] = runtime.lanes()
         _cache["bundling"] = runtime.bundling()
+        _cache["seconds"] = runtime.seconds
     return _cache["worker"], _cache["lanes"], _cache["bundling"]
 
 
@@ -116,7 +119,11 @@ class Copy:
 
 @tracer.capture_method
 def unit_handler(
-    item: QueuedUnit, record: SQSRecord, alone: bool, invocation: WorkerInvocation
+    item: QueuedUnit,
+    record: SQSRecord,
+    alone: bool,
+    invocation: WorkerInvocation,
+    deadline: float | None = None,
 ) -> Done:
     """One unit, on a thread of its own. ``alone``: the message carries only this unit, and a
     failed attempt raises for the message's redelivery; a bundle's unit is retried by a copy.
@@ -125,7 +132,9 @@ def unit_handler(
     logger.thread_safe_append_keys(batch_id=item.run_id, unit_id=item.unit_id, tenant=item.tenant)
     worker, lanes, _ = _services()
     # a copy delivered again may carry a ticket an earlier delivery spent (swarm.service.worker)
-    report = worker.process(item, first_delivery=receives(record) == 1, invocation=invocation)
+    report = worker.process(
+        item, first_delivery=receives(record) == 1, invocation=invocation, deadline=deadline
+    )
     outcome = report.outcome
     logger.info(
         "unit processed",
@@ -147,10 +156,15 @@ def receives(record: SQSRecord) -> int:
 
 
 def _in_page(
-    page: Page, item: QueuedUnit, record: SQSRecord, alone: bool, invocation: WorkerInvocation
+    page: Page,
+    item: QueuedUnit,
+    record: SQSRecord,
+    alone: bool,
+    invocation: WorkerInvocation,
+    deadline: float,
 ) -> Done:
     with page.message():
-        return unit_handler(item, record, alone, invocation)
+        return unit_handler(item, record, alone, invocation, deadline)
 
 
 def unspent(item: QueuedUnit) -> QueuedUnit:
@@ -242,8 +256,11 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # cost no SSM read), and its units act on that value; the first about to claim enters the
     # register of running work, which the invocation leaves once its settlements are written
     invocation = worker.begin([u for _, us in runs for u in us])
+    # an agent unit starts no model turn that cannot end before the invocation does
+    left_s = _cache["seconds"](context.get_remaining_time_in_millis() / 1000.0 - END_MARGIN_S)
+    deadline = worker.now() + left_s
     try:
-        return _run(worker, lanes, bundling, invocation, runs, copies, failures)
+        return _run(worker, lanes, bundling, invocation, runs, copies, failures, deadline)
     finally:
         worker.end(invocation)
 
@@ -256,6 +273,7 @@ def _run(
     runs: list[tuple[SQSRecord, tuple[QueuedUnit, ...]]],
     copies: list[Copy],
     failures: list[str],
+    deadline: float,
 ) -> dict[str, Any]:
     # the tokens of the units delivered for the first time are booked together, so those that
     # must wait are due back to back and go back together (Worker.book_together)
@@ -269,7 +287,9 @@ def _run(
         alone = len(units) == 1
         for unit in units:
             own = contextvars.copy_context()  # the unit's log keys are its own
-            future = _pool.submit(own.run, _in_page, page, unit, record, alone, invocation)
+            future = _pool.submit(
+                own.run, _in_page, page, unit, record, alone, invocation, deadline
+            )
             running.append((record, unit, alone, future))
     errors = [future.exception() for *_, future in running]  # waits for every unit
     for error in errors:

@@ -442,6 +442,18 @@ class Client:
         given = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
         return self.request("GET", f"/batches/{_segment(batch_id)}/results?{given}")[1]
 
+    def transcript(self, batch_id: str, unit_id: str) -> dict[str, Any]:
+        """An agent unit's whole transcript: ``GET /batches/{id}/units/{unit}/transcript``, its
+        parts joined (``next_turn``)."""
+        path = f"/batches/{_segment(batch_id)}/units/{_segment(unit_id)}/transcript"
+        doc: dict[str, Any] = self.request("GET", path)[1]
+        while doc.get("next_turn") is not None:
+            more = self.request("GET", f"{path}?from_turn={int(doc.pop('next_turn'))}")[1]
+            doc["turns"] += more["turns"]
+            if "next_turn" in more:
+                doc["next_turn"] = more["next_turn"]
+        return doc
+
     def fetch(self, url: str) -> bytes:
         """A presigned URL's object (a results file, or an answer too long for a page)."""
         req = urllib.request.Request(url, method="GET")

@@ -27,6 +27,7 @@ from swarm.adapters.aws import (
 )
 from swarm.adapters.s3_results import S3Results
 from swarm.adapters.simulated_model import SimulatedModelPlane
+from swarm.contract import BEDROCK_DEFAULT_READ_TIMEOUT_S, bedrock_call_bound_s
 from swarm.core import codec
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.governor import GovernorConfig
@@ -152,6 +153,12 @@ def client_configs(settings: Settings) -> dict[str, Any]:
 def governor_name(config: GovernorConfig) -> str:
     """A changed quota, share or capacity starts a fresh bucket instead of fighting the old one."""
     return f"q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+
+
+#: the simulated model plane's longest turn (its latency is a fraction of this), deployed seconds
+SIMULATED_TURN_S = 10.0
+#: a turn's writes (its settlement, its answer, the governor's true-up), deployed seconds
+TURN_MARGIN_S = 5.0
 
 
 @dataclass
@@ -385,6 +392,7 @@ class Wiring:
             max_hold_s=self.seconds(WorkerTimings.max_hold_s),
             longest_delay_s=self.seconds(MAX_SQS_DELAY_S),
             longest_hide_s=self.seconds(WorkerTimings.longest_hide_s),
+            turn_s=self.seconds(self.turn_seconds()),
         )
         governor = self.dynamodb_governor()
         return Worker(
@@ -399,7 +407,19 @@ class Wiring:
             closures=self.closures(),
             tickets=governor,  # it books a batch's tokens together: TicketBooker
             running=self.running_work(),
+            # the local stack's fault injection (its shared model plane), never on AWS
+            kill=getattr(self.shared_model, "kill", None),
         )
+
+    def turn_seconds(self) -> float:
+        """The longest an agent unit's model turn may take, deployed seconds: the model call's
+        bound (Bedrock's timeouts; the simulated plane's ``SIMULATED_TURN_S``) and a margin for
+        the turn's writes. A turn's tools run after it, each within its own timeout."""
+        s = self.settings_as(ModelSettings)
+        if s.model_adapter == "bedrock":
+            read = s.bedrock_read_timeout_seconds or BEDROCK_DEFAULT_READ_TIMEOUT_S
+            return bedrock_call_bound_s(read) + TURN_MARGIN_S
+        return SIMULATED_TURN_S + TURN_MARGIN_S
 
     def finalizer(self) -> Finalizer:
         return Finalizer(

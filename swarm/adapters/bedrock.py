@@ -39,6 +39,7 @@ cdk.json, ``BEDROCK_READ_TIMEOUT_SECONDS``): boto3's 60 s is short for 4,096 out
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -52,7 +53,7 @@ from swarm.contract import (
 )
 from swarm.core import prompts
 from swarm.core.errors import InvalidInput
-from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
+from swarm.core.ports import ConverseCall, ModelRequest, ModelResult, ModelThrottled
 
 THROTTLE_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
 #: CountTokens errors that say nothing about whether the model can count: try again next time
@@ -196,6 +197,23 @@ class BedrockModelPlane:
             output_tokens=output_tokens,
             model_id=self.model_id,
         )
+
+    def converse(self, call: ConverseCall) -> Mapping[str, Any]:
+        """An agent unit's model turn: the request as the loop built it (Converse's rules kept,
+        maxTokens its output bound, at most MAX_OUTPUT_TOKENS). A throttle is ModelThrottled;
+        any other error raises (the loop bills the turn at its draw: it may have been billed)."""
+        request = dict(call.request)
+        settings = dict(request.get("inferenceConfig") or {})
+        settings["maxTokens"] = min(self.max_output_tokens, int(settings.get("maxTokens", 1)))
+        request["inferenceConfig"] = settings
+        try:
+            response: Mapping[str, Any] = self.client.converse(modelId=self.model_id, **request)
+        except client_error_type() as e:
+            code = error_code(e)
+            if code in THROTTLE_CODES:
+                raise ModelThrottled(f"Bedrock throttled {self.model_id}: {code}") from None
+            raise
+        return response
 
     def _refused(self, error: str) -> ModelResult:
         """A call that billed nothing."""

@@ -33,10 +33,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from swarm.adapters import simulated_agent
 from swarm.core import prompts
+from swarm.core.agent import billed_of
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import BucketState, GovernorConfig
-from swarm.core.ports import ModelRequest, ModelResult, ModelThrottled
+from swarm.core.ports import ConverseCall, ModelRequest, ModelResult, ModelThrottled
 from swarm.core.records import Lane
 
 #: the simulated usage is the projection times a factor drawn uniformly from this range
@@ -218,6 +220,45 @@ class SimulatedModelPlane:
         self.total.add(call)
         self._runs.setdefault(call.run_id, ModelCounters()).add(call)
         self._log.setdefault(call.run_id, []).append(call)
+
+    def converse(self, call: ConverseCall) -> dict[str, Any]:
+        """An agent unit's model turn (:mod:`swarm.adapters.simulated_agent`'s scripts), under
+        the same quota and latency as :meth:`invoke`; the call is logged as attempt ``turn``."""
+        response = simulated_agent.answer(self.seed, call.unit_id, dict(call.request))
+        tokens = billed_of(response["usage"])
+        now = self._clock()
+        with self._lock:
+            self._end_storm(now)
+            try:
+                self._bucket, draw = self._bucket.draw(self._config, tokens, Lane.HIGH, now)
+            except InvalidInput:
+                draw = None
+            throttled = draw is None or not draw.granted
+            text = " ".join(
+                str(b["text"]) for b in response["output"]["message"]["content"] if "text" in b
+            )
+            self._record(
+                ModelCall(
+                    call.run_id,
+                    call.unit_id,
+                    call.turn,
+                    tokens,
+                    now,
+                    0 if throttled else tokens,
+                    throttled,
+                    not throttled,
+                    response["stopReason"] == "max_tokens" and not throttled,
+                    output="" if throttled else text,
+                    stop_reason="" if throttled else str(response["stopReason"]),
+                    input_tokens=0 if throttled else tokens - response["usage"]["outputTokens"],
+                    output_tokens=0 if throttled else response["usage"]["outputTokens"],
+                )
+            )
+            if throttled:
+                raise ModelThrottled(f"simulated quota of {self._config.quota_tpm:,} TPM exceeded")
+        if self.seconds_per_1k_tokens:
+            self._sleep(tokens / 1000 * self.seconds_per_1k_tokens)
+        return response
 
     def invoke(self, request: ModelRequest) -> ModelResult:
         r = request

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypedDict
 
-from swarm.core import prompts
+from swarm.core import agent, prompts
 from swarm.core.records import ID_PATTERN, Lane, RunState, UnitState
 
 #: Lambda's synchronous invocation payload (the whole API Gateway event): "6 MB", 6 MiB exactly
@@ -71,6 +71,8 @@ MAX_MAP_ITEM_BYTES = 256 * 1024
 #: a Converse-shaped input's shape: turns, text blocks per turn, system blocks, stop sequences
 MAX_MESSAGES = 100
 MAX_CONTENT_BLOCKS = 20
+#: an agent unit's tools at most (a Converse toolConfig holds the unit's tool specs on every turn)
+MAX_UNIT_TOOLS = 128
 MAX_SYSTEM_BLOCKS = 10
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_SEQUENCE_CHARS = 100
@@ -213,10 +215,46 @@ SystemBlocks = Annotated[list[TextBlock], Field(min_length=1, max_length=MAX_SYS
 SYSTEM_FORMS = "must be a string or a list of text blocks (leave system out for none)"
 
 
+ToolName = Annotated[StrictStr, Field(pattern=agent.NAME_PATTERN)]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ToolChoiceTool(TypedDict):
+    """Force one tool (until the model has called a tool since the last user message)."""
+
+    tool: ToolName
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Limits(TypedDict):
+    """An agent unit's limits (its tokens are capped by projected_tokens)."""
+
+    max_turns: NotRequired[
+        Annotated[
+            StrictInt,
+            Field(
+                ge=1,
+                le=agent.MAX_TURNS,
+                description=f"model turns at most ({agent.DEFAULT_MAX_TURNS} if left out)",
+            ),
+        ]
+    ]
+
+
+FollowUp = Annotated[
+    Text | Annotated[list[TextBlock], Field(min_length=1, max_length=MAX_CONTENT_BLOCKS)],
+    _by_json_type(
+        ((str, TypeAdapter(Text)), (list, TypeAdapter(list[TextBlock]))),
+        "must be a text or a list of text blocks",
+    ),
+]
+
+
 class ConverseInput(BaseModel):
     """A Converse-shaped request: the conversation (user and assistant turns, from the user first
     and last, alternating), an optional system prompt and inference settings. Its texts together
-    hold at most the characters of a string input."""
+    hold at most the characters of a string input. With ``tools``, ``toolChoice``, ``limits`` or
+    ``followUps`` it is an *agent unit*: a loop of model turns and tool calls (docs/agents.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -227,6 +265,28 @@ class ConverseInput(BaseModel):
     ] = Field(default=None, description="instructions for the model: a string, or text blocks")
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     inferenceConfig: InferenceConfig | None = None
+    tools: list[ToolName] | SkipJsonSchema[None] = Field(
+        default=None,
+        max_length=MAX_UNIT_TOOLS,
+        description=(
+            "an agent unit's tools: names from the deployment's tool registry that the batch's "
+            "tenant may use (a 400 names an unknown or forbidden one)"
+        ),
+    )
+    toolChoice: Literal["auto", "any"] | ToolChoiceTool | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            '"auto" (default), "any", or {"tool": name}: the model must call a tool (any, or '
+            "that one) until it has called one since the last user message"
+        ),
+    )
+    limits: Limits | None = None
+    followUps: Annotated[list[FollowUp], Field(max_length=MAX_MESSAGES)] | SkipJsonSchema[None] = (
+        Field(
+            default=None,
+            description="later user messages, each sent once the model has answered the one before",
+        )
+    )
 
     @field_validator("messages")
     @classmethod
@@ -251,8 +311,14 @@ class ConverseInput(BaseModel):
         return self
 
     def prompt(self) -> prompts.Prompt:
-        """The request in the core's normal form (:mod:`swarm.core.prompts`)."""
-        return self._normal
+        """The request in the core's normal form (:mod:`swarm.core.prompts`), with an agent
+        unit's fields (:data:`swarm.core.agent.AGENT_FIELDS`) as given."""
+        extra = {
+            name: getattr(self, name)
+            for name in agent.AGENT_FIELDS
+            if getattr(self, name) is not None
+        }
+        return {**self._normal, **extra} if extra else self._normal
 
 
 # ---------------------------------------------------------------------------------- requests
@@ -467,6 +533,28 @@ class BatchStatus(BaseModel):
     )
 
 
+class AgentUsage(BaseModel):
+    """An agent unit's billed tokens by kind, over its turns."""
+
+    inputTokens: int
+    outputTokens: int
+    cacheReadInputTokens: int
+    cacheWriteInputTokens: int
+
+
+class AgentFigures(BaseModel):
+    """What a results page carries of an agent unit's loop."""
+
+    turns: int = Field(description="model turns started (lost and refused ones included)")
+    lost_turns: int = Field(description="turns whose answer was never recorded: billed at draw")
+    refused_turns: int = Field(description="turns the model plane refused for quota: billed 0")
+    tool_calls: int
+    tool_errors: int = Field(description="tool calls whose result is an error")
+    usage: AgentUsage
+    stop: str = Field(description="completed, limit_turns, limit_tokens or failed")
+    detail: str = Field(description="why it stopped, in words (empty when completed)")
+
+
 class UnitResult(BaseModel):
     """One unit's outcome: the ledger's state, attempts and tokens, and its last settled
     attempt's answer (completed units) or error."""
@@ -491,10 +579,63 @@ class UnitResult(BaseModel):
     error: str | SkipJsonSchema[None] = Field(
         default=None, description="why the last attempt failed (units not completed)"
     )
-    stop_reason: str | SkipJsonSchema[None] = None
+    stop_reason: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "the model's stop reason; for an agent unit, why its loop ended: completed, "
+            "limit_turns, limit_tokens or failed"
+        ),
+    )
     input_tokens: int | SkipJsonSchema[None] = None
     output_tokens: int | SkipJsonSchema[None] = None
     model_id: str | SkipJsonSchema[None] = None
+    agent: AgentFigures | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "an agent unit's loop: its turns, tool calls and why it stopped; the whole "
+            "transcript is GET /batches/{batch_id}/units/{unit_id}/transcript"
+        ),
+    )
+
+
+class TranscriptQuery(BaseModel):
+    """The query of ``GET /batches/{batch_id}/units/{unit_id}/transcript``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_turn: int = Field(
+        default=1, ge=1, le=1_000_000, description="the first model turn to return (1: all)"
+    )
+
+
+class TranscriptStop(BaseModel):
+    reason: str = Field(description="completed, limit_turns, limit_tokens or failed")
+    detail: str
+
+
+class Transcript(BaseModel):
+    """An agent unit's transcript (its event log, read as turns): every model turn with its
+    draw and bill, the assistant's message, its stop reason and usage, and each tool call with
+    its input, status, result and latency."""
+
+    batch_id: str
+    unit_id: str
+    figures: AgentFigures | SkipJsonSchema[None] = Field(
+        default=None, description="the loop's figures (absent while no turn is settled)"
+    )
+    answer: str = Field(description="the final answer (so far, while the loop runs)")
+    stop: TranscriptStop | SkipJsonSchema[None] = Field(
+        default=None, description="why the loop stopped; absent while it runs"
+    )
+    turns: list[dict[str, Any]] = Field(
+        description=(
+            "turns from from_turn on: turn, drawn, billed, lost, refused, message, stopReason, "
+            "usage, tool_calls [{toolUseId, name, input, status, content, latency_s}]"
+        )
+    )
+    next_turn: int | SkipJsonSchema[None] = Field(
+        default=None, description="pass as from_turn for the rest (absent on the last part)"
+    )
 
 
 class ResultsDownload(BaseModel):

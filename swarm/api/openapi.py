@@ -38,10 +38,12 @@ from swarm.api.models import (
     Rebound,
     ResultsPage,
     ResultsQuery,
+    Transcript,
+    TranscriptQuery,
     Upload,
     UploadRequest,
 )
-from swarm.core.records import TENANT_PATTERN
+from swarm.core.records import ID_PATTERN, TENANT_PATTERN
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 IDEMPOTENCY_KEY = "Idempotency-Key"
@@ -94,7 +96,7 @@ class Route:
 
 
 #: what each path parameter may be
-PATH_PATTERNS = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN}
+PATH_PATTERNS = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN, "unit_id": ID_PATTERN}
 _OPERATORS = Reply(
     "API Gateway refused the request (not signed, or not allowed execute-api:Invoke), or the "
     "caller is not an operator of this deployment (forbidden: a role named "
@@ -220,6 +222,23 @@ ROUTES: tuple[Route, ...] = (
             500: _MISCONFIGURED,
         },
         query=ResultsQuery,
+    ),
+    Route(
+        "GET",
+        "/batches/{batch_id}/units/{unit_id}/transcript",
+        "getUnitTranscript",
+        "An agent unit's transcript: every model turn (its draw and bill, the assistant's "
+        "message, usage) and every tool call (input, status, result, latency), from from_turn "
+        "on, as many turns as fit a response (next_turn gives the rest)",
+        {
+            200: Reply("the transcript (or its part from from_turn)", Transcript),
+            400: _INVALID,
+            **_AUTH,
+            404: Reply("no such batch for this tenant, no such unit, or a unit without one"),
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+        query=TranscriptQuery,
     ),
     Route(
         "POST",

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -189,14 +190,58 @@ def demo(options: LocalOptions, state_dir: Path, units: int, seed: int, timeout_
             f"retries {final['retries']}, dead letters {final['counts']['dead_lettered']}"
         )
         show_results(client, doc["batch_id"], state_dir / "results", timeout_s=60.0)
+        agents = agent_demo(client, seed, timeout_s)
         model = client.request("GET", "/_local/model")[1]
         print(
             f"simulated model plane: {model['calls']} calls, {model['throttles']} throttles; "
             f"wall time {time.monotonic() - started:.0f}s (stack start included)"
         )
-        return 0 if final["state"] == "completed" else 1
+        return 0 if final["state"] == "completed" and agents == "completed" else 1
     finally:
         down(state_dir)
+
+
+#: the demo's agent batch: units, and the model turns each makes (a range drawn per unit)
+DEMO_AGENTS, DEMO_TURNS = 20, (4, 8)
+
+
+def agent_demo(client: Client, seed: int, timeout_s: float) -> str:
+    """A batch of agent units (loops of model turns calling the shipped tools), watched to its
+    end; its transcripts summed up, and one unit's shown turn by turn. The batch's state."""
+    from swarm.cli.ops import AGENT_TOOLS, generated_agent_units, watch
+
+    units = generated_agent_units(DEMO_AGENTS, seed, DEMO_TURNS, AGENT_TOOLS)
+    doc = client.submit({"units": units}, idempotency_key=f"demo-agents-{seed}-{int(time.time())}")
+    print(
+        f"agent batch {doc['batch_id']}: {doc['units']} agent units, "
+        f"{DEMO_TURNS[0]}-{DEMO_TURNS[1]} model turns each, tools "
+        f"{', '.join(AGENT_TOOLS)}"
+    )
+    final = watch(client, doc["batch_id"], interval_s=1.0, timeout_s=timeout_s)
+    print(final["healthy_line"])
+    from swarm.cli.results import units as results_of
+
+    found = list(results_of(client, doc["batch_id"], None))
+    figures = [u["agent"] for u in found if "agent" in u]
+    stops = Counter(f["stop"] for f in figures)
+    print(
+        f"transcripts: {sum(f['turns'] for f in figures)} model turns, "
+        f"{sum(f['tool_calls'] for f in figures)} tool calls "
+        f"({sum(f['tool_errors'] for f in figures)} errors), stopped: "
+        + ", ".join(f"{n} {stop}" for stop, n in sorted(stops.items()))
+    )
+    if found:
+        sample = client.transcript(doc["batch_id"], found[0]["unit_id"])
+        print(
+            f"  {found[0]['unit_id']}, turn by turn (`swarm results {doc['batch_id']} "
+            "--transcripts`):"
+        )
+        for turn in sample["turns"]:
+            calls = (
+                ", ".join(f"{c['name']} -> {c['status']}" for c in turn["tool_calls"]) or "answers"
+            )
+            print(f"    turn {turn['turn']}: {turn['billed']:,} tokens; {calls}")
+    return str(final["state"])
 
 
 def show_results(client: Client, batch: str, directory: Path, timeout_s: float) -> None:

@@ -13,7 +13,7 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -184,6 +184,75 @@ def generated_units(n: int, seed: int, min_tokens: int, max_tokens: int) -> list
     ]
 
 
+#: the tools a generated agent unit uses by default: the deployment's shipped ones
+AGENT_TOOLS = ("calculator", "notes_write", "notes_read")
+#: a generated agent unit's output bound per turn (maxTokens)
+AGENT_OUTPUT_BOUND = 512
+
+
+def generated_agent_units(
+    n: int, seed: int, turns: tuple[int, int], tools: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Agent units: each a loop of ``turns`` model turns (a range: drawn per unit) calling
+    ``tools``, its cap sized for its turns with a growing input. On the simulated model plane
+    the system text's ``turns=N`` is the number of turns the scripted model makes
+    (swarm.adapters.simulated_agent); a real model reads it as an instruction."""
+    rng = random.Random(seed)
+    units = []
+    for i in range(n):
+        t = rng.randint(*turns)
+        # each turn's draw: the tools' specs and the conversation so far (growing by an answer
+        # and a tool result a turn, ~300 tokens), plus its output bound; half again as margin
+        draws = sum(400 + 300 * k + AGENT_OUTPUT_BOUND for k in range(t))
+        units.append(
+            {
+                "unit_id": f"agent-{i:05d}",
+                "projected_tokens": draws * 3 // 2,
+                "input": {
+                    "system": f"Work step by step with your tools, then report. turns={t}",
+                    "messages": [
+                        {"role": "user", "content": [{"text": f"Work unit {i}: investigate."}]}
+                    ],
+                    "inferenceConfig": {"maxTokens": AGENT_OUTPUT_BOUND},
+                    "tools": list(tools),
+                    "limits": {"max_turns": min(100, t + 5)},
+                },
+            }
+        )
+    return units
+
+
+def bfcl_units(category: str, limit: int | None) -> list[dict[str, Any]]:
+    """BFCL's multi-turn entries as agent units (swarm.workloads.bfcl): their tools are the
+    deployment's BFCL toolset."""
+    try:
+        from swarm.workloads import bfcl
+    except ImportError:
+        raise InvalidInput(
+            "--bfcl", "needs the bfcl-eval package: run `make setup` (it installs it)"
+        ) from None
+    return [
+        {
+            "unit_id": bfcl.unit_id(entry),
+            "projected_tokens": bfcl.PROJECTED_TOKENS,
+            "input": bfcl.unit_input(entry),
+        }
+        for entry in bfcl.entries(category, limit)
+    ]
+
+
+def turn_range(text: str) -> tuple[int, int]:
+    """``N`` or ``A-B`` model turns, 1 to 100."""
+    low, _, high = text.partition("-")
+    try:
+        a, b = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or A-B (turns)") from None
+    if not 1 <= a <= b <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: turns are 1 to 100, A at most B")
+    return a, b
+
+
 def read_units_file(path: Path) -> Any:
     try:
         doc = json.loads(path.read_text())
@@ -222,10 +291,20 @@ def upload_units(client: Client, body: dict[str, Any], log: TextIO) -> dict[str,
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    if (args.file is None) == (args.generate is None):
-        raise InvalidInput("submit", "give a FILE of units or --generate N, not both")
+    given = [args.file is not None, args.generate is not None, args.bfcl is not None]
+    if sum(given) != 1:
+        raise InvalidInput("submit", "give one of: a FILE of units, --generate N, --bfcl CATEGORY")
+    if args.agent and args.generate is None:
+        raise InvalidInput("--agent", "makes --generate's units agent units: give --generate N")
+    if args.limit is not None and args.bfcl is None:
+        raise InvalidInput("--limit", "limits --bfcl's entries: give --bfcl CATEGORY")
     if args.file is not None:
         body = read_units_file(args.file)
+    elif args.bfcl is not None:
+        body = {"units": bfcl_units(args.bfcl, args.limit)}
+    elif args.agent:
+        tools = args.tools.split(",") if args.tools else list(AGENT_TOOLS)
+        body = {"units": generated_agent_units(args.generate, args.seed, args.turns, tools)}
     else:
         body = {"units": generated_units(args.generate, args.seed, 8_000, 16_000)}
     if args.lane:
@@ -410,6 +489,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--generate", type=positive_int, metavar="N", help="N Lab-6.1-like units")
     p.add_argument("--seed", type=int, default=0, help="seed for --generate (0)")
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="with --generate: agent units, each a loop of model turns calling tools",
+    )
+    p.add_argument(
+        "--turns",
+        type=turn_range,
+        default=(4, 12),
+        metavar="N|A-B",
+        help="with --agent: the model turns of each unit, or a range drawn per unit (4-12)",
+    )
+    p.add_argument(
+        "--tools",
+        metavar="A,B",
+        help=f"with --agent: the tools the units use ({','.join(AGENT_TOOLS)})",
+    )
+    p.add_argument(
+        "--bfcl",
+        choices=["multi_turn_base"],
+        metavar="CATEGORY",
+        help="BFCL's multi-turn entries of CATEGORY (multi_turn_base) as agent units, served "
+        "by the deployment's BFCL tools",
+    )
+    p.add_argument("--limit", type=positive_int, metavar="N", help="with --bfcl: the first N")
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
     p.add_argument("--budget", type=positive_int, help="token budget")
     p.add_argument(

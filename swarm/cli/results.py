@@ -24,8 +24,11 @@ from swarm.core.errors import SwarmError
 from swarm.core.records import UnitState
 
 
-def units(client: Client, batch: str, state: str | None) -> Iterator[dict[str, Any]]:
-    """Every unit's result, page after page, its answer fetched whole when it was linked."""
+def units(
+    client: Client, batch: str, state: str | None, transcripts: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Every unit's result, page after page, its answer fetched whole when it was linked (and,
+    with ``transcripts``, an agent unit's transcript read whole under ``transcript``)."""
     token: str | None = None
     while True:
         page = client.results(batch, state=state, limit=MAX_RESULTS_PAGE, next_token=token)
@@ -33,6 +36,8 @@ def units(client: Client, batch: str, state: str | None) -> Iterator[dict[str, A
             if "output_url" in unit:
                 record = json.loads(client.fetch(unit.pop("output_url")))
                 unit["output"] = record["output"]
+            if transcripts and "agent" in unit:
+                unit["transcript"] = client.transcript(batch, unit["unit_id"])
             yield unit
         token = page.get("next_token")
         if token is None:
@@ -99,7 +104,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     counts: Counter[str] = Counter()
 
     def counted() -> Iterator[dict[str, Any]]:
-        for unit in units(client, args.batch, args.state):
+        for unit in units(client, args.batch, args.state, args.transcripts):
             counts[unit["state"]] += 1
             progress.step()
             yield unit
@@ -144,6 +149,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--state",
         choices=[s.value for s in UnitState],
         help="only units in this state (e.g. completed)",
+    )
+    p.add_argument(
+        "--transcripts",
+        action="store_true",
+        help="with each agent unit's result, its whole transcript (every turn and tool call) "
+        "under 'transcript': one request per agent unit",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, metavar="DIR", help="one DIR/<unit id>.json per unit")

@@ -130,6 +130,9 @@ class AgentSpec:
     #: later user messages (content blocks), each sent once the model answered the one before
     follow_ups: tuple[tuple[dict[str, Any], ...], ...] = ()
     max_turns: int = DEFAULT_MAX_TURNS
+    #: the largest draw the fleet's governor can grant at once on the unit's lane (None: no
+    #: bound): a turn whose draw is larger stops the unit ``limit_tokens`` before it is called
+    max_draw: int | None = None
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
@@ -138,6 +141,12 @@ class AgentSpec:
     def output_bound(self) -> int:
         asked = self.request.get("inferenceConfig", {}).get("maxTokens")
         return int(asked) if asked is not None else DEFAULT_OUTPUT_BOUND
+
+
+def first_draw(spec: AgentSpec) -> int:
+    """What the unit's first model turn draws from the governor."""
+    step = next_step([], spec)
+    return step.draw if isinstance(step, CallModel) else spec.projected_tokens
 
 
 def is_agent_input(value: Any) -> bool:
@@ -296,6 +305,15 @@ class ToolCall:
     #: the tool's idempotency key: f"{batch}/{unit}/{toolUseId}"
     key: str
     refused: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one tool call gave: ``status`` success | error, and its value (or the error's
+    message the model can act on)."""
+
+    status: str
+    value: Any
 
 
 @dataclass(frozen=True)
@@ -700,6 +718,14 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
         )
     left = spec.projected_tokens - spent(log)
     draw = estimate + spec.output_bound
+    if spec.max_draw is not None and draw > spec.max_draw:
+        return Stop(
+            "limit_tokens",
+            f"turn {len(state.turns) + 1} needs {draw:,} tokens (input ~{estimate:,} + output "
+            f"bound {spec.output_bound:,}), more than the fleet's governor grants at once on "
+            f"the unit's lane ({spec.max_draw:,})",
+            answer,
+        )
     if draw > left:
         return Stop(
             "limit_tokens",

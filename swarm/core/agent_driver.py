@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from swarm.core import agent
-from swarm.core.agent import AgentSpec, Event, ToolCall
+from swarm.core.agent import AgentSpec, Event, ToolCall, ToolOutcome
 from swarm.core.clock import Clock
 from swarm.core.errors import Contended, SwarmError
 from swarm.core.ports import ModelThrottled
@@ -35,12 +35,6 @@ from swarm.core.ports import ModelThrottled
 #: a Converse-shaped model: a request in, a Converse response out (output.message, stopReason,
 #: usage)
 ConverseModel = Callable[[dict[str, Any]], Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
-class ToolOutcome:
-    status: str  # success | error
-    value: Any  # what the tool returned (or the error's message)
 
 
 class ToolExecutor(Protocol):

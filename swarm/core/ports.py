@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from swarm.core.errors import InvalidInput, SwarmError
 from swarm.core.governor import Draw, GovernorConfig, GovernorSnapshot, Grant, Ticket, TrueUp
 from swarm.core.lanes import Bundle, QueuedUnit
@@ -59,8 +60,48 @@ class ModelThrottled(SwarmError):
     """The model plane refused the call for quota; nothing was billed."""
 
 
+@dataclass(frozen=True)
+class ConverseCall:
+    """One model turn of an agent unit: a Converse request (``system``, ``messages``,
+    ``inferenceConfig``, ``toolConfig``) built by :func:`swarm.core.agent.next_step`."""
+
+    run_id: str
+    unit_id: str
+    turn: int
+    request: Mapping[str, Any]
+
+
 class ModelPlane(Protocol):
     def invoke(self, request: ModelRequest) -> ModelResult: ...
+
+    def converse(self, call: ConverseCall) -> Mapping[str, Any]:
+        """The Converse response to ``call.request`` (``output.message``, ``stopReason``,
+        ``usage``); ModelThrottled when the plane refused it for quota (nothing billed); any
+        other exception: the call failed, and may have been billed."""
+        ...
+
+
+class ToolRunner(Protocol):
+    """The deployment's tools (the registry in cdk.json) as the worker runs them."""
+
+    def specs(self) -> Mapping[str, Tool]:
+        """Every registered tool by name: what a unit's ``input.tools`` may name."""
+        ...
+
+    def timeout_s(self, name: str) -> float:
+        """The longest a call of tool ``name`` may take (its function's timeout)."""
+        ...
+
+    def in_order(self, name: str) -> bool:
+        """Whether calls of ``name`` must run one after another, in the order the model gave
+        them, with the turn's other such calls (tools sharing state, e.g. BFCL's backends);
+        other calls run in parallel."""
+        ...
+
+    def run(self, call: ToolCall, tenant: str) -> ToolOutcome:
+        """Run ``call`` for ``tenant`` with its idempotency key; a tool's failure, a timeout or
+        a refusal is an error outcome, never an exception."""
+        ...
 
 
 class Governor(Protocol):

@@ -49,9 +49,15 @@ class AttemptOutcome:
     output_tokens: int = 0
     model_id: str = ""
     recorded_at: float = 0.0
+    #: an agent unit's loop: turns, tool calls and errors, usage by kind, the stop's reason and
+    #: detail (swarm.service.agent_loop.agent_summary); None for a single model call
+    agent: dict[str, Any] | None = None
 
     def as_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if self.agent is None:
+            del doc["agent"]
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> AttemptOutcome:
@@ -68,6 +74,7 @@ class AttemptOutcome:
             output_tokens=int(doc.get("output_tokens", 0)),
             model_id=str(doc.get("model_id", "")),
             recorded_at=float(doc.get("recorded_at", 0.0)),
+            agent=dict(doc["agent"]) if isinstance(doc.get("agent"), dict) else None,
         )
 
 
@@ -204,6 +211,8 @@ def unit_result(unit: UnitRecord, outcome: AttemptOutcome | None) -> dict[str, A
         input_tokens=outcome.input_tokens,
         output_tokens=outcome.output_tokens,
     )
+    if outcome.agent is not None:  # the transcript itself: GET .../units/{unit}/transcript
+        doc["agent"] = outcome.agent
     if unit.state is UnitState.COMPLETED and outcome.succeeded:
         doc["output"] = outcome.output
     elif outcome.succeeded:  # the ledger settled this attempt as lost: its answer is not kept

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -56,14 +57,16 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from swarm import wiring
 from swarm.adapters.simulated_model import SimulatedModelPlane
-from swarm.core.ports import ModelPlane, ModelRequest, ModelResult
+from swarm.core.agent_driver import KillPoint
+from swarm.core.lanes import QueuedUnit
+from swarm.core.ports import ConverseCall, ModelPlane, ModelRequest, ModelResult
 from swarm.local import billing
 from swarm.local.events import LambdaContext
 
@@ -114,6 +117,9 @@ class FaultyModelPlane:
     #: runs whose model calls wait until released (a scenario holds work running by design)
     _holds: dict[str, threading.Event] = field(default_factory=dict)
     _waiting: Counter[str] = field(default_factory=Counter)  # calls held now, per run id
+    #: per run id: the kill points of its agent units, and the units killed so far
+    _kills: dict[str, tuple[tuple[KillPoint, ...], set[str]]] = field(default_factory=dict)
+    _kills_at: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def hold(self, run_id: str) -> None:
         """From now on, the run's model calls wait (each at most ``HOLD_AT_MOST_S``, well within
@@ -142,17 +148,57 @@ class FaultyModelPlane:
         with self._lock:
             return self._crashed[run_id] if run_id else sum(self._crashed.values())
 
-    def invoke(self, request: ModelRequest) -> ModelResult:
+    def arm_kills(self, run_id: str, points: Sequence[KillPoint]) -> None:
+        """Kill workers of the run's agent units (swarm.service.agent_loop): each unit once, at
+        one of ``points`` of its first or second model turn, both drawn from its id."""
         with self._lock:
-            gate = self._holds.get(request.run_id)
+            self._kills[run_id] = (tuple(points), set())
+
+    def kill(self, item: QueuedUnit, point: KillPoint, turn: int) -> bool:
+        """The workers' kill hook (``Worker.kill``): True to die here (counted as a crash)."""
+        with self._lock:
+            plan = self._kills.get(item.run_id)
+            if plan is None or item.unit_id in plan[1]:
+                return False
+            digest = int(hashlib.sha256(item.unit_id.encode()).hexdigest(), 16)
+            points = plan[0]
+            if point != points[digest % len(points)] or turn != 1 + (digest // 7) % 2:
+                return False
+            plan[1].add(item.unit_id)
+            self._crashed[item.run_id] += 1
+            self._kills_at[(item.run_id, point.value)] += 1
+            return True
+
+    def kills(self, run_id: str) -> dict[str, int]:
+        """The run's workers killed so far, by point."""
+        with self._lock:
+            return {p: n for (r, p), n in self._kills_at.items() if r == run_id}
+
+    def _gate(self, run_id: str) -> None:
+        """Wait while the run is held (:meth:`hold`)."""
+        with self._lock:
+            gate = self._holds.get(run_id)
             if gate is not None:
-                self._waiting[request.run_id] += 1
+                self._waiting[run_id] += 1
         if gate is not None:
             try:
                 gate.wait(HOLD_AT_MOST_S)
             finally:
                 with self._lock:
-                    self._waiting[request.run_id] -= 1
+                    self._waiting[run_id] -= 1
+
+    def converse(self, call: ConverseCall) -> Mapping[str, Any]:
+        self._gate(call.run_id)
+        started = time.perf_counter()
+        try:
+            return self.plane.converse(call)
+        finally:  # the model call's share of the invocation (time-scaled), for the bill
+            invocation = _current_invocation()
+            if invocation is not None:
+                invocation.span(MODEL, started, time.perf_counter())
+
+    def invoke(self, request: ModelRequest) -> ModelResult:
+        self._gate(request.run_id)
         started = time.perf_counter()
         try:
             result = self.plane.invoke(request)
@@ -468,11 +514,17 @@ def probe_worker_reports() -> None:
         return sleep_metered
 
     @functools.wraps(original)
-    def process(self: Any, item: Any, first_delivery: bool = True, invocation: Any = None) -> Any:
+    def process(
+        self: Any,
+        item: Any,
+        first_delivery: bool = True,
+        invocation: Any = None,
+        deadline: float | None = None,
+    ) -> Any:
         unit_invocation = invocation  # the worker's (drain reading, running-work entry)
         invocation = _current_invocation()
         if invocation is None:
-            return original(self, item, first_delivery, unit_invocation)
+            return original(self, item, first_delivery, unit_invocation, deadline)
         sleep = getattr(self, "sleep", None)
         if callable(sleep) and not getattr(sleep, "metered", False):
             with contextlib.suppress(AttributeError, TypeError):  # a frozen worker: see above
@@ -481,7 +533,7 @@ def probe_worker_reports() -> None:
         started = time.perf_counter()
         _SLOW.start(str(getattr(item, "unit_id", "?")))
         try:
-            report = original(self, item, first_delivery, unit_invocation)
+            report = original(self, item, first_delivery, unit_invocation, deadline)
         finally:
             _SLOW.end()
         fn_host = host()

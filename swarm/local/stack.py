@@ -30,6 +30,7 @@ from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
 from swarm.contract import OUTPUT_DRAIN_PARAMETER
+from swarm.core.agent_driver import KillPoint
 from swarm.local import billing
 from swarm.local.clients import client_factory
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
@@ -368,6 +369,7 @@ class LocalStack:
                 "crashed_workers": self.model.crashed(batch) if self.model else 0,
                 "held_calls": self.model.held(batch) if self.model else 0,
                 "log": [call.as_dict() for call in plane.log(batch)],
+                "kills": self.model.kills(batch) if self.model is not None else {},
             }
         if path == "/_local/model" and method == "GET" and plane is not None:
             return 200, {
@@ -383,6 +385,15 @@ class LocalStack:
             plane.storm(quota, time.time() + seconds)
             return 200, {"quota_tpm": quota, "until_s": seconds}
         if path == "/_local/faults" and method == "POST" and self.model is not None:
+            if isinstance(doc.get("batch_id"), str) and isinstance(doc.get("kill"), list):
+                try:
+                    points = [KillPoint(p) for p in doc["kill"]]
+                except ValueError:
+                    known = ", ".join(p.value for p in KillPoint)
+                    message = f"kill: a list of points of a turn ({known})"
+                    return 400, {"error": "invalid_request", "message": message}
+                self.model.arm_kills(doc["batch_id"], points)
+                return 200, {"kill": [p.value for p in points], "batch_id": doc["batch_id"]}
             if isinstance(doc.get("batch_id"), str) and ("hold" in doc or "release" in doc):
                 if doc.get("hold") is True:
                     self.model.hold(doc["batch_id"])

@@ -24,6 +24,7 @@ from swarm.api.models import (
     BatchResume,
     BatchSubmission,
     ResultsQuery,
+    TranscriptQuery,
     Unit,
     UploadRequest,
     escaped_bytes,
@@ -117,6 +118,11 @@ def parse_resume(body: str | None) -> BatchResume:
 
 def parse_upload(body: str | None) -> UploadRequest:
     return _validate(UploadRequest, parse_json(body))
+
+
+def parse_transcript_query(params: Mapping[str, str] | None) -> TranscriptQuery:
+    """``GET /batches/{id}/units/{unit}/transcript``'s query string (``from_turn``)."""
+    return _validate(TranscriptQuery, dict(params or {}))
 
 
 def parse_results_query(params: Mapping[str, str] | None) -> ResultsQuery:

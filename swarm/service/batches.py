@@ -39,6 +39,8 @@ from swarm.api.models import (
     UnitCounts,
 )
 from swarm.contract import DEFAULT_UNITS_PER_CHILD
+from swarm.core import agent
+from swarm.core.agent import Tool
 from swarm.core.backpressure import (
     MIN_RETRY_AFTER_S,
     Shed,
@@ -168,6 +170,11 @@ class BatchesConfig:
     # the most units one lane message carries (cdk.json worker.bundle_units): SQS counts the
     # lanes' messages, and the shed depths count units
     units_per_message: int = 1
+    #: the deployment's tools (cdk.json ``tools``), which an agent unit's input names
+    tools: Mapping[str, Tool] = field(default_factory=dict)
+    #: the tools each tenant may use (cdk.json ``tenants.<name>.tools``); a tenant not listed
+    #: may use none
+    tenant_tools: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -344,7 +351,27 @@ class Batches:
             ),
             units=[UnitInput(u.unit_id, u.projected_tokens, u.prompt()) for u in units],
         )
+        self._check_agents(tenant, request.units, "manifest.units" if body.manifest else "units")
         return self.submit(tenant, request, idempotency_key, now)
+
+    def _check_agents(self, tenant: str, units: Sequence[UnitInput], field: str) -> None:
+        """Every agent unit's input against the tool registry and the tenant's tools (a 400
+        naming the unit's field: an unknown tool, a tool the tenant may not use, a toolChoice
+        naming a tool the unit does not list, a cap its first turn cannot fit)."""
+        for index, unit in enumerate(units):
+            if agent.is_agent_input(unit.input):
+                self._agent_spec(tenant, unit, f"{field}[{index}].input")
+
+    def _agent_spec(self, tenant: str, unit: UnitInput, field: str) -> agent.AgentSpec:
+        return agent.parse_agent_input(
+            unit.input,
+            batch="check",
+            unit=unit.unit_id,
+            projected_tokens=unit.projected_tokens,
+            registry=self.config.tools,
+            allowed=self.config.tenant_tools.get(tenant, frozenset()),
+            field=field,
+        )
 
     def _upload(self, tenant: str, key: str) -> list[Unit]:
         """The units of a manifest the tenant uploaded: every problem is a 400 on
@@ -398,10 +425,15 @@ class Batches:
             units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
             max_attempts=request.max_attempts,
         )
-        # a unit the governor can never grant would retry until its dead letter
+        # a unit the governor can never grant would retry until its dead letter (an agent
+        # unit draws turn by turn: its first turn's draw; a later turn too large for the bucket
+        # stops it limit_tokens, swarm.core.agent.AgentSpec.max_draw)
         for index, u in enumerate(request.units):
+            amount = u.projected_tokens
+            if agent.is_agent_input(u.input):
+                amount = agent.first_draw(self._agent_spec(tenant, u, f"units[{index}].input"))
             try:
-                check_amount(self.governor.config, u.projected_tokens, request.lane)
+                check_amount(self.governor.config, amount, request.lane)
             except InvalidInput as e:
                 raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
         inputs = {u.unit_id: u.input for u in request.units}

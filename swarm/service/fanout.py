@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from swarm.core.agent import is_agent_input
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import Bundling, QueuedUnit
 from swarm.core.ledger import Admission
@@ -110,7 +111,8 @@ class FanOut:
         items, delays = list(queued), [0.0] * len(queued)
         groups: dict[tuple[Lane, str], list[int]] = {}
         for index, item in enumerate(items):
-            groups.setdefault((item.lane, item.tenant), []).append(index)
+            if not is_agent_input(item.input):  # an agent unit draws turn by turn, unbooked
+                groups.setdefault((item.lane, item.tenant), []).append(index)
         places = self.places
         for (lane, tenant), indexes in groups.items():
             if places is None:

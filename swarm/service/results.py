@@ -22,9 +22,11 @@ from swarm.api.models import (
     ResultsDownload,
     ResultsPage,
     ResultsQuery,
+    Transcript,
     UnitResult,
 )
-from swarm.core.errors import InvalidInput
+from swarm.core import agent
+from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.ports import Ledger, ResultStore
 from swarm.core.records import RunRecord, RunState, UnitRecord, check_id
 from swarm.core.results import (
@@ -65,6 +67,10 @@ def decode_token(token: str) -> str:
         raise InvalidInput(
             "next_token", "is not a token this API gave: pass a page's next_token unchanged"
         ) from None
+
+
+#: the figures of a transcript (swarm.core.agent.summary) its answer carries
+AGENT_FIGURES = ("turns", "lost_turns", "refused_turns", "tool_calls", "tool_errors", "usage")
 
 
 @dataclass
@@ -118,6 +124,41 @@ class Results:
             if page.last is None:
                 return wanted, None
         return wanted, after
+
+    def transcript(self, run: RunRecord, unit_id: str, from_turn: int = 1) -> dict[str, Any]:
+        """An agent unit's transcript (:func:`swarm.core.agent.transcript`) from model turn
+        ``from_turn``, as many turns as fit a response (:data:`MAX_RESULTS_PAGE_BYTES`), with
+        ``next_turn`` when there are more: NotFound for a unit without one (not an agent unit,
+        or not started yet)."""
+        unit = self.ledger.unit(run.run_id, unit_id)  # NotFound for a unit of no such id
+        events = self.ledger.read_log(run.run_id, unit.unit_id)
+        if not events:
+            raise NotFound(
+                f"unit {unit_id!r} of batch {run.run_id} has no transcript: it is not an agent "
+                "unit, or its first turn has not started yet"
+            )
+        whole, figures = agent.transcript(events), agent.summary(events)
+        doc: dict[str, Any] = {
+            "batch_id": run.run_id,
+            "unit_id": unit_id,
+            "figures": {
+                **{k: figures[k] for k in AGENT_FIGURES},
+                "stop": (whole["stop"] or {}).get("reason", ""),
+                "detail": (whole["stop"] or {}).get("detail", ""),
+            },
+            "answer": whole["answer"],
+            "stop": whole["stop"],
+        }
+        size = len(json.dumps(doc, ensure_ascii=False).encode())
+        kept: list[dict[str, Any]] = []
+        for turn in (t for t in whole["turns"] if t["turn"] >= from_turn):
+            size += len(json.dumps(turn, ensure_ascii=False).encode()) + 1
+            if kept and size > MAX_RESULTS_PAGE_BYTES:
+                doc["next_turn"] = turn["turn"]
+                break
+            kept.append(turn)
+        doc["turns"] = kept
+        return Transcript.model_validate(doc).model_dump(mode="json", exclude_none=True)
 
     def _docs(self, run_id: str, units: list[UnitRecord]) -> list[dict[str, Any]]:
         docs = self.unit_docs(run_id, units)

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from swarm.core.agent import is_agent_input
 from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
@@ -47,10 +48,12 @@ from swarm.core.ports import (
     ResultStore,
     RunningWork,
     TicketBooker,
+    ToolRunner,
     requeue_delay,
 )
 from swarm.core.records import Lane, Reservation, UnitState
 from swarm.core.results import outcome_of
+from swarm.service.agent_loop import KillHook, run_agent
 from swarm.service.finalizer import wake
 from swarm.service.pages import keep_outcome, settle_claimed
 
@@ -73,6 +76,9 @@ class WorkerTimings:
     # the longest a message is hidden for (SQS's 12-hour visibility limit, counted from the
     # receive, less a margin for the time since it)
     longest_hide_s: float = float(MAX_SQS_VISIBILITY_S - 300)
+    #: the longest an agent unit's model turn with its tools may take: a worker does not start
+    #: one with less time left in its invocation (docs/agents.md, "Waits and long loops")
+    turn_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,10 @@ class Worker:
     #: the register of running work each invocation enters before its first claim (None: no
     #: register; the simulator and some tests)
     running: RunningWork | None = None
+    #: the deployment's tools, which agent units call (None: none are registered)
+    tools: ToolRunner | None = None
+    #: fault injection (the local stack): True to kill the worker at this point of a turn
+    kill: KillHook | None = None
 
     def begin(self, items: Sequence[QueuedUnit]) -> WorkerInvocation:
         """An invocation of ``items``: the drain switch read once for all of them (the switch
@@ -235,7 +245,7 @@ class Worker:
             return out
         lanes: dict[Lane, list[int]] = {}
         for index, item in enumerate(out):
-            if item.ticket is None:
+            if item.ticket is None and not is_agent_input(item.input):  # agents draw per turn
                 lanes.setdefault(item.lane, []).append(index)
         for lane, indexes in lanes.items():
             if len(indexes) < 2:
@@ -258,19 +268,25 @@ class Worker:
         item: QueuedUnit,
         first_delivery: bool = True,
         invocation: WorkerInvocation | None = None,
+        deadline: float | None = None,
     ) -> WorkReport:
         """One unit of ``invocation`` (None: an invocation of this unit alone, begun and ended
-        here). See :meth:`_process`."""
+        here). See :meth:`_process`. ``deadline``: the latest an agent unit may start a model
+        turn, on this worker's clock (the invocation's end less a turn; None: no limit)."""
         if invocation is not None:
-            return self._process(item, first_delivery, invocation)
+            return self._process(item, first_delivery, invocation, deadline)
         alone = self.begin([item])
         try:
-            return self._process(item, first_delivery, alone)
+            return self._process(item, first_delivery, alone, deadline)
         finally:
             self.end(alone)
 
     def _process(
-        self, item: QueuedUnit, first_delivery: bool, invocation: WorkerInvocation
+        self,
+        item: QueuedUnit,
+        first_delivery: bool,
+        invocation: WorkerInvocation,
+        deadline: float | None = None,
     ) -> WorkReport:
         """``first_delivery``: SQS delivers this copy of the message for the first time (its
         receive count is 1). A copy delivered again may carry a ticket an earlier delivery
@@ -288,6 +304,8 @@ class Worker:
             delay = _delay(self.config.requeue_delay_s)
             why = "draining" if invocation.draining else "drain switch unreadable"
             return WorkReport(Requeue(delay, why, ticket=ticket))
+        if is_agent_input(item.input):  # a loop of turns, each drawing its own tokens
+            return run_agent(self, item, invocation, deadline)
         # Tokens first: under a queue most tries are refused (the unit goes back until its
         # tokens are there), and such a try then costs the governor's request alone, no ledger
         # read. The message names the tokens (the unit's projection, which its reservation
@@ -421,9 +439,11 @@ class Worker:
         if self.closures is not None:
             wake(self.closures, run_id)
 
-    def _ready(self, item: QueuedUnit) -> tuple[Reservation, int] | WorkReport:
+    def _ready(self, item: QueuedUnit, loop: bool = False) -> tuple[Reservation, int] | WorkReport:
         """Bring the unit to "in flight, unclaimed" for its attempt (admitting a retry, settling
-        a dead worker's attempt: its tokens are the int), or report why nothing is to be run."""
+        a dead worker's attempt: its tokens are the int), or report why nothing is to be run.
+        ``loop``: an agent unit, whose dead worker's claim is taken over, never settled as lost
+        (its log tells what that worker did)."""
         lost_tokens = 0
         for _ in range(4):
             unit = self.ledger.unit(item.run_id, item.unit_id)
@@ -447,6 +467,8 @@ class Worker:
             if res.lease_expires > self.now():
                 wait = _delay(res.lease_expires - self.now())
                 return WorkReport(Requeue(wait, "busy: another worker holds this attempt"))
+            if loop or res.loop:  # the claim takes it over
+                return res, lost_tokens
             lost = self.ledger.reclaim_unit(item.run_id, item.unit_id, self.now())
             lost_tokens += lost.attempt.tokens if lost is not None else 0
         return WorkReport(  # pragma: no cover - four transitions always reach a decision

@@ -32,11 +32,12 @@ import importlib
 import inspect
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from bfcl_eval.constants.executable_backend_config import (
     CLASS_FILE_PATH_MAPPING,
@@ -47,13 +48,12 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import state_checker
 
 from swarm.core import agent
-from swarm.core.agent import AgentSpec, Tool, ToolCall
+from swarm.core.agent import AgentSpec, Tool, ToolCall, ToolOutcome
 from swarm.core.agent_driver import (
     Killed,
     KillHook,
     LogStore,
     LoopRunner,
-    ToolOutcome,
     TurnBooks,
     log_key,
     never,
@@ -314,7 +314,7 @@ class Backends:
 
     entry: Entry
     unit: str
-    journals: MemoryJournals
+    journals: Journals
     #: the calls this process ran and journaled (journal replays, and runs another process
     #: journaled first, apart)
     ran: int = 0
@@ -356,6 +356,69 @@ class Backends:
             _run(instances, done["name"], done["input"])
         self._cached = (len(journal), instances)
         return instances
+
+
+class Journals(Protocol):
+    """Each unit's journal of tool calls, durably, appended on its length (MemoryJournals; a
+    DynamoDB table on the stack)."""
+
+    def read(self, unit: str) -> list[dict[str, Any]]: ...
+
+    def append(self, unit: str, seq: int, entry: dict[str, Any]) -> None: ...
+
+
+@cache
+def entries_by_unit(category: str = "multi_turn_base") -> dict[str, Entry]:
+    """The category's entries by their unit id (:func:`unit_id`)."""
+    return {unit_id(entry): entry for entry in entries(category)}
+
+
+@cache
+def all_tools(category: str = "multi_turn_base") -> dict[str, Tool]:
+    """Every function of the backend classes the category's entries use, as a tool by name."""
+    tools: dict[str, Tool] = {}
+    for class_name in sorted({c for entry in entries(category) for c in entry.classes}):
+        for doc in class_docs(class_name):
+            tool = tools.setdefault(doc["name"], tool_of(doc))
+            if tool != tool_of(doc):
+                raise InvalidInput(f"{category}.tools", f"two classes define {doc['name']!r}")
+    return tools
+
+
+@dataclass
+class BfclTools:
+    """BFCL's backends as the deployment's tools (:class:`swarm.core.ports.ToolRunner`): every
+    function of every class, each call run on its unit's backends at most once per idempotency
+    key, the state kept in the unit's journal (``journals``: durable on the stack). A unit is
+    found by the key's unit id (``batch/unit/toolUseId``); calls run in the model's order (the
+    backends share one state per unit)."""
+
+    journals: Journals
+    timeout: float = 10.0
+    category: str = "multi_turn_base"
+    _backends: dict[str, Backends] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def specs(self) -> Mapping[str, Tool]:
+        return all_tools(self.category)
+
+    def timeout_s(self, name: str) -> float:
+        return self.timeout
+
+    def in_order(self, name: str) -> bool:
+        return True
+
+    def run(self, call: ToolCall, tenant: str) -> ToolOutcome:
+        batch, unit, _ = call.key.split("/", 2)
+        entry = entries_by_unit(self.category).get(unit)
+        if entry is None:
+            return ToolOutcome("error", f"unit {unit!r} is not a BFCL {self.category} entry")
+        with self._lock:
+            key = f"{batch}/{unit}"
+            backends = self._backends.get(key)
+            if backends is None:
+                backends = self._backends[key] = Backends(entry, key, self.journals)
+        return backends(call)
 
 
 def fresh_instances(entry: Entry) -> dict[str, Any]:
