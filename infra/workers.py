@@ -63,8 +63,10 @@ class Workers(Construct):
             role,
             "dynamodb:BatchGetItem",  # every read (run, spec, unit, attempt, closure token)
             # admit, claim, unclaim, reclaim, settlement updates (the settled attempt is kept in
-            # its unit's item: no PutItem)
+            # its unit's item: no PutItem); an agent unit's turns and log events
             "dynamodb:UpdateItem",
+            # an agent unit's log, read once per delivery (Ledger.read_log: its partition)
+            "dynamodb:Query",
         )
         grant_get_parameter(drain_parameter, role)
         # the settlement that ends a run's last unit wakes its finalize loop (its task token:

@@ -743,8 +743,13 @@ class DynamoDBLedger:
         tokens: int,
         now: float,
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        known: UnitRecord | None = None,
     ) -> TurnSettlement:
-        """A strongly consistent read of the books and the unit, then ONE TransactWriteItems:
+        """With ``known`` (the unit as this worker's last write left it), nearly always ONE
+        TransactWriteItems and no read: the turn decided on it and a stand-in of the books
+        (open: a turn's deltas do not depend on the books), written on the unit exactly as known
+        and the books still open; if that fails, or without ``known``:
+        a strongly consistent read of the books and the unit, then ONE TransactWriteItems:
         the unit (as read: its turns, its reservation), the books by deltas (on the state and
         exhaustion epoch read: a run that stopped being open meanwhile cancels it, and the turn
         is decided again on the state read then, so the answer carries the state the write
@@ -763,6 +768,26 @@ class DynamoDBLedger:
                     f"{[seq for seq, _ in encoded]} already: another worker moved it"
                 )
             return _AGAIN  # the books moved (the run's state) or a conflict: decide again
+
+        if known is not None and known.turns == turn - 1:
+            stand_in = RunRecord(self._spec(run_id))  # open, nothing reserved but this unit's
+            held = known.reservation.held if known.reservation is not None else 0
+            stand_in = stand_in.with_(reserved=held, in_flight=1)
+            try:
+                after, new_unit, settled = decide_turn(stand_in, known, attempt, turn, tokens, now)
+            except Conflict:
+                settled = None
+            if settled is not None and settled.settled:
+                writes = [
+                    items.unit_update(self.table_name, known, new_unit),
+                    items.run_update(self.table_name, stand_in, after, any_epoch=True),
+                    *(items.log_put(self.table_name, log, seq, text) for seq, text in encoded),
+                ]
+                try:
+                    self._write(writes)
+                    return settled
+                except _Retry as e:
+                    on_conflict(e.codes)  # a log event's seq taken: Contended; else read
 
         def step() -> TurnSettlement | _Write[TurnSettlement]:
             run, unit = self._read_run_unit(run_id, unit_id)

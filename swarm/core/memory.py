@@ -288,6 +288,7 @@ class InMemoryLedger:
         tokens: int,
         now: float,
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        known: UnitRecord | None = None,  # the DynamoDB ledger's hint; nothing to save here
     ) -> TurnSettlement:
         key = log_key(run_id, unit_id)
         encoded = encode_events(key, events, MAX_TURN_EVENTS)

@@ -315,6 +315,7 @@ class Ledger(Protocol):
         tokens: int,
         now: float,
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        known: UnitRecord | None = None,
     ) -> TurnSettlement:
         """Settle model turn ``turn`` of an agent loop's attempt (claimed with ``loop``), once,
         with the log events ``events`` (``(seq, event)``, each only if its seq is free), in one
@@ -322,7 +323,10 @@ class Ledger(Protocol):
         holds them. A turn settled before: ``settled`` False, nothing written. Conflict unless
         the unit holds the attempt's loop reservation and has settled ``turn - 1`` turns;
         :class:`~swarm.core.errors.Contended` (nothing written) when a seq is taken. Any run
-        state: the answer carries it, and the loop stops at this boundary unless it is open."""
+        state: the answer carries it, and the loop stops at this boundary unless it is open.
+        ``known``: the unit as the caller's last write left it (a claim's, a turn's): the
+        DynamoDB ledger then decides without reading, and reads only when the unit or the
+        books moved since."""
         ...
 
     def pause(self, run_id: str, unit_id: str, attempt: int, now: float) -> RunRecord:

@@ -213,6 +213,7 @@ class AgentLoop:
                 tokens,
                 self._now(),
                 events=[(seq + i, e) for i, e in enumerate(events)],
+                known=self.unit,
             )
         except Contended:
             return None

@@ -130,8 +130,11 @@ EXPECTED: dict[FunctionName, Table] = {
                 "dynamodb:BatchGetItem",
                 # admit, claim, unclaim, reclaim_unit (_release) and settle's books/unit Updates
                 # (the settled attempt is kept in its unit's item); DynamoDBRunning.enter/leave
-                # (an invocation's entry in the register of running work)
+                # (an invocation's entry in the register of running work); an agent unit's
+                # settle_turn and append_log (its log items: conditional updates)
                 "dynamodb:UpdateItem",
+                # Ledger.read_log: an agent unit's log, once per delivery
+                "dynamodb:Query",
             }
         ),
         # SsmDrainSwitch.draining: once per invocation, cached for a few seconds per container

@@ -369,6 +369,41 @@ def test_a_turn_is_one_transaction_of_the_unit_the_books_and_its_log_items(
     assert len(fresh.read_log("run-1", "u0")) == 5
 
 
+def test_a_turn_settled_on_the_unit_its_worker_knows_reads_nothing_unless_it_moved(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an agent unit claimed as a loop, the claim's answer kept by its worker
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=2, tokens=100), now=0.0)
+    ledger.admit("run-1", "u0", 0, now=0.0)
+    claim = ledger.claim_queued("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+    assert claim is not None
+    calls: list[tuple[str, int]] = []
+    call = ledger._call
+
+    def counted(op: str, **kw: Any) -> Any:
+        calls.append((op, len(kw.get("TransactItems", []))))
+        return call(op, **kw)
+
+    monkeypatch.setattr(ledger, "_call", counted)
+    # When turn 1 settles on the unit it knows
+    first = ledger.settle_turn("run-1", "u0", 0, 1, 30, 2.0, [(0, {"e": 0})], known=claim.unit)
+    # Then it is one transaction and no read, and the books are those of the read path
+    assert first.settled and calls == [("transact_write_items", 3)]
+    run = ledger.run("run-1")
+    assert (run.spent, run.reserved) == (30, 70)
+    # When turn 2 settles on a unit that moved since (another worker settled turn 2 first)
+    other = ledger.settle_turn("run-1", "u0", 0, 2, 5, 3.0, known=first.unit)
+    assert other.settled
+    calls.clear()
+    again = ledger.settle_turn("run-1", "u0", 0, 2, 5, 3.0, [(1, {"e": 1})], known=first.unit)
+    # Then the write on the stale unit failed, the read found the turn settled: a duplicate,
+    # nothing billed twice and nothing of its log written
+    assert calls == [("transact_write_items", 3), ("batch_get_item", 0)]
+    assert not again.settled and ledger.run("run-1").spent == 35
+    assert len(ledger.read_log("run-1", "u0")) == 1
+
+
 def test_a_log_is_read_a_page_at_a_time_in_seq_order(dynamodb: Any) -> None:
     # Given a log of more than one 1 MB Query page (30 events of ~100 KB)
     ledger = DynamoDBLedger(TABLE, client=dynamodb)
