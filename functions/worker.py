@@ -257,8 +257,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # register of running work, which the invocation leaves once its settlements are written
     invocation = worker.begin([u for _, us in runs for u in us])
     # an agent unit starts no model turn that cannot end before the invocation does
-    left_s = _cache["seconds"](context.get_remaining_time_in_millis() / 1000.0 - END_MARGIN_S)
-    deadline = worker.now() + left_s
+    on_clock = _cache.get("seconds", float)  # deployed seconds on this runtime's clock
+    left_s = on_clock(context.get_remaining_time_in_millis() / 1000.0 - END_MARGIN_S)
+    deadline = time.time() + left_s  # the workers' clock (Wiring.worker)
     try:
         return _run(worker, lanes, bundling, invocation, runs, copies, failures, deadline)
     finally:

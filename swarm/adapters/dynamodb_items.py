@@ -35,7 +35,7 @@ BOOKS = "books"
 #: the books' counters, changed by ADD; ``available`` and ``outstanding`` are derived from them
 COUNTERS = (
     "budget", "spent", "reserved", "attempts", "retries", "completed", "dead_lettered",
-    "remainder", "in_flight", "exhaustions",
+    "remainder", "in_flight", "exhaustions", "turns", "tool_calls",
 )  # fmt: skip
 
 #: a unit's reservation, set and removed together (:func:`unit_update`). ``res_lease`` is also

@@ -64,6 +64,7 @@ from swarm.core.ledger import (
     numbered,
     reclaim_in_turn,
     scan_leases,
+    tool_calls_in,
 )
 from swarm.core.ports import ClaimedSettlement, TenantQueued, UnitsPage
 from swarm.core.records import (
@@ -774,7 +775,9 @@ class DynamoDBLedger:
             held = known.reservation.held if known.reservation is not None else 0
             stand_in = stand_in.with_(reserved=held, in_flight=1)
             try:
-                after, new_unit, settled = decide_turn(stand_in, known, attempt, turn, tokens, now)
+                after, new_unit, settled = decide_turn(
+                    stand_in, known, attempt, turn, tokens, now, tool_calls_in(events)
+                )
             except Conflict:
                 settled = None
             if settled is not None and settled.settled:
@@ -791,7 +794,9 @@ class DynamoDBLedger:
 
         def step() -> TurnSettlement | _Write[TurnSettlement]:
             run, unit = self._read_run_unit(run_id, unit_id)
-            new_run, new_unit, settled = decide_turn(run, unit, attempt, turn, tokens, now)
+            new_run, new_unit, settled = decide_turn(
+                run, unit, attempt, turn, tokens, now, tool_calls_in(events)
+            )
             if not settled.settled:
                 return TurnSettlement(
                     False, run.state, unit.with_(state=effective_state(run, unit))

@@ -265,13 +265,14 @@ class ConverseInput(BaseModel):
     ] = Field(default=None, description="instructions for the model: a string, or text blocks")
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     inferenceConfig: InferenceConfig | None = None
-    tools: list[ToolName] | SkipJsonSchema[None] = Field(
-        default=None,
-        max_length=MAX_UNIT_TOOLS,
-        description=(
-            "an agent unit's tools: names from the deployment's tool registry that the batch's "
-            "tenant may use (a 400 names an unknown or forbidden one)"
-        ),
+    tools: Annotated[list[ToolName], Field(max_length=MAX_UNIT_TOOLS)] | SkipJsonSchema[None] = (
+        Field(
+            default=None,
+            description=(
+                "an agent unit's tools: names from the deployment's tool registry that the batch's "
+                "tenant may use (a 400 names an unknown or forbidden one)"
+            ),
+        )
     )
     toolChoice: Literal["auto", "any"] | ToolChoiceTool | SkipJsonSchema[None] = Field(
         default=None,
@@ -497,6 +498,13 @@ class TokenBook(BaseModel):
     available: int
 
 
+class AgentTotals(BaseModel):
+    """A batch's agent units so far, from its books."""
+
+    turns: int = Field(description="model turns settled (billed, lost or refused)")
+    tool_calls: int = Field(description="tool calls recorded with those turns")
+
+
 class BatchStatus(BaseModel):
     """A batch: its state, counts per outcome, spend against budget and the healthy line."""
 
@@ -511,6 +519,10 @@ class BatchStatus(BaseModel):
     tokens: TokenBook
     elapsed_s: float
     healthy_line: str
+    agent: AgentTotals | SkipJsonSchema[None] = Field(
+        default=None,
+        description="the batch's agent units so far: present once one of their turns settled",
+    )
     # absent, never null, when not given (the service dumps it with exclude_none)
     remainder: (
         Annotated[list[str], Field(max_length=MAX_REMAINDER_LISTED)] | SkipJsonSchema[None]

@@ -355,6 +355,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not args.watch:
         print(progress_line(doc))
     print(doc["healthy_line"])
+    if doc.get("agent"):
+        agents = doc["agent"]
+        print(f"agent units: {agents['turns']:,} model turns, {agents['tool_calls']:,} tool calls")
     if doc.get("remainder"):
         print(
             f"remainder ({doc['counts']['remainder']}): {', '.join(doc['remainder'][:10])}"

@@ -64,7 +64,7 @@ def spec_from_doc(doc: Doc) -> RunSpec:
 
 _RUN_COUNTERS = (
     "spent", "reserved", "attempts", "retries", "completed", "dead_lettered", "remainder",
-    "in_flight", "budget", "exhaustions",
+    "in_flight", "budget", "exhaustions", "turns", "tool_calls",
 )  # fmt: skip
 
 
@@ -78,7 +78,7 @@ def run_to_doc(run: RunRecord) -> Doc:
 
 
 def run_from_doc(doc: Doc) -> RunRecord:
-    counters = {name: int(doc[name]) for name in _RUN_COUNTERS}
+    counters = {name: int(doc.get(name, 0)) for name in _RUN_COUNTERS}  # older files: no turns
     return RunRecord(
         spec=spec_from_doc(doc["spec"]),
         state=RunState(doc["state"]),

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarm.core.errors import Conflict, InvalidInput
 from swarm.core.records import (
@@ -387,8 +387,20 @@ def decide_release(run: RunRecord, unit: UnitRecord, now: float) -> tuple[RunRec
     return _close_if_done(run, now), unit
 
 
+def tool_calls_in(events: Sequence[tuple[int, Mapping[str, Any]]]) -> int:
+    """The tool calls a turn's log events record (its ``tool_result`` events): the books count
+    them with the turn (``RunRecord.tool_calls``)."""
+    return sum(1 for _, event in events if event.get("type") == "tool_result")
+
+
 def decide_turn(
-    run: RunRecord, unit: UnitRecord, attempt: int, turn: int, tokens: int, now: float
+    run: RunRecord,
+    unit: UnitRecord,
+    attempt: int,
+    turn: int,
+    tokens: int,
+    now: float,
+    tool_calls: int = 0,
 ) -> tuple[RunRecord, UnitRecord, TurnSettlement]:
     """Settle model turn ``turn`` of an agent loop's attempt ``attempt`` (``Ledger.settle_turn``):
     its billed ``tokens`` spent now, released from the reservation as far as it still holds
@@ -424,7 +436,12 @@ def decide_turn(
         reservation=replace(res, used=res.used + tokens),
         log_key=unit.log_key or log_key(run.run_id, unit.unit_id),
     )
-    run = run.with_(spent=run.spent + tokens, reserved=run.reserved - released)
+    run = run.with_(
+        spent=run.spent + tokens,
+        reserved=run.reserved - released,
+        turns=run.turns + 1,
+        tool_calls=run.tool_calls + tool_calls,
+    )
     return run, unit, TurnSettlement(True, run.state, unit)
 
 

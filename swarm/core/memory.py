@@ -52,6 +52,7 @@ from swarm.core.ledger import (
     numbered,
     reclaim_in_turn,
     scan_leases,
+    tool_calls_in,
 )
 from swarm.core.ports import (
     ClaimedSettlement,
@@ -293,7 +294,9 @@ class InMemoryLedger:
         key = log_key(run_id, unit_id)
         encoded = encode_events(key, events, MAX_TURN_EVENTS)
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
-        new_run, new_unit, settled = decide_turn(run, unit, attempt, turn, tokens, now)
+        new_run, new_unit, settled = decide_turn(
+            run, unit, attempt, turn, tokens, now, tool_calls_in(events)
+        )
         if not settled.settled:
             return TurnSettlement(False, run.state, unit.with_(state=effective_state(run, unit)))
         self._check_free(key, [seq for seq, _ in encoded])

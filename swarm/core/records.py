@@ -264,6 +264,8 @@ class RunRecord:
     remainder: int = 0
     in_flight: int = 0
     exhaustions: int = 0  # how many times the budget ran out (the current drain's epoch)
+    turns: int = 0  # agent units' model turns settled (Ledger.settle_turn)
+    tool_calls: int = 0  # the tool calls those turns made
     budget: int = field(default=-1)  # the spec's budget plus every top-up
     opened_at: float = 0.0
     closed_at: float | None = None

@@ -29,6 +29,7 @@ from swarm.api.models import (
     MAX_MANIFEST_BYTES,
     MAX_MAP_ITEM_BYTES,
     MAX_REMAINDER_LISTED,
+    AgentTotals,
     BatchStatus,
     BatchSubmission,
     Fleet,
@@ -583,6 +584,7 @@ class Batches:
             healthy_line=healthy_line(run, elapsed),
             remainder=remainder,
             units_written=run.units_written if run.state is RunState.OPENING else None,
+            agent=AgentTotals(turns=run.turns, tool_calls=run.tool_calls) if run.turns else None,
         )
 
     # ------------------------------------------------------------------ resume

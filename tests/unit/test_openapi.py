@@ -20,12 +20,14 @@ from swarm.api.models import (
     MAX_MESSAGES,
     MAX_STOP_SEQUENCE_CHARS,
     MAX_STOP_SEQUENCES,
+    MAX_UNIT_TOOLS,
     NOT_WHITESPACE,
     Error,
     ErrorCode,
     Unit,
 )
 from swarm.api.openapi import ROUTES, render
+from swarm.core import agent
 from swarm.core.records import ID_PATTERN, LANES, TENANT_PATTERN
 from swarm.service.batches import batch_id_for
 
@@ -131,7 +133,7 @@ def source_schema(operation: dict[str, Any], status: str) -> dict[str, Any]:
 def test_every_id_is_documented_with_the_one_pattern_the_code_checks() -> None:
     unit = SPEC["components"]["schemas"]["Unit"]
     assert unit["properties"]["unit_id"]["pattern"] == ID_PATTERN
-    patterns = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN}
+    patterns = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN, "unit_id": ID_PATTERN}
     for path, ops in SPEC["paths"].items():
         for op in ops.values():
             for param in op.get("parameters", []):
@@ -172,7 +174,20 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
         "pattern": NOT_WHITESPACE,
     }
     converse = resolve(request)
-    assert set(converse["properties"]) == {"system", "messages", "inferenceConfig"}
+    assert set(converse["properties"]) == {
+        "system",
+        "messages",
+        "inferenceConfig",
+        # an agent unit's (docs/agents.md)
+        "tools",
+        "toolChoice",
+        "limits",
+        "followUps",
+    }
+    assert converse["properties"]["tools"]["maxItems"] == MAX_UNIT_TOOLS
+    assert converse["properties"]["tools"]["items"]["pattern"] == agent.NAME_PATTERN
+    limits = resolve(converse["properties"]["limits"])["properties"]["max_turns"]
+    assert (limits["minimum"], limits["maximum"]) == (1, agent.MAX_TURNS)
     assert converse["required"] == ["messages"] and converse["additionalProperties"] is False
     assert converse["properties"]["messages"]["maxItems"] == MAX_MESSAGES
     message = resolve(converse["properties"]["messages"]["items"])

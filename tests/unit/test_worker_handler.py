@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -59,6 +60,7 @@ class FakeWorker:
     booked: list[list[str]] = field(default_factory=list)
     tickets: dict[str, Ticket] = field(default_factory=dict)
     presented: dict[str, Ticket | None] = field(default_factory=dict)  # what process() got
+    deadlines: list[float | None] = field(default_factory=list)  # each process()'s deadline
 
     #: each invocation begun and ended (the handler ends every one it begins)
     begun: list[WorkerInvocation] = field(default_factory=list)
@@ -83,8 +85,10 @@ class FakeWorker:
         queued: QueuedUnit,
         first_delivery: bool = True,
         invocation: WorkerInvocation | None = None,
+        deadline: float | None = None,
     ) -> WorkReport:
         self.seen.append(queued.unit_id)
+        self.deadlines.append(deadline)
         self.first[queued.unit_id] = first_delivery
         self.presented[queued.unit_id] = queued.ticket
         if self.together is not None:
@@ -149,6 +153,18 @@ def test_a_batchs_messages_run_at_once(monkeypatch: pytest.MonkeyPatch, lanes: F
     assert sorted(worker.seen) == units
 
 
+def test_every_unit_is_given_the_invocations_end_less_its_margin_as_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # the local context says 300 s are left: an agent unit starts no turn past 290 s from now
+    worker = FakeWorker({u: WorkReport(Ack("completed")) for u in ("a", "b")})
+    before = time.time()
+    run(monkeypatch, worker, lanes, event("a", "b"))
+    left = 300.0 - worker_handler.END_MARGIN_S
+    assert len(worker.deadlines) == 2
+    assert all(d is not None and before + left <= d <= time.time() + left for d in worker.deadlines)
+
+
 def test_each_message_has_its_own_outcome_on_sqs(
     monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
 ) -> None:
@@ -185,7 +201,12 @@ def test_an_invocation_is_begun_once_for_all_its_units_and_ended_whatever_they_d
     seen: list[object] = []
     process = worker.process
 
-    def noting(queued: QueuedUnit, first_delivery: bool = True, invocation: object = None) -> Any:
+    def noting(
+        queued: QueuedUnit,
+        first_delivery: bool = True,
+        invocation: object = None,
+        deadline: float | None = None,
+    ) -> Any:
         seen.append(invocation)
         return process(queued, first_delivery)
 
