@@ -47,6 +47,11 @@ from swarm.local.deploy import ROOT, LocalOptions
 #: issue 15's targets for the happy path
 TARGET_REQUESTS_PER_UNIT = 8.0
 TARGET_USD_PER_MILLION_UNITS = 10.0
+#: issue 33's target for agent units: billed requests per model turn, the tools' own apart
+TARGET_REQUESTS_PER_TURN = 5.0
+#: the bill's callers that are the deployment's tool functions (their label: the handler's
+#: module under functions/tools/): what a turn's tool calls cost, listed apart
+TOOL_CALLER_PREFIX = "tools."
 #: the API refuses a budget above cdk.json's budget.max_tokens
 MAX_BUDGET = 1_000_000_000
 MILLION = 1_000_000
@@ -94,12 +99,18 @@ class CostConfig:
     #: the batch's lane: the API's default, which keeps a reserve for the high lane and so
     #: queues its units for tokens instead of booking them (docs/governor.md); ``high`` books
     lane: Lane = Lane.NORMAL
+    #: agent units (``swarm submit --generate N --agent``) of ``turns`` model turns each,
+    #: calling the shipped tools: the bill is also given per model turn
+    agent: bool = False
+    turns: int = 8
 
     def check(self) -> None:
         if self.units < 1:
             raise InvalidInput("--units", "must be at least 1")
         if self.time_scale <= 0:
             raise InvalidInput("--time-scale", "must be > 0")
+        if not 1 <= self.turns <= 100:
+            raise InvalidInput("--turns", "must be 1 to 100 model turns")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise InvalidInput("--min-tokens", "must be at least 1 and at most --max-tokens")
 
@@ -107,11 +118,15 @@ class CostConfig:
 def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
     """Run the batch on a fresh local stack; the bill per unit (:func:`summarize`)."""
     from swarm.cli.local import down, up
-    from swarm.cli.ops import generated_units
+    from swarm.cli.ops import AGENT_TOOLS, generated_agent_units, generated_units
 
     cfg.check()
     out = progress or sys.stderr
-    units = generated_units(cfg.units, cfg.seed, cfg.min_tokens, cfg.max_tokens)
+    if cfg.agent:
+        turns = (cfg.turns, cfg.turns)
+        units = generated_agent_units(cfg.units, cfg.seed, turns, AGENT_TOOLS)
+    else:
+        units = generated_units(cfg.units, cfg.seed, cfg.min_tokens, cfg.max_tokens)
     budget = min(MAX_BUDGET, 2 * sum(u["projected_tokens"] for u in units))
     timings = deployed_timings(cfg.time_scale)
     options = LocalOptions(time_scale=cfg.time_scale, failure_rate=0.0, **timings)
@@ -140,6 +155,8 @@ def run(cfg: CostConfig, progress: TextIO | None = None) -> dict[str, Any]:
     figures = measure_asset(template, cfg.state_dir / "asset")
     bill = bill_init(bill, lambda module: float(figures["import_s"][module]))
     result = summarize(bill, cfg.units, batch=batch, status=final)
+    if cfg.agent:
+        result["agent"] = per_turn(result, int((final.get("agent") or {}).get("turns", 0)))
     result["asset"] = figures
     result["local_timings"] = timings
     result["lane"] = cfg.lane.value
@@ -381,6 +398,70 @@ def summarize(
     return result
 
 
+def per_turn(result: dict[str, Any], turns: int) -> dict[str, Any]:
+    """An agent batch's bill per model turn: billed requests and dollars per million turns of
+    everything but the tool functions' own (their invocations, durations and requests), and
+    theirs apart, by line."""
+    units = int(result["units"])
+    billed = [d for d in result["lines"] if d["billed"]]
+    tools = [d for d in billed if str(d["caller"]).startswith(TOOL_CALLER_PREFIX)]
+    rest = [d for d in billed if d not in tools]
+    per = units / turns if turns else 0.0  # a unit's figures times this: a turn's
+
+    def requests(lines: list[dict[str, Any]]) -> float:
+        return float(sum(d["requests_per_unit"] for d in lines)) * per
+
+    def usd(lines: list[dict[str, Any]]) -> float:
+        return float(sum(d["usd_per_million_units"] for d in lines)) * per
+
+    return {
+        "turns": turns,
+        "turns_per_unit": turns / units if units else 0.0,
+        "requests_per_turn": requests(rest),
+        "usd_per_million_turns": usd(rest),
+        "tools": {
+            "requests_per_turn": requests(tools),
+            "usd_per_million_turns": usd(tools),
+            "lines": [
+                {
+                    "service": d["service"],
+                    "operation": d["operation"],
+                    "caller": d["caller"],
+                    "requests_per_turn": d["requests_per_unit"] * per,
+                    "usd_per_million_turns": d["usd_per_million_units"] * per,
+                }
+                for d in tools
+            ],
+        },
+        "waited_for_tokens_s_per_turn": result["lambda"]["waited_for_tokens_s_per_unit"] * per,
+        "slept_for_tokens_s_per_turn": result["lambda"]["slept_for_tokens_s_per_unit"] * per,
+        "target_requests_per_turn": TARGET_REQUESTS_PER_TURN,
+    }
+
+
+def _agent_lines(figures: dict[str, Any] | None) -> list[str]:
+    if not figures:
+        return []
+    out = [
+        "",
+        f"agent units: {figures['turns']:,} model turns ({figures['turns_per_unit']:.1f} a "
+        "unit); the tool functions' own requests apart",
+        f"  per model turn: {figures['requests_per_turn']:.2f} billed requests "
+        f"(target <= {figures['target_requests_per_turn']:g}), "
+        f"${figures['usd_per_million_turns']:.2f} per million turns",
+        f"  waiting for tokens: {figures['waited_for_tokens_s_per_turn']:.3f} Lambda-s per turn "
+        f"({figures['slept_for_tokens_s_per_turn']:.3f} s of it asleep within the bounded hold)",
+        f"  the tools' own, per turn: {figures['tools']['requests_per_turn']:.2f} requests, "
+        f"${figures['tools']['usd_per_million_turns']:.2f} per million turns",
+    ]
+    for d in figures["tools"]["lines"]:
+        out.append(
+            f"    {d['service']:<10} {d['operation'][:40]:<40} {d['caller'][:24]:<24} "
+            f"{d['requests_per_turn']:>7.3f} {d['usd_per_million_turns']:>8.2f}"
+        )
+    return out
+
+
 def _timings_line(timings: dict[str, Any] | None, scale: float) -> list[str]:
     if not timings:
         return []
@@ -482,6 +563,7 @@ def render(result: dict[str, Any], top: int = 30) -> str:
         f"Lambda-seconds waited for tokens per unit: {lam['waited_for_tokens_s_per_unit']:.3f} "
         f"(of which sleeping {lam['slept_for_tokens_s_per_unit']:.3f} s: "
         f"${lam['sleeping_for_tokens_usd_per_million_units']:.2f} per M units)",
+        *_agent_lines(result.get("agent")),
         *_asset_lines(result.get("asset")),
         "not counted: " + "; ".join(result["not_counted"]),
     ]

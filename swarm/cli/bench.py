@@ -178,6 +178,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         timeout_s=args.timeout,
         lane=Lane(args.lane),
+        agent=args.agent,
+        turns=args.turns,
     )
     result = cost.run(cfg)
     print(json.dumps(result, indent=2) if args.json else cost.render(result))
@@ -234,6 +236,18 @@ def register_cost(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=float_in(1, 86_400),
         default=d.timeout_s,
         help=f"seconds to wait for the batch ({d.timeout_s:g})",
+    )
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="agent units (each a loop of --turns model turns calling the shipped tools): the "
+        "bill also per model turn, the tool functions' own requests listed apart",
+    )
+    p.add_argument(
+        "--turns",
+        type=int_in(1, 100),
+        default=d.turns,
+        help=f"with --agent: model turns per unit ({d.turns})",
     )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(handler=cmd_cost)
