@@ -30,6 +30,9 @@ TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
+_cache: dict[str, Any] = {}  # nothing to cache: no client (the handlers' common shape)
+
+
 def run(call: ToolEvent) -> Any:
     try:
         value = evaluate(call.input.get("expression"))  # type: ignore[arg-type]

@@ -359,7 +359,7 @@ def granted(synth: Synthesized, name: str) -> Table:
     if name.startswith("tool:"):
         role = synth.stack.tools.functions[name.removeprefix("tool:")].role
     else:
-        role = synth.stack.functions[name].role
+        role = synth.stack.functions[name].role  # type: ignore[index]
     for statement in statements_of_role(synth, role):
         assert statement["Effect"] == "Allow", statement
         assert "NotAction" not in statement, statement
