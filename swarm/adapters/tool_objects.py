@@ -26,7 +26,12 @@ _KEY: Final = re.compile(r"^[A-Za-z0-9!_.*'()=,@+-][A-Za-z0-9!_.*'()=,@+/-]{0,51
 
 
 def tenant_key(tenant: str, key: Any) -> str:
-    """The bucket key of the tenant's object ``key``, or :class:`ToolInputError`."""
+    """The bucket key of the tenant's object ``key`` (its key inside the tenant's folder, or the
+    full key ``POST /uploads`` answered, which starts with that folder), or
+    :class:`ToolInputError`."""
+    folder = f"{TENANT_OBJECTS_PREFIX}{tenant}/"
+    if isinstance(key, str) and key.startswith(folder):
+        key = key.removeprefix(folder)
     if not isinstance(key, str) or not _KEY.match(key):
         raise ToolInputError(
             "key must be the object's key inside your folder: 1 to 512 letters, digits or "
