@@ -213,6 +213,11 @@ class LambdaToolExecutor:
     def __call__(self, call: ToolCall, tenant: str, batch: str, unit: str) -> ToolOutcome:
         return self.run(call, tenant, batch, unit)
 
+    def bound(self, tenant: str, batch: str, unit: str) -> Callable[[ToolCall], ToolOutcome]:
+        """The unit's :class:`~swarm.core.agent_driver.ToolExecutor` (what the loop's driver
+        calls with a :class:`ToolCall` alone)."""
+        return lambda call: self.run(call, tenant, batch, unit)
+
 
 def _is_timeout(failure: BaseException) -> bool:
     try:
