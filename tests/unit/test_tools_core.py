@@ -287,3 +287,28 @@ def test_a_function_arn_with_a_qualifier_and_a_source_override_are_accepted() ->
     assert tools["calculator"].description == "Adds things up"
     assert tools["calculator"].input_schema["type"] == "object"  # from the module
     assert config.tool_sources() == {"calculator": ["calculator"]}
+
+
+# --- the wiring ---------------------------------------------------------------------------------
+def test_the_worker_reads_the_registry_and_the_api_the_grants_from_their_environment() -> None:
+    from swarm import contract as env
+    from swarm.settings import Settings, SettingsError
+    from swarm.wiring import Wiring
+    from tests.unit.test_settings import environment
+
+    config = _config()
+    arns = {s: f"arn:aws:lambda:us-east-1:123456789012:function:{s}" for s in config.tool_sources()}
+    worker_env = {**environment("worker"), env.TOOL_REGISTRY: config.tool_registry_value(arns)}
+    worker = Wiring(Settings.from_env(worker_env), lambda service: object())
+    registry = worker.tool_registry()
+    assert set(registry.tools) == {"calculator", "notes_read", "notes_write", "object_read"}
+    assert registry.get("notes_write").function_arn == arns["notes"]  # type: ignore[union-attr]
+    assert worker.tool_executor().registry == registry
+    api_env = {**environment("api"), env.TOOL_GRANTS: config.tool_grants_value()}
+    api = Wiring(Settings.from_env(api_env), lambda service: object())
+    assert api.tool_grants().allowed("anyone") == set(registry.tools)
+    with pytest.raises(SettingsError, match="the api function has no TOOL_REGISTRY"):
+        api.tool_registry()
+    # no tools deployed (empty variable): an empty registry, not an error
+    bare = Wiring(Settings.from_env(environment("worker")), lambda service: object())
+    assert bare.tool_registry().tools == {}
