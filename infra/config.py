@@ -1090,6 +1090,9 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
         for item in error.errors():
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
+            head, colon, rest = message.partition(": ")
+            if key == "(context)" and colon and head.startswith(("tools", "tenants.")):
+                key, message = head, rest  # a check across keys that names the key at fault
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")
             elif isinstance(item.get("input"), dict):

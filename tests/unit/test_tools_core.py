@@ -162,30 +162,35 @@ def test_the_registry_json_round_trips_to_the_runtime_registry() -> None:
 @pytest.mark.parametrize(
     ("tools", "defaults", "overrides", "key"),
     [
-        ({"bad name!": {"source": "calculator"}}, [], None, "tools.bad name!:"),
-        ({"x" * 65: {"source": "calculator"}}, [], None, f"tools.{'x' * 65}:"),
-        ({"c": {}}, [], None, "tools.c: give exactly one of source"),
+        (
+            {"bad name!": {"source": "calculator"}},
+            [],
+            None,
+            "context key 'tools.bad name!': 'bad name!' is not a tool name",
+        ),
+        ({"x" * 65: {"source": "calculator"}}, [], None, f"context key 'tools.{'x' * 65}': "),
+        ({"c": {}}, [], None, "context key 'tools.c': give exactly one of source"),
         (
             {"c": {"source": "calculator", "function_arn": ARN}},
             [],
             None,
-            "tools.c: give exactly one of source",
+            "context key 'tools.c': give exactly one of source",
         ),
-        ({"c": {"source": "nosuch"}}, [], None, "tools.c.source: there is no module"),
+        ({"c": {"source": "nosuch"}}, [], None, "context key 'tools.c.source': there is no module"),
         ({"c": {"source": "../api"}}, [], None, "tools.c.source"),
         ({"c": {"function_arn": "arn:aws:s3:::bucket"}}, [], None, "tools.c.function_arn"),
-        ({"c": {"function_arn": ARN}}, [], None, "tools.c.description: required"),
+        ({"c": {"function_arn": ARN}}, [], None, "context key 'tools.c.description': required"),
         (
             {"c": {"function_arn": ARN, "description": "d"}},
             [],
             None,
-            "tools.c.input_schema: required",
+            "context key 'tools.c.input_schema': required",
         ),
         (
             {"c": {"function_arn": ARN, "description": "d", "input_schema": {"type": "string"}}},
             [],
             None,
-            'tools.c.input_schema: must have "type": "object"',
+            'context key \'tools.c.input_schema\': must have "type": "object"',
         ),
         (
             {
@@ -197,13 +202,13 @@ def test_the_registry_json_round_trips_to_the_runtime_registry() -> None:
             },
             [],
             None,
-            'tools.c.input_schema: "required" names',
+            "context key 'tools.c.input_schema': \"required\" names",
         ),
         (
             {"c": {"function_arn": ARN, "description": "d", "input_schema": {"type": "object"}}},
             [],
             None,
-            "tools.c.effect: required",
+            "context key 'tools.c.effect': required",
         ),
         ({"c": {"source": "calculator", "effect": "delete"}}, [], None, "tools.c.effect"),
         (
@@ -225,24 +230,29 @@ def test_the_registry_json_round_trips_to_the_runtime_registry() -> None:
             "tools.calculator.colour",
         ),
         # a source that declares no tool of that name: its description must be given
-        ({"sum": {"source": "calculator"}}, [], None, "tools.sum.description: required"),
+        (
+            {"sum": {"source": "calculator"}},
+            [],
+            None,
+            "context key 'tools.sum.description': required",
+        ),
         (
             {"calculator": {"source": "calculator"}},
             ["nope"],
             None,
-            "tenants.defaults.tools[0]: 'nope'",
+            "context key 'tenants.defaults.tools[0]': 'nope'",
         ),
         (
             {"calculator": {"source": "calculator"}},
             ["calculator"],
             {"acme": {"tools": ["calculator", "nope"]}},
-            "tenants.overrides.acme.tools[1]: 'nope'",
+            "context key 'tenants.overrides.acme.tools[1]': 'nope'",
         ),
         (
             {"calculator": {"source": "calculator"}},
             ["calculator", "calculator"],
             None,
-            "tenants.defaults.tools: lists a tool twice",
+            "context key 'tenants.defaults.tools': lists a tool twice",
         ),
         (
             {
@@ -256,7 +266,7 @@ def test_the_registry_json_round_trips_to_the_runtime_registry() -> None:
             },
             [],
             None,
-            "tools: the registry takes up to",
+            "context key 'tools': the registry takes up to",
         ),
     ],
 )
