@@ -31,10 +31,12 @@ def serve(event: Any, tools: Mapping[str, Any], run: Callable[[ToolEvent], Any])
         call = parse_event(event, tools)
         content = run(call)
     except (ToolEventError, ToolInputError) as problem:
+        # the refusal's kind, not its text: the text quotes the model's input, which the
+        # functions never log (infra/checkov.py, the log groups' key)
         logger.info(
             "tool input refused",
             tool=str(event.get("tool") if isinstance(event, dict) else None),
-            reason=str(problem),
+            kind=type(problem).__name__,
         )
         return error(str(problem))
     return success(content)
