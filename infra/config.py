@@ -402,6 +402,9 @@ class ToolConfig(_Strict):
     # its own (one per source), or an existing function
     source: str | None = Field(default=None, pattern=TOOL_SOURCE_PATTERN)
     function_arn: str | None = Field(default=None, pattern=FUNCTION_ARN_PATTERN)
+    # a toolset: the entry registers every tool its source declares (under their own names),
+    # and a tenant granted the entry's name gets them all (e.g. a benchmark's functions)
+    toolset: bool = False
 
 
 @dataclass(frozen=True)
@@ -484,6 +487,28 @@ def resolve_tool(name: str, tool: ToolConfig) -> ResolvedTool:
     return ResolvedTool(
         name, description, schema, effect, tool.timeout_seconds, tool.source, tool.function_arn
     )
+
+
+def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
+    """Every tool a toolset entry's source declares, resolved (its ``timeout_seconds`` for
+    each); ValueError naming ``tools.<name>...``."""
+    key = f"tools.{name}"
+    if tool.source is None or tool.function_arn is not None:
+        raise ValueError(f"{key}.toolset: a toolset needs a source (and no function_arn)")
+    given = [f for f in ("description", "input_schema", "effect") if getattr(tool, f) is not None]
+    if given:
+        raise ValueError(
+            f"{key}.{given[0]}: a toolset's tools each take theirs from "
+            f"functions/tools/{tool.source}.py"
+        )
+    try:
+        declared = declared_tools(tool.source)
+    except SourceError as error:
+        raise ValueError(f"{key}.source: {error}") from None
+    if not declared:
+        raise ValueError(f"{key}.source: functions/tools/{tool.source}.py declares no tools")
+    single = ToolConfig(source=tool.source, timeout_seconds=tool.timeout_seconds)
+    return [resolve_tool(each, single) for each in sorted(declared)]
 
 
 class SimulatedModelConfig(_Strict):
@@ -750,8 +775,31 @@ class SwarmConfig(_Strict):
         return ConcurrencyBudget(pool, label, tuple(counted), RETRIED_WHEN_THROTTLED)
 
     def resolved_tools(self) -> dict[str, ResolvedTool]:
-        """Every tool of the registry, its source's defaults filled in (sorted by name)."""
-        return {name: resolve_tool(name, self.tools[name]) for name in sorted(self.tools)}
+        """Every tool of the registry, its source's defaults filled in, a toolset's tools each
+        under its own name (sorted by name)."""
+        resolved: dict[str, ResolvedTool] = {}
+        for name in sorted(self.tools):
+            entry = self.tools[name]
+            tools = toolset_tools(name, entry) if entry.toolset else [resolve_tool(name, entry)]
+            for tool in tools:
+                if tool.name in resolved:
+                    raise ValueError(
+                        f"tools.{name}: registers the tool {tool.name!r}, which another entry "
+                        "registers too: a tool name must be unique"
+                    )
+                resolved[tool.name] = tool
+        return dict(sorted(resolved.items()))
+
+    def granted_tools(self, names: tuple[str, ...]) -> list[str]:
+        """A tenant's ``tools`` list with each toolset's name replaced by its tools."""
+        out: list[str] = []
+        for name in names:
+            entry = self.tools.get(name)
+            if entry is not None and entry.toolset:
+                out += [t.name for t in toolset_tools(name, entry)]
+            else:
+                out.append(name)
+        return out
 
     def tool_sources(self) -> dict[str, list[str]]:
         """Each source module the stack builds a function for, and the tools it serves."""
@@ -779,17 +827,17 @@ class SwarmConfig(_Strict):
 
     def tool_grants_value(self) -> str:
         """:data:`swarm.contract.TOOL_GRANTS`: the tools' names and the tenants' grants."""
-        doc = {"tools": sorted(self.tools), "grants": self._tool_grants()}
+        doc = {"tools": sorted(self.resolved_tools()), "grants": self._tool_grants()}
         return json.dumps(doc, separators=(",", ":"))
 
     def _tool_grants(self) -> dict[str, Any]:
         tenants = self.tenants
         overrides = {
-            name: list(override.tools)
+            name: self.granted_tools(override.tools)
             for name, override in sorted(tenants.overrides.items())
             if override.tools is not None
         }
-        return {"defaults": list(tenants.defaults.tools), "overrides": overrides}
+        return {"defaults": self.granted_tools(tenants.defaults.tools), "overrides": overrides}
 
     def _tools_resolved(self) -> None:
         resolved = self.resolved_tools()  # raises naming tools.<name>.<field>
@@ -799,14 +847,18 @@ class SwarmConfig(_Strict):
             for name, override in sorted(self.tenants.overrides.items())
             if override.tools is not None
         ]
+        toolsets = {name for name, entry in self.tools.items() if entry.toolset}
         for key, names in granted:
             for i, name in enumerate(names):
-                if name not in resolved:
-                    known = ", ".join(resolved) or "none: the registry is empty"
+                if name not in resolved and name not in toolsets:
+                    known = (
+                        ", ".join([*resolved, *sorted(toolsets)]) or "none: the registry is empty"
+                    )
                     raise ValueError(
                         f"{key}[{i}]: {name!r} is not a tool of the registry (tools: {known})"
                     )
-            if len(set(names)) != len(names):
+            expanded = self.granted_tools(names)
+            if len(set(expanded)) != len(expanded):
                 raise ValueError(f"{key}: lists a tool twice ({list(names)})")
         placeholder = "a" * LONGEST_FUNCTION_ARN
         size = len(self.tool_registry_value(dict.fromkeys(self.tool_sources(), placeholder)))

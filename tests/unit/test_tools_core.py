@@ -322,3 +322,55 @@ def test_the_worker_reads_the_registry_and_the_api_the_grants_from_their_environ
     # no tools deployed (empty variable): an empty registry, not an error
     bare = Wiring(Settings.from_env(environment("worker")), lambda service: object())
     assert bare.tool_registry().tools == {}
+
+
+def test_a_toolset_registers_every_tool_its_source_declares_and_grants_them_by_its_name() -> None:
+    config = _config(
+        tools={
+            "calculator": {"source": "calculator"},
+            "notes": {"source": "notes", "toolset": True, "timeout_seconds": 4},
+        },
+        defaults=["calculator"],
+        overrides={"acme": {"tools": ["notes", "calculator"]}},
+    )
+    tools = config.resolved_tools()
+    assert set(tools) == {"calculator", "notes_read", "notes_write"}
+    assert tools["notes_write"].effect == "write" and tools["notes_write"].timeout_seconds == 4
+    assert config.tool_sources() == {
+        "calculator": ["calculator"],
+        "notes": ["notes_read", "notes_write"],
+    }
+    grants = grants_from_json(config.tool_grants_value())
+    assert grants.allowed("acme") == {"notes_read", "notes_write", "calculator"}
+    assert grants.allowed("other") == {"calculator"}
+
+
+@pytest.mark.parametrize(
+    ("tools", "defaults", "key"),
+    [
+        (
+            {"notes": {"source": "notes", "toolset": True}, "notes_read": {"source": "notes"}},
+            [],
+            "context key 'tools.notes_read': registers the tool 'notes_read', which another entry",
+        ),
+        (
+            {"notes": {"source": "notes", "toolset": True, "description": "d"}},
+            [],
+            "context key 'tools.notes.description': a toolset's tools each take theirs",
+        ),
+        (
+            {"notes": {"function_arn": ARN, "toolset": True}},
+            [],
+            "context key 'tools.notes.toolset': a toolset needs a source",
+        ),
+        (
+            {"notes": {"source": "notes", "toolset": True}},
+            ["notes", "notes_read"],
+            "context key 'tenants.defaults.tools': lists a tool twice",
+        ),
+    ],
+)
+def test_a_bad_toolset_fails_synth_naming_the_key(tools: Any, defaults: Any, key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        _config(tools, defaults)
+    assert key in str(raised.value)
