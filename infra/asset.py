@@ -34,12 +34,19 @@ NOT_SHIPPED = ("swarm.local", "swarm.sim", "swarm.cli", "swarm.bench", "swarm.cl
 
 
 def handler_modules(root: Path = ROOT) -> list[str]:
-    """Every handler module: ``functions.<name>`` for each ``functions/<name>.py``."""
-    return sorted(
+    """Every handler module: ``functions.<name>`` for each ``functions/<name>.py``, and the
+    tool sources ``functions.tools.<source>`` (``functions/tools/<source>.py``)."""
+    handlers = [
         f"functions.{path.stem}"
         for path in (root / "functions").glob("*.py")
         if path.stem != "__init__"
-    )
+    ]
+    handlers += [
+        f"functions.tools.{path.stem}"
+        for path in (root / "functions" / "tools").glob("*.py")
+        if path.stem != "__init__"
+    ]
+    return sorted(handlers)
 
 
 def _module_file(root: Path, name: str) -> Path | None:

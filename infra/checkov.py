@@ -114,8 +114,28 @@ def acknowledge_checks(stack: SwarmStack) -> None:
         "machine logs without execution data (include_execution_data=False: units are "
         "tenants' data), so a customer managed key would add a key policy and cost",
     )
-    for table in (stack.tables.governor, stack.tables.ledger):
+    tables = [stack.tables.governor, stack.tables.ledger]
+    if stack.tools.notes_table is not None:
+        tables.append(stack.tools.notes_table)
+    for table in tables:
         skip(table, "CKV_AWS_119", _TABLE_KEY)
+    for tool in stack.tools.functions.values():
+        skip(tool.function, "CKV_AWS_117", _VPC)
+        skip(tool.function, "CKV_AWS_173", _ENV_KEY)
+        skip(tool.log_group, "CKV_AWS_158", _LOG_KEY)
+        skip(
+            tool.function,
+            "CKV_AWS_116",
+            "Invoked synchronously by the worker (RequestResponse): a failure is the tool "
+            "call's error result, which the model reads; a function DLQ only catches "
+            "asynchronous invocations",
+        )
+        skip(
+            tool.function,
+            "CKV_AWS_115",
+            "Bounded by the workers that call it (each runs its unit's calls); a reservation "
+            "would take from the account's unreserved pool, which a fresh account cannot give",
+        )
     for queue in [*stack.lanes.queues.values(), stack.lanes.dead_letters]:
         skip(queue, "CKV_AWS_27", _SQS_KEY)
     skip(

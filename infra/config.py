@@ -26,6 +26,7 @@ from infra.timing import (
     machine_budget,
     parse_definition,
 )
+from infra.tool_sources import SourceError, declared_tools
 from swarm.api.models import MAX_BUDGET_TOKENS
 from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
@@ -283,6 +284,8 @@ class TenantLimitsConfig(_Strict):
     guaranteed_units: int = Field(ge=0)
     # the most tokens one batch's budget may reach, top-ups included; null: budget.max_tokens
     max_budget_per_batch: int | None = Field(default=None, ge=1)
+    # the tools of the registry (``tools``) its units may use
+    tools: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _coherent(self) -> TenantLimitsConfig:
@@ -313,6 +316,7 @@ class TenantOverrideConfig(_Strict):
     max_queued_units: int | None = Field(default=None, ge=1)
     guaranteed_units: int | None = Field(default=None, ge=0)
     max_budget_per_batch: int | None = Field(default=None, ge=1)
+    tools: tuple[str, ...] | None = None
 
 
 class TenantsConfig(_Strict):
@@ -360,6 +364,151 @@ class TenantsConfig(_Strict):
             "overrides": {name: self.of(name).doc() for name in sorted(self.overrides)},
         }
         return json.dumps(doc, separators=(",", ":"))
+
+
+#: Converse's pattern for a tool's name (a toolSpec's ``name``)
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+#: a tool source: a module ``functions/tools/<source>.py``
+TOOL_SOURCE_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+#: a Lambda function's ARN, optionally with a version or alias (Invoke's FunctionName)
+FUNCTION_ARN_PATTERN = (
+    r"^arn:aws[a-zA-Z-]*:lambda:[a-z]{2}(-gov)?-[a-z]+-\d:\d{12}:function:[a-zA-Z0-9_-]{1,64}"
+    r"(:(\$LATEST|[a-zA-Z0-9_-]{1,128}))?$"
+)
+#: the default timeout of a tool call (seconds)
+DEFAULT_TOOL_TIMEOUT_S = 10
+#: the most the resolved registry may take in the worker's environment (JSON, with every ARN
+#: counted at its longest): Lambda allows 4 KB for all of a function's variables, and the
+#: worker's others take about 1.4 KB (tests/infra/test_tools.py checks the sum)
+MAX_TOOL_REGISTRY_BYTES = 2400
+#: the longest function ARN the registry may hold (what the size check counts for a source's)
+LONGEST_FUNCTION_ARN = 140
+#: the longest description of one tool (characters)
+MAX_TOOL_DESCRIPTION = 600
+
+
+class ToolConfig(_Strict):
+    """``tools.<name>``: one tool of the registry (docs/agents.md, "Tools")."""
+
+    # what the model reads to choose the tool; a source's declaration gives it by default
+    description: str | None = Field(default=None, min_length=1, max_length=MAX_TOOL_DESCRIPTION)
+    # a JSON Schema object ({"type": "object", ...}); a source's declaration gives it by default
+    input_schema: dict[str, Any] | None = None
+    # read: no effect outside the call; write: it changes something (honours its idempotency key)
+    effect: Literal["read", "write"] | None = None
+    # how long the worker waits for the tool's answer
+    timeout_seconds: int = Field(default=DEFAULT_TOOL_TIMEOUT_S, ge=1, le=300)
+    # exactly one of: a module functions/tools/<source>.py, built by the stack as a function of
+    # its own (one per source), or an existing function
+    source: str | None = Field(default=None, pattern=TOOL_SOURCE_PATTERN)
+    function_arn: str | None = Field(default=None, pattern=FUNCTION_ARN_PATTERN)
+    # a toolset: the entry registers every tool its source declares (under their own names),
+    # and a tenant granted the entry's name gets them all (e.g. a benchmark's functions)
+    toolset: bool = False
+
+
+@dataclass(frozen=True)
+class ResolvedTool:
+    """A tool with its source's defaults filled in."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    effect: str
+    timeout_seconds: int
+    source: str | None
+    function_arn: str | None
+
+
+def input_schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is not a tool's input schema Converse takes, or None."""
+    if not isinstance(schema, dict):
+        return 'must be a JSON Schema object such as {"type": "object", "properties": {}}'
+    if schema.get("type") != "object":
+        return (
+            f'must have "type": "object" (a tool takes a JSON object; got {schema.get("type")!r})'
+        )
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict) or not all(
+        isinstance(v, dict) for v in properties.values()
+    ):
+        return '"properties" must be an object of schemas'
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        return '"required" must be a list of property names'
+    missing = [r for r in required if r not in properties]
+    if missing:
+        return f'"required" names {missing}, which "properties" does not define'
+    try:
+        json.dumps(schema)
+    except (TypeError, ValueError):
+        return "must be plain JSON"
+    return None
+
+
+def resolve_tool(name: str, tool: ToolConfig) -> ResolvedTool:
+    """``tool`` with its source's declaration as defaults; ValueError naming ``tools.<name>...``."""
+    key = f"tools.{name}"
+    if not TOOL_NAME.match(name):
+        raise ValueError(
+            f"{key}: {name!r} is not a tool name Converse accepts: 1 to 64 letters, digits, "
+            "'_' or '-'"
+        )
+    if (tool.source is None) == (tool.function_arn is None):
+        raise ValueError(
+            f"{key}: give exactly one of source (a module functions/tools/<source>.py) or "
+            "function_arn (an existing Lambda function)"
+        )
+    declared: dict[str, Any] = {}
+    if tool.source is not None:
+        try:
+            declared = declared_tools(tool.source).get(name, {})
+        except SourceError as error:
+            raise ValueError(f"{key}.source: {error}") from None
+    description = tool.description or declared.get("description")
+    schema = tool.input_schema if tool.input_schema is not None else declared.get("input_schema")
+    effect = tool.effect or declared.get("effect")
+    where = (
+        f"functions/tools/{tool.source}.py declares no tool {name!r}"
+        if tool.source is not None
+        else "a function_arn tool declares nothing of its own"
+    )
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError(f"{key}.description: required ({where})")
+    if len(description) > MAX_TOOL_DESCRIPTION:
+        raise ValueError(f"{key}.description: at most {MAX_TOOL_DESCRIPTION} characters")
+    if schema is None:
+        raise ValueError(f"{key}.input_schema: required ({where})")
+    problem = input_schema_problem(schema)
+    if problem is not None:
+        raise ValueError(f"{key}.input_schema: {problem}")
+    if effect not in ("read", "write"):
+        raise ValueError(f"{key}.effect: required, read or write ({where})")
+    return ResolvedTool(
+        name, description, schema, effect, tool.timeout_seconds, tool.source, tool.function_arn
+    )
+
+
+def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
+    """Every tool a toolset entry's source declares, resolved (its ``timeout_seconds`` for
+    each); ValueError naming ``tools.<name>...``."""
+    key = f"tools.{name}"
+    if tool.source is None or tool.function_arn is not None:
+        raise ValueError(f"{key}.toolset: a toolset needs a source (and no function_arn)")
+    given = [f for f in ("description", "input_schema", "effect") if getattr(tool, f) is not None]
+    if given:
+        raise ValueError(
+            f"{key}.{given[0]}: a toolset's tools each take theirs from "
+            f"functions/tools/{tool.source}.py"
+        )
+    try:
+        declared = declared_tools(tool.source)
+    except SourceError as error:
+        raise ValueError(f"{key}.source: {error}") from None
+    if not declared:
+        raise ValueError(f"{key}.source: functions/tools/{tool.source}.py declares no tools")
+    single = ToolConfig(source=tool.source, timeout_seconds=tool.timeout_seconds)
+    return [resolve_tool(each, single) for each in sorted(declared)]
 
 
 class SimulatedModelConfig(_Strict):
@@ -438,6 +587,9 @@ class SwarmConfig(_Strict):
     tenants: TenantsConfig
     model: ModelConfig
     observability: ObservabilityConfig
+    # the tool registry: name -> ToolConfig (docs/agents.md, "Tools"); tenants get tools by name
+    # (tenants.defaults.tools, tenants.overrides.<tenant>.tools)
+    tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
     @property
     def production(self) -> bool:
@@ -458,6 +610,7 @@ class SwarmConfig(_Strict):
             )
         self._concurrency_given_or_derived()
         self._concurrency_fits_the_account()
+        self._tools_resolved()
         if self.worker.governor_max_wait_seconds >= self.worker.timeout_seconds:
             raise ValueError(
                 "worker.governor_max_wait_seconds must be below worker.timeout_seconds "
@@ -620,6 +773,102 @@ class SwarmConfig(_Strict):
             ),
         ]
         return ConcurrencyBudget(pool, label, tuple(counted), RETRIED_WHEN_THROTTLED)
+
+    def resolved_tools(self) -> dict[str, ResolvedTool]:
+        """Every tool of the registry, its source's defaults filled in, a toolset's tools each
+        under its own name (sorted by name)."""
+        resolved: dict[str, ResolvedTool] = {}
+        for name in sorted(self.tools):
+            entry = self.tools[name]
+            tools = toolset_tools(name, entry) if entry.toolset else [resolve_tool(name, entry)]
+            for tool in tools:
+                if tool.name in resolved:
+                    raise ValueError(
+                        f"tools.{name}: registers the tool {tool.name!r}, which another entry "
+                        "registers too: a tool name must be unique"
+                    )
+                resolved[tool.name] = tool
+        return dict(sorted(resolved.items()))
+
+    def granted_tools(self, names: tuple[str, ...]) -> list[str]:
+        """A tenant's ``tools`` list with each toolset's name replaced by its tools."""
+        out: list[str] = []
+        for name in names:
+            entry = self.tools.get(name)
+            if entry is not None and entry.toolset:
+                out += [t.name for t in toolset_tools(name, entry)]
+            else:
+                out.append(name)
+        return out
+
+    def tool_sources(self) -> dict[str, list[str]]:
+        """Each source module the stack builds a function for, and the tools it serves."""
+        sources: dict[str, list[str]] = {}
+        for tool in self.resolved_tools().values():
+            if tool.source is not None:
+                sources.setdefault(tool.source, []).append(tool.name)
+        return sources
+
+    def tool_registry_value(self, arns: Mapping[str, str]) -> str:
+        """:data:`swarm.contract.TOOL_REGISTRY`: every tool with its function's ARN (``arns``:
+        a source's by source name), compact JSON."""
+        tools = {}
+        for name, tool in self.resolved_tools().items():
+            arn = tool.function_arn if tool.source is None else arns[tool.source]
+            tools[name] = {
+                "arn": arn,
+                "timeout": tool.timeout_seconds,
+                "effect": tool.effect,
+                "description": tool.description,
+                "input_schema": tool.input_schema,
+            }
+        doc = {"tools": tools, "grants": self._tool_grants()}
+        return json.dumps(doc, separators=(",", ":"))
+
+    def tool_grants_value(self) -> str:
+        """:data:`swarm.contract.TOOL_GRANTS`: the tools' names and the tenants' grants."""
+        doc = {"tools": sorted(self.resolved_tools()), "grants": self._tool_grants()}
+        return json.dumps(doc, separators=(",", ":"))
+
+    def _tool_grants(self) -> dict[str, Any]:
+        tenants = self.tenants
+        overrides = {
+            name: self.granted_tools(override.tools)
+            for name, override in sorted(tenants.overrides.items())
+            if override.tools is not None
+        }
+        return {"defaults": self.granted_tools(tenants.defaults.tools), "overrides": overrides}
+
+    def _tools_resolved(self) -> None:
+        resolved = self.resolved_tools()  # raises naming tools.<name>.<field>
+        granted = [("tenants.defaults.tools", self.tenants.defaults.tools)]
+        granted += [
+            (f"tenants.overrides.{name}.tools", override.tools)
+            for name, override in sorted(self.tenants.overrides.items())
+            if override.tools is not None
+        ]
+        toolsets = {name for name, entry in self.tools.items() if entry.toolset}
+        for key, names in granted:
+            for i, name in enumerate(names):
+                if name not in resolved and name not in toolsets:
+                    known = (
+                        ", ".join([*resolved, *sorted(toolsets)]) or "none: the registry is empty"
+                    )
+                    raise ValueError(
+                        f"{key}[{i}]: {name!r} is not a tool of the registry (tools: {known})"
+                    )
+            expanded = self.granted_tools(names)
+            if len(set(expanded)) != len(expanded):
+                raise ValueError(f"{key}: lists a tool twice ({list(names)})")
+        placeholder = "a" * LONGEST_FUNCTION_ARN
+        size = len(self.tool_registry_value(dict.fromkeys(self.tool_sources(), placeholder)))
+        if size > MAX_TOOL_REGISTRY_BYTES:
+            raise ValueError(
+                f"tools: the registry takes up to {size:,} bytes of the worker's environment, "
+                f"more than {MAX_TOOL_REGISTRY_BYTES:,} (Lambda allows 4 KB for all its "
+                "variables): shorten the tools' descriptions and input schemas, or register "
+                "fewer tools"
+            )
 
     def _concurrency_fits_the_account(self) -> None:
         """Refuse a concurrency the account cannot give.
@@ -893,6 +1142,9 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
         for item in error.errors():
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
+            head, colon, rest = message.partition(": ")
+            if key == "(context)" and colon and head.startswith(("tools", "tenants.")):
+                key, message = head, rest  # a check across keys that names the key at fault
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")
             elif isinstance(item.get("input"), dict):

@@ -10,6 +10,7 @@ from constructs import IConstruct
 from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX
 from infra.stack import SwarmStack
 from infra.storage import ATTEMPT_RECORDS
+from infra.tools import OBJECTS_SOURCE, TENANT_OBJECTS_PREFIX
 from infra.workers import CROSS_REGION_PREFIXES
 from swarm.api.models import BATCH_ID_PREFIX, UPLOADS_PREFIX
 
@@ -61,6 +62,16 @@ def acknowledge_findings(stack: SwarmStack) -> None:
 
     for function in stack.functions.values():
         _ack(function.role, "IAM5[Resource::*]", _XRAY)
+    for tool in stack.tools.functions.values():
+        _ack(tool.role, "IAM5[Resource::*]", _XRAY)
+    objects = stack.tools.functions.get(OBJECTS_SOURCE)
+    if objects is not None:
+        _ack(
+            objects.role,
+            f"IAM5[Resource::{bucket}/{TENANT_OBJECTS_PREFIX}*]",
+            "object_read reads a tenant's own files under manifests/uploads/<tenant>/: the "
+            "tenant is chosen per call by the worker (GetObject only)",
+        )
 
     fanout_role = stack.fanout.role
     _ack(

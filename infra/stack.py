@@ -17,6 +17,7 @@ from infra.observability import Observability
 from infra.queues import LaneQueues
 from infra.storage import BatchStorage
 from infra.tables import Tables
+from infra.tools import ToolFunctions
 from infra.workers import DLQ_TIMEOUT, Workers
 from swarm import contract as env
 from swarm.core.records import LANES
@@ -48,6 +49,26 @@ class SwarmStack(cdk.Stack):
             **{env.queue_url_var(lane): self.lanes.queues[lane].queue_url for lane in LANES},
         )
         factory = FunctionFactory(self, config, environment)
+        # the tool registry's functions (one per source, a role each) before the worker, whose
+        # environment holds their ARNs (TOOL_REGISTRY) and whose role may invoke exactly them
+        self.tools = ToolFunctions(
+            self,
+            "Tools",
+            config=config,
+            factory=factory,
+            storage=self.storage,
+            common={
+                var: environment.values[var]
+                for var in (
+                    env.STAGE,
+                    env.POWERTOOLS_SERVICE_NAME,
+                    env.POWERTOOLS_METRICS_NAMESPACE,
+                    env.POWERTOOLS_LOG_LEVEL,
+                )
+            },
+        )
+        if config.tools:
+            environment.set(**{env.TOOL_REGISTRY: self.tools.registry_value()})
 
         self.workers = Workers(
             self,
@@ -61,6 +82,7 @@ class SwarmStack(cdk.Stack):
             storage=self.storage,
         )
         environment.update(self.workers.mapping_ids())
+        self.tools.grant_invoke(self.workers.worker.role)
         self.drain_controller = self.drain.add_controller(
             factory=factory,
             mappings=list(self.workers.mappings.values()),
@@ -160,6 +182,8 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.SIM_MODEL_FAILURE_RATE: str(config.model.simulated.failure_rate),
         env.SIM_MODEL_SEED: str(config.model.simulated.seed),
     }
+    if config.tools:
+        values[env.TOOL_GRANTS] = config.tool_grants_value()
     if config.governor_capacity_tokens is not None:
         values[env.GOVERNOR_CAPACITY] = str(config.governor_capacity_tokens)
     for lane in LANES:

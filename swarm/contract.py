@@ -261,6 +261,22 @@ TENANT_LIMITS: Final = "TENANT_LIMITS"
 OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
 
 
+# --- tools (cdk.json ``tools``: infra/config.py ToolsConfig; read by swarm.adapters.tools) -------
+#: the worker's registry: compact JSON ``{"tools": {name: {"arn", "timeout", "effect",
+#: "description", "input_schema"}}, "grants": {"defaults": [...], "overrides": {t: [...]}}}``;
+#: empty = no tools
+TOOL_REGISTRY: Final = "TOOL_REGISTRY"
+#: the API's view of it: ``{"tools": [names], "grants": {...}}`` (no ARNs, no specs: the API's
+#: environment is the fuller one, and it only checks names); empty = no tools
+TOOL_GRANTS: Final = "TOOL_GRANTS"
+#: the notes tools' table (the notes tool function's only resource)
+NOTES_TABLE_NAME: Final = "NOTES_TABLE_NAME"
+#: the tool functions' handlers: ``functions.tools.<source>.handler``
+TOOL_HANDLER_PACKAGE: Final = "functions.tools"
+#: which tool source a tool function runs (its variables beside the Powertools ones)
+TOOL_SOURCE: Final = "SWARM_TOOL_SOURCE"
+
+
 # --- model plane --------------------------------------------------------------------------------
 MODEL_ADAPTER: Final = "MODEL_ADAPTER"  # simulated | bedrock
 
@@ -382,6 +398,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         UPLOAD_URL_SECONDS,
         UNITS_PER_CHILD,
         BUNDLE_UNITS,  # the lanes' depths are messages: units at most this many times them
+        TOOL_GRANTS,  # a unit's tools must be registered and granted to its tenant
     ),
     "fanout": (
         *_COMMON,
@@ -407,6 +424,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         LEASE_SECONDS,
         *_BUNDLES,  # it requeues units in bundles too
         *_MODEL,
+        TOOL_REGISTRY,  # the tools its units may call, and their functions
     ),
     "dlq": (
         *_COMMON,
@@ -442,5 +460,20 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
 
 #: Variables a function may receive empty (meaning "use the default").
 OPTIONAL_VARS: Final = frozenset(
-    {GOVERNOR_CAPACITY, BEDROCK_MODEL_ID, BEDROCK_READ_TIMEOUT_SECONDS, TENANT_LIMITS}
+    {
+        GOVERNOR_CAPACITY,
+        BEDROCK_MODEL_ID,
+        BEDROCK_READ_TIMEOUT_SECONDS,
+        TENANT_LIMITS,
+        TOOL_REGISTRY,
+        TOOL_GRANTS,
+    }
 )
+
+#: The variables of each tool source's function beside the Powertools ones (the shipped sources;
+#: a source not listed here gets only those)
+TOOL_FUNCTION_ENV: Final[Mapping[str, tuple[str, ...]]] = {
+    "calculator": (),
+    "notes": (NOTES_TABLE_NAME,),
+    "object_read": (BUCKET_NAME,),
+}

@@ -69,6 +69,8 @@ from swarm.contract import (
     SWEEP_INTERVAL_SECONDS,
     TENANT_LIMITS,
     TENANT_PRINCIPAL_PREFIX,
+    TOOL_GRANTS,
+    TOOL_REGISTRY,
     UNITS_PER_CHILD,
     UPLOAD_URL_SECONDS,
     WORKER_MAPPING_ID_HIGH,
@@ -236,6 +238,18 @@ class TenantsDoc(BaseModel):
 
 
 # --- the functions --------------------------------------------------------------------------
+class ToolRegistrySettings(_Model):
+    """The deployment's tools, for the worker (swarm.adapters.tools.ToolRegistry parses it)."""
+
+    tool_registry: str | None = Field(default=None, alias=TOOL_REGISTRY)
+
+
+class ToolGrantsSettings(_Model):
+    """The tools' names and grants, for the API (swarm.adapters.tools.grants_from_json)."""
+
+    tool_grants: str | None = Field(default=None, alias=TOOL_GRANTS)
+
+
 class Settings(_Model):
     """What every function receives; the base of the seven functions' models.
 
@@ -297,6 +311,7 @@ class ApiSettings(
     DrainSwitchSettings,
     AttemptSettings,
     BundleUnitsSettings,
+    ToolGrantsSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
@@ -347,6 +362,7 @@ class WorkerSettings(
     LeaseSettings,
     BundleSettings,
     ModelSettings,
+    ToolRegistrySettings,
 ):
     """The worker: it draws from the governor, for up to its bounded wait, and calls the model."""
 

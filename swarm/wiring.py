@@ -69,6 +69,8 @@ from swarm.settings import (
     Settings,
     SettingsError,
     SweeperSettings,
+    ToolGrantsSettings,
+    ToolRegistrySettings,
     WorkerSettings,
     variables,
 )
@@ -76,6 +78,9 @@ from swarm.settings import (
 if TYPE_CHECKING:
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.adapters.dynamodb_running import DynamoDBRunning
+    from swarm.adapters.tool_notes import DynamoDBNotes
+    from swarm.adapters.tool_objects import TenantObjects
+    from swarm.adapters.tools import LambdaToolExecutor, ToolGrants, ToolRegistry
 
 #: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
 #: longest retention: a message cannot wait longer than that
@@ -457,9 +462,70 @@ class Wiring:
             ),
         )
 
+    def tool_registry(self) -> ToolRegistry:
+        """The deployment's tools (cdk.json ``tools``, resolved at synth): the worker's."""
+        from swarm.adapters.tools import ToolRegistry
+
+        return ToolRegistry.from_json(self.settings_as(ToolRegistrySettings).tool_registry)
+
+    def tool_grants(self) -> ToolGrants:
+        """The tools' names and which tenant may use which: the API's view."""
+        from swarm.adapters.tools import grants_from_json
+
+        return grants_from_json(self.settings_as(ToolGrantsSettings).tool_grants)
+
+    def tool_executor(self) -> LambdaToolExecutor:
+        """Runs a unit's tool calls on the tools' functions (the worker's own role may invoke
+        exactly those). On AWS each tool timeout gets a Lambda client with that read timeout
+        and no SDK retries; under a local host the invocation's role-signed client serves all."""
+        from swarm.adapters.tools import LambdaToolExecutor, lambda_client_for
+
+        registry = self.tool_registry()
+        if _HOST:
+            clients = self.clients
+            return LambdaToolExecutor(registry, lambda _timeout: clients("lambda"))
+        return LambdaToolExecutor(registry, lambda_client_for)
+
     def drain_controller(self) -> DrainController:
         s = self.settings_as(DrainSettings)
         mappings = LambdaMappings(
             self.clients("lambda"), {lane: s.worker_mapping_id(lane) for lane in LANES}
         )
         return DrainController(self.drain_switch(), mappings, self.lanes(), self.running_work())
+
+
+# -- the tool functions (functions/tools/): not one of the seven, so no Settings model; each reads
+# the one or two variables its source needs (swarm.contract.TOOL_FUNCTION_ENV)
+def tool_runtime() -> tuple[Mapping[str, str], ClientFactory]:
+    """The running tool function's environment and clients: under a :class:`Host` the
+    invocation's (signed with the tool's own role), on Lambda the process's."""
+    host = _HOST[0] if _HOST else None
+    invocation = host.invocation() if host is not None else None
+    if invocation is not None:
+        return invocation
+    return os.environ, boto3_clients()
+
+
+def _tool_variable(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "")
+    if not value:
+        raise SettingsError(f"missing environment variable {name} for this tool function")
+    return value
+
+
+def notes_store() -> DynamoDBNotes:
+    """The notes tools' store (:class:`swarm.adapters.tool_notes.DynamoDBNotes`)."""
+    from swarm.adapters.tool_notes import DynamoDBNotes
+    from swarm.contract import NOTES_TABLE_NAME
+
+    environ, clients = tool_runtime()
+    return DynamoDBNotes(_tool_variable(environ, NOTES_TABLE_NAME), clients("dynamodb"))
+
+
+def tenant_objects() -> TenantObjects:
+    """The object_read tool's reader (:class:`swarm.adapters.tool_objects.TenantObjects`)."""
+    from swarm.adapters.tool_objects import TenantObjects
+    from swarm.contract import BUCKET_NAME
+
+    environ, clients = tool_runtime()
+    return TenantObjects(clients("s3"), _tool_variable(environ, BUCKET_NAME))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
-from swarm.contract import OUTPUT_DRAIN_PARAMETER
+from swarm.contract import OUTPUT_BUCKET_NAME, OUTPUT_DRAIN_PARAMETER, OUTPUT_LEDGER_TABLE
 from swarm.core.agent_driver import KillPoint
 from swarm.local import billing
 from swarm.local.clients import client_factory
@@ -355,6 +355,92 @@ class LocalStack:
         thread.start()
         self.threads.append(thread)
 
+    # ------------------------------------------------------------------ tools
+    def _tool_calls(self, doc: Any) -> tuple[int, Any]:
+        """``POST /_local/tools``: run tool calls as the worker does (swarm.adapters.tools
+        LambdaToolExecutor: its registry from the worker's deployed TOOL_REGISTRY, Invoke signed
+        with the worker's own role), until the worker runs agent units itself.
+        Body ``{"tenant", "batch", "unit", "calls": [{"name", "input", "toolUseId"}]}``."""
+        from swarm.adapters.tools import LambdaToolExecutor, ToolRegistry
+        from swarm.contract import TOOL_REGISTRY
+        from swarm.core.agent import ToolCall
+
+        worker = self.functions["functions.worker"]
+        variables = worker.get("Environment", {}).get("Variables", {})
+        registry = ToolRegistry.from_json(variables.get(TOOL_REGISTRY))
+        clients = self.function_clients[worker["FunctionName"]]
+        executor = LambdaToolExecutor(registry, lambda _timeout: clients("lambda"))
+        tenant, batch, unit = (str(doc.get(k, "")) for k in ("tenant", "batch", "unit"))
+        calls = doc.get("calls")
+        if not tenant or not batch or not unit or not isinstance(calls, list):
+            message = 'give {"tenant", "batch", "unit", "calls": [{"name", "input", "toolUseId"}]}'
+            return 400, {"error": "invalid_request", "message": message}
+        outcomes = []
+        for i, call in enumerate(calls):
+            ident = str(call.get("toolUseId") or f"tooluse_{i}")
+            tool_call = ToolCall(
+                0, ident, str(call.get("name")), call.get("input"), f"{batch}/{unit}/{ident}"
+            )
+            outcome = executor(tool_call, tenant, batch, unit)
+            outcomes.append({"status": outcome.status, "content": outcome.value})
+        return 200, {"outcomes": outcomes}
+
+    def _tool_probes(self) -> list[dict[str, Any]]:
+        """``POST /_local/tools/probe``: calls the tools' least privilege must refuse, each made
+        with its role under a session named ``probe-...`` (so the audit tells them apart): the
+        worker invoking a function that is not a tool, the notes tool reading the ledger, the
+        object reader reading results, the calculator reading a tenant's object."""
+        from swarm.adapters.client_errors import client_error_type, error_code
+
+        assert self.deployed is not None
+        outputs = self.deployed.outputs
+        bucket, ledger = outputs[OUTPUT_BUCKET_NAME], outputs[OUTPUT_LEDGER_TABLE]
+        conf = {module.rpartition(".")[2]: c for module, c in self.functions.items()}
+
+        def probe_clients(module: str) -> Any:
+            role = conf[module]["Role"]
+            session = f"probe-{module}"[:64]
+            credentials = iam.assume(ACCOUNT, REGION, role, session, "lambda")
+            return client_factory(self.endpoint, credentials, region=REGION)
+
+        probes: list[tuple[str, str, Any]] = [
+            (
+                "worker",
+                "lambda:InvokeFunction on the API function",
+                lambda c: c("lambda").invoke(
+                    FunctionName=conf["api"]["FunctionName"], Payload=b"{}"
+                ),
+            ),
+            (
+                "notes",
+                "dynamodb:GetItem on the ledger",
+                lambda c: c("dynamodb").get_item(
+                    TableName=ledger, Key={"pk": {"S": "run#x"}, "sk": {"S": "books"}}
+                ),
+            ),
+            (
+                "object_read",
+                "s3:GetObject under results/",
+                lambda c: c("s3").get_object(Bucket=bucket, Key="results/b-x/attempts/x.json"),
+            ),
+            (
+                "calculator",
+                "s3:GetObject of a tenant's object",
+                lambda c: c("s3").get_object(Bucket=bucket, Key="manifests/uploads/demo/x"),
+            ),
+        ]
+        results = []
+        for module, what, call in probes:
+            if module not in conf:
+                continue
+            try:
+                call(probe_clients(module))
+                code = "allowed"
+            except client_error_type() as error:
+                code = error_code(error) or "error"
+            results.append({"role": module, "call": what, "code": code})
+        return results
+
     # ------------------------------------------------------------------ admin (/_local/...)
     def admin(
         self, method: str, path: str, doc: Any, query: dict[str, str] | None = None
@@ -422,6 +508,10 @@ class LocalStack:
             except Exception as e:
                 log.exception("redeploy failed")
                 return 409, {"error": "redeploy_failed", "message": str(e)}
+        if path == "/_local/tools" and method == "POST":
+            return self._tool_calls(doc or {})
+        if path == "/_local/tools/probe" and method == "POST":
+            return 200, {"probes": self._tool_probes()}
         if path == "/_local/iam" and method == "GET":
             return 200, iam.AUDIT.report()
         if path == "/_local/bill" and method == "GET":

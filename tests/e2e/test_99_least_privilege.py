@@ -125,6 +125,9 @@ NOT_CALLED_HERE: dict[tuple[str, str], str] = {
     ("DeadLetters", "dynamodb:PutItem"): "settles the claimed attempt of a unit SQS gave up on "
     "(_settle's Put); the e2e scenario's dead letter was still queued, not claimed",
     ("FanOut", "xray:*"): "Step Functions' tracing; the local stack runs without X-Ray",
+    # the tool sources' functions (ToolsCalculatorSource, ToolsNotesSource, ...)
+    ("Tools", "xray:*"): "Lambda's active tracing; the local stack runs without an X-Ray daemon",
+    ("Tools", "logs:*"): "the Lambda runtime writes the function's logs, not the function's code",
 }
 
 
@@ -257,9 +260,38 @@ def _operator_rebinds(stack: Stack) -> None:
     assert stack.client(TENANT).rebind(TENANT)["was_bound"] is True
 
 
+def _tools_called(stack: Stack) -> None:
+    """Each shipped tool called as the worker calls it (its Invoke signed with the worker's
+    role, on the function ARN the worker's registry names: ``POST /_local/tools``), each tool's
+    handler running with its own role: a note written, read and listed, the tenant's upload
+    read, a sum computed."""
+    client = stack.client(TENANT)
+    key = client.upload(b'[{"unit_id": "u", "projected_tokens": 10, "input": "x"}]')
+    calls = [
+        {"name": "calculator", "input": {"expression": "6 * 7"}, "toolUseId": "t1"},
+        {"name": "notes_write", "input": {"name": "plan", "value": "ship"}, "toolUseId": "t2"},
+        {"name": "notes_read", "input": {"name": "plan"}, "toolUseId": "t3"},
+        {"name": "notes_read", "input": {}, "toolUseId": "t4"},
+        {"name": "object_read", "input": {"key": key}, "toolUseId": "t5"},
+    ]
+    body = {"tenant": TENANT, "batch": "b-grants", "unit": "u-tools", "calls": calls}
+    outcomes = stack.local("POST", "/_local/tools", body)["outcomes"]
+    assert [o["status"] for o in outcomes] == ["success"] * 5, outcomes
+    assert outcomes[0]["content"]["value"] == 42
+    assert outcomes[2]["content"] == {"name": "plan", "found": True, "value": "ship"}
+    assert "plan" in outcomes[3]["content"]["names"]
+    assert '"unit_id"' in outcomes[4]["content"]["text"]
+    # another tenant sees none of it
+    other = {**body, "tenant": "e2e-other", "calls": [calls[2], calls[4]]}
+    refused = stack.local("POST", "/_local/tools", other)["outcomes"]
+    assert refused[0] == {"status": "success", "content": {"name": "plan", "found": False}}
+    assert refused[1]["status"] == "error", refused
+
+
 @pytest.fixture(scope="module", autouse=True)
 def exercised(stack: Stack) -> None:
     """Every call the checks below expect, made here: the verdict holds whatever ran before."""
+    _tools_called(stack)
     _one_unit_retried_alone(stack)
     _a_bundle_with_a_retry(stack)
     _exhausted_then_resumed(stack)
@@ -317,8 +349,21 @@ def _excused(role: str, action: str) -> bool:
 
 def test_no_role_of_the_stack_was_refused_anything(stack: Stack) -> None:
     report: dict[str, Any] = stack.local("GET", "/_local/iam")
-    refused = [d for d in report["denied"] if f"assumed-role/{STACK_ROLE_PREFIX}" in d["principal"]]
+    refused = [
+        d
+        for d in report["denied"]
+        if f"assumed-role/{STACK_ROLE_PREFIX}" in d["principal"] and "/probe-" not in d["principal"]
+    ]
     assert refused == []
+
+
+def test_the_tools_roles_are_refused_what_they_do_not_need(stack: Stack) -> None:
+    """Calls least privilege must refuse, each made with the role under a ``probe-`` session:
+    the worker invoking a function that is not a registered tool, the notes tool reading the
+    ledger, the object reader reading results, the calculator reading a tenant's object."""
+    probes = stack.local("POST", "/_local/tools/probe")["probes"]
+    assert {p["role"] for p in probes} == {"worker", "notes", "object_read", "calculator"}
+    assert all(p["code"] in ("AccessDeniedException", "AccessDenied") for p in probes), probes
 
 
 def test_every_grant_of_every_role_was_used(stack: Stack) -> None:

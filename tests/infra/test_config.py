@@ -555,7 +555,8 @@ def test_the_local_stack_lets_every_tenant_use_every_lane_and_keeps_the_rest_of_
     assert local.defaults.lanes == (Lane.HIGH, Lane.NORMAL, Lane.LOW)
     assert "high" not in shipped["defaults"]["lanes"]
     # only the lanes differ from what cdk.json ships
-    assert {**local.defaults.doc(), "lanes": shipped["defaults"]["lanes"]} == shipped["defaults"]
+    kept = {**local.defaults.doc(), "tools": list(local.defaults.tools)}
+    assert {**kept, "lanes": shipped["defaults"]["lanes"]} == shipped["defaults"]
 
 
 def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:

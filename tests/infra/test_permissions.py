@@ -143,6 +143,11 @@ EXPECTED: dict[FunctionName, Table] = {
         "state machine": frozenset({"states:SendTaskSuccess"}),
         # S3Results.record: each attempt's outcome, a conditional PutObject (If-None-Match)
         "results/*/attempts/*": frozenset({"s3:PutObject"}),
+        # LambdaToolExecutor.run: a unit's tool calls, on exactly the registered functions
+        # (cdk.json tools: one function per source; tests/infra/test_tools.py)
+        "tool function calculator": frozenset({"lambda:InvokeFunction"}),
+        "tool function notes": frozenset({"lambda:InvokeFunction"}),
+        "tool function object_read": frozenset({"lambda:InvokeFunction"}),
         **_each(
             "lane",
             {
@@ -267,7 +272,14 @@ EXPECTED: dict[FunctionName, Table] = {
 }
 
 
-def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
+def _own_log_group(stack: Any, name: str) -> Any:
+    """The log group of function ``name``, or of tool source ``tool:<source>``."""
+    if name.startswith("tool:"):
+        return stack.tools.functions[name.removeprefix("tool:")].log_group
+    return stack.functions[name].log_group
+
+
+def _label(synth: Synthesized, name: str, resource: Any) -> str | None:
     """A readable name for a statement's resource (None: CloudFormation's AWS::NoValue)."""
     stack = synth.stack
     if resource == "*":
@@ -306,7 +318,7 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
             return "bucket"
         return f"bucket {text}"
     known: list[tuple[Any, str]] = [
-        (stack.functions[name].log_group, "own log group"),
+        (_own_log_group(stack, name), "own log group"),
         (stack.tables.governor, "governor table"),
         (stack.tables.ledger, "ledger table"),
         (stack.fanout.state_machine, "state machine"),
@@ -314,6 +326,11 @@ def _label(synth: Synthesized, name: FunctionName, resource: Any) -> str | None:
         (stack.bus, "event bus"),
     ]
     known.append((stack.lanes.dead_letters, "dead letters"))
+    for source, tool in stack.tools.functions.items():
+        known.append((tool.function, f"tool function {source}"))
+        known.append((tool.log_group, f"log group of tool {source}"))
+    if stack.tools.notes_table is not None:
+        known.append((stack.tools.notes_table, "notes table"))
     for lane in LANES:
         known += [
             (stack.lanes.queues[lane], f"lane {lane.value}"),
@@ -338,10 +355,15 @@ def _prefix_condition(statement: dict[str, Any]) -> str:
     return " if s3:prefix " + " | ".join(sorted(as_list(condition["StringLike"]["s3:prefix"])))
 
 
-def granted(synth: Synthesized, name: FunctionName) -> Table:
-    """resource label -> every action the function's role is allowed on it."""
+def granted(synth: Synthesized, name: str) -> Table:
+    """resource label -> every action the function's role is allowed on it (``tool:<source>``:
+    the tool source's function)."""
     table: dict[str, set[str]] = {}
-    for statement in statements_of_role(synth, synth.stack.functions[name].role):
+    if name.startswith("tool:"):
+        role = synth.stack.tools.functions[name.removeprefix("tool:")].role
+    else:
+        role = synth.stack.functions[name].role  # type: ignore[index]
+    for statement in statements_of_role(synth, role):
         assert statement["Effect"] == "Allow", statement
         assert "NotAction" not in statement, statement
         suffix = _prefix_condition(statement)

@@ -1,0 +1,264 @@
+"""The tool registry at run time, the tools' Lambda protocol, and the executor that calls them.
+
+The stack resolves cdk.json's ``tools`` at synth (infra/config.py, ``ToolsConfig``) and gives it
+to the functions as compact JSON (:data:`swarm.contract.TOOL_REGISTRY`, the worker's: every
+tool's function ARN, timeout, effect and Converse spec; :data:`swarm.contract.TOOL_GRANTS`, the
+API's: the names and the tenants' grants only, to check a unit's ``tools`` without the specs).
+
+The protocol of a tool function (functions/tools/, or any function a ``function_arn`` names):
+
+- event ``{"tool": name, "input": {...}, "idempotency_key": "<batch>/<unit>/<toolUseId>",
+  "tenant": t, "batch": b, "unit": u}``;
+- response ``{"status": "success" | "error", "content": <JSON value or text>}``: a bad input is
+  an ``error`` result whose content tells the model what to send instead, never an exception.
+
+:class:`LambdaToolExecutor` invokes a tool's function synchronously with the tool's timeout and
+turns every failure of the tool (its error, its timeout, a throttle, a malformed answer) into a
+:class:`~swarm.core.agent_driver.ToolOutcome` with status ``error``; it never raises for them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.core.agent import Tool, ToolCall
+from swarm.core.agent_driver import ToolOutcome
+from swarm.core.tool_protocol import MAX_ERROR_CHARS
+
+#: Converse's tool name pattern (a toolSpec's ``name``)
+TOOL_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class RegistryError(ValueError):
+    """The registry's JSON is not what the stack writes (a deployment bug, found at cold start)."""
+
+
+@dataclass(frozen=True)
+class RegisteredTool:
+    """One tool of the registry: its spec, its function, its timeout and its effect."""
+
+    name: str
+    function_arn: str
+    timeout_s: float
+    effect: str  # read | write
+    tool: Tool
+
+
+@dataclass(frozen=True)
+class ToolGrants:
+    """Which tools each tenant may give its units: the defaults, and overrides per tenant."""
+
+    names: frozenset[str]
+    defaults: tuple[str, ...] = ()
+    overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def allowed(self, tenant: str) -> frozenset[str]:
+        return frozenset(self.overrides.get(tenant, self.defaults))
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any], names: frozenset[str]) -> ToolGrants:
+        grants = doc.get("grants") or {}
+        defaults = tuple(grants.get("defaults") or ())
+        overrides = {t: tuple(v) for t, v in (grants.get("overrides") or {}).items()}
+        for tenant, listed in [("defaults", defaults), *overrides.items()]:
+            unknown = sorted(set(listed) - names)
+            if unknown:
+                raise RegistryError(f"grants of {tenant} name unknown tools: {unknown}")
+        return cls(names, defaults, overrides)
+
+
+@dataclass(frozen=True)
+class ToolRegistry:
+    """name -> :class:`RegisteredTool`, and the tenants' grants."""
+
+    tools: Mapping[str, RegisteredTool]
+    grants: ToolGrants
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tools
+
+    def get(self, name: str) -> RegisteredTool | None:
+        return self.tools.get(name)
+
+    def allowed(self, tenant: str) -> frozenset[str]:
+        """The tools ``tenant`` may give its units."""
+        return self.grants.allowed(tenant)
+
+    def specs(self) -> dict[str, Tool]:
+        """Every tool's Converse spec by name (what :func:`swarm.core.agent.parse_agent_input`
+        takes as the registry)."""
+        return {name: entry.tool for name, entry in self.tools.items()}
+
+    @classmethod
+    def empty(cls) -> ToolRegistry:
+        return cls({}, ToolGrants(frozenset()))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> ToolRegistry:
+        """The registry from :data:`swarm.contract.TOOL_REGISTRY` (empty or unset: no tools)."""
+        if not text:
+            return cls.empty()
+        try:
+            doc = json.loads(text)
+            tools = {
+                name: RegisteredTool(
+                    name=name,
+                    function_arn=str(entry["arn"]),
+                    timeout_s=float(entry["timeout"]),
+                    effect=str(entry["effect"]),
+                    tool=Tool(name, str(entry["description"]), dict(entry["input_schema"])),
+                )
+                for name, entry in doc["tools"].items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise RegistryError(f"the tool registry is not the stack's JSON: {error!r}") from None
+        return cls(tools, ToolGrants.parse(doc, frozenset(tools)))
+
+
+def grants_from_json(text: str | None) -> ToolGrants:
+    """The API's view (:data:`swarm.contract.TOOL_GRANTS`): the names and the grants."""
+    if not text:
+        return ToolGrants(frozenset())
+    try:
+        doc = json.loads(text)
+        names = frozenset(str(name) for name in doc["tools"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise RegistryError(f"the tool grants are not the stack's JSON: {error!r}") from None
+    return ToolGrants.parse(doc, names)
+
+
+# --- the worker's side ---------------------------------------------------------------------
+ClientForTimeout = Callable[[float], Any]
+
+
+def lambda_client_for(timeout_s: float) -> Any:
+    """A Lambda client whose read timeout is ``timeout_s`` plus a margin for the invoke's own
+    overhead, and no SDK retries (a retry would run a tool again after its timeout)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "lambda",
+        config=Config(
+            read_timeout=timeout_s + 5,
+            connect_timeout=5,
+            retries={"max_attempts": 1, "mode": "standard"},
+        ),
+    )
+
+
+@dataclass
+class LambdaToolExecutor:
+    """Runs a :class:`ToolCall` on its tool's function (Invoke, RequestResponse).
+
+    ``clients(timeout_s)`` gives a Lambda client whose read timeout fits the tool's; one per
+    timeout is kept. The call's ``key`` is passed as the event's ``idempotency_key``: a write
+    tool answers a repeated key with its first outcome (its contract, docs/agents.md, "Tools").
+    """
+
+    registry: ToolRegistry
+    clients: ClientForTimeout = lambda_client_for
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[float, Any] = field(default_factory=dict)
+
+    def client(self, timeout_s: float) -> Any:
+        if timeout_s not in self._cache:
+            self._cache[timeout_s] = self.clients(timeout_s)
+        return self._cache[timeout_s]
+
+    def run(self, call: ToolCall, tenant: str, batch: str, unit: str) -> ToolOutcome:
+        entry = self.registry.get(call.name)
+        if entry is None:
+            return ToolOutcome("error", f"there is no tool named {call.name!r}")
+        if call.name not in self.registry.allowed(tenant):
+            return ToolOutcome("error", f"the tool {call.name!r} is not available to this unit")
+        event = {
+            "tool": call.name,
+            "input": call.input,
+            "idempotency_key": call.key,
+            "tenant": tenant,
+            "batch": batch,
+            "unit": unit,
+        }
+        started = self.clock()
+        try:
+            answer = self.client(entry.timeout_s).invoke(
+                FunctionName=entry.function_arn,
+                InvocationType="RequestResponse",
+                Payload=json.dumps(event, separators=(",", ":")).encode(),
+            )
+            payload = answer["Payload"].read()
+        except client_error_type() as failure:
+            return ToolOutcome("error", _client_failure(call.name, error_code(failure)))
+        except Exception as failure:  # botocore's timeouts and connection errors
+            if _is_timeout(failure) or self.clock() - started >= entry.timeout_s:
+                return ToolOutcome(
+                    "error",
+                    f"the tool {call.name!r} did not answer within {entry.timeout_s:g} s; "
+                    "try again with a smaller input, or go on without it",
+                )
+            return ToolOutcome(
+                "error", f"the tool {call.name!r} could not be reached ({type(failure).__name__})"
+            )
+        if answer.get("FunctionError"):
+            return ToolOutcome("error", _function_error(call.name, payload))
+        return _outcome(call.name, payload)
+
+    def __call__(self, call: ToolCall, tenant: str, batch: str, unit: str) -> ToolOutcome:
+        return self.run(call, tenant, batch, unit)
+
+    def bound(self, tenant: str, batch: str, unit: str) -> Callable[[ToolCall], ToolOutcome]:
+        """The unit's :class:`~swarm.core.agent_driver.ToolExecutor` (what the loop's driver
+        calls with a :class:`ToolCall` alone)."""
+        return lambda call: self.run(call, tenant, batch, unit)
+
+
+def _is_timeout(failure: BaseException) -> bool:
+    try:
+        from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+    except ImportError:  # pragma: no cover - botocore ships with boto3
+        return False
+    return isinstance(failure, ReadTimeoutError | ConnectTimeoutError)
+
+
+def _client_failure(name: str, code: str | None) -> str:
+    if code in ("TooManyRequestsException", "ThrottlingException", "EC2ThrottledException"):
+        return f"the tool {name!r} is busy (throttled); try again in a later turn"
+    if code in ("ResourceNotFoundException", "AccessDeniedException"):
+        return f"the tool {name!r} is not available ({code}); go on without it"
+    return f"the tool {name!r} failed ({code or 'unknown error'}); go on without it"
+
+
+def _function_error(name: str, payload: bytes) -> str:
+    try:
+        doc = json.loads(payload)
+        detail = str(doc.get("errorMessage") or doc.get("errorType") or "")
+    except (ValueError, AttributeError):
+        detail = ""
+    if "Task timed out" in detail:
+        return f"the tool {name!r} timed out; try again with a smaller input, or go on without it"
+    return f"the tool {name!r} failed" + (f": {detail[:200]}" if detail else "")
+
+
+def _outcome(name: str, payload: bytes) -> ToolOutcome:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return ToolOutcome("error", f"the tool {name!r} gave an answer that is not JSON")
+    if (
+        not isinstance(doc, dict)
+        or doc.get("status") not in ("success", "error")
+        or "content" not in doc
+    ):
+        return ToolOutcome("error", f"the tool {name!r} gave an answer without status and content")
+    content = doc["content"]
+    if doc["status"] == "error":
+        text = content if isinstance(content, str) else json.dumps(content)
+        return ToolOutcome("error", text[:MAX_ERROR_CHARS])
+    return ToolOutcome("success", content)
