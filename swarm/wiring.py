@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from swarm.adapters.dynamodb_running import DynamoDBRunning
     from swarm.adapters.tool_notes import DynamoDBNotes
     from swarm.adapters.tool_objects import TenantObjects
-    from swarm.adapters.tools import LambdaToolExecutor, ToolGrants, ToolRegistry
+    from swarm.adapters.tools import LambdaToolExecutor, RegistryTools, ToolGrants, ToolRegistry
 
 #: an unclaimed reservation (admitted at fan-out, waiting in its lane) expires after SQS's
 #: longest retention: a message cannot wait longer than that
@@ -340,7 +340,10 @@ class Wiring:
 
     # -- services
     def batches(self) -> Batches:
+        from swarm.adapters.tools import named_tool
+
         s = self.settings_as(ApiSettings)
+        grants = self.tool_grants()
         policy = ShedPolicy(
             {lane: s.shed_depth(lane) for lane in LANES},
             throttle_window_s=self.seconds(ShedPolicy.throttle_window_s),
@@ -360,6 +363,10 @@ class Wiring:
                 tenants=s.tenant_policy(),
                 units_per_child=s.units_per_child,
                 units_per_message=s.bundle_units,
+                # the API's environment has the tools' names and grants, not their specs
+                # (Lambda's 4 KB): a unit's first-turn check counts its request without them
+                tools={name: named_tool(name) for name in grants.names},
+                allowed_tools=grants.allowed,
             ),
             running=self.running_work(),
         )
@@ -412,6 +419,7 @@ class Wiring:
             closures=self.closures(),
             tickets=governor,  # it books a batch's tokens together: TicketBooker
             running=self.running_work(),
+            tools=self.tool_runner(),
             # the local stack's fault injection (its shared model plane), never on AWS
             kill=getattr(self.shared_model, "kill", None),
         )
@@ -467,6 +475,13 @@ class Wiring:
         from swarm.adapters.tools import ToolRegistry
 
         return ToolRegistry.from_json(self.settings_as(ToolRegistrySettings).tool_registry)
+
+    def tool_runner(self) -> RegistryTools | None:
+        """The worker's tools (None: the registry is empty)."""
+        from swarm.adapters.tools import RegistryTools
+
+        executor = self.tool_executor()
+        return RegistryTools(executor.registry, executor) if executor.registry.tools else None
 
     def tool_grants(self) -> ToolGrants:
         """The tools' names and which tenant may use which: the API's view."""

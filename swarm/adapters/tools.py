@@ -14,7 +14,7 @@ The protocol of a tool function (functions/tools/, or any function a ``function_
 
 :class:`LambdaToolExecutor` invokes a tool's function synchronously with the tool's timeout and
 turns every failure of the tool (its error, its timeout, a throttle, a malformed answer) into a
-:class:`~swarm.core.agent_driver.ToolOutcome` with status ``error``; it never raises for them.
+:class:`~swarm.core.agent.ToolOutcome` with status ``error``; it never raises for them.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from swarm.adapters.client_errors import client_error_type, error_code
-from swarm.core.agent import Tool, ToolCall
-from swarm.core.agent_driver import ToolOutcome
+from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from swarm.core.tool_protocol import MAX_ERROR_CHARS
 
 #: Converse's tool name pattern (a toolSpec's ``name``)
@@ -119,6 +118,37 @@ class ToolRegistry:
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise RegistryError(f"the tool registry is not the stack's JSON: {error!r}") from None
         return cls(tools, ToolGrants.parse(doc, frozenset(tools)))
+
+
+def named_tool(name: str) -> Tool:
+    """A registered tool known by its name alone (the API's view: the grants carry no specs)."""
+    return Tool(name, "a tool of this deployment's registry", {"type": "object"})
+
+
+@dataclass
+class RegistryTools:
+    """The registry's tools as the worker runs them (:class:`swarm.core.ports.ToolRunner`):
+    their specs, timeouts, and calls through :class:`LambdaToolExecutor`. Calls of ``write``
+    tools run one after another in the model's order (they may share state: a note written,
+    then read); ``read`` tools in parallel."""
+
+    registry: ToolRegistry
+    executor: LambdaToolExecutor
+
+    def specs(self) -> Mapping[str, Tool]:
+        return self.registry.specs()
+
+    def timeout_s(self, name: str) -> float:
+        entry = self.registry.get(name)
+        return entry.timeout_s if entry is not None else 0.0
+
+    def in_order(self, name: str) -> bool:
+        entry = self.registry.get(name)
+        return entry is not None and entry.effect == "write"
+
+    def run(self, call: ToolCall, tenant: str) -> ToolOutcome:
+        batch, unit, _ = call.key.split("/", 2)  # the key: batch/unit/toolUseId
+        return self.executor.run(call, tenant, batch, unit)
 
 
 def grants_from_json(text: str | None) -> ToolGrants:

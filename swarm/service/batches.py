@@ -173,9 +173,8 @@ class BatchesConfig:
     units_per_message: int = 1
     #: the deployment's tools (cdk.json ``tools``), which an agent unit's input names
     tools: Mapping[str, Tool] = field(default_factory=dict)
-    #: the tools each tenant may use (cdk.json ``tenants.<name>.tools``); a tenant not listed
-    #: may use none
-    tenant_tools: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: the tools a tenant may use (cdk.json ``tenants``' ``tools``: the defaults, or its own)
+    allowed_tools: Callable[[str], frozenset[str]] = lambda tenant: frozenset()
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -370,7 +369,7 @@ class Batches:
             unit=unit.unit_id,
             projected_tokens=unit.projected_tokens,
             registry=self.config.tools,
-            allowed=self.config.tenant_tools.get(tenant, frozenset()),
+            allowed=self.config.allowed_tools(tenant),
             field=field,
         )
 

@@ -21,8 +21,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from swarm.adapters.tool_objects import MAX_OBJECT_BYTES
 from swarm.adapters.tools import LambdaToolExecutor, RegisteredTool, ToolGrants, ToolRegistry
 from swarm.contract import NOTES_TABLE_NAME
-from swarm.core.agent import Tool, ToolCall
-from swarm.core.agent_driver import ToolOutcome
+from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from tests.integration.plane import ControlPlane
 
 

@@ -121,7 +121,7 @@ class AgentPlane:
                 ShedPolicy({}),
                 max_budget=10**10,
                 tools=self.tools.specs(),
-                tenant_tools={"acme": self.grants},
+                allowed_tools=lambda tenant: self.grants if tenant == "acme" else frozenset(),
             ),
         )
         p.worker = replace(p.worker, tools=self.tools)
