@@ -81,9 +81,9 @@ def _tool_input(name: str, unit: str, k: int, rng: random.Random) -> dict[str, A
     if name == "calculator":
         return {"expression": f"{rng.randint(2, 99)} * {rng.randint(2, 99)} + {k}"}
     if name == "notes_write":
-        return {"key": f"{unit}-{k}", "value": f"finding {k} of {unit}: {rng.randint(0, 10**6)}"}
+        return {"name": f"{unit}-{k}", "value": f"finding {k} of {unit}: {rng.randint(0, 10**6)}"}
     if name == "notes_read":
-        return {"key": f"{unit}-{max(1, k - 1)}"}
+        return {"name": f"{unit}-{max(1, k - 1)}"}
     return {}
 
 

@@ -38,10 +38,10 @@ CALC = Tool(
 NOTES_WRITE = Tool(
     "notes_write",
     "Keep a note under a key.",
-    {"type": "object", "properties": {"key": {"type": "string"}, "value": {"type": "string"}}},
+    {"type": "object", "properties": {"name": {"type": "string"}, "value": {"type": "string"}}},
 )
 NOTES_READ = Tool(
-    "notes_read", "Read a note.", {"type": "object", "properties": {"key": {"type": "string"}}}
+    "notes_read", "Read a note.", {"type": "object", "properties": {"name": {"type": "string"}}}
 )
 
 
@@ -72,11 +72,11 @@ class Tools:
             b, _, c = rest.partition(" + ")
             outcome = ToolOutcome("success", {"value": int(a) * int(b) + int(c)})
         elif call.name == "notes_write":
-            self.notes[f"{tenant}/{call.input['key']}"] = call.input["value"]
+            self.notes[f"{tenant}/{call.input['name']}"] = call.input["value"]
             self.effects[call.key] += 1
-            outcome = ToolOutcome("success", {"written": call.input["key"]})
+            outcome = ToolOutcome("success", {"written": call.input["name"]})
         else:
-            found = self.notes.get(f"{tenant}/{call.input.get('key')}")
+            found = self.notes.get(f"{tenant}/{call.input.get('name')}")
             outcome = ToolOutcome("success" if found else "error", found or "no such note")
         self.done[call.key] = outcome
         return outcome
