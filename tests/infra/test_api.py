@@ -25,6 +25,7 @@ PATHS = {
     ("POST", "rebind"),
     ("GET", "fleet"),
     ("GET", "drain"),
+    ("GET", "transcript"),
 }
 
 
@@ -102,6 +103,8 @@ def test_the_gateway_validates_with_the_handlers_own_models(synth: Synthesized) 
         if route.path.endswith("/results"):  # optional: the handler names a bad one (400)
             for name in ("state", "limit", "next_token"):
                 expected[f"method.request.querystring.{name}"] = False
+        if route.path.endswith("/transcript"):
+            expected["method.request.querystring.from_turn"] = False
         assert props.get("RequestParameters", {}) == expected
 
 

@@ -193,10 +193,12 @@ def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
         "dynamodb:Query",
         "dynamodb:UpdateItem",
     }
-    # (a settlement keeps its attempt in the unit's item: no PutItem)
+    # (a settlement keeps its attempt in the unit's item: no PutItem; an agent unit's log is
+    # read with a Query of its partition and appended with conditional updates)
     assert actions_on(statements, arn(synth, stack.tables.ledger)) == {
         "dynamodb:BatchGetItem",
         "dynamodb:UpdateItem",
+        "dynamodb:Query",
     }
     assert "ssm:GetParameter" in actions_on(
         statements,
