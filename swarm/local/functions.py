@@ -68,6 +68,7 @@ from swarm.core.agent_driver import KillPoint
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ports import ConverseCall, ModelPlane, ModelRequest, ModelResult
 from swarm.local import billing
+from swarm.service.agent_loop import KilledHere
 from swarm.local.events import LambdaContext
 
 log = logging.getLogger("swarm.local")
@@ -83,6 +84,11 @@ PROCESS_WIDE = (
 class WorkerCrash(BaseException):
     """A simulated worker death (the sandbox killed mid-unit): a BaseException, so Powertools'
     batch processor does not turn it into a per-record failure; the whole invocation fails."""
+
+
+#: what a simulated sandbox death raises: a single-call unit's crash after its model call, and an
+#: agent unit's worker killed at a point of a turn (``FaultyModelPlane.kill``)
+SANDBOX_DEATHS = (WorkerCrash, KilledHere)
 
 
 @dataclass
@@ -631,7 +637,7 @@ def _invoke(
         return b""
     try:
         result = fn_host.call(fn.function_name, fn.handler, env, event)
-    except (Exception, WorkerCrash) as e:
+    except (Exception, *SANDBOX_DEATHS) as e:
         response_headers["x-amz-function-error"] = "Unhandled"
         return json.dumps(
             {
@@ -648,7 +654,7 @@ def _run_quietly(
 ) -> None:
     try:
         fn_host.call(name, handler, env, event)
-    except (Exception, WorkerCrash):
+    except (Exception, *SANDBOX_DEATHS):
         log.exception("asynchronous invocation of %s failed", name)
 
 
