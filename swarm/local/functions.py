@@ -68,8 +68,8 @@ from swarm.core.agent_driver import KillPoint
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ports import ConverseCall, ModelPlane, ModelRequest, ModelResult
 from swarm.local import billing
-from swarm.service.agent_loop import KilledHere
 from swarm.local.events import LambdaContext
+from swarm.service.agent_loop import KilledHere
 
 log = logging.getLogger("swarm.local")
 
