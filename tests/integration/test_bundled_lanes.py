@@ -64,10 +64,15 @@ def test_a_unit_that_kills_its_sandbox_reaches_the_dead_letter_queue_alone(
     process = worker.process
     delivered: set[str] = set()  # the units of the message being delivered
 
-    def poisoned(item: QueuedUnit, first_delivery: bool = True, invocation: Any = None) -> Any:
+    def poisoned(
+        item: QueuedUnit,
+        first_delivery: bool = True,
+        invocation: Any = None,
+        deadline: float | None = None,
+    ) -> Any:
         if "u0002" in delivered:
             raise SandboxDied(item.unit_id)
-        return process(item, first_delivery, invocation)
+        return process(item, first_delivery, invocation, deadline)
 
     monkeypatch.setattr(worker, "process", poisoned)
     # When the lane's mapping delivers one message at a time, a message whose sandbox died

@@ -82,6 +82,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.TENANT_LIMITS: "",  # no tenant limits of their own
             env.TENANT_PRINCIPAL_PREFIX: "swarm-tenant-",
             env.OPERATOR_PRINCIPAL_PREFIX: "swarm-operator-",
+            env.TOOL_GRANTS: "",  # no tools
         }
     )
     for lane in LANES:
