@@ -129,8 +129,10 @@ def test_outputs_are_kept_once_read_by_page_and_downloadable_by_their_tenant_onl
         assert status == 200 and len(page["units"]) == 5 and "download" not in page
         # the closure's results file may take more than one poll (the finalizer stops writing
         # when its time is up, and goes on at its next poll: seen under load)
+        polls = 1
         while not plane.finalize(batch_id)["closed"]:
-            pass
+            polls += 1
+            assert polls <= 20, "the finalizer never wrote the closure's results file"
         # the workers wrote each attempt's outcome under the run's prefix, as their own role,
         # an invocation's outcomes in one object (a page): fewer objects than attempts
         s3 = plane.client("s3")
