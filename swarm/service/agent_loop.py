@@ -99,6 +99,17 @@ def cut(value: Any) -> Any:
     return f"{kept}\n[cut: the tool returned {size:,} bytes; {MAX_TOOL_RESULT_BYTES:,} kept]"
 
 
+@dataclass(frozen=True)
+class Wait:
+    """Why the unit goes back to its lane, and for how long (a Requeue, once its turn is
+    settled and its attempt handed back)."""
+
+    delay_s: float
+    why: str
+    ticket: Ticket | None = None
+    hide: bool = False
+
+
 @dataclass
 class AgentLoop:
     """One delivery of one agent unit, claimed by ``worker``."""
@@ -155,8 +166,8 @@ class AgentLoop:
                 continue
             # the first turn, or the next one after a wait: nothing to settle before it
             started = self._start(step)
-            if not isinstance(started, Grant):
-                return started
+            if isinstance(started, Wait):
+                return self._back(started)
             self._append([agent.turn_started(step, self._now())])
             outcome = self._call(step, started)
             if outcome is not None:
@@ -172,7 +183,7 @@ class AgentLoop:
         events = [*pending, settled]
         call: CallModel | None = None
         grant: Grant | None = None
-        wait: WorkReport | None = None
+        wait: Wait | None = None
         if isinstance(after, Stop):
             events.append(agent.stopped(after, self._now()))
         elif isinstance(after, CallModel):
@@ -197,7 +208,7 @@ class AgentLoop:
             return self._call(call, grant)
         if result.run_state is not RunState.OPEN and not isinstance(after, Stop):
             return self._pause()
-        return wait
+        return None if wait is None else self._back(wait)  # handed back once the turn is settled
 
     def _settle_turn(self, turn: int, tokens: int, events: Sequence[Event]) -> Any:
         """The ledger's settlement of ``turn`` with ``events`` appended in the same write; None
@@ -224,16 +235,14 @@ class AgentLoop:
         self.billed += tokens
         return result
 
-    def _start(self, step: CallModel) -> Grant | WorkReport:
-        """The governor's grant for ``step``'s draw, or what the delivery does instead: go back
-        to the lane (its tokens are not there within the bounded hold; the invocation's time
-        cannot fit the turn)."""
+    def _start(self, step: CallModel) -> Grant | Wait:
+        """The governor's grant for ``step``'s draw, or why and for how long the unit goes back
+        to its lane instead (its tokens are not there within the bounded hold; the invocation's
+        time cannot fit the turn): nothing is written here, the caller settles first."""
         w = self.worker
         late = self.deadline is not None and self._now() + w.config.turn_s > self.deadline
         if late and self.started:
-            return self._back(
-                requeue_delay(0), "the invocation's time left cannot fit a turn: continued"
-            )
+            return Wait(requeue_delay(0), "the invocation's time left cannot fit a turn: continued")
         ticket = self.ticket
         tag = ticket_tag(self.attempt, step.turn)
         if ticket is not None and (ticket.tag != tag or ticket.amount != step.draw):
@@ -258,7 +267,7 @@ class AgentLoop:
         booked = None if got.ticket is None else replace(got.ticket, tag=tag)
         unspent = booked is None or booked.slot
         deep = unspent and got.retry_after_s > w.config.longest_delay_s
-        return self._back(
+        return Wait(
             requeue_delay(got.retry_after_s), "governor: tokens not there yet", booked, deep
         )
 
@@ -282,7 +291,7 @@ class AgentLoop:
             self.throttled = True
             refused = agent.throttled(step.turn, step.draw)
             if self._settle_turn(step.turn, 0, [agent.turn_settled(refused, self._now())]):
-                return self._back(requeue_delay(w.config.requeue_delay_s), "model plane throttled")
+                return self._back(Wait(requeue_delay(w.config.requeue_delay_s), "model throttled"))
             return self._superseded()
         except KilledHere:
             raise
@@ -294,7 +303,7 @@ class AgentLoop:
             w.governor.true_up(grant, step.draw, self._now())
             if self._settle_turn(step.turn, step.draw, [agent.turn_settled(lost, self._now())]):
                 why = f"model call failed ({type(e).__name__}): retried"
-                return self._back(requeue_delay(w.config.retry_backoff_s), why)
+                return self._back(Wait(requeue_delay(w.config.retry_backoff_s), why))
             return self._superseded()
         try:
             self._append([event])
@@ -374,18 +383,15 @@ class AgentLoop:
             throttled=self.throttled,
         )
 
-    def _back(
-        self, delay_s: float, why: str, ticket: Ticket | None = None, hide: bool = False
-    ) -> WorkReport:
+    def _back(self, wait: Wait) -> WorkReport:
         """Hand the attempt back (its reservation stays, for as long as the delay and a lease)
-        and send the unit back to its lane after ``delay_s``."""
+        and send the unit back to its lane after the wait's delay."""
         from swarm.service.worker import Requeue
 
         w, item = self.worker, self.item
-        w.ledger.unclaim(
-            item.run_id, item.unit_id, self.attempt, self._now(), delay_s + w.config.lease_s
-        )
-        return self._report(Requeue(delay_s, why, ticket=ticket, hide=hide))
+        lease_s = wait.delay_s + w.config.lease_s
+        w.ledger.unclaim(item.run_id, item.unit_id, self.attempt, self._now(), lease_s)
+        return self._report(Requeue(wait.delay_s, wait.why, ticket=wait.ticket, hide=wait.hide))
 
     def _pause(self) -> WorkReport:
         """The run stopped admitting (its budget ran out): the unit stops at this turn boundary,

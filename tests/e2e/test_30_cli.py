@@ -293,6 +293,37 @@ def test_submit_generated_units_on_a_lane_with_a_budget_and_an_idempotency_key(
     assert other["batch_id"] != bid
 
 
+def test_generated_agent_units_run_their_loops_and_results_carry_their_transcripts(
+    here: Path,
+) -> None:
+    tenant = "cli-agents"
+    # When agent units are generated and watched to their end
+    options = ["--generate", "4", "--agent", "--turns", "3", "--tenant", tenant]
+    lines = ok(submit(here, *options, "--watch", timeout=WATCH_S))
+    bid = batch_id(lines)
+    assert HEALTHY.match(lines[-1]) and lines[-1].startswith("run.completed: completed 4/4 ")
+    # Then the status counts their turns and tool calls
+    status = ok(swarm(here, "status", bid, "--tenant", tenant))
+    assert status[-1].startswith("agent units: 12 model turns, "), status
+    # And the results carry each loop's figures, and with --transcripts its whole transcript
+    out = here / "agents.jsonl"
+    ok(swarm(here, "results", bid, "--tenant", tenant, "--transcripts", "--jsonl", str(out)))
+    found = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(found) == 4
+    for unit in found:
+        assert unit["state"] == "completed" and unit["agent"]["turns"] == 3
+        assert unit["agent"]["stop"] == "completed" and unit["output"].startswith("Done after 3")
+        turns = unit["transcript"]["turns"]
+        assert [t["turn"] for t in turns] == [1, 2, 3]
+        assert sum(t["billed"] for t in turns) == unit["tokens"]
+        assert all(c["status"] in ("success", "error") for t in turns for c in t["tool_calls"])
+    # But a tool the registry does not have is a 400 naming the unit's field
+    line = error_line(
+        submit(here, "--generate", "1", "--agent", "--tools", "shell", "--tenant", tenant)
+    )
+    assert "units[0].input.tools[0]" in line and "'shell' is not a tool" in line, line
+
+
 def test_status_and_resume_of_a_batch_that_does_not_exist_are_one_line_errors(
     here: Path,
 ) -> None:
@@ -564,6 +595,8 @@ def test_unusable_units_files_are_one_line_errors(here: Path) -> None:
         (["submit", "--generate", "many"], "argument --generate: 'many' is not a whole number"),
         (["submit", "--generate", "2", "--lane", "urgent"], "argument --lane: invalid choice"),
         (["submit", "--generate", "2", "--budget", "-5"], "argument --budget: -5 is out of range"),
+        (["submit", "--generate", "2", "--agent", "--turns", "0"], "argument --turns: '0'"),
+        (["submit", "--bfcl", "multi_turn_zero"], "argument --bfcl: invalid choice"),
         (["status"], "the following arguments are required: BATCH"),
         (["resume", "b-1"], "the following arguments are required: --top-up"),
         (["resume", "b-1", "--top-up", "0"], "argument --top-up: 0 is out of range"),

@@ -17,7 +17,9 @@ from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from swarm.core.agent_driver import KillPoint
 from swarm.core.backpressure import ShedPolicy
 from swarm.core.errors import InvalidInput
+from swarm.core.governor import GovernorConfig
 from swarm.core.lanes import QueuedUnit
+from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane, RunState, UnitState
 from swarm.service.agent_loop import KilledHere
 from swarm.service.batches import Batches, BatchesConfig, SubmitRequest, UnitInput
@@ -275,6 +277,29 @@ def test_an_exhausted_batch_pauses_its_loops_and_a_top_up_continues_them_from_th
         assert sum(e["type"] == "model_turn" for e in logs[unit_id]) == 8
     calls_after = p.model.of_run(run_id).calls - calls_before
     assert calls_after == sum(8 - n for n in answered_before.values())
+
+
+def test_turns_whose_tokens_are_not_there_wait_in_their_lane_holding_no_worker() -> None:
+    # Given a governor far smaller than the loops' appetite (a turn waits seconds for tokens,
+    # beyond the worker's one-second hold)
+    ap = AgentPlane()
+    p = ap.plane
+    small = InMemoryGovernor(GovernorConfig(20_000, 0.95, initial_fill=0.0), now=p.clock.now())
+    p.governor = small
+    p.worker = replace(p.worker, governor=small)
+    run_id = ap.submit(agent_units(6, turns=6))
+    # When the lanes run
+    outcomes = ap.pump()
+    # Then the units went back to their lane between turns, each time after settling the turn
+    # before (the attempt handed back, its reservation kept) and not one model call repeated
+    assert outcomes["governor"] > 0
+    run = p.ledger.run(run_id)
+    assert run.state is RunState.COMPLETED and run.completed == 6
+    assert_books_exact(ap, run_id)
+    answered = sum(1 for log in ap.logs(run_id).values() for e in log if e["type"] == "model_turn")
+    assert answered == 36 == p.model.of_run(run_id).calls
+    # and the worker slept at most its hold per try: the waits were spent in the lane
+    assert all(agent.summary(log)["turns"] == 6 for log in ap.logs(run_id).values())
 
 
 def test_a_turn_that_cannot_fit_the_cap_stops_the_unit_limit_tokens_uncalled() -> None:
