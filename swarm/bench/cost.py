@@ -49,9 +49,17 @@ TARGET_REQUESTS_PER_UNIT = 8.0
 TARGET_USD_PER_MILLION_UNITS = 10.0
 #: issue 33's target for agent units: billed requests per model turn, the tools' own apart
 TARGET_REQUESTS_PER_TURN = 5.0
-#: the bill's callers that are the deployment's tool functions (their label: the handler's
-#: module under functions/tools/): what a turn's tool calls cost, listed apart
-TOOL_CALLER_PREFIX = "tools."
+
+
+def tool_callers() -> frozenset[str]:
+    """The bill's callers that are the deployment's tool functions (a function's label in the
+    bill is its handler module's name: the tool sources under functions/tools/): what a turn's
+    tool calls cost, listed apart."""
+    return frozenset(
+        path.stem for path in (ROOT / "functions" / "tools").glob("*.py") if path.stem != "__init__"
+    )
+
+
 #: the API refuses a budget above cdk.json's budget.max_tokens
 MAX_BUDGET = 1_000_000_000
 MILLION = 1_000_000
@@ -404,7 +412,8 @@ def per_turn(result: dict[str, Any], turns: int) -> dict[str, Any]:
     theirs apart, by line."""
     units = int(result["units"])
     billed = [d for d in result["lines"] if d["billed"]]
-    tools = [d for d in billed if str(d["caller"]).startswith(TOOL_CALLER_PREFIX)]
+    callers = tool_callers()
+    tools = [d for d in billed if d["caller"] in callers]
     rest = [d for d in billed if d not in tools]
     per = units / turns if turns else 0.0  # a unit's figures times this: a turn's
 

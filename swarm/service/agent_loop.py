@@ -124,6 +124,9 @@ class AgentLoop:
     #: the governor booking this delivery carries, if any (presented for its own turn only)
     ticket: Ticket | None = None
     log: list[Event] = field(default_factory=list)
+    #: events decided and not written yet, written with the turn's settlement: the turn's tool
+    #: results, or an answer that asks for no tool (nothing runs before its settlement)
+    pending: list[Event] = field(default_factory=list)
     billed: int = 0  # tokens this delivery settled
     started: int = 0  # model turns this delivery started (it always starts one at least)
     waited_s: float = 0.0
@@ -145,22 +148,20 @@ class AgentLoop:
 
     def run(self) -> WorkReport:
         self.log = self._ledger.read_log(self.item.run_id, self.item.unit_id)
-        pending: list[Event] = []  # tool results run and not yet written
         while True:
-            view = [*self.log, *pending]
+            view = [*self.log, *self.pending]
             step = agent.next_step(view, self.spec)
             if isinstance(step, Finished):
                 return self._finish(step)
             if isinstance(step, RunTools):
-                pending += self._run_tools(step)
+                self.pending += self._run_tools(step)
                 self._kill(KillPoint.BEFORE_SETTLEMENT, step.turn)
                 continue
             if isinstance(step, Stop):  # a resumed unit whose next turn cannot be called
                 self._append([agent.stopped(step, self._now())])
                 continue
             if isinstance(step, SettleTurn):
-                outcome = self._settle(step, pending, view)
-                pending = []
+                outcome = self._settle(step, view)
                 if outcome is not None:
                     return outcome
                 continue
@@ -173,14 +174,13 @@ class AgentLoop:
             if outcome is not None:
                 return outcome
 
-    def _settle(
-        self, step: SettleTurn, pending: list[Event], view: list[Event]
-    ) -> WorkReport | None:
-        """Settle turn ``step.turn`` with its tool results, and start the next turn in the same
-        write when its tokens are there (or record the unit's stop)."""
+    def _settle(self, step: SettleTurn, view: list[Event]) -> WorkReport | None:
+        """Settle turn ``step.turn`` with what it left unwritten (its tool results, or its
+        answer), and start the next turn in the same write when its tokens are there (or record
+        the unit's stop)."""
         settled = agent.turn_settled(step, self._now())
         after = agent.next_step([*view, settled], self.spec)
-        events = [*pending, settled]
+        events, self.pending = [*self.pending, settled], []
         call: CallModel | None = None
         grant: Grant | None = None
         wait: Wait | None = None
@@ -306,7 +306,10 @@ class AgentLoop:
                 return self._back(Wait(requeue_delay(w.config.retry_backoff_s), why))
             return self._superseded()
         try:
-            self._append([event])
+            if any("toolUse" in block for block in event["message"]["content"]):
+                self._append([event])  # recorded before any of its tools runs
+            else:  # nothing runs before the turn's settlement: written with it, one write less
+                self.pending.append(event)
         finally:  # the governor learns what the model counted, recorded or not
             w.governor.true_up(grant, agent.billed_of(event["usage"]), self._now())
         return None

@@ -353,6 +353,25 @@ def test_the_bill_per_unit_applies_each_lines_price() -> None:
     assert f"US dollars per million units: {result['usd_per_million_units']:.2f}" in text
 
 
+def test_an_agent_batchs_bill_is_also_per_model_turn_the_tools_own_apart() -> None:
+    # 10 agent units of 8 turns: the worker's 400 writes and a notes tool's 80 invocations
+    lines = [
+        _line("dynamodb", "UpdateItem", billing.DYNAMODB_WRITE, 400, 400),
+        _line("lambda", "Invoke", billing.LAMBDA_REQUESTS, 80, 80),
+    ]
+    lines[1]["caller"] = "notes"  # a tool function's label: its source's name
+    result = cost.summarize(_bill(lines), 10)
+    figures = cost.per_turn(result, 80)
+    # Then a turn's bill is the worker's 5 writes; the tool's invocation is listed apart
+    assert figures["turns_per_unit"] == 8
+    assert figures["requests_per_turn"] == pytest.approx(5.0)
+    assert figures["usd_per_million_turns"] == pytest.approx(5 * 0.625)
+    assert figures["tools"]["requests_per_turn"] == pytest.approx(1.0)
+    assert [d["caller"] for d in figures["tools"]["lines"]] == ["notes"]
+    text = cost.render({**result, "agent": figures})
+    assert "per model turn: 5.00 billed requests (target <= 5)" in text
+
+
 def test_the_bill_tells_what_the_runs_length_drives_from_what_its_units_drive() -> None:
     empty = f"ReceiveMessage (empty; x{billing.ESM_IDLE_POLLERS}: AWS's idle pollers)"
     lines = [
