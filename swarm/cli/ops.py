@@ -513,8 +513,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--bfcl",
         choices=["multi_turn_base"],
         metavar="CATEGORY",
-        help="BFCL's multi-turn entries of CATEGORY (multi_turn_base) as agent units, served "
-        "by the deployment's BFCL tools",
+        help="BFCL's multi-turn entries of CATEGORY (multi_turn_base) as agent units: their "
+        "tools are BFCL's functions, which the deployment's registry must hold (the shipped "
+        "stack does not: a 400 names the first; docs/agents.md)",
     )
     p.add_argument("--limit", type=positive_int, metavar="N", help="with --bfcl: the first N")
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")

@@ -579,12 +579,16 @@ def test_unusable_units_files_are_one_line_errors(here: Path) -> None:
     line = refused("negative.json")
     assert line.startswith("swarm: error: 400 invalid_request: units[2].projected_tokens: "), line
     assert "greater than or equal to 1" in line, line
-    # neither a file nor --generate, or both
-    assert "give a FILE of units or --generate N" in error_line(
+    # none of a file, --generate and --bfcl, or two of them
+    assert "give one of: a FILE of units, --generate N, --bfcl CATEGORY" in error_line(
         swarm(here, "submit", "--tenant", tenant)
     )
-    assert "give a FILE of units or --generate N" in error_line(
+    assert "give one of: a FILE of units, --generate N, --bfcl CATEGORY" in error_line(
         swarm(here, "submit", "negative.json", "--generate", "2", "--tenant", tenant)
+    )
+    # --agent makes generated units agent units: alone it says so
+    assert "--agent: makes --generate's units agent units" in error_line(
+        swarm(here, "submit", "negative.json", "--agent", "--tenant", tenant)
     )
 
 
