@@ -76,8 +76,9 @@ class WorkerTimings:
     # the longest a message is hidden for (SQS's 12-hour visibility limit, counted from the
     # receive, less a margin for the time since it)
     longest_hide_s: float = float(MAX_SQS_VISIBILITY_S - 300)
-    #: the longest an agent unit's model turn with its tools may take: a worker does not start
-    #: one with less time left in its invocation (docs/agents.md, "Waits and long loops")
+    #: the longest an agent unit's model call and its turn's writes may take: a worker starts
+    #: no turn (after its first) with less time left in its invocation (docs/agents.md, "The
+    #: loop on the stack"; Wiring.turn_seconds)
     turn_s: float = 60.0
 
 
