@@ -270,7 +270,7 @@ class ConverseInput(BaseModel):
             default=None,
             description=(
                 "an agent unit's tools: names from the deployment's tool registry that the batch's "
-                "tenant may use (a 400 names an unknown or forbidden one)"
+                "tenant may use, each once (a 400 names an unknown, forbidden or repeated one)"
             ),
         )
     )
@@ -278,7 +278,9 @@ class ConverseInput(BaseModel):
         default=None,
         description=(
             '"auto" (default), "any", or {"tool": name}: the model must call a tool (any, or '
-            "that one) until it has called one since the last user message"
+            "that one) until it has called one since the last user message. A named tool is "
+            "one of the unit's tools, and only with tools is a toolChoice given (a 400 "
+            "otherwise)"
         ),
     )
     limits: Limits | None = None
@@ -336,7 +338,9 @@ class Unit(BaseModel):
         ge=1,
         le=MAX_PROJECTED_TOKENS,
         description=(
-            "what admission reserves: the most one attempt may bill, input and answer together. "
+            "what admission reserves: the most one attempt may bill, input and answer together "
+            "(for an agent unit, its whole loop's: at least what its first turn draws, its "
+            "input and its output bound). "
             "At most what the fleet's governor can grant at once on the batch's lane (its "
             "bucket's capacity less the reserve it keeps for higher lanes, a deployment's "
             "setting): a bigger unit could never run, and is a 400 naming it"

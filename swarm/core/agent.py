@@ -163,6 +163,7 @@ def parse_agent_input(
     registry: Mapping[str, Tool],
     allowed: frozenset[str] | None = None,
     field: str = "input",
+    cap_field: str = "projected_tokens",
 ) -> AgentSpec:
     """The unit's input as an :class:`AgentSpec`, or InvalidInput naming the field at fault.
 
@@ -183,7 +184,7 @@ def parse_agent_input(
     max_turns = _parse_limits(value.get("limits"), f"{field}.limits")
     follow_ups = _parse_follow_ups(value.get("followUps"), f"{field}.followUps")
     if not isinstance(projected_tokens, int) or projected_tokens < 1:
-        raise InvalidInput("projected_tokens", "must be a positive integer: the loop's cap")
+        raise InvalidInput(cap_field, "must be a positive integer: the loop's cap")
     spec = AgentSpec(
         batch=batch,
         unit=unit,
@@ -197,7 +198,7 @@ def parse_agent_input(
     first = next_step([], spec)
     if isinstance(first, Stop):  # the first turn cannot fit the cap: the unit could do nothing
         raise InvalidInput(
-            "projected_tokens",
+            cap_field,
             f"{first.detail}: raise projected_tokens, or lower inferenceConfig.maxTokens (the "
             "output bound of each turn)",
         )

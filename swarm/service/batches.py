@@ -360,9 +360,11 @@ class Batches:
         naming a tool the unit does not list, a cap its first turn cannot fit)."""
         for index, unit in enumerate(units):
             if agent.is_agent_input(unit.input):
-                self._agent_spec(tenant, unit, f"{field}[{index}].input")
+                self._agent_spec(tenant, unit, f"{field}[{index}]")
 
     def _agent_spec(self, tenant: str, unit: UnitInput, field: str) -> agent.AgentSpec:
+        """The agent unit ``unit`` (at ``field``, e.g. ``units[3]``) as the worker will run it,
+        or InvalidInput naming the field at fault (``units[3].input.tools[0]``, ...)."""
         return agent.parse_agent_input(
             unit.input,
             batch="check",
@@ -370,7 +372,8 @@ class Batches:
             projected_tokens=unit.projected_tokens,
             registry=self.config.tools,
             allowed=self.config.allowed_tools(tenant),
-            field=field,
+            field=f"{field}.input",
+            cap_field=f"{field}.projected_tokens",
         )
 
     def _upload(self, tenant: str, key: str) -> list[Unit]:
@@ -431,7 +434,7 @@ class Batches:
         for index, u in enumerate(request.units):
             amount = u.projected_tokens
             if agent.is_agent_input(u.input):
-                amount = agent.first_draw(self._agent_spec(tenant, u, f"units[{index}].input"))
+                amount = agent.first_draw(self._agent_spec(tenant, u, f"units[{index}]"))
             try:
                 check_amount(self.governor.config, amount, request.lane)
             except InvalidInput as e:

@@ -87,6 +87,10 @@ STATED_IN_WORDS = {
     r"units\[\d+\]\.projected_tokens": "what the fleet's governor can grant",
     r"units\[\d+\]\.input": "a Distributed Map item",  # the unit's JSON in 256 KiB
     r"units\[\d+\]\.input\.messages": "from the user first and last, alternating",
+    # an agent unit's: its tools in the registry, granted to the tenant, each once; a toolChoice
+    # naming one of them; a cap its first turn fits (units[i].projected_tokens, above)
+    r"units\[\d+\]\.input\.tools\[\d+\]": "the batch's tenant may use, each once",
+    r"units\[\d+\]\.input\.toolChoice(\.tool)?": "one of the unit's tools, and only with tools",
     r"top_up": "the budget after it is at most the tenant's max_budget_per_batch",
     r"next_token": "the previous page's next_token",  # a token the API gave
 }
@@ -401,6 +405,7 @@ VALID: dict[str, dict[str, Any]] = {
     "getBatch": {},
     "getBatchResults": {"params": {"limit": 5}},
     "resumeBatch": {"json": {"top_up": 1000}},
+    "getUnitTranscript": {"params": {"from_turn": 1}},
     "createUpload": {"json": {"size_bytes": 100}},
     "getFleet": {},
     "getDrain": {},
@@ -416,7 +421,7 @@ def test_unsigned_and_foreign_signed_requests_are_refused_and_write_nothing(
         {"units": [{"unit_id": "u1", "projected_tokens": 100, "input": "hello"}], "budget": 0},
         idempotency_key="fuzz-owned",
     )["batch_id"]
-    params = {"batch_id": batch, "tenant": TENANT}
+    params = {"batch_id": batch, "tenant": TENANT, "unit_id": "u1"}
     before = fuzz.quiet_footprint()
     writes = fuzz.writes()
     for path, operations in json.loads(DOCUMENT.read_text())["paths"].items():

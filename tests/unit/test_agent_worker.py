@@ -333,6 +333,11 @@ def test_the_submit_refuses_tools_the_registry_or_the_tenant_lack_naming_the_fie
     with pytest.raises(InvalidInput) as e:
         ap.submit([choice])
     assert e.value.field == "units[0].input.toolChoice.tool"
+    # and a cap its first turn cannot fit names the unit's projected_tokens
+    small = replace(bad, projected_tokens=50, input={**bad.input, "tools": ["calculator"]})  # type: ignore[dict-item]
+    with pytest.raises(InvalidInput) as e:
+        ap.submit([small])
+    assert e.value.field == "units[0].projected_tokens" and "turn 1 needs" in e.value.message
 
 
 class _Journals(bfcl.MemoryJournals):
