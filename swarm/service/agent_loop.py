@@ -92,10 +92,11 @@ def cut(value: Any) -> Any:
     """A tool's value as recorded: its JSON up to :data:`MAX_TOOL_RESULT_BYTES`, else its text
     cut there with a note."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    size = len(text.encode())
+    data = text.encode()
+    size = len(data)
     if size <= MAX_TOOL_RESULT_BYTES:
         return value
-    kept = text.encode()[:MAX_TOOL_RESULT_BYTES].decode(errors="ignore")
+    kept = data[:MAX_TOOL_RESULT_BYTES].decode(errors="ignore")
     return f"{kept}\n[cut: the tool returned {size:,} bytes; {MAX_TOOL_RESULT_BYTES:,} kept]"
 
 
@@ -436,7 +437,7 @@ class AgentLoop:
             output_tokens=usage["outputTokens"],
             model_id=getattr(w.model, "model_id", ""),
             recorded_at=now,
-            agent=agent_summary(self.log, step),
+            agent=agent_summary(summary, step),
         )
         key = keep_outcome(w.results, outcome)
         fate = settle_claimed(
@@ -453,10 +454,10 @@ class AgentLoop:
         return self._report(Ack(fate.value), fate)
 
 
-def agent_summary(log_: Sequence[Event], stop: Finished | Stop) -> dict[str, Any]:
-    """What a unit's outcome (and a results page) carries of its loop: turns, tool calls and
-    errors, the stop's reason and detail; the transcript itself is read apart."""
-    figures = agent.summary(log_)
+def agent_summary(figures: dict[str, Any], stop: Finished | Stop) -> dict[str, Any]:
+    """What a unit's outcome (and a results page) carries of its loop, from its log's
+    ``figures`` (:func:`swarm.core.agent.summary`): turns, tool calls and errors, the stop's
+    reason and detail; the transcript itself is read apart."""
     return {
         "turns": figures["turns"],
         "lost_turns": figures["lost_turns"],
