@@ -1,5 +1,7 @@
-"""What the functions' asset holds: the handlers, the modules of ``swarm/`` they import, and the
-pinned runtime dependencies. Nothing else: no local stack, simulator, CLI or benchmark code.
+"""What the functions' asset holds: the handlers, the modules of ``swarm/`` they import, the tool
+sources' declarations files (``functions/tools/*.tools.json``), and the pinned runtime
+dependencies, with the part of ``bfcl-eval`` the BFCL toolset runs (:data:`NODEPS_KEEP`).
+Nothing else: no local stack, simulator, CLI or benchmark code.
 
 The modules are the handlers' import closure, read from the sources (:func:`asset_modules`):
 every ``import`` and ``from ... import`` of a handler module (``functions/*.py``), followed
@@ -20,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -27,6 +30,23 @@ ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = ROOT / "functions"
 LIBRARY_DIR = ROOT / "swarm"
 REQUIREMENTS = FUNCTIONS_DIR / "requirements.txt"
+#: dependencies installed without their own (their lists are far wider than the part used), of
+#: which the asset keeps only :data:`NODEPS_KEEP`
+REQUIREMENTS_NODEPS = FUNCTIONS_DIR / "requirements-nodeps.txt"
+#: what the asset keeps of them (paths under the install target; a folder keeps all it holds):
+#: BFCL's multi-turn backends, the base category's entries and answers, its function docs, and
+#: the package's license metadata. Not its model handlers, other categories or scripts (15 MB).
+NODEPS_KEEP = (
+    "bfcl_eval/__init__.py",
+    "bfcl_eval/constants/__init__.py",
+    "bfcl_eval/constants/executable_backend_config.py",
+    "bfcl_eval/eval_checker/__init__.py",
+    "bfcl_eval/eval_checker/multi_turn_eval",
+    "bfcl_eval/data/BFCL_v4_multi_turn_base.json",
+    "bfcl_eval/data/possible_answer/BFCL_v4_multi_turn_base.json",
+    "bfcl_eval/data/multi_turn_func_doc",
+    "bfcl_eval-*.dist-info",
+)
 #: the project's packages the asset may hold (the handlers' closure is followed through them)
 PACKAGES = ("functions", "swarm")
 #: what the asset must never hold (tested): the local stack, the simulator, the CLI, benchmarks
@@ -97,9 +117,15 @@ def asset_modules(root: Path = ROOT) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+def declarations_files(root: Path = ROOT) -> list[Path]:
+    """The tool sources' declarations files (infra/tool_sources.py): the worker and the API read
+    a toolset's specs from them."""
+    return sorted((root / "functions" / "tools").glob("*.tools.json"))
+
+
 def asset_files(root: Path = ROOT) -> list[Path]:
     """The project's files in the asset (absolute paths, sorted)."""
-    return sorted(asset_modules(root).values())
+    return sorted([*asset_modules(root).values(), *declarations_files(root)])
 
 
 def copy_sources(out: Path, root: Path = ROOT) -> list[Path]:
@@ -113,13 +139,19 @@ def copy_sources(out: Path, root: Path = ROOT) -> list[Path]:
     return copied
 
 
-def install_requirements(out: Path, python_version: str, platform_tag: str) -> None:
-    """``pip install --target`` of :data:`REQUIREMENTS` as wheels for that Python and platform."""
+def install_requirements(
+    out: Path,
+    python_version: str,
+    platform_tag: str,
+    requirements: Path = REQUIREMENTS,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """``pip install --target`` of ``requirements`` as wheels for that Python and platform."""
     command = [
         sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
         "--target", str(out), "--platform", platform_tag, "--implementation", "cp",
         "--python-version", python_version, "--only-binary=:all:",
-        "--no-compile", "-r", str(REQUIREMENTS),
+        "--no-compile", *extra, "-r", str(requirements),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -129,9 +161,38 @@ def install_requirements(out: Path, python_version: str, platform_tag: str) -> N
         )
 
 
+def install_nodeps(out: Path, python_version: str, platform_tag: str) -> None:
+    """:data:`REQUIREMENTS_NODEPS` without their dependencies, keeping :data:`NODEPS_KEEP`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        staged = Path(scratch)
+        install_requirements(
+            staged, python_version, platform_tag, REQUIREMENTS_NODEPS, ("--no-deps",)
+        )
+        for pattern in NODEPS_KEEP:
+            found = sorted(staged.glob(pattern))
+            if not found:
+                raise RuntimeError(
+                    f"bundling: {pattern} is not in {REQUIREMENTS_NODEPS.name}'s packages "
+                    "(a new version moved it: update infra/asset.py NODEPS_KEEP)"
+                )
+            for path in found:
+                target = out / path.relative_to(staged)
+                if path.is_dir():
+                    shutil.copytree(
+                        path,
+                        target,
+                        dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"),
+                    )
+                else:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, target)
+
+
 def build(out: Path, python_version: str, platform_tag: str) -> None:
     """The whole asset in ``out``: the dependencies, then the handlers and their modules."""
     install_requirements(out, python_version, platform_tag)
+    install_nodeps(out, python_version, platform_tag)
     copy_sources(out)
 
 

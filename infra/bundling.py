@@ -25,7 +25,7 @@ REQUIREMENTS = asset.REQUIREMENTS
 
 
 def _source_files() -> list[Path]:
-    return [REQUIREMENTS, *asset.asset_files()]
+    return [REQUIREMENTS, asset.REQUIREMENTS_NODEPS, *asset.asset_files()]
 
 
 def source_hash(platform: str = "") -> str:

@@ -115,8 +115,7 @@ def acknowledge_checks(stack: SwarmStack) -> None:
         "tenants' data), so a customer managed key would add a key policy and cost",
     )
     tables = [stack.tables.governor, stack.tables.ledger]
-    if stack.tools.notes_table is not None:
-        tables.append(stack.tools.notes_table)
+    tables += [t for t in (stack.tools.notes_table, stack.tools.journals_table) if t is not None]
     for table in tables:
         skip(table, "CKV_AWS_119", _TABLE_KEY)
     for tool in stack.tools.functions.values():

@@ -383,8 +383,10 @@ DEFAULT_TOOL_TIMEOUT_S = 10
 MAX_TOOL_REGISTRY_BYTES = 2400
 #: the longest function ARN the registry may hold (what the size check counts for a source's)
 LONGEST_FUNCTION_ARN = 140
-#: the longest description of one tool (characters)
+#: the longest description of one tool (characters): the worker's environment holds it
 MAX_TOOL_DESCRIPTION = 600
+#: ... and of a toolset's tool, whose spec the asset holds (BFCL's longest is 640)
+MAX_TOOLSET_DESCRIPTION = 2000
 
 
 class ToolConfig(_Strict):
@@ -446,7 +448,9 @@ def input_schema_problem(schema: Any) -> str | None:
     return None
 
 
-def resolve_tool(name: str, tool: ToolConfig) -> ResolvedTool:
+def resolve_tool(
+    name: str, tool: ToolConfig, max_description: int = MAX_TOOL_DESCRIPTION
+) -> ResolvedTool:
     """``tool`` with its source's declaration as defaults; ValueError naming ``tools.<name>...``."""
     key = f"tools.{name}"
     if not TOOL_NAME.match(name):
@@ -475,8 +479,8 @@ def resolve_tool(name: str, tool: ToolConfig) -> ResolvedTool:
     )
     if not isinstance(description, str) or not description.strip():
         raise ValueError(f"{key}.description: required ({where})")
-    if len(description) > MAX_TOOL_DESCRIPTION:
-        raise ValueError(f"{key}.description: at most {MAX_TOOL_DESCRIPTION} characters")
+    if len(description) > max_description:
+        raise ValueError(f"{key}.description: at most {max_description} characters")
     if schema is None:
         raise ValueError(f"{key}.input_schema: required ({where})")
     problem = input_schema_problem(schema)
@@ -498,8 +502,8 @@ def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
     given = [f for f in ("description", "input_schema", "effect") if getattr(tool, f) is not None]
     if given:
         raise ValueError(
-            f"{key}.{given[0]}: a toolset's tools each take theirs from "
-            f"functions/tools/{tool.source}.py"
+            f"{key}.{given[0]}: a toolset's tools each take theirs from what "
+            f"functions/tools/{tool.source} declares"
         )
     try:
         declared = declared_tools(tool.source)
@@ -508,7 +512,7 @@ def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
     if not declared:
         raise ValueError(f"{key}.source: functions/tools/{tool.source}.py declares no tools")
     single = ToolConfig(source=tool.source, timeout_seconds=tool.timeout_seconds)
-    return [resolve_tool(each, single) for each in sorted(declared)]
+    return [resolve_tool(each, single, MAX_TOOLSET_DESCRIPTION) for each in sorted(declared)]
 
 
 class SimulatedModelConfig(_Strict):
@@ -810,34 +814,59 @@ class SwarmConfig(_Strict):
         return sources
 
     def tool_registry_value(self, arns: Mapping[str, str]) -> str:
-        """:data:`swarm.contract.TOOL_REGISTRY`: every tool with its function's ARN (``arns``:
-        a source's by source name), compact JSON."""
-        tools = {}
-        for name, tool in self.resolved_tools().items():
-            arn = tool.function_arn if tool.source is None else arns[tool.source]
-            tools[name] = {
-                "arn": arn,
-                "timeout": tool.timeout_seconds,
-                "effect": tool.effect,
-                "description": tool.description,
-                "input_schema": tool.input_schema,
-            }
-        doc = {"tools": tools, "grants": self._tool_grants()}
+        """:data:`swarm.contract.TOOL_REGISTRY`, compact JSON: each source's function ARN
+        (``arns``, by source), each tool's timeout and either its source or its ARN, and of its
+        spec only what the source does not declare (a source's declarations are in the asset,
+        which the worker reads: swarm.adapters.tools), each toolset as its source and timeout,
+        and the tenants' grants."""
+        tools: dict[str, dict[str, Any]] = {}
+        toolsets: dict[str, dict[str, Any]] = {}
+        for name, entry in sorted(self.tools.items()):
+            if entry.toolset:
+                toolsets[name] = {"source": entry.source, "timeout": entry.timeout_seconds}
+                continue
+            tool = resolve_tool(name, entry)
+            if tool.source is not None:
+                given = {
+                    field: getattr(entry, field)
+                    for field in ("description", "input_schema", "effect")
+                    if getattr(entry, field) is not None
+                }
+                tools[name] = {"source": tool.source, "timeout": tool.timeout_seconds, **given}
+            else:
+                tools[name] = {
+                    "arn": tool.function_arn,
+                    "timeout": tool.timeout_seconds,
+                    "effect": tool.effect,
+                    "description": tool.description,
+                    "input_schema": tool.input_schema,
+                }
+        doc = {
+            "functions": {source: arns[source] for source in self.tool_sources()},
+            "tools": tools,
+            "toolsets": toolsets,
+            "grants": self._tool_grants(),
+        }
         return json.dumps(doc, separators=(",", ":"))
 
     def tool_grants_value(self) -> str:
-        """:data:`swarm.contract.TOOL_GRANTS`: the tools' names and the tenants' grants."""
-        doc = {"tools": sorted(self.resolved_tools()), "grants": self._tool_grants()}
+        """:data:`swarm.contract.TOOL_GRANTS`: the tools' names, each toolset's source (its
+        names are its declarations') and the tenants' grants (a toolset by its name)."""
+        toolsets = {
+            name: entry.source for name, entry in sorted(self.tools.items()) if entry.toolset
+        }
+        plain = sorted(name for name, entry in self.tools.items() if not entry.toolset)
+        doc = {"tools": plain, "toolsets": toolsets, "grants": self._tool_grants()}
         return json.dumps(doc, separators=(",", ":"))
 
     def _tool_grants(self) -> dict[str, Any]:
         tenants = self.tenants
         overrides = {
-            name: self.granted_tools(override.tools)
+            name: list(override.tools)
             for name, override in sorted(tenants.overrides.items())
             if override.tools is not None
         }
-        return {"defaults": self.granted_tools(tenants.defaults.tools), "overrides": overrides}
+        return {"defaults": list(tenants.defaults.tools), "overrides": overrides}
 
     def _tools_resolved(self) -> None:
         resolved = self.resolved_tools()  # raises naming tools.<name>.<field>

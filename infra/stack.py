@@ -146,6 +146,8 @@ class SwarmStack(cdk.Stack):
             env.OUTPUT_EVENT_BUS: self.bus.event_bus_name,
             env.OUTPUT_DASHBOARD: self.observability.dashboard.dashboard_name,
         }
+        if self.tools.journals_table is not None:
+            outputs[env.OUTPUT_TOOL_JOURNALS_TABLE] = self.tools.journals_table.table_name
         for name, value in outputs.items():
             cdk.CfnOutput(self, name, value=value)
         cdk.CfnOutput(self, env.OUTPUT_STAGE, value=self.config.stage)

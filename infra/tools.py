@@ -1,7 +1,8 @@
 """The tool registry's functions: one Lambda function per tool *source* (a module
 ``functions/tools/<source>.py``), each with a role of its own holding only what its tools need,
-and the notes tools' table. The worker may invoke exactly the registered functions (these and
-the ``function_arn`` ones) and nothing else (:meth:`ToolFunctions.grant_invoke`).
+the notes tools' table and the BFCL toolset's journals table. The worker may invoke exactly the
+registered functions (these and the ``function_arn`` ones) and nothing else
+(:meth:`ToolFunctions.grant_invoke`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ TENANT_OBJECTS_PREFIX = "manifests/uploads/"
 #: the sources whose tools need the notes table
 NOTES_SOURCE = "notes"
 OBJECTS_SOURCE = "object_read"
+#: the source whose units' backends live in the journals table (swarm.adapters.tool_journals)
+JOURNALS_SOURCE = "bfcl"
 
 
 def _construct_id(source: str) -> str:
@@ -99,13 +102,18 @@ class ToolFunctions(Construct):
         sources = config.tool_sources()
         self.notes_table: dynamodb.Table | None = None
         if NOTES_SOURCE in sources:
-            self.notes_table = self._notes_table(config)
+            self.notes_table = self._table(config, "NotesTable")
+        self.journals_table: dynamodb.Table | None = None
+        if JOURNALS_SOURCE in sources:
+            self.journals_table = self._table(config, "JournalsTable")
         self.functions: dict[str, ToolFunction] = {}
         for source, tools in sources.items():
             environment = {**common, env.TOOL_SOURCE: source}
             for var in env.TOOL_FUNCTION_ENV.get(source, ()):
                 if var == env.NOTES_TABLE_NAME and self.notes_table is not None:
                     environment[var] = self.notes_table.table_name
+                elif var == env.TOOL_JOURNALS_TABLE_NAME and self.journals_table is not None:
+                    environment[var] = self.journals_table.table_name
                 elif var == env.BUCKET_NAME:
                     environment[var] = storage.bucket.bucket_name
             # the function outlives the longest of its tools' timeouts a little: the worker's
@@ -128,14 +136,18 @@ class ToolFunctions(Construct):
             self.notes_table.grant(
                 notes.role, "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem"
             )
+        journals = self.functions.get(JOURNALS_SOURCE)
+        if journals is not None and self.journals_table is not None:
+            # read a unit's journal, append one call on the condition its position is free
+            self.journals_table.grant(journals.role, "dynamodb:Query", "dynamodb:PutItem")
         objects = self.functions.get(OBJECTS_SOURCE)
         if objects is not None:
             storage.grant_objects(objects.role, TENANT_OBJECTS_PREFIX, "s3:GetObject")
 
-    def _notes_table(self, config: SwarmConfig) -> dynamodb.Table:
+    def _table(self, config: SwarmConfig, construct_id: str) -> dynamodb.Table:
         return dynamodb.Table(
             self,
-            "NotesTable",
+            construct_id,
             partition_key=dynamodb.Attribute(
                 name=PARTITION_KEY, type=dynamodb.AttributeType.STRING
             ),
@@ -144,7 +156,8 @@ class ToolFunctions(Construct):
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
-            time_to_live_attribute=TTL_ATTRIBUTE,  # the writes' idempotency records expire
+            # the notes' idempotency records and the journals' calls expire
+            time_to_live_attribute=TTL_ATTRIBUTE,
             encryption=dynamodb.TableEncryption.AWS_MANAGED,
             deletion_protection=config.production,
             removal_policy=(

@@ -25,7 +25,12 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from swarm.contract import OUTPUT_API_URL, OUTPUT_DRAIN_PARAMETER, drain_parameter_name
+from swarm.contract import (
+    OUTPUT_API_URL,
+    OUTPUT_DRAIN_PARAMETER,
+    OUTPUT_TOOL_JOURNALS_TABLE,
+    drain_parameter_name,
+)
 from swarm.core.errors import InvalidInput, SwarmError
 
 LOCAL_TARGET_FILE = Path(".swarm") / "local.json"
@@ -133,6 +138,8 @@ class Target:
     #: a deployed stack: the AWS profile whose credentials sign the requests and set the drain
     #: switch (None: the default credentials), e.g. one for a tenant's role, one for an operator's
     profile: str | None = None
+    #: the BFCL toolset's journals table, when the stack has it (`swarm judge` reads it)
+    tool_journals_table: str | None = None
 
     @property
     def local(self) -> bool:
@@ -176,6 +183,7 @@ class Target:
             api_url=outputs[OUTPUT_API_URL].rstrip("/"),
             region=cfn.meta.region_name,
             drain_parameter=outputs[OUTPUT_DRAIN_PARAMETER],
+            tool_journals_table=outputs.get(OUTPUT_TOOL_JOURNALS_TABLE),
         )
 
 
@@ -453,6 +461,26 @@ class Client:
             if "next_turn" in more:
                 doc["next_turn"] = more["next_turn"]
         return doc
+
+    def tool_journal(self, batch_id: str, unit_id: str) -> list[dict[str, Any]]:
+        """A BFCL unit's tool journal (every call its backends ran, in order), read from the
+        stack's journals table with the operator's credentials (locally, the operator role's)."""
+        from swarm.adapters.tool_journals import DynamoDBJournals
+
+        table = self.target.tool_journals_table
+        if not table:
+            raise SwarmError(
+                "this stack has no BFCL journals table (output "
+                f"{OUTPUT_TOOL_JOURNALS_TABLE}): register the BFCL toolset in cdk.json "
+                '(tools.bfcl: {"source": "bfcl", "toolset": true}) and deploy'
+            )
+        try:
+            return DynamoDBJournals(table, self._aws("dynamodb")).read(f"{batch_id}/{unit_id}")
+        except Exception as e:
+            reason = aws_failure(e)
+            if reason is None:
+                raise
+            raise SwarmError(f"reading the journal of {unit_id}: {reason}") from None
 
     def fetch(self, url: str) -> bytes:
         """A presigned URL's object (a results file, or an answer too long for a page)."""

@@ -71,6 +71,8 @@ OUTPUT_GOVERNOR_TABLE: Final = "GovernorTableName"
 OUTPUT_LEDGER_TABLE: Final = "LedgerTableName"
 OUTPUT_EVENT_BUS: Final = "EventBusName"
 OUTPUT_DASHBOARD: Final = "DashboardName"
+#: the BFCL toolset's journals table (when the registry holds it): `swarm judge` reads it
+OUTPUT_TOOL_JOURNALS_TABLE: Final = "ToolJournalsTableName"
 OUTPUT_STAGE: Final = "Stage"
 
 
@@ -262,15 +264,21 @@ OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
 
 
 # --- tools (cdk.json ``tools``: infra/config.py ToolsConfig; read by swarm.adapters.tools) -------
-#: the worker's registry: compact JSON ``{"tools": {name: {"arn", "timeout", "effect",
-#: "description", "input_schema"}}, "grants": {"defaults": [...], "overrides": {t: [...]}}}``;
-#: empty = no tools
+#: the worker's registry: compact JSON ``{"functions": {source: arn}, "tools": {name: {"timeout",
+#: "source" | "arn", and of "description", "input_schema", "effect" what the source does not
+#: declare}}, "toolsets": {name: {"source", "timeout"}}, "grants": {"defaults": [...],
+#: "overrides": {t: [...]}}}``: a source's tools' specs are its declarations, which the worker
+#: reads from the asset (swarm.core.tool_declarations); a grant may name a toolset; empty = no
+#: tools
 TOOL_REGISTRY: Final = "TOOL_REGISTRY"
-#: the API's view of it: ``{"tools": [names], "grants": {...}}`` (no ARNs, no specs: the API's
-#: environment is the fuller one, and it only checks names); empty = no tools
+#: the API's view of it: ``{"tools": [names], "toolsets": {name: source}, "grants": {...}}`` (no
+#: ARNs, no specs: the API's environment is the fuller one, and it only checks names); empty =
+#: no tools
 TOOL_GRANTS: Final = "TOOL_GRANTS"
 #: the notes tools' table (the notes tool function's only resource)
 NOTES_TABLE_NAME: Final = "NOTES_TABLE_NAME"
+#: the BFCL toolset's journals table (its function's only resource)
+TOOL_JOURNALS_TABLE_NAME: Final = "TOOL_JOURNALS_TABLE_NAME"
 #: the tool functions' handlers: ``functions.tools.<source>.handler``
 TOOL_HANDLER_PACKAGE: Final = "functions.tools"
 #: which tool source a tool function runs (its variables beside the Powertools ones)
@@ -476,4 +484,5 @@ TOOL_FUNCTION_ENV: Final[Mapping[str, tuple[str, ...]]] = {
     "calculator": (),
     "notes": (NOTES_TABLE_NAME,),
     "object_read": (BUCKET_NAME,),
+    "bfcl": (TOOL_JOURNALS_TABLE_NAME,),
 }

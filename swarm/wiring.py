@@ -78,6 +78,7 @@ from swarm.settings import (
 if TYPE_CHECKING:
     from swarm.adapters.dynamodb_governor import DynamoDBGovernor
     from swarm.adapters.dynamodb_running import DynamoDBRunning
+    from swarm.adapters.tool_journals import DynamoDBJournals
     from swarm.adapters.tool_notes import DynamoDBNotes
     from swarm.adapters.tool_objects import TenantObjects
     from swarm.adapters.tools import LambdaToolExecutor, RegistryTools, ToolGrants, ToolRegistry
@@ -535,6 +536,22 @@ def notes_store() -> DynamoDBNotes:
 
     environ, clients = tool_runtime()
     return DynamoDBNotes(_tool_variable(environ, NOTES_TABLE_NAME), clients("dynamodb"))
+
+
+def tool_source_declarations(source: str) -> Mapping[str, Mapping[str, Any]]:
+    """What a tool source declares, from the asset (swarm.adapters.tools.source_declarations)."""
+    from swarm.adapters.tools import source_declarations
+
+    return source_declarations(source)
+
+
+def tool_journals() -> DynamoDBJournals:
+    """The BFCL toolset's journals (:class:`swarm.adapters.tool_journals.DynamoDBJournals`)."""
+    from swarm.adapters.tool_journals import DynamoDBJournals
+    from swarm.contract import TOOL_JOURNALS_TABLE_NAME
+
+    environ, clients = tool_runtime()
+    return DynamoDBJournals(_tool_variable(environ, TOOL_JOURNALS_TABLE_NAME), clients("dynamodb"))
 
 
 def tenant_objects() -> TenantObjects:

@@ -11,13 +11,16 @@ ran the same (or another) call, one append succeeds and the other is refused wit
 call's outcome there when it was the same call). The check and the effect's record are one step.
 
 A journal item holds one call (a DynamoDB item stops at 400 KB; BFCL's answers are small); the
-Query pages through a long journal.
+Query pages through a long journal. Each item expires (the table's TTL) :data:`JOURNAL_TTL_S`
+after it was written: a journal is an evaluation's state, judged once its batch closed.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from swarm.adapters.client_errors import client_error_type, error_code
@@ -27,12 +30,16 @@ PARTITION_KEY: Final = "pk"
 SORT_KEY: Final = "sk"
 #: digits of a journal entry's sequence number (sorted as text)
 SEQ_DIGITS: Final = 8
+#: the table's TTL attribute (infra/constants.py TTL_ATTRIBUTE), and a call's lifetime
+TTL_ATTRIBUTE: Final = "expires_at"
+JOURNAL_TTL_S: Final = 30 * 86_400
 
 
 @dataclass
 class DynamoDBJournals:
     table: str
     client: Any
+    clock: Callable[[], float] = field(default=time.time)
 
     def read(self, unit: str) -> list[dict[str, Any]]:
         """The unit's journal, in order (a strongly consistent Query, every page)."""
@@ -64,6 +71,7 @@ class DynamoDBJournals:
                     PARTITION_KEY: {"S": _partition(unit)},
                     SORT_KEY: {"S": f"{seq:0{SEQ_DIGITS}d}"},
                     "entry": {"S": json.dumps(entry, allow_nan=False, separators=(",", ":"))},
+                    TTL_ATTRIBUTE: {"N": str(int(self.clock() + JOURNAL_TTL_S))},
                 },
                 ConditionExpression="attribute_not_exists(#pk)",
                 ExpressionAttributeNames={"#pk": PARTITION_KEY},

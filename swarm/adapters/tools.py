@@ -4,6 +4,12 @@ The stack resolves cdk.json's ``tools`` at synth (infra/config.py, ``ToolsConfig
 to the functions as compact JSON (:data:`swarm.contract.TOOL_REGISTRY`, the worker's: every
 tool's function ARN, timeout, effect and Converse spec; :data:`swarm.contract.TOOL_GRANTS`, the
 API's: the names and the tenants' grants only, to check a unit's ``tools`` without the specs).
+A tool of a source (``functions/tools/<source>.py``) is given by its source and what cdk.json
+changes: its spec is read here from what the source declares, in the functions' asset
+(:func:`source_declarations`, swarm.core.tool_declarations), which Lambda's 4 KB of variables
+need not hold. A *toolset* (one entry for every tool a source declares, e.g. BFCL's 128
+functions) is given by its source alone; a tenant granted the toolset's name gets every tool of
+it.
 
 The protocol of a tool function (functions/tools/, or any function a ``function_arn`` names):
 
@@ -24,18 +30,52 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any, Final
 
 from swarm.adapters.client_errors import client_error_type, error_code
 from swarm.core.agent import Tool, ToolCall, ToolOutcome
+from swarm.core.tool_declarations import SourceError, declared_tools
 from swarm.core.tool_protocol import MAX_ERROR_CHARS
 
 #: Converse's tool name pattern (a toolSpec's ``name``)
 TOOL_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
+#: the functions' asset root (and this repository's): ``swarm/adapters/tools.py``'s grandparent
+ASSET_ROOT: Final = Path(__file__).resolve().parents[2]
+
+#: a source's declarations: tool name -> ``description``, ``input_schema``, ``effect``
+Declarations = Callable[[str], Mapping[str, Mapping[str, Any]]]
+
+
 class RegistryError(ValueError):
     """The registry's JSON is not what the stack writes (a deployment bug, found at cold start)."""
+
+
+def _read_asset(relative: str) -> str | None:
+    path = ASSET_ROOT / relative
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+@cache
+def source_declarations(source: str) -> Mapping[str, Mapping[str, Any]]:
+    """What a tool source declares, from its files in the asset (read once per process)."""
+    try:
+        return declared_tools(source, _read_asset)
+    except SourceError as error:
+        raise RegistryError(f"the tool source {source!r} in the asset: {error}") from None
+
+
+def _toolsets(doc: Mapping[str, Any], declarations: Declarations) -> dict[str, tuple[str, ...]]:
+    """Each toolset's name -> its tools' names (``doc["toolsets"]``: name -> source, or name ->
+    ``{"source": ...}``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, given in (doc.get("toolsets") or {}).items():
+        source = given["source"] if isinstance(given, dict) else given
+        out[str(name)] = tuple(sorted(declarations(str(source))))
+    return out
 
 
 @dataclass(frozen=True)
@@ -61,10 +101,25 @@ class ToolGrants:
         return frozenset(self.overrides.get(tenant, self.defaults))
 
     @classmethod
-    def parse(cls, doc: Mapping[str, Any], names: frozenset[str]) -> ToolGrants:
+    def parse(
+        cls,
+        doc: Mapping[str, Any],
+        names: frozenset[str],
+        toolsets: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> ToolGrants:
+        """The grants of ``doc``, a toolset's name (``toolsets``: name -> its tools) replaced
+        by its tools."""
+        toolsets = toolsets or {}
+
+        def expanded(listed: Any) -> tuple[str, ...]:
+            out: list[str] = []
+            for name in listed or ():
+                out += toolsets.get(name, (name,))
+            return tuple(out)
+
         grants = doc.get("grants") or {}
-        defaults = tuple(grants.get("defaults") or ())
-        overrides = {t: tuple(v) for t, v in (grants.get("overrides") or {}).items()}
+        defaults = expanded(grants.get("defaults"))
+        overrides = {t: expanded(v) for t, v in (grants.get("overrides") or {}).items()}
         for tenant, listed in [("defaults", defaults), *overrides.items()]:
             unknown = sorted(set(listed) - names)
             if unknown:
@@ -99,25 +154,44 @@ class ToolRegistry:
         return cls({}, ToolGrants(frozenset()))
 
     @classmethod
-    def from_json(cls, text: str | None) -> ToolRegistry:
-        """The registry from :data:`swarm.contract.TOOL_REGISTRY` (empty or unset: no tools)."""
+    def from_json(
+        cls, text: str | None, declarations: Declarations = source_declarations
+    ) -> ToolRegistry:
+        """The registry from :data:`swarm.contract.TOOL_REGISTRY` (empty or unset: no tools),
+        each toolset's tools from its source's ``declarations``."""
         if not text:
             return cls.empty()
         try:
             doc = json.loads(text)
-            tools = {
-                name: RegisteredTool(
-                    name=name,
-                    function_arn=str(entry["arn"]),
-                    timeout_s=float(entry["timeout"]),
-                    effect=str(entry["effect"]),
-                    tool=Tool(name, str(entry["description"]), dict(entry["input_schema"])),
-                )
-                for name, entry in doc["tools"].items()
-            }
+            functions = doc.get("functions") or {}
+            tools: dict[str, RegisteredTool] = {}
+            for name, entry in doc["tools"].items():
+                source = entry.get("source")
+                spec = {**declarations(str(source)).get(name, {}), **entry} if source else entry
+                arn = functions[source] if source else entry["arn"]
+                tools[name] = _registered(name, spec, arn, entry["timeout"])
+            for toolset in (doc.get("toolsets") or {}).values():
+                source = str(toolset["source"])
+                for name, declared in declarations(source).items():
+                    if name in tools:
+                        raise RegistryError(f"the tool {name!r} is registered twice")
+                    tools[name] = _registered(name, declared, functions[source], toolset["timeout"])
+            toolsets = _toolsets(doc, declarations)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
+            if isinstance(error, RegistryError):
+                raise
             raise RegistryError(f"the tool registry is not the stack's JSON: {error!r}") from None
-        return cls(tools, ToolGrants.parse(doc, frozenset(tools)))
+        return cls(tools, ToolGrants.parse(doc, frozenset(tools), toolsets))
+
+
+def _registered(name: str, spec: Mapping[str, Any], arn: Any, timeout: Any) -> RegisteredTool:
+    return RegisteredTool(
+        name=name,
+        function_arn=str(arn),
+        timeout_s=float(timeout),
+        effect=str(spec["effect"]),
+        tool=Tool(name, str(spec["description"]), dict(spec["input_schema"])),
+    )
 
 
 def named_tool(name: str) -> Tool:
@@ -151,16 +225,23 @@ class RegistryTools:
         return self.executor.run(call, tenant, batch, unit)
 
 
-def grants_from_json(text: str | None) -> ToolGrants:
-    """The API's view (:data:`swarm.contract.TOOL_GRANTS`): the names and the grants."""
+def grants_from_json(
+    text: str | None, declarations: Declarations = source_declarations
+) -> ToolGrants:
+    """The API's view (:data:`swarm.contract.TOOL_GRANTS`): the names and the grants, each
+    toolset's names from its source's ``declarations``."""
     if not text:
         return ToolGrants(frozenset())
     try:
         doc = json.loads(text)
+        toolsets = _toolsets(doc, declarations)
         names = frozenset(str(name) for name in doc["tools"])
+        names |= {name for members in toolsets.values() for name in members}
     except (ValueError, KeyError, TypeError) as error:
+        if isinstance(error, RegistryError):
+            raise
         raise RegistryError(f"the tool grants are not the stack's JSON: {error!r}") from None
-    return ToolGrants.parse(doc, names)
+    return ToolGrants.parse(doc, names, toolsets)
 
 
 # --- the worker's side ---------------------------------------------------------------------

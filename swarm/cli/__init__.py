@@ -18,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from swarm.cli import bench, deploy, local, ops, plan, results, sim, smoke
+from swarm.cli import bench, deploy, judge, local, ops, plan, results, sim, smoke
 from swarm.client import aws_failure
 from swarm.core.errors import SwarmError
 
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.register(sub)
     ops.register(sub)
     results.register(sub)
+    judge.register(sub)
     deploy.register(sub)
     local.register(sub)
     bench.register(sub)

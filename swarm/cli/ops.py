@@ -302,6 +302,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body = read_units_file(args.file)
     elif args.bfcl is not None:
         body = {"units": bfcl_units(args.bfcl, args.limit)}
+        if args.budget is None:  # every unit's cap admitted: a benchmark, not a budget test
+            body["budget"] = sum(int(unit["projected_tokens"]) for unit in body["units"])
     elif args.agent:
         tools = args.tools.split(",") if args.tools else list(AGENT_TOOLS)
         body = {"units": generated_agent_units(args.generate, args.seed, args.turns, tools)}
@@ -340,6 +342,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.watch:
         final = watch(client, doc["batch_id"], out=log)
         print(json.dumps(final, indent=2) if args.json else final["healthy_line"])
+        if args.bfcl is not None and not args.json:  # BFCL's verdict on the closed batch
+            from swarm.cli.judge import judge_batch
+
+            return judge_batch(client, doc["batch_id"], args.bfcl, as_json=False)
     return 0
 
 
@@ -514,8 +520,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["multi_turn_base"],
         metavar="CATEGORY",
         help="BFCL's multi-turn entries of CATEGORY (multi_turn_base) as agent units: their "
-        "tools are BFCL's functions, which the deployment's registry must hold (the shipped "
-        "stack does not: a 400 names the first; docs/agents.md)",
+        "tools are the BFCL toolset's functions (cdk.json tools.bfcl, granted to the tenant; "
+        "shipped). The budget defaults to every unit's cap. With --watch, BFCL's verdict on "
+        "each unit's final state follows (`swarm judge`); docs/agents.md, 'BFCL'",
     )
     p.add_argument("--limit", type=positive_int, metavar="N", help="with --bfcl: the first N")
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")

@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Target
-from swarm.contract import OUTPUT_BUCKET_NAME, OUTPUT_DRAIN_PARAMETER, OUTPUT_LEDGER_TABLE
+from swarm.contract import (
+    NOTES_TABLE_NAME,
+    OUTPUT_BUCKET_NAME,
+    OUTPUT_DRAIN_PARAMETER,
+    OUTPUT_LEDGER_TABLE,
+    OUTPUT_TOOL_JOURNALS_TABLE,
+)
 from swarm.core.agent_driver import KillPoint
 from swarm.local import billing
 from swarm.local.clients import client_factory
@@ -141,6 +147,7 @@ class LocalStack:
             outputs[OUTPUT_DRAIN_PARAMETER],
             self.api_id,
             self.options.stage,
+            outputs.get(OUTPUT_TOOL_JOURNALS_TABLE),
         )
         self.target = Target(
             api_url=self.api.url,
@@ -151,6 +158,7 @@ class LocalStack:
             local_credentials=self.admin_credentials.boto(),
             tenant_prefix=self.tenant_prefix,
             operator_role=operator_role,
+            tool_journals_table=outputs.get(OUTPUT_TOOL_JOURNALS_TABLE),
         )
         self.timings["total_s"] = time.monotonic() - t0
         billing.METER.reset()  # the bill starts with the stack ready
@@ -389,13 +397,16 @@ class LocalStack:
         """``POST /_local/tools/probe``: calls the tools' least privilege must refuse, each made
         with its role under a session named ``probe-...`` (so the audit tells them apart): the
         worker invoking a function that is not a tool, the notes tool reading the ledger, the
-        object reader reading results, the calculator reading a tenant's object."""
+        object reader reading results, the calculator reading a tenant's object, the BFCL
+        toolset writing into the notes table."""
         from swarm.adapters.client_errors import client_error_type, error_code
 
         assert self.deployed is not None
         outputs = self.deployed.outputs
         bucket, ledger = outputs[OUTPUT_BUCKET_NAME], outputs[OUTPUT_LEDGER_TABLE]
         conf = {module.rpartition(".")[2]: c for module, c in self.functions.items()}
+        notes_conf = conf.get("notes", {}).get("Environment", {}).get("Variables", {})
+        notes_table = notes_conf.get(NOTES_TABLE_NAME, "")
 
         def probe_clients(module: str) -> Any:
             role = conf[module]["Role"]
@@ -427,6 +438,13 @@ class LocalStack:
                 "calculator",
                 "s3:GetObject of a tenant's object",
                 lambda c: c("s3").get_object(Bucket=bucket, Key="manifests/uploads/demo/x"),
+            ),
+            (
+                "bfcl",
+                "dynamodb:PutItem on the notes table",
+                lambda c: c("dynamodb").put_item(
+                    TableName=notes_table, Item={"pk": {"S": "t#x"}, "sk": {"S": "n#x"}}
+                ),
             ),
         ]
         results = []

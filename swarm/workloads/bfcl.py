@@ -70,6 +70,11 @@ SPARE_TURNS: Final = 10
 OUTPUT_BOUND: Final = 512
 #: the token cap of a BFCL unit: far above what its turns bill
 PROJECTED_TOKENS: Final = 400_000
+#: the BFCL tool source's declarations in this repository (and the functions' asset), written by
+#: ``python -m swarm.workloads.bfcl --write-declarations``
+DECLARATIONS_FILE: Final = "functions/tools/bfcl.tools.json"
+#: the units whose backends a process keeps between calls (a warm tool function's memory)
+MAX_CACHED_UNITS: Final = 64
 #: how many times a call is run again on a journal another process moved meanwhile
 MAX_JOURNAL_TRIES: Final = 20
 
@@ -385,6 +390,26 @@ def all_tools(category: str = "multi_turn_base") -> dict[str, Tool]:
     return tools
 
 
+def declarations(category: str = "multi_turn_base") -> dict[str, dict[str, Any]]:
+    """Every tool of the category as a tool source declares its tools (functions/tools/, the
+    file ``bfcl.tools.json`` beside ``bfcl.py``: :data:`DECLARATIONS_FILE`). Each is a
+    ``write`` tool: the calls of a unit share its backends' one state, so they run in the
+    model's order, each at most once per idempotency key."""
+    return {
+        name: {
+            "description": tool.description,
+            "input_schema": tool.input_schema,
+            "effect": "write",
+        }
+        for name, tool in all_tools(category).items()
+    }
+
+
+def declarations_text(category: str = "multi_turn_base") -> str:
+    """:func:`declarations` as the file holds them (sorted, one level of indent)."""
+    return json.dumps(declarations(category), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 @dataclass
 class BfclTools:
     """BFCL's backends as the deployment's tools (:class:`swarm.core.ports.ToolRunner`): every
@@ -396,7 +421,7 @@ class BfclTools:
     journals: Journals
     timeout: float = 10.0
     category: str = "multi_turn_base"
-    _backends: dict[str, Backends] = field(default_factory=dict)
+    _backends: dict[str, tuple[Backends, threading.Lock]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def specs(self) -> Mapping[str, Tool]:
@@ -415,10 +440,15 @@ class BfclTools:
             return ToolOutcome("error", f"unit {unit!r} is not a BFCL {self.category} entry")
         with self._lock:
             key = f"{batch}/{unit}"
-            backends = self._backends.get(key)
-            if backends is None:
-                backends = self._backends[key] = Backends(entry, key, self.journals)
-        return backends(call)
+            if key not in self._backends:
+                if len(self._backends) >= MAX_CACHED_UNITS:  # the oldest's is rebuilt if needed
+                    del self._backends[next(iter(self._backends))]
+                self._backends[key] = (Backends(entry, key, self.journals), threading.Lock())
+            backends, lock = self._backends[key]
+        # one call of a unit at a time in this process: they share its cached backends (another
+        # process's run of the same journal position is refused by the journal itself)
+        with lock:
+            return backends(call)
 
 
 def fresh_instances(entry: Entry) -> dict[str, Any]:
@@ -479,6 +509,14 @@ def judge(entry: Entry, final: Mapping[str, Any]) -> dict[str, Any]:
     ``{"valid": True}`` or BFCL's error with the differences."""
     result: dict[str, Any] = state_checker(dict(final), ground_truth_instances(entry))
     return result
+
+
+def judge_journal(entry: Entry, journal: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """BFCL's verdict on a unit whose tool journal (as the stack's journals table holds it:
+    every call its backends ran, in order) is ``journal``: its backends rebuilt from the journal
+    alone, compared with its ground truth's."""
+    journals = MemoryJournals({"unit": [json.dumps(done) for done in journal]})
+    return judge(entry, Backends(entry, "unit", journals).instances())
 
 
 def iter_specs(batch: str, category: str, limit: int | None) -> Iterator[tuple[Entry, AgentSpec]]:
@@ -591,7 +629,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kill two workers per unit, at points of a turn rotating over the units, carry out "
         "each killed worker's last step again as a stale duplicate, and resume",
     )
+    parser.add_argument(
+        "--write-declarations",
+        metavar="FILE",
+        help=f"write the BFCL tool source's declarations (every tool's description, input "
+        f"schema and effect) to FILE and stop; the repository keeps them in {DECLARATIONS_FILE}",
+    )
     args = parser.parse_args(argv)
+    if args.write_declarations:
+        with open(args.write_declarations, "w", encoding="utf-8") as f:
+            f.write(declarations_text())
+        print(f"{len(declarations())} tools declared in {args.write_declarations}")
+        return 0
     points = list(KillPoint)
     store, books, journals = MemoryLogStore(), MemoryTurnBooks(), MemoryJournals()
     began = time.perf_counter()

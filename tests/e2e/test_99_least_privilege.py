@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from swarm.adapters.dynamodb_watch import DEFAULT_WATCH_GRACE_S
+from swarm.cli.ops import bfcl_units
 from swarm.core.codec import parse_message
 from swarm.local.patches.iam import role_of
 from tests.e2e.conftest import Stack, submit_retrying, unit_failing, units, wait_for
@@ -160,6 +161,19 @@ def _one_unit_retried_alone(stack: Stack) -> None:
     assert [json.loads(line)["unit_id"] for line in lines] == [unit_id]
 
 
+def _an_agent_unit(stack: Stack) -> None:
+    """An agent unit's loop (BFCL's first entry): the worker reads the unit's log (its Query of
+    the ledger), calls its tools on the BFCL toolset's function, whose role reads and appends
+    the unit's journal, and its transcript is read through the API."""
+    client = stack.client(TENANT)
+    unit = bfcl_units("multi_turn_base", 1)[0]
+    body = {"units": [unit], "budget": unit["projected_tokens"]}
+    bid = submit_retrying(client, body)["batch_id"]
+    final = wait_for(client, bid, timeout_s=180)
+    assert final["state"] == "completed" and final["agent"]["tool_calls"] > 0, final
+    assert client.transcript(bid, unit["unit_id"])["stop"]["reason"] == "completed"
+
+
 def _a_bundle_with_a_retry(stack: Stack) -> None:
     """Units due together travel as one message (a bundle): one that fails its first attempt
     goes back as a copy of its own (the worker's SendMessage to its lane)."""
@@ -264,7 +278,7 @@ def _tools_called(stack: Stack) -> None:
     """Each shipped tool called as the worker calls it (its Invoke signed with the worker's
     role, on the function ARN the worker's registry names: ``POST /_local/tools``), each tool's
     handler running with its own role: a note written, read and listed, the tenant's upload
-    read, a sum computed."""
+    read, a sum computed, a BFCL unit's directory changed (its journal read and appended)."""
     client = stack.client(TENANT)
     key = client.upload(b'[{"unit_id": "u", "projected_tokens": 10, "input": "x"}]')
     calls = [
@@ -286,12 +300,24 @@ def _tools_called(stack: Stack) -> None:
     refused = stack.local("POST", "/_local/tools", other)["outcomes"]
     assert refused[0] == {"status": "success", "content": {"name": "plan", "found": False}}
     assert refused[1]["status"] == "error", refused
+    # a BFCL unit's backends (BFCL's first entry starts in a file system with document/)
+    bfcl = {
+        "tenant": TENANT,
+        "batch": "b-grants",
+        "unit": "multi-turn-base-0",
+        "calls": [{"name": "cd", "input": {"folder": "document"}, "toolUseId": "c0-0"}],
+    }
+    moved = stack.local("POST", "/_local/tools", bfcl)["outcomes"]
+    assert moved == [{"status": "success", "content": {"current_working_directory": "document"}}], (
+        moved
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
 def exercised(stack: Stack) -> None:
     """Every call the checks below expect, made here: the verdict holds whatever ran before."""
     _tools_called(stack)
+    _an_agent_unit(stack)
     _one_unit_retried_alone(stack)
     _a_bundle_with_a_retry(stack)
     _exhausted_then_resumed(stack)
@@ -360,9 +386,10 @@ def test_no_role_of_the_stack_was_refused_anything(stack: Stack) -> None:
 def test_the_tools_roles_are_refused_what_they_do_not_need(stack: Stack) -> None:
     """Calls least privilege must refuse, each made with the role under a ``probe-`` session:
     the worker invoking a function that is not a registered tool, the notes tool reading the
-    ledger, the object reader reading results, the calculator reading a tenant's object."""
+    ledger, the object reader reading results, the calculator reading a tenant's object, the
+    BFCL toolset writing a note."""
     probes = stack.local("POST", "/_local/tools/probe")["probes"]
-    assert {p["role"] for p in probes} == {"worker", "notes", "object_read", "calculator"}
+    assert {p["role"] for p in probes} == {"worker", "notes", "object_read", "calculator", "bfcl"}
     assert all(p["code"] in ("AccessDeniedException", "AccessDenied") for p in probes), probes
 
 

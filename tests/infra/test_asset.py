@@ -36,6 +36,23 @@ print(json.dumps({"failed": failed, "outside": outside, "loaded": sorted(sys.mod
 """
 
 
+#: the BFCL toolset's run time from the asset alone: its declarations, every entry, and each
+#: backend class in its initial state (what functions/tools/bfcl.py does on a call)
+RUN_BFCL_FROM_THE_ASSET = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from swarm.adapters.tools import source_declarations
+from swarm.workloads import bfcl
+entries = bfcl.entries()
+classes = {}
+for entry in entries:
+    for name, instance in bfcl.fresh_instances(entry).items():
+        classes[name] = type(instance).__module__
+print(json.dumps({"declared": len(source_declarations("bfcl")), "entries": len(entries),
+                  "classes": classes}))
+"""
+
+
 def _write(root: Path, relative: str, text: str) -> None:
     path = root / relative
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +88,21 @@ def test_every_handler_imports_from_the_built_asset_alone(tmp_path: Path) -> Non
         assert (asset.LIBRARY_DIR / package).is_dir()  # (they are there to leave out)
     assert not (tmp_path / "swarm" / "client.py").exists()
     assert not (tmp_path / "functions" / "requirements.txt").exists()
+    # and the BFCL toolset runs from it: its declarations, its 200 entries, its 8 backend
+    # classes, from bfcl-eval's part the asset keeps (not its model handlers or other data)
+    bfcl = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", RUN_BFCL_FROM_THE_ASSET, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert bfcl.returncode == 0, bfcl.stderr
+    ran = json.loads(bfcl.stdout)
+    assert ran["declared"] == 128 and ran["entries"] == 200 and len(ran["classes"]) == 8
+    assert all(module.startswith("bfcl_eval.") for module in ran["classes"].values())
+    assert not (tmp_path / "bfcl_eval" / "model_handler").exists()
+    assert (tmp_path / "functions" / "tools" / "bfcl.tools.json").is_file()
 
 
 def test_the_asset_holds_the_handlers_import_closure_and_no_tooling() -> None:
@@ -133,3 +165,12 @@ def test_the_asset_hash_covers_the_shipped_files_only() -> None:
     # and a change to a shipped module or the pinned requirements does
     assert not any(p.startswith(("swarm/cli/", "swarm/local/", "swarm/bench/")) for p in hashed)
     assert {"swarm/wiring.py", "functions/worker.py", "functions/requirements.txt"} <= hashed
+    assert {"functions/requirements-nodeps.txt", "functions/tools/bfcl.tools.json"} <= hashed
+
+
+def test_the_asset_pins_bfcl_eval_as_the_project_does() -> None:
+    def pins(path: Path) -> set[str]:
+        lines = path.read_text().splitlines()
+        return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+    assert pins(asset.REQUIREMENTS_NODEPS) == pins(asset.ROOT / "requirements-nodeps.txt")

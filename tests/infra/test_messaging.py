@@ -44,7 +44,8 @@ def test_queues_are_encrypted_and_tls_only(synth: Synthesized) -> None:
 
 def test_tables_are_on_demand_with_pitr_and_ttl(synth: Synthesized) -> None:
     tables = synth.of_type("AWS::DynamoDB::Table")
-    assert len(tables) == 3  # the governor, the ledger, the notes tools' (infra/tools.py)
+    # the governor, the ledger, the notes tools' and the BFCL toolset's journals (infra/tools.py)
+    assert len(tables) == 4
     assert not synth.of_type("AWS::DynamoDB::GlobalTable")  # moto skips TableV2
     for table in tables.values():
         props = table["Properties"]
@@ -52,7 +53,8 @@ def test_tables_are_on_demand_with_pitr_and_ttl(synth: Synthesized) -> None:
         assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
         assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
         assert props["SSESpecification"]["SSEEnabled"] is True
-        # the key schema the DynamoDB adapters write (governor shards, ledger items, notes)
+        # the key schema the DynamoDB adapters write (governor shards, ledger items, notes,
+        # journals)
         assert props["KeySchema"] == [
             {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
             {"AttributeName": SORT_KEY, "KeyType": "RANGE"},

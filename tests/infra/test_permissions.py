@@ -148,6 +148,7 @@ EXPECTED: dict[FunctionName, Table] = {
         "tool function calculator": frozenset({"lambda:InvokeFunction"}),
         "tool function notes": frozenset({"lambda:InvokeFunction"}),
         "tool function object_read": frozenset({"lambda:InvokeFunction"}),
+        "tool function bfcl": frozenset({"lambda:InvokeFunction"}),
         **_each(
             "lane",
             {
@@ -331,6 +332,8 @@ def _label(synth: Synthesized, name: str, resource: Any) -> str | None:
         known.append((tool.log_group, f"log group of tool {source}"))
     if stack.tools.notes_table is not None:
         known.append((stack.tools.notes_table, "notes table"))
+    if stack.tools.journals_table is not None:
+        known.append((stack.tools.journals_table, "journals table"))
     for lane in LANES:
         known += [
             (stack.lanes.queues[lane], f"lane {lane.value}"),

@@ -229,3 +229,36 @@ def test_two_processes_running_one_call_at_once_have_one_effect() -> None:
     assert outcomes[0] == outcomes[1] == ToolOutcome("success", "None")
     assert (first.ran, second.ran, first.repeats) == (0, 1, 1)
     assert [done["key"] for done in journals.read(spec.unit)] == ["b1/multi-turn-base-0/c0-1"]
+
+
+def test_the_bfcl_toolset_declarations_are_bfcls_function_docs() -> None:
+    # the file the stack deploys (functions/tools/bfcl.tools.json) is what bfcl-eval's docs give
+    # today: a new bfcl-eval pin must rewrite it (`python -m swarm.workloads.bfcl
+    # --write-declarations functions/tools/bfcl.tools.json`)
+    from infra.constants import ROOT
+
+    shipped = (ROOT / bfcl.DECLARATIONS_FILE).read_text(encoding="utf-8")
+    assert shipped == bfcl.declarations_text()
+    declared = bfcl.declarations()
+    assert len(declared) == 128 and all(d["effect"] == "write" for d in declared.values())
+
+
+def test_the_judge_of_a_journal_sees_a_call_run_twice_or_lost() -> None:
+    # Given an entry whose unit sends a message (each send adds one), run to its end, and its
+    # journal as the stack's table holds it
+    effects = {"send_message", "post_tweet", "place_order"}
+    entry = next(e for e in bfcl.entries() if any(c.split("(")[0] in effects
+                                                  for g in e.ground_truth for c in g))  # fmt: skip
+    journals = bfcl.MemoryJournals()
+    run = bfcl.run_in_memory(
+        entry, "b", MemoryLogStore(), MemoryTurnBooks(), journals, VirtualClock(), zombies=False
+    )
+    journal = journals.read(run.spec.unit)
+    assert run.verdict == {"valid": True}
+    assert bfcl.judge_journal(entry, journal) == {"valid": True}
+    # Then the same journal with that call lost, or run twice, judges invalid
+    at = next(i for i, done in enumerate(journal) if done["name"] in effects)
+    assert journal[at]["status"] == "success"
+    lost, twice = journal[:at] + journal[at + 1 :], journal[: at + 1] + journal[at:]
+    assert bfcl.judge_journal(entry, lost).get("valid") is False
+    assert bfcl.judge_journal(entry, twice).get("valid") is False

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from infra.config import ConfigError, load_config
+from infra.constants import ROOT
 from infra.context import cdk_json_context
 from swarm.adapters.tools import ToolRegistry, grants_from_json
 from swarm.core.calculator import MAX_DIGITS, CalculatorError, evaluate
@@ -117,8 +118,11 @@ def _config(tools: Any = None, defaults: Any = None, overrides: Any = None) -> A
 def test_the_shipped_registry_resolves_each_tool_from_its_source() -> None:
     config = load_config(cdk_json_context())
     tools = config.resolved_tools()
-    assert set(tools) == {"calculator", "notes_read", "notes_write", "object_read"}
+    shipped = {"calculator", "notes_read", "notes_write", "object_read"}
+    declared = json.loads((ROOT / "functions/tools/bfcl.tools.json").read_text())
+    assert set(tools) == shipped | set(declared)  # and BFCL's toolset
     assert config.tool_sources() == {
+        "bfcl": sorted(declared),
         "calculator": ["calculator"],
         "notes": ["notes_read", "notes_write"],
         "object_read": ["object_read"],
@@ -126,7 +130,8 @@ def test_the_shipped_registry_resolves_each_tool_from_its_source() -> None:
     assert tools["notes_write"].effect == "write"
     assert tools["notes_read"].effect == "read"
     assert tools["calculator"].input_schema["required"] == ["expression"]
-    assert set(config.tenants.defaults.tools) == set(tools)
+    assert set(config.tenants.defaults.tools) == shipped | {"bfcl"}
+    assert set(grants_from_json(config.tool_grants_value()).allowed("any")) == set(tools)
 
 
 def test_the_registry_json_round_trips_to_the_runtime_registry() -> None:
@@ -311,7 +316,8 @@ def test_the_worker_reads_the_registry_and_the_api_the_grants_from_their_environ
     worker_env = {**environment("worker"), env.TOOL_REGISTRY: config.tool_registry_value(arns)}
     worker = Wiring(Settings.from_env(worker_env), lambda service: object())
     registry = worker.tool_registry()
-    assert set(registry.tools) == {"calculator", "notes_read", "notes_write", "object_read"}
+    shipped = {"calculator", "notes_read", "notes_write", "object_read"}
+    assert shipped < set(registry.tools) and len(registry.tools) == len(shipped) + 128  # BFCL's
     assert registry.get("notes_write").function_arn == arns["notes"]  # type: ignore[union-attr]
     assert worker.tool_executor().registry == registry
     api_env = {**environment("api"), env.TOOL_GRANTS: config.tool_grants_value()}
@@ -328,35 +334,65 @@ def test_a_toolset_registers_every_tool_its_source_declares_and_grants_them_by_i
     config = _config(
         tools={
             "calculator": {"source": "calculator"},
-            "notes": {"source": "notes", "toolset": True, "timeout_seconds": 4},
+            "bfcl": {"source": "bfcl", "toolset": True, "timeout_seconds": 4},
         },
         defaults=["calculator"],
-        overrides={"acme": {"tools": ["notes", "calculator"]}},
+        overrides={"acme": {"tools": ["bfcl", "calculator"]}},
     )
+    declared = json.loads((ROOT / "functions/tools/bfcl.tools.json").read_text())
     tools = config.resolved_tools()
-    assert set(tools) == {"calculator", "notes_read", "notes_write"}
-    assert tools["notes_write"].effect == "write" and tools["notes_write"].timeout_seconds == 4
-    assert config.tool_sources() == {
-        "calculator": ["calculator"],
-        "notes": ["notes_read", "notes_write"],
-    }
-    grants = grants_from_json(config.tool_grants_value())
-    assert grants.allowed("acme") == {"notes_read", "notes_write", "calculator"}
+    assert set(tools) == {"calculator", *declared}
+    assert tools["mkdir"].effect == "write" and tools["mkdir"].timeout_seconds == 4
+    assert config.tool_sources() == {"bfcl": sorted(declared), "calculator": ["calculator"]}
+    # the API's and the worker's variables hold the toolset by its source, not its 128 specs
+    grants_text = config.tool_grants_value()
+    registry_text = config.tool_registry_value({"bfcl": "arn-b", "calculator": "arn-c"})
+    assert "mkdir" not in grants_text and "mkdir" not in registry_text
+    grants = grants_from_json(grants_text)
+    assert grants.allowed("acme") == {*declared, "calculator"}
     assert grants.allowed("other") == {"calculator"}
+    registry = ToolRegistry.from_json(registry_text)
+    assert registry.allowed("acme") == {*declared, "calculator"}
+    mkdir = registry.get("mkdir")
+    assert mkdir is not None and mkdir.function_arn == "arn-b" and mkdir.timeout_s == 4
+    assert mkdir.tool.input_schema == declared["mkdir"]["input_schema"]
+
+
+def test_a_source_tools_spec_reaches_the_worker_from_the_asset_with_what_cdk_json_changes() -> None:
+    # Given a toolset of a source declaring its tools as a literal, and a source tool whose
+    # description cdk.json replaces
+    config = _config(
+        tools={
+            "notes": {"source": "notes", "toolset": True},
+            "calculator": {"source": "calculator", "description": "Adds up, exactly."},
+        },
+        defaults=["notes", "calculator"],
+    )
+    text = config.tool_registry_value({"notes": "arn-n", "calculator": "arn-c"})
+    # Then the variable holds no declared spec, only the change
+    assert "input_schema" not in text and "Adds up, exactly." in text
+    registry = ToolRegistry.from_json(text)
+    assert set(registry.tools) == {"notes_read", "notes_write", "calculator"}
+    calculator = registry.get("calculator")
+    assert calculator is not None and calculator.tool.description == "Adds up, exactly."
+    assert calculator.tool.input_schema == config.resolved_tools()["calculator"].input_schema
+    notes_write = registry.get("notes_write")
+    assert notes_write is not None and notes_write.effect == "write"
+    assert notes_write.function_arn == "arn-n"
 
 
 @pytest.mark.parametrize(
     ("tools", "defaults", "key"),
     [
         (
-            {"notes": {"source": "notes", "toolset": True}, "notes_read": {"source": "notes"}},
+            {"bfcl": {"source": "bfcl", "toolset": True}, "mkdir": {"source": "bfcl"}},
             [],
-            "context key 'tools.notes_read': registers the tool 'notes_read', which another entry",
+            "context key 'tools.mkdir': registers the tool 'mkdir', which another entry",
         ),
         (
-            {"notes": {"source": "notes", "toolset": True, "description": "d"}},
+            {"bfcl": {"source": "bfcl", "toolset": True, "description": "d"}},
             [],
-            "context key 'tools.notes.description': a toolset's tools each take theirs",
+            "context key 'tools.bfcl.description': a toolset's tools each take theirs",
         ),
         (
             {"notes": {"function_arn": ARN, "toolset": True}},
@@ -364,8 +400,8 @@ def test_a_toolset_registers_every_tool_its_source_declares_and_grants_them_by_i
             "context key 'tools.notes.toolset': a toolset needs a source",
         ),
         (
-            {"notes": {"source": "notes", "toolset": True}},
-            ["notes", "notes_read"],
+            {"bfcl": {"source": "bfcl", "toolset": True}},
+            ["bfcl", "mkdir"],
             "context key 'tenants.defaults.tools': lists a tool twice",
         ),
     ],

@@ -544,11 +544,18 @@ def ensure_tenant_role(
 
 
 def ensure_operator_role(
-    account: str, region: str, name: str, drain_parameter: str, api_id: str, stage: str
+    account: str,
+    region: str,
+    name: str,
+    drain_parameter: str,
+    api_id: str,
+    stage: str,
+    journals_table: str | None = None,
 ) -> str:
     """The operator role ``name`` (``<operator prefix><name>``): flips the drain switch
-    (``ssm:PutParameter`` on it) and calls the API (its operator routes: the fleet, the drain
-    view, re-binding a tenant), nothing else."""
+    (``ssm:PutParameter`` on it), calls the API (its operator routes: the fleet, the drain
+    view, re-binding a tenant) and reads the BFCL toolset's journals (``swarm judge``: Query
+    of ``journals_table``), nothing else."""
     policy = tenant_policy(region, account, api_id, stage)
     policy["Statement"].append(
         {
@@ -557,6 +564,14 @@ def ensure_operator_role(
             "Resource": _parameter_arn(region, account, drain_parameter),
         }
     )
+    if journals_table is not None:
+        policy["Statement"].append(
+            {
+                "Effect": "Allow",
+                "Action": ["dynamodb:Query"],
+                "Resource": f"arn:aws:dynamodb:{region}:{account}:table/{journals_table}",
+            }
+        )
     return _put_role(account, name, admin_arn(account), policy)
 
 
