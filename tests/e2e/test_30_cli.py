@@ -324,6 +324,34 @@ def test_generated_agent_units_run_their_loops_and_results_carry_their_transcrip
     assert "units[0].input.tools[0]" in line and "'shell' is not a tool" in line, line
 
 
+def test_bfcl_entries_submitted_and_watched_are_judged_against_their_ground_truth(
+    here: Path,
+) -> None:
+    tenant = "cli-bfcl"
+    # When BFCL's first three entries are submitted and watched to their end
+    options = ["--bfcl", "multi_turn_base", "--limit", "3", "--tenant", tenant]
+    lines = ok(submit(here, *options, "--watch", timeout=WATCH_S))
+    bid = batch_id(lines)
+    # Then the budget admitted every unit's cap, and BFCL's verdict follows the healthy line
+    assert "budget 1,200,000 tokens" in lines[0], lines[0]
+    assert lines[-2].startswith("run.completed: completed 3/3 "), lines
+    assert lines[-1].startswith("3/3 final states equal to their ground truth"), lines
+    # and `swarm judge` gives it again, every unit's verdict in JSON
+    verdicts = as_json(swarm(here, "judge", bid, "--json", "--tenant", tenant))
+    assert verdicts["valid"] == verdicts["units"] == 3
+    assert {v["unit_id"] for v in verdicts["verdicts"]} == {
+        f"multi-turn-base-{i}" for i in range(3)
+    }
+    # But a batch that is not BFCL's is judged a failure, unit by unit, exit 1
+    other = batch_id(
+        ok(submit(here, "--generate", "1", "--tenant", tenant, "--watch", timeout=WATCH_S))
+    )
+    done = swarm(here, "judge", other, "--tenant", tenant)
+    assert done.returncode == 1, done
+    assert "not a BFCL multi_turn_base entry's unit" in done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("0/1 final states"), done.stdout
+
+
 def test_status_and_resume_of_a_batch_that_does_not_exist_are_one_line_errors(
     here: Path,
 ) -> None:
