@@ -39,7 +39,7 @@ run: setup  ## the main job: Lab 6.1 from the simulator, then a batch through th
 test: setup  ## lint, types, every tier with coverage, e2e on a local stack started first (~20 min)
 	scripts/test-suite fast
 
-test-scale: setup  ## the long scenarios (a 2,000-unit fairness flood, a 10,000-unit batch) on two local stacks (~13 min)
+test-scale: setup  ## the long scenarios (a 2,000-unit fairness flood, a 10,000-unit batch, a drain under a deep queue) on two local stacks (~15 min)
 	scripts/test-suite scale
 
 lint: setup  ## ruff lint and format check

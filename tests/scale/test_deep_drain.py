@@ -14,7 +14,9 @@ Timing (stack at time scale 10): the deep batch is 120 units of 100k tokens, 12M
 a bucket of 3M refilled at 47.5k tokens/s: ~190 s of queue on the local clock (~1,900 s
 deployed), its last ~45 units placed past 90 s local (900 s deployed). Its messages are first
 sent delayed 90 s and hidden at their first receive, so the drain starts ~95 s after the submit;
-the whole scenario takes ~4-5 minutes.
+the whole scenario takes ~4-5 minutes, so it is a scale-tier scenario (`make test-scale`, on the
+second stack beside the 10,000-unit batch); `make test` keeps the CLI's drain scenario
+(tests/e2e/test_30_cli.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tests.e2e.conftest import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 DEEP_UNITS, DEEP_TOKENS = 120, 100_000
 HIDDEN_AT_LEAST = 5  # messages hidden in the normal lane before the drain starts
