@@ -2,7 +2,7 @@
 
 The stack resolves cdk.json's ``tools`` at synth (infra/config.py, ``ToolsConfig``) and gives it
 to the functions as compact JSON (:data:`swarm.contract.TOOL_REGISTRY`, the worker's: every
-tool's function ARN, timeout, effect and Converse spec; :data:`swarm.contract.TOOL_GRANTS`, the
+tool's function, timeout, effect and Converse spec; :data:`swarm.contract.TOOL_GRANTS`, the
 API's: the names and the tenants' grants only, to check a unit's ``tools`` without the specs).
 A tool of a source (``functions/tools/<source>.py``) is given by its source and what cdk.json
 changes: its spec is read here from what the source declares, in the functions' asset
