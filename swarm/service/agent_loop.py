@@ -498,6 +498,9 @@ def run_agent(
     if not claim.claimed or res is None:
         return WorkReport(Requeue(delay, f"claim refused: {claim.reason}"), attempt=item.attempt)
     registry = worker.tools.specs() if worker.tools is not None else {}
+    # Bedrock's id (the simulated plane has none): a toolChoice the API took for another model
+    # fails the unit here, uncalled, instead of failing each of its turns at Bedrock
+    model_id = getattr(worker.model, "model_id", None)
     try:
         spec = agent.parse_agent_input(
             item.input,
@@ -505,6 +508,7 @@ def run_agent(
             unit=item.unit_id,
             projected_tokens=claim.unit.projected_tokens,
             registry=registry,
+            model_id=model_id if isinstance(model_id, str) else None,
         )
     except InvalidInput as e:  # accepted by an API of another registry: it cannot run here
         log.warning("agent unit %s cannot run: %s", item.unit_id, e)

@@ -340,6 +340,40 @@ def test_the_submit_refuses_tools_the_registry_or_the_tenant_lack_naming_the_fie
     assert e.value.field == "units[0].projected_tokens" and "turn 1 needs" in e.value.message
 
 
+@dataclass
+class _NamedModel:
+    """The simulated plane under a Bedrock model id, as BedrockModelPlane carries one."""
+
+    plane: Any
+    model_id: str
+
+    def converse(self, call: Any) -> Any:
+        return self.plane.converse(call)
+
+    def invoke(self, request: Any) -> Any:
+        return self.plane.invoke(request)
+
+
+def test_a_worker_on_a_model_that_does_not_take_a_units_tool_choice_fails_it_uncalled() -> None:
+    # Given a unit the API took (for another model: the deployment's model changed since) whose
+    # toolChoice the worker's Bedrock model does not take
+    ap = AgentPlane()
+    p = ap.plane
+    p.worker = replace(p.worker, model=_NamedModel(p.model, "meta.llama3-1-70b-instruct-v1:0"))
+    [unit] = agent_units(1)
+    forced = replace(unit, input={**unit.input, "toolChoice": {"tool": "calculator"}})  # type: ignore[dict-item]
+    run_id = ap.submit([forced])
+    # When it runs
+    ap.pump()
+    # Then it fails at once, naming the field, and the model is never called
+    log = ap.logs(run_id)[forced.unit_id]
+    assert [e["type"] for e in log] == ["stopped"]
+    assert log[-1]["reason"] == "failed"
+    assert "input.toolChoice" in log[-1]["detail"] and "meta.llama3" in log[-1]["detail"]
+    assert p.model.of_run(run_id).calls == 0
+    assert p.ledger.unit(run_id, forced.unit_id).state is UnitState.DEAD_LETTERED
+
+
 class _Journals(bfcl.MemoryJournals):
     pass
 
