@@ -166,7 +166,13 @@ class AgentLoop:
                 if outcome is not None:
                     return outcome
                 continue
-            # the first turn, or the next one after a wait: nothing to settle before it
+            # the first turn, or the next one after a wait: nothing to settle before it. A
+            # delivery that continues a started loop (after a wait in its lane, or a hand-back)
+            # reads the run first: a batch that stopped admitting meanwhile pauses the loop at
+            # this turn boundary, uncalled (a turn settled mid-delivery learns it from its
+            # settlement). An admitted loop's first turn runs, as an admitted unit's call does
+            if self.log and not self._run_open():
+                return self._pause()
             started = self._start(step)
             if isinstance(started, Wait):
                 return self._back(started)
@@ -174,6 +180,10 @@ class AgentLoop:
             outcome = self._call(step, started)
             if outcome is not None:
                 return outcome
+
+    def _run_open(self) -> bool:
+        """Whether the unit's run still admits (one read of its books)."""
+        return bool(self._ledger.run(self.item.run_id).state is RunState.OPEN)
 
     def _settle(self, step: SettleTurn, view: list[Event]) -> WorkReport | None:
         """Settle turn ``step.turn`` with what it left unwritten (its tool results, or its
