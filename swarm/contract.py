@@ -407,6 +407,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         UNITS_PER_CHILD,
         BUNDLE_UNITS,  # the lanes' depths are messages: units at most this many times them
         TOOL_GRANTS,  # a unit's tools must be registered and granted to its tenant
+        BEDROCK_MODEL_ID,  # a unit's toolChoice must be one the model takes
     ),
     "fanout": (
         *_COMMON,

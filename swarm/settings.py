@@ -250,6 +250,13 @@ class ToolGrantsSettings(_Model):
     tool_grants: str | None = Field(default=None, alias=TOOL_GRANTS)
 
 
+class ModelIdSettings(_Model):
+    """The deployment's Bedrock model id, for the API: the toolChoice forms an agent unit may
+    ask for are the model's (swarm.core.agent.model_tool_choices)."""
+
+    bedrock_model_id: str | None = Field(default=None, alias=BEDROCK_MODEL_ID)
+
+
 class Settings(_Model):
     """What every function receives; the base of the seven functions' models.
 
@@ -312,6 +319,7 @@ class ApiSettings(
     AttemptSettings,
     BundleUnitsSettings,
     ToolGrantsSettings,
+    ModelIdSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 

@@ -368,6 +368,7 @@ class Wiring:
                 # (Lambda's 4 KB): a unit's first-turn check counts its request without them
                 tools={name: named_tool(name) for name in grants.names},
                 allowed_tools=grants.allowed,
+                model_id=s.bedrock_model_id or None,
             ),
             running=self.running_work(),
         )

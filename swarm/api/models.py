@@ -280,7 +280,10 @@ class ConverseInput(BaseModel):
             '"auto" (default), "any", or {"tool": name}: the model must call a tool (any, or '
             "that one) until it has called one since the last user message. A named tool is "
             "one of the unit's tools, and only with tools is a toolChoice given (a 400 "
-            "otherwise)"
+            "otherwise). A forced choice must be one the deployment's model takes (Bedrock's "
+            'Converse: Anthropic Claude 3 and later and Amazon Nova take "any" and {"tool"}, '
+            'Mistral Large "any", other models "auto" only): a 400 names the choices the '
+            "deployment's model takes"
         ),
     )
     limits: Limits | None = None

@@ -54,6 +54,8 @@ BYTES_PER_TOKEN: Final = 4
 AGENT_FIELDS: Final = ("tools", "toolChoice", "limits", "followUps")
 LIMITS: Final = ("max_turns",)
 TOOL_CHOICES: Final = ("auto", "any")
+#: the kinds of Converse's toolChoice, as :func:`model_tool_choices` names them
+CHOICE_KINDS: Final = ("auto", "any", "tool")
 #: the model's stop reasons that end its answer, and those that fail the unit (not retried)
 ANSWERED: Final = ("end_turn", "stop_sequence")
 REFUSED: Final = ("guardrail_intervened", "content_filtered")
@@ -154,6 +156,57 @@ def is_agent_input(value: Any) -> bool:
     return isinstance(value, dict) and any(name in value for name in AGENT_FIELDS)
 
 
+def model_tool_choices(model_id: str) -> tuple[str, ...]:
+    """The kinds of ``toolChoice`` (of :data:`CHOICE_KINDS`) Bedrock's Converse takes with the
+    model ``model_id`` (a foundation model's id, or a cross-region inference profile's:
+    ``us.anthropic...``), keyed on its family:
+
+    - Anthropic Claude 3 and later, and Amazon Nova: ``auto``, ``any`` and ``tool``. The Bedrock
+      API Reference, ToolChoice: ``tool`` is "Only supported by Anthropic Claude 3 and Amazon
+      Nova models"; the Amazon Nova User Guide, "Choosing a tool": "three supported parameter
+      options for tool choice: tool, any, and auto".
+    - Mistral AI Mistral Large: ``auto`` and ``any``. Earlier editions of the same ToolChoice
+      page: "ToolChoice is only supported by Anthropic Claude 3 models and by Mistral AI Mistral
+      Large" (and ``tool`` by Claude 3 only).
+    - any other model: ``auto`` only (Converse's default). Others refuse a forced choice, e.g.
+      Meta Llama: "This model doesn't support the toolConfig.toolChoice.any field" (a
+      ValidationException, reported in strands-agents/harness-sdk #1241).
+
+    A family Bedrock adds support for later is refused here until this list knows it: the
+    refusal names the field and the model, never a surprise on the first model call."""
+    parts = model_id.split(".")
+    if len(parts) > 2:  # an inference profile: its region group, then the model's own id
+        parts = parts[1:]
+    provider, name = parts[0], ".".join(parts[1:])
+    # Claude 2 and Claude Instant (claude-v2, claude-instant-v1) take no tools at all
+    claude_3_on = name.startswith("claude-") and not name.startswith(("claude-v", "claude-instant"))
+    if provider == "anthropic" and claude_3_on:
+        return CHOICE_KINDS
+    if provider == "amazon" and name.startswith("nova-"):
+        return CHOICE_KINDS
+    if provider == "mistral" and name.startswith("mistral-large"):
+        return ("auto", "any")
+    return ("auto",)
+
+
+def check_tool_choice(choice: str | dict[str, str], model_id: str, field: str) -> None:
+    """InvalidInput naming ``field`` when the model ``model_id`` does not take ``choice`` (a
+    parsed toolChoice: ``"auto"``, ``"any"`` or ``{"tool": name}``), saying which it takes."""
+    kind = "tool" if isinstance(choice, dict) else choice
+    takes = model_tool_choices(model_id)
+    if kind in takes:
+        return
+    forms = {"auto": '"auto"', "any": '"any"', "tool": '{"tool": name}'}
+    given = forms[kind] if kind in forms else repr(kind)
+    raise InvalidInput(
+        field,
+        f"{given} is not supported by this deployment's model ({model_id}): Bedrock's Converse "
+        f"takes {' and '.join(forms[k] for k in takes)} from it; use "
+        f"{'that' if len(takes) == 1 else 'one of those'}, or leave toolChoice out (the model "
+        "then decides whether to call a tool)",
+    )
+
+
 def parse_agent_input(
     value: Any,
     *,
@@ -164,6 +217,7 @@ def parse_agent_input(
     allowed: frozenset[str] | None = None,
     field: str = "input",
     cap_field: str = "projected_tokens",
+    model_id: str | None = None,
 ) -> AgentSpec:
     """The unit's input as an :class:`AgentSpec`, or InvalidInput naming the field at fault.
 
@@ -171,7 +225,8 @@ def parse_agent_input(
     with any of ``tools`` (names in ``registry``; and in ``allowed``, the tenant's tools, when
     given), ``toolChoice`` (``"auto"`` | ``"any"`` | ``{"tool": name}``, a name of ``tools``),
     ``limits`` (``{"max_turns": 1..100}``, default 20) and ``followUps`` (later user messages:
-    each a text or a list of text blocks)."""
+    each a text or a list of text blocks). With ``model_id`` (the deployment's model), a
+    ``toolChoice`` that model does not take is refused too (:func:`check_tool_choice`)."""
     if isinstance(value, str):
         value = {"messages": [{"role": "user", "content": [{"text": value}]}]}
     if not isinstance(value, dict):
@@ -181,6 +236,8 @@ def parse_agent_input(
     tools = _parse_tools(value.get("tools"), registry, allowed, f"{field}.tools")
     names = [t.name for t in tools]
     tool_choice = _parse_tool_choice(value.get("toolChoice"), names, f"{field}.toolChoice")
+    if model_id is not None and "toolChoice" in value:
+        check_tool_choice(tool_choice, model_id, f"{field}.toolChoice")
     max_turns = _parse_limits(value.get("limits"), f"{field}.limits")
     follow_ups = _parse_follow_ups(value.get("followUps"), f"{field}.followUps")
     if not isinstance(projected_tokens, int) or projected_tokens < 1:

@@ -166,7 +166,13 @@ class AgentLoop:
                 if outcome is not None:
                     return outcome
                 continue
-            # the first turn, or the next one after a wait: nothing to settle before it
+            # the first turn, or the next one after a wait: nothing to settle before it. A
+            # delivery that continues a started loop (after a wait in its lane, or a hand-back)
+            # reads the run first: a batch that stopped admitting meanwhile pauses the loop at
+            # this turn boundary, uncalled (a turn settled mid-delivery learns it from its
+            # settlement). An admitted loop's first turn runs, as an admitted unit's call does
+            if self.log and not self._run_open():
+                return self._pause()
             started = self._start(step)
             if isinstance(started, Wait):
                 return self._back(started)
@@ -174,6 +180,10 @@ class AgentLoop:
             outcome = self._call(step, started)
             if outcome is not None:
                 return outcome
+
+    def _run_open(self) -> bool:
+        """Whether the unit's run still admits (one read of its books)."""
+        return bool(self._ledger.run(self.item.run_id).state is RunState.OPEN)
 
     def _settle(self, step: SettleTurn, view: list[Event]) -> WorkReport | None:
         """Settle turn ``step.turn`` with what it left unwritten (its tool results, or its
@@ -498,6 +508,9 @@ def run_agent(
     if not claim.claimed or res is None:
         return WorkReport(Requeue(delay, f"claim refused: {claim.reason}"), attempt=item.attempt)
     registry = worker.tools.specs() if worker.tools is not None else {}
+    # Bedrock's id (the simulated plane has none): a toolChoice the API took for another model
+    # fails the unit here, uncalled, instead of failing each of its turns at Bedrock
+    model_id = getattr(worker.model, "model_id", None)
     try:
         spec = agent.parse_agent_input(
             item.input,
@@ -505,6 +518,7 @@ def run_agent(
             unit=item.unit_id,
             projected_tokens=claim.unit.projected_tokens,
             registry=registry,
+            model_id=model_id if isinstance(model_id, str) else None,
         )
     except InvalidInput as e:  # accepted by an API of another registry: it cannot run here
         log.warning("agent unit %s cannot run: %s", item.unit_id, e)

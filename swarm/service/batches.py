@@ -175,6 +175,10 @@ class BatchesConfig:
     tools: Mapping[str, Tool] = field(default_factory=dict)
     #: the tools a tenant may use (cdk.json ``tenants``' ``tools``: the defaults, or its own)
     allowed_tools: Callable[[str], frozenset[str]] = lambda tenant: frozenset()
+    #: the deployment's Bedrock model id (cdk.json ``model.bedrock_model_id``, which the
+    #: simulated plane stands for): an agent unit's toolChoice must be one it takes
+    #: (swarm.core.agent.model_tool_choices). None: not checked
+    model_id: str | None = None
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -357,7 +361,8 @@ class Batches:
     def _check_agents(self, tenant: str, units: Sequence[UnitInput], field: str) -> None:
         """Every agent unit's input against the tool registry and the tenant's tools (a 400
         naming the unit's field: an unknown tool, a tool the tenant may not use, a toolChoice
-        naming a tool the unit does not list, a cap its first turn cannot fit)."""
+        naming a tool the unit does not list or one the deployment's model does not take, a
+        cap its first turn cannot fit)."""
         for index, unit in enumerate(units):
             if agent.is_agent_input(unit.input):
                 self._agent_spec(tenant, unit, f"{field}[{index}]")
@@ -374,6 +379,7 @@ class Batches:
             allowed=self.config.allowed_tools(tenant),
             field=f"{field}.input",
             cap_field=f"{field}.projected_tokens",
+            model_id=self.config.model_id,
         )
 
     def _upload(self, tenant: str, key: str) -> list[Unit]:

@@ -188,4 +188,6 @@ def settle_claimed(ledger: Ledger, claimed: ClaimedSettlement) -> Fate | None:
             return fate
         # the write of them all failed: alone, as before
     c = claimed
-    return ledger.settle_claimed(c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key)
+    return ledger.settle_claimed(
+        c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key, retry=c.retry
+    )

@@ -88,9 +88,11 @@ STATED_IN_WORDS = {
     r"units\[\d+\]\.input": "a Distributed Map item",  # the unit's JSON in 256 KiB
     r"units\[\d+\]\.input\.messages": "from the user first and last, alternating",
     # an agent unit's: its tools in the registry, granted to the tenant, each once; a toolChoice
-    # naming one of them; a cap its first turn fits (units[i].projected_tokens, above)
+    # naming one of them, and one the deployment's model takes; a cap its first turn fits
+    # (units[i].projected_tokens, above)
     r"units\[\d+\]\.input\.tools\[\d+\]": "the batch's tenant may use, each once",
     r"units\[\d+\]\.input\.toolChoice(\.tool)?": "one of the unit's tools, and only with tools",
+    r"units\[\d+\]\.input\.toolChoice": "one the deployment's model takes",
     r"top_up": "the budget after it is at most the tenant's max_budget_per_batch",
     r"next_token": "the previous page's next_token",  # a token the API gave
 }

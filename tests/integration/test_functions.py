@@ -21,6 +21,7 @@ import functions.drain as drain_function
 import functions.worker as worker_handler
 from swarm.adapters.aws import SsmDrainSwitch
 from swarm.contract import (
+    BEDROCK_MODEL_ID,
     GOVERNOR_SHARE,
     GOVERNOR_TABLE_NAME,
     LEASE_SECONDS,
@@ -379,6 +380,56 @@ def test_malformed_submissions_get_400_naming_the_field_and_write_nothing(
     assert doc["message"].startswith(f"{field}:"), doc["message"]
     assert objects(plane) == []
     assert items(plane) == 0
+
+
+def _agent_unit(tool_choice: Any) -> dict[str, Any]:
+    return {
+        "unit_id": "agent-1",
+        "projected_tokens": 20_000,
+        "input": {
+            "messages": [{"role": "user", "content": [{"text": "Add 2 and 2."}]}],
+            "tools": ["calculator", "notes_read"],
+            "toolChoice": tool_choice,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("model_id", "choice", "takes"),
+    [
+        ("meta.llama3-1-70b-instruct-v1:0", {"tool": "calculator"}, 'takes "auto" from it'),
+        ("us.meta.llama3-3-70b-instruct-v1:0", "any", 'takes "auto" from it'),
+        ("mistral.mistral-large-2407-v1:0", {"tool": "calculator"}, '"auto" and "any"'),
+    ],
+)
+def test_a_tool_choice_the_deployments_model_does_not_take_is_a_400_naming_the_field(
+    aws_credentials: None,
+    monkeypatch: pytest.MonkeyPatch,
+    model_id: str,
+    choice: Any,
+    takes: str,
+) -> None:
+    # Given a deployment whose model (cdk.json model.bedrock_model_id) takes no such choice
+    overrides = {BEDROCK_MODEL_ID: model_id}
+    with control_plane(monkeypatch, None, **overrides) as plane:
+        # When an agent unit forces that choice
+        body = {"units": [units(1)[0], _agent_unit(choice)]}
+        status, doc, _ = plane.api("POST", "/batches", body)
+        # Then the 400 names the unit's toolChoice, the model and the choices it takes
+        assert status == 400, doc
+        assert doc["error"] == "invalid_request"
+        assert doc["message"].startswith("units[1].input.toolChoice: "), doc["message"]
+        assert model_id in doc["message"] and takes in doc["message"], doc["message"]
+        assert objects(plane) == [] and items(plane) == 0  # nothing written
+        # and the choice the model takes is accepted
+        ok, accepted, _ = plane.api("POST", "/batches", {"units": [_agent_unit("auto")]})
+        assert ok == 201, accepted
+
+
+def test_a_forced_tool_choice_is_accepted_for_the_shipped_model(plane: ControlPlane) -> None:
+    # cdk.json's model (an Anthropic Claude 3 model) takes every choice, a named tool too
+    status, doc, _ = plane.api("POST", "/batches", {"units": [_agent_unit({"tool": "calculator"})]})
+    assert status == 201, doc
 
 
 def test_not_json_oversize_and_unauthorised_requests(plane: ControlPlane) -> None:

@@ -163,6 +163,62 @@ def test_a_tool_the_tenant_may_not_use_is_refused() -> None:
         spec_of(talk("add", "secret"), allowed=frozenset({"add", "note"}))
 
 
+@pytest.mark.parametrize(
+    ("model_id", "takes"),
+    [
+        ("anthropic.claude-3-5-haiku-20241022-v1:0", ("auto", "any", "tool")),
+        ("us.anthropic.claude-3-7-sonnet-20250219-v1:0", ("auto", "any", "tool")),
+        ("global.anthropic.claude-sonnet-4-5-20250929-v1:0", ("auto", "any", "tool")),
+        ("anthropic.claude-opus-4-1-20250805-v1:0", ("auto", "any", "tool")),
+        ("amazon.nova-pro-v1:0", ("auto", "any", "tool")),
+        ("eu.amazon.nova-lite-v1:0", ("auto", "any", "tool")),
+        ("mistral.mistral-large-2407-v1:0", ("auto", "any")),
+        ("mistral.mistral-small-2402-v1:0", ("auto",)),
+        ("meta.llama3-1-70b-instruct-v1:0", ("auto",)),
+        ("us.meta.llama3-3-70b-instruct-v1:0", ("auto",)),
+        ("cohere.command-r-plus-v1:0", ("auto",)),
+        ("amazon.titan-text-premier-v1:0", ("auto",)),
+        ("anthropic.claude-v2:1", ("auto",)),
+        ("anthropic.claude-instant-v1", ("auto",)),
+    ],
+)
+def test_the_tool_choices_a_model_takes_follow_its_family(
+    model_id: str, takes: tuple[str, ...]
+) -> None:
+    assert agent.model_tool_choices(model_id) == takes
+
+
+@pytest.mark.parametrize(
+    ("model_id", "choice", "says"),
+    [
+        ("mistral.mistral-large-2407-v1:0", {"tool": "add"}, 'takes "auto" and "any" from it'),
+        ("meta.llama3-1-70b-instruct-v1:0", {"tool": "add"}, 'takes "auto" from it; use that'),
+        ("meta.llama3-1-70b-instruct-v1:0", "any", '"any" is not supported'),
+    ],
+)
+def test_a_tool_choice_the_deployments_model_does_not_take_is_refused_naming_the_field(
+    model_id: str, choice: Any, says: str
+) -> None:
+    with pytest.raises(InvalidInput) as e:
+        spec_of(talk("add", toolChoice=choice), model_id=model_id)
+    assert e.value.field == "input.toolChoice"
+    assert says in e.value.message and f"model ({model_id})" in e.value.message
+    assert "leave toolChoice out" in e.value.message
+
+
+def test_a_tool_choice_the_model_takes_or_none_at_all_is_accepted() -> None:
+    claude = "anthropic.claude-3-5-haiku-20241022-v1:0"
+    forced = spec_of(talk("add", toolChoice={"tool": "add"}), model_id=claude)
+    assert forced.tool_choice == {"tool": "add"}
+    nova = spec_of(talk("add", toolChoice="any"), model_id="amazon.nova-micro-v1:0")
+    assert nova.tool_choice == "any"
+    llama = "meta.llama3-1-70b-instruct-v1:0"
+    assert spec_of(talk("add", toolChoice="auto"), model_id=llama).tool_choice == "auto"
+    assert spec_of(talk("add"), model_id=llama).tool_choice == "auto"  # none given: auto
+    # and without a model id (the in-memory driver's tests) nothing is checked
+    assert spec_of(talk("add", toolChoice={"tool": "add"})).tool_choice == {"tool": "add"}
+
+
 def test_an_agent_input_has_defaults() -> None:
     spec = spec_of(talk("add"))
     assert (spec.max_turns, spec.tool_choice, spec.follow_ups) == (20, "auto", ())

@@ -279,6 +279,45 @@ def test_an_exhausted_batch_pauses_its_loops_and_a_top_up_continues_them_from_th
     assert calls_after == sum(8 - n for n in answered_before.values())
 
 
+def test_a_loop_waiting_in_its_lane_when_its_batch_exhausts_pauses_there_uncalled() -> None:
+    # Given loops whose next turns wait for tokens in their lane (a small governor: the first
+    # turns fit its fill, the second ones do not), of a batch whose budget pays for three caps
+    ap = AgentPlane()
+    p = ap.plane
+    small = InMemoryGovernor(GovernorConfig(20_000, 0.95, initial_fill=0.15), now=p.clock.now())
+    p.governor = small
+    p.worker = replace(p.worker, governor=small)
+    p.batches.config = replace(p.batches.config, units_per_child=1)  # a chunk a unit
+    units = agent_units(4, turns=6, cap=40_000)
+    request = SubmitRequest(Lane.NORMAL, 3 * 40_000 + 10_000, 3, units)
+    run_id = p.batches.submit("acme", request, None, p.clock.now()).run.run_id
+    [payload] = p.executions.started.values()  # the fresh plane's one execution
+    chunks = p.blobs.get_json(payload["manifest_key"])
+    for chunk in chunks[:3]:  # the fan-out admits the first three
+        p.fanout.admit_and_enqueue_chunk(chunk, p.clock.now())
+    while (item := p.queue.receive()) is not None:  # their first turns; then they wait
+        match p.worker.process(item).outcome:
+            case Requeue(delay_s=delay, ticket=ticket):
+                p.queue.send(replace(item, ticket=ticket), delay)
+    waiting = ap.logs(run_id)
+    assert len(p.queue.delayed) == 3
+    assert all(agent.summary(log)["turns"] >= 1 for log in waiting.values() if log)
+    assert not any(log and log[-1]["type"] == "stopped" for log in waiting.values())
+    calls = p.model.of_run(run_id).calls
+    # When the fan-out's fourth admission finds the budget gone (the batch exhausting), and the
+    # waiting loops come back from their lane
+    p.fanout.admit_and_enqueue_chunk(chunks[3], p.clock.now())
+    assert p.ledger.run(run_id).state is RunState.EXHAUSTING
+    ap.pump()
+    # Then they stopped at that turn boundary: no model turn was called after the exhaustion
+    assert p.model.of_run(run_id).calls == calls
+    assert ap.logs(run_id) == waiting  # their logs as they were: nothing started, nothing lost
+    p.finalizer.finalize(run_id, p.clock.now())
+    run = p.ledger.run(run_id)
+    assert run.state is RunState.EXHAUSTED and run.remainder == 4 and run.reserved == 0
+    assert_books_exact(ap, run_id)
+
+
 def test_turns_whose_tokens_are_not_there_wait_in_their_lane_holding_no_worker() -> None:
     # Given a governor far smaller than the loops' appetite (a turn waits seconds for tokens,
     # beyond the worker's one-second hold)
@@ -338,6 +377,40 @@ def test_the_submit_refuses_tools_the_registry_or_the_tenant_lack_naming_the_fie
     with pytest.raises(InvalidInput) as e:
         ap.submit([small])
     assert e.value.field == "units[0].projected_tokens" and "turn 1 needs" in e.value.message
+
+
+@dataclass
+class _NamedModel:
+    """The simulated plane under a Bedrock model id, as BedrockModelPlane carries one."""
+
+    plane: Any
+    model_id: str
+
+    def converse(self, call: Any) -> Any:
+        return self.plane.converse(call)
+
+    def invoke(self, request: Any) -> Any:
+        return self.plane.invoke(request)
+
+
+def test_a_worker_on_a_model_that_does_not_take_a_units_tool_choice_fails_it_uncalled() -> None:
+    # Given a unit the API took (for another model: the deployment's model changed since) whose
+    # toolChoice the worker's Bedrock model does not take
+    ap = AgentPlane()
+    p = ap.plane
+    p.worker = replace(p.worker, model=_NamedModel(p.model, "meta.llama3-1-70b-instruct-v1:0"))
+    [unit] = agent_units(1)
+    forced = replace(unit, input={**unit.input, "toolChoice": {"tool": "calculator"}})  # type: ignore[dict-item]
+    run_id = ap.submit([forced])
+    # When it runs
+    ap.pump()
+    # Then it fails at once, naming the field, and the model is never called
+    log = ap.logs(run_id)[forced.unit_id]
+    assert [e["type"] for e in log] == ["stopped"]
+    assert log[-1]["reason"] == "failed"
+    assert "input.toolChoice" in log[-1]["detail"] and "meta.llama3" in log[-1]["detail"]
+    assert p.model.of_run(run_id).calls == 0
+    assert p.ledger.unit(run_id, forced.unit_id).state is UnitState.DEAD_LETTERED
 
 
 class _Journals(bfcl.MemoryJournals):

@@ -101,7 +101,7 @@ class Settlements:
             self.many.append([c.claimed.unit_id for c in settlements])
         return [Fate.COMPLETED if self.together else None for _ in settlements]
 
-    def settle_claimed(self, claimed: UnitRecord, *args: Any) -> Fate | None:
+    def settle_claimed(self, claimed: UnitRecord, *args: Any, **kwargs: Any) -> Fate | None:
         with self.lock:
             self.alone.append(claimed.unit_id)
         return Fate.RETRY
@@ -157,3 +157,23 @@ def test_outside_an_invocation_a_settlement_is_made_alone() -> None:
     unit = UnitRecord("b-1", "u1", 100)
     fate = settle_claimed(ledger, ClaimedSettlement(unit, 0, 10, True, 1.0))  # type: ignore[arg-type]
     assert fate is Fate.RETRY and ledger.alone == ["u1"] and ledger.many == []
+
+
+def test_a_settlement_made_alone_keeps_its_no_retry() -> None:
+    # Given a failed attempt that must not be retried (an agent loop the model refused, or one
+    # that cannot run on this deployment), settled alone (outside a page, or after the page's
+    # write of them all failed)
+    seen: list[bool] = []
+
+    class Alone(Settlements):
+        def settle_claimed(
+            self, claimed: UnitRecord, *args: Any, retry: bool = True, **kwargs: Any
+        ) -> Fate:
+            seen.append(retry)
+            return Fate.RETRY if retry else Fate.DEAD_LETTERED
+
+    unit = UnitRecord("b-1", "u1", 100)
+    claimed = ClaimedSettlement(unit, 0, 0, False, 1.0, retry=False)
+    # Then the ledger is told so: the unit is dead-lettered, not retried
+    assert settle_claimed(Alone(), claimed) is Fate.DEAD_LETTERED  # type: ignore[arg-type]
+    assert seen == [False]
