@@ -408,10 +408,11 @@ class Wiring:
             turn_s=self.seconds(self.turn_seconds()),
         )
         governor = self.dynamodb_governor()
+        model = self.model()
         return Worker(
             self.ledger(),
             governor,
-            self.model(),
+            model,
             self.result_store(),
             self.drain_switch(),
             config,
@@ -423,6 +424,9 @@ class Wiring:
             tools=self.tool_runner(),
             # the local stack's fault injection (its shared model plane), never on AWS
             kill=getattr(self.shared_model, "kill", None),
+            # Bedrock's adapter asks for at most this many output tokens (a unit's draw counts
+            # them at the model's burndown); the simulated plane has no such cap
+            output_cap=getattr(model, "max_output_tokens", None),
         )
 
     def turn_seconds(self) -> float:
