@@ -224,7 +224,8 @@ GOVERNOR_SHARE: Final = "GOVERNOR_SHARE"
 GOVERNOR_CAPACITY: Final = "GOVERNOR_CAPACITY"  # tokens; empty = one minute of quota
 
 
-#: quota tokens one output token counts as (cdk.json model.output_burndown, resolved at synth)
+#: quota tokens one output token counts as (cdk.json model.output_burndown, resolved at synth;
+#: the stack always sets it; empty = 1, output counted one to one)
 MODEL_OUTPUT_BURNDOWN: Final = "MODEL_OUTPUT_BURNDOWN"
 
 
@@ -480,6 +481,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
 OPTIONAL_VARS: Final = frozenset(
     {
         GOVERNOR_CAPACITY,
+        MODEL_OUTPUT_BURNDOWN,
         BEDROCK_MODEL_ID,
         BEDROCK_READ_TIMEOUT_SECONDS,
         TENANT_LIMITS,

@@ -107,7 +107,9 @@ class GovernorSettings(_Model):
     quota_tpm: int = Field(alias=QUOTA_TPM, ge=1)
     governor_share: float = Field(alias=GOVERNOR_SHARE, gt=0, le=1)
     governor_capacity: int | None = Field(default=None, alias=GOVERNOR_CAPACITY, ge=1)
-    output_burndown: float = Field(alias=MODEL_OUTPUT_BURNDOWN, ge=1, allow_inf_nan=False)
+    output_burndown: float = Field(
+        default=1.0, alias=MODEL_OUTPUT_BURNDOWN, ge=1, allow_inf_nan=False
+    )
     reserve_high: float = Field(alias=LANE_RESERVE_HIGH, ge=0, lt=1)
     reserve_normal: float = Field(alias=LANE_RESERVE_NORMAL, ge=0, lt=1)
     reserve_low: float = Field(alias=LANE_RESERVE_LOW, ge=0, lt=1)
