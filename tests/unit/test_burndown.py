@@ -104,7 +104,9 @@ def test_an_agent_turn_is_trued_up_without_its_cache_reads() -> None:
 
 def test_a_turns_steps_carry_the_billed_draw_and_the_quota_draw() -> None:
     [unit] = agent_units(1)
-    spec = agent.parse_agent_input(unit.input, batch="b", unit="a", projected_tokens=60_000, registry=TOOLS)
+    spec = agent.parse_agent_input(
+        unit.input, batch="b", unit="a", projected_tokens=60_000, registry=TOOLS
+    )
     one = agent.next_step([], spec)
     five = agent.next_step([], replace(spec, output_burndown=5.0))
     assert isinstance(one, agent.CallModel) and isinstance(five, agent.CallModel)
@@ -118,7 +120,9 @@ def test_a_turn_whose_quota_draw_the_bucket_cannot_grant_stops_the_unit_naming_t
     None
 ):
     [unit] = agent_units(1)
-    spec = agent.parse_agent_input(unit.input, batch="b", unit="a", projected_tokens=60_000, registry=TOOLS)
+    spec = agent.parse_agent_input(
+        unit.input, batch="b", unit="a", projected_tokens=60_000, registry=TOOLS
+    )
     step = agent.next_step([], spec)
     assert isinstance(step, agent.CallModel)
     # a lane that grants the billed draw but not 5 x its output bound
@@ -163,9 +167,7 @@ class BurndownModel:
         raise AssertionError("no agent units here")
 
 
-def run_output_heavy(
-    counted: float, units: int = 24
-) -> tuple[Plane, BurndownModel, float, str]:
+def run_output_heavy(counted: float, units: int = 24) -> tuple[Plane, BurndownModel, float, str]:
     """``units`` output-heavy units through one worker on a governor that counts output
     ``counted`` times, from an empty bucket; the model counts it 5 times. Returns the plane,
     the model and the instant the fleet started."""
