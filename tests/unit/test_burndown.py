@@ -292,3 +292,29 @@ def test_a_worker_without_burndown_draws_exactly_its_units_tokens() -> None:
     item = plane.queue.receive()
     assert item is not None
     assert w.quota_draw(item) == item.tokens == 10_000
+
+
+# -- swarm fleet / GET /fleet -------------------------------------------------------------------
+
+
+def test_the_fleet_view_shows_the_burndown_beside_the_governors_figures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swarm.cli import ops
+    from tests.unit.helpers import run_cli
+
+    plane = Plane()
+    gov = InMemoryGovernor(GovernorConfig(600_000, 0.95, output_burndown=5.0), plane.clock.now())
+    plane.batches = replace(plane.batches, governor=gov)
+    doc = plane.batches.fleet(plane.clock.now())  # GET /fleet's body
+    assert doc["governor"]["output_burndown"] == 5.0
+    assert doc["governor"]["capacity_tokens"] == 600_000  # quota tokens
+
+    class Client:
+        def fleet(self) -> dict[str, Any]:
+            return doc
+
+    monkeypatch.setattr(ops, "client_of", lambda args: Client())
+    code, out, _ = run_cli(["fleet"], capsys)
+    assert code == 0
+    assert out.splitlines()[0].endswith("0 throttles, output burndown x5"), out

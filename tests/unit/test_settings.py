@@ -175,5 +175,5 @@ def test_the_output_burndown_reaches_the_governors_config_and_a_bad_one_is_named
     assert WorkerSettings.from_env(five).governor_config().output_burndown == 5.0
     api = ApiSettings.from_env(environment("api") | {env.MODEL_OUTPUT_BURNDOWN: "5"})
     assert api.governor_config().output_burndown == 5.0  # GET /fleet shows it
-    with pytest.raises(SettingsError, match="MODEL_OUTPUT_BURNDOWN='0.5'"):
+    with pytest.raises(SettingsError, match=r"MODEL_OUTPUT_BURNDOWN='0\.5'"):
         Settings.from_env(environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "0.5"})
