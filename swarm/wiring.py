@@ -391,6 +391,7 @@ class Wiring:
             self.lanes(),
             queue_lease_s=self.seconds(QUEUE_LEASE_S),
             places=self.dynamodb_governor(),  # it books places: PlaceBooker
+            output_burndown=self.governor_config().output_burndown,  # places in quota tokens
             hold_s=self.seconds(WorkerTimings.max_hold_s),
             bundling=self.bundling(),
         )
@@ -408,11 +409,10 @@ class Wiring:
             turn_s=self.seconds(self.turn_seconds()),
         )
         governor = self.dynamodb_governor()
-        model = self.model()
         return Worker(
             self.ledger(),
             governor,
-            model,
+            self.model(),
             self.result_store(),
             self.drain_switch(),
             config,
@@ -424,9 +424,6 @@ class Wiring:
             tools=self.tool_runner(),
             # the local stack's fault injection (its shared model plane), never on AWS
             kill=getattr(self.shared_model, "kill", None),
-            # Bedrock's adapter asks for at most this many output tokens (a unit's draw counts
-            # them at the model's burndown); the simulated plane has no such cap
-            output_cap=getattr(model, "max_output_tokens", None),
         )
 
     def turn_seconds(self) -> float:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
+
+from swarm.core import prompts
 
 #: The model families Bedrock documents a burndown rate other than 1 for, as of 2026-12-06
 #: (Bedrock User Guide, "How tokens are counted in Amazon Bedrock"): a pattern on the model id
@@ -37,6 +39,12 @@ def documented_burndown(model_id: str) -> float:
         if re.match(pattern, model_id):
             return rate
     return 1.0
+
+
+#: the longest answer a call asks for when its unit sets no ``maxTokens``: Bedrock's adapter
+#: sends at most this many (swarm.adapters.bedrock.MAX_OUTPUT_TOKENS is this constant). The
+#: simulated plane has no such cap; an answer of its longer than this is trued up as an overrun.
+DEFAULT_OUTPUT_CAP: Final = 4_096
 
 
 def call_output_bound(projected: int, asked: int | None, cap: int | None = None) -> int:
@@ -61,6 +69,32 @@ def turn_draw(input_estimate: int, output_bound: int, burndown: float) -> int:
     """An agent turn's draw in quota tokens: its input estimate plus ``burndown`` x its output
     bound (what Bedrock reserves when the call starts)."""
     return input_estimate + math.ceil(burndown * output_bound)
+
+
+def asked_output(prompt: Any) -> int | None:
+    """The ``inferenceConfig.maxTokens`` a single-call unit's prompt asks for (None: none, or
+    a prompt the model plane refuses, which bills nothing)."""
+    try:
+        asked = prompts.settings(prompts.normalise(prompt)).get("maxTokens")
+        return None if asked is None else int(asked)
+    except Exception:
+        return None
+
+
+def unit_output_bound(tokens: int, prompt: Any) -> int:
+    """A single-call unit's output bound: its ``maxTokens`` or the default cap, within its
+    projection."""
+    return call_output_bound(tokens, asked_output(prompt), DEFAULT_OUTPUT_CAP)
+
+
+def unit_draw(tokens: int, prompt: Any, burndown: float) -> int:
+    """What a single-call unit of ``tokens`` projected draws from the governor, in quota
+    tokens: the same figure wherever it is drawn or booked (the API's check, the fan-out's
+    places, a worker's bundle and its draw), so a booked ticket is honoured. Exactly ``tokens``
+    at burndown 1 (the prompt is not read)."""
+    if burndown == 1:
+        return tokens
+    return call_draw(tokens, unit_output_bound(tokens, prompt), burndown)
 
 
 def call_quota(

@@ -40,7 +40,7 @@ from swarm.api.models import (
     UnitCounts,
 )
 from swarm.contract import DEFAULT_UNITS_PER_CHILD
-from swarm.core import agent, prompts
+from swarm.core import agent
 from swarm.core.agent import Tool
 from swarm.core.backpressure import (
     MIN_RETRY_AFTER_S,
@@ -50,7 +50,7 @@ from swarm.core.backpressure import (
     shed_decision,
     tenant_shed,
 )
-from swarm.core.burndown import call_draw, call_output_bound
+from swarm.core.burndown import unit_draw
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
@@ -439,8 +439,8 @@ class Batches:
             if agent.is_agent_input(u.input):
                 loop = self._agent_spec(tenant, u, f"units[{index}]")
                 amount = agent.first_draw(replace(loop, output_burndown=burndown))
-            elif burndown != 1:
-                amount = call_draw(amount, call_output_bound(amount, _asked(u.input)), burndown)
+            else:  # what its worker draws (its tokens at burndown 1)
+                amount = unit_draw(amount, u.input, burndown)
             try:
                 check_amount(self.governor.config, amount, request.lane)
             except InvalidInput as e:
@@ -711,12 +711,3 @@ def _doc(status: BatchStatus) -> dict[str, Any]:
 
 def _depth_view(d: LaneDepth) -> LaneDepthView:
     return LaneDepthView(visible=d.visible, in_flight=d.in_flight, delayed=d.delayed)
-
-
-def _asked(prompt: Prompt) -> int | None:
-    """The ``inferenceConfig.maxTokens`` a single-call unit's prompt asks for (None: none)."""
-    try:
-        asked = prompts.settings(prompts.normalise(prompt)).get("maxTokens")
-        return None if asked is None else int(asked)
-    except Exception:  # refused elsewhere, with its own error
-        return None

@@ -30,9 +30,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from swarm.core import prompts
 from swarm.core.agent import is_agent_input
-from swarm.core.burndown import call_draw, call_output_bound, call_quota
+from swarm.core.burndown import call_quota, unit_draw, unit_output_bound
 from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
@@ -175,26 +174,11 @@ class Worker:
     tools: ToolRunner | None = None
     #: fault injection (the local stack): True to kill the worker at this point of a turn
     kill: KillHook | None = None
-    #: the longest answer the model plane asks for when a unit sets no ``maxTokens`` (Bedrock's
-    #: adapter: MAX_OUTPUT_TOKENS; None: none, the answer is bounded by the reservation alone)
-    output_cap: int | None = None
-
-    def output_bound(self, item: QueuedUnit) -> int:
-        """The most output tokens ``item``'s call can ask for (swarm.core.burndown)."""
-        try:
-            asked = prompts.settings(prompts.normalise(item.input)).get("maxTokens")
-            limit = None if asked is None else int(asked)
-        except Exception:  # a prompt the model plane refuses: it bills nothing anyway
-            limit = None
-        return call_output_bound(item.tokens, limit, self.output_cap)
 
     def quota_draw(self, item: QueuedUnit) -> int:
         """What a single-call unit draws from the governor, in quota tokens: its projection,
         its output bound counted at the model's burndown (exactly its tokens at burndown 1)."""
-        burndown = self.governor.config.output_burndown
-        if burndown == 1:
-            return item.tokens
-        return call_draw(item.tokens, self.output_bound(item), burndown)
+        return unit_draw(item.tokens, item.input, self.governor.config.output_burndown)
 
     def begin(self, items: Sequence[QueuedUnit]) -> WorkerInvocation:
         """An invocation of ``items``: the drain switch read once for all of them (the switch
@@ -469,7 +453,7 @@ class Worker:
             result.tokens,
             result.input_tokens,
             result.output_tokens,
-            self.output_bound(item),
+            unit_output_bound(item.tokens, item.input),
             burndown,
         )
 

@@ -16,6 +16,7 @@ import pytest
 
 from swarm.core import agent
 from swarm.core.burndown import (
+    DEFAULT_OUTPUT_CAP,
     call_draw,
     call_output_bound,
     call_quota,
@@ -28,6 +29,7 @@ from swarm.core.governor import Draw, GovernorConfig, Grant, Ticket, TrueUp
 from swarm.core.memory import InMemoryGovernor
 from swarm.core.ports import ConverseCall, ModelRequest, ModelResult
 from swarm.core.records import Lane, RunState
+from swarm.service.batches import SubmitRequest, UnitInput
 from swarm.service.worker import Worker
 from tests.unit.test_agent_worker import AgentPlane, Tools, agent_units, assert_books_exact
 from tests.unit.test_service_flow import Plane
@@ -150,17 +152,19 @@ INPUT = 200  # output-heavy units: their answers are nearly all of their tokens
 @dataclass
 class BurndownModel:
     """A model plane that counts its own quota as Bedrock does for a burndown-5 model: each
-    call's ``input + 5 x output``, at the instant of the call; answers fill the output bound."""
+    call's ``input + 5 x output``, at the instant of the call. Its answers fill the output
+    bound as Bedrock's adapter sets it: the reservation less the input, at most 4,096."""
 
     clock: Any
     calls: list[tuple[float, int]] = field(default_factory=list)  # (at, quota tokens)
 
     def invoke(self, request: ModelRequest) -> ModelResult:
         cap = request.max_tokens or request.projected_tokens
-        output = cap - INPUT
+        output = min(cap - INPUT, DEFAULT_OUTPUT_CAP)
         self.calls.append((self.clock.now(), INPUT + int(BURNDOWN * output)))
+        billed = INPUT + output
         return ModelResult(
-            True, cap, "ok", stop_reason="max_tokens", input_tokens=INPUT, output_tokens=output
+            True, billed, "ok", stop_reason="max_tokens", input_tokens=INPUT, output_tokens=output
         )
 
     def converse(self, call: ConverseCall) -> Mapping[str, Any]:  # pragma: no cover
@@ -238,16 +242,16 @@ def test_a_single_call_unit_draws_and_trues_up_in_quota_tokens(burndown: float) 
         plane.clock.now(),
     )
     model = BurndownModel(plane.clock)
-    plane.worker = replace(plane.worker, governor=gov, model=model, output_cap=4_096)
+    plane.worker = replace(plane.worker, governor=gov, model=model)
     run_id = plane.submit(1)
     plane.run(run_id)
     [attempt] = plane.ledger.attempts(run_id)
     projected = 10_000  # the first unit's (test_service_flow.Plane.submit)
     # its draw: the projection, and 4,096 output tokens (the plane's cap) at the burndown
     assert gov.draws == [projected + int((burndown - 1) * 4_096)]
-    # its true-up: 200 input + 9,800 output at the burndown; its bill: 10,000
-    assert gov.true_ups == [INPUT + int(burndown * (projected - INPUT))]
-    assert attempt.tokens == projected
+    # its true-up: 200 input + 4,096 output at the burndown; its bill: 4,296
+    assert gov.true_ups == [INPUT + int(burndown * 4_096)]
+    assert attempt.tokens == INPUT + 4_096
 
 
 # -- agent turns through the worker -------------------------------------------------------------
@@ -318,3 +322,49 @@ def test_the_fleet_view_shows_the_burndown_beside_the_governors_figures(
     code, out, _ = run_cli(["fleet"], capsys)
     assert code == 0
     assert out.splitlines()[0].endswith("0 throttles, output burndown x5"), out
+
+
+def test_the_fan_out_books_places_for_the_draw_the_worker_will_present() -> None:
+    from tests.unit.test_chunked_fanout import Booker
+
+    booker = Booker()
+    plane = Plane()
+    gov = InMemoryGovernor(GovernorConfig(600_000, 0.95, output_burndown=5.0), plane.clock.now())
+    plane.fanout = replace(
+        plane.fanout, places=booker, hold_s=1.0, clock=plane.clock.now, output_burndown=5.0
+    )
+    plane.worker = replace(plane.worker, governor=gov)
+    plane.batches = replace(plane.batches, governor=gov)
+    units = [UnitInput(f"u{i:02d}", 1_000 + i, f"in {i}") for i in range(4)]
+    request = SubmitRequest(lane=Lane.LOW, budget=10**8, max_attempts=3, units=units)
+    plane.batches.submit("acme", request, None, plane.clock.now())
+    plane.fan_out()
+    sent = plane.queue.sent
+    # a string prompt asks for no maxTokens: its whole projection may be output, at 5x
+    assert booker.calls == [([5 * q.tokens for q in sent], Lane.LOW, "acme")]
+    # and its worker draws exactly the amount its place was booked for (so it is honoured)
+    assert all(q.ticket is not None and q.ticket.amount == plane.worker.quota_draw(q) for q in sent)
+
+
+def test_the_submit_refuses_a_unit_whose_quota_draw_the_bucket_can_never_grant() -> None:
+    plane = Plane()
+    gov = InMemoryGovernor(GovernorConfig(110_000, 0.95, output_burndown=5.0), plane.clock.now())
+    plane.batches = replace(plane.batches, governor=gov)
+
+    def unit(max_tokens: int) -> UnitInput:
+        prompt = {
+            "messages": [{"role": "user", "content": [{"text": "write at length"}]}],
+            "inferenceConfig": {"maxTokens": max_tokens},
+        }
+        return UnitInput("u0", 100_000, prompt)
+
+    # 100,000 tokens fit the bucket (110,000) billed, but not in quota tokens: 100,000 + 4 x
+    # 4,096 (it asks for 8,000 output tokens, Bedrock's adapter sends at most 4,096)
+    request = SubmitRequest(lane=Lane.HIGH, budget=10**8, max_attempts=3, units=[unit(8_000)])
+    with pytest.raises(InvalidInput) as error:
+        plane.batches.submit("acme", request, None, plane.clock.now())
+    assert error.value.field == "units[0].projected_tokens"
+    assert "116,384 tokens" in error.value.message
+    # asking for at most 2,000 output tokens, it draws 108,000: accepted
+    request = SubmitRequest(lane=Lane.HIGH, budget=10**8, max_attempts=3, units=[unit(2_000)])
+    assert plane.batches.submit("acme", request, None, plane.clock.now()).run.run_id
