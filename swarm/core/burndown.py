@@ -41,7 +41,7 @@ def documented_burndown(model_id: str) -> float:
     return 1.0
 
 
-#: the longest answer a call asks for when its unit sets no ``maxTokens``: Bedrock's adapter
+#: the longest answer a call asks for, whatever its unit's ``maxTokens``: Bedrock's adapter
 #: sends at most this many (swarm.adapters.bedrock.MAX_OUTPUT_TOKENS is this constant). The
 #: simulated plane has no such cap; an answer of its longer than this is trued up as an overrun.
 DEFAULT_OUTPUT_CAP: Final = 4_096
@@ -49,9 +49,9 @@ DEFAULT_OUTPUT_CAP: Final = 4_096
 
 def call_output_bound(projected: int, asked: int | None, cap: int | None = None) -> int:
     """The most output tokens a single-call unit's request can ask Bedrock for: its
-    ``inferenceConfig.maxTokens`` (``asked``) or, without one, the model plane's own default
-    (``cap``; None: none), and never more than its projection (its reservation, which bounds
-    input and answer together)."""
+    ``inferenceConfig.maxTokens`` (``asked``; None: none), at most the model plane's cap
+    (``cap``: Bedrock's adapter never sends more; None: none) and its projection (its
+    reservation, which bounds input and answer together)."""
     bound = projected
     for limit in (asked, cap):
         if limit is not None:
@@ -82,7 +82,7 @@ def asked_output(prompt: Any) -> int | None:
 
 
 def unit_output_bound(tokens: int, prompt: Any) -> int:
-    """A single-call unit's output bound: its ``maxTokens`` or the default cap, within its
+    """A single-call unit's output bound: its ``maxTokens``, within the default cap and its
     projection."""
     return call_output_bound(tokens, asked_output(prompt), DEFAULT_OUTPUT_CAP)
 
