@@ -36,6 +36,7 @@ from swarm.contract import (
     MAX_UNITS_PER_CHILD,
     bedrock_call_bound_s,
 )
+from swarm.core.burndown import documented_burndown
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
@@ -535,6 +536,18 @@ class ModelConfig(_Strict):
     bedrock_model_id: str = Field(pattern=r"^[a-z0-9.:-]+$")
     bedrock: BedrockConfig = BedrockConfig()
     simulated: SimulatedModelConfig
+    # How many tokens of the model's tokens-per-minute quota one output token counts as
+    # (Bedrock's "token burndown rate"); null/absent: what Bedrock documents for
+    # bedrock_model_id's family (swarm.core.burndown: 5 for the Claude 4 family, else 1).
+    # The governor draws and trues up in these quota tokens; budgets stay in billed tokens.
+    output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
+
+    @property
+    def burndown(self) -> float:
+        """The output burndown the governor counts: the given one, or the documented one."""
+        if self.output_burndown is not None:
+            return float(self.output_burndown)
+        return documented_burndown(self.bedrock_model_id)
 
     def call_bound_s(self) -> float:
         """The longest a worker's model call can take on AWS: the Bedrock clients' connect and

@@ -162,6 +162,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.POWERTOOLS_LOG_LEVEL: config.observability.log_level,
         env.QUOTA_TPM: str(config.quota_tpm),
         env.GOVERNOR_SHARE: str(config.governor_share),
+        env.MODEL_OUTPUT_BURNDOWN: str(config.model.burndown),
         env.GOVERNOR_MAX_WAIT_SECONDS: str(config.worker.governor_max_wait_seconds),
         env.MAX_ATTEMPTS: str(config.max_attempts),
         env.LEASE_SECONDS: str(config.visibility_timeout_seconds),

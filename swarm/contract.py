@@ -224,6 +224,11 @@ GOVERNOR_SHARE: Final = "GOVERNOR_SHARE"
 GOVERNOR_CAPACITY: Final = "GOVERNOR_CAPACITY"  # tokens; empty = one minute of quota
 
 
+#: quota tokens one output token counts as (cdk.json model.output_burndown, resolved at synth;
+#: the stack always sets it; empty = 1, output counted one to one)
+MODEL_OUTPUT_BURNDOWN: Final = "MODEL_OUTPUT_BURNDOWN"
+
+
 GOVERNOR_MAX_WAIT_SECONDS: Final = "GOVERNOR_MAX_WAIT_SECONDS"  # worker's bounded wait
 
 
@@ -368,7 +373,13 @@ _COMMON: Final = (
 )
 
 
-_GOVERNOR: Final = (QUOTA_TPM, GOVERNOR_SHARE, GOVERNOR_CAPACITY, *LANE_RESERVE_VARS)
+_GOVERNOR: Final = (
+    QUOTA_TPM,
+    GOVERNOR_SHARE,
+    GOVERNOR_CAPACITY,
+    MODEL_OUTPUT_BURNDOWN,
+    *LANE_RESERVE_VARS,
+)
 
 
 _BUNDLES: Final = (BUNDLE_WINDOW_SECONDS, BUNDLE_UNITS, BUNDLE_STRETCH, BUNDLE_MAX_WINDOW_SECONDS)
@@ -471,6 +482,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
 OPTIONAL_VARS: Final = frozenset(
     {
         GOVERNOR_CAPACITY,
+        MODEL_OUTPUT_BURNDOWN,
         BEDROCK_MODEL_ID,
         BEDROCK_READ_TIMEOUT_SECONDS,
         TENANT_LIMITS,

@@ -47,6 +47,7 @@ from swarm.contract import (
     MAX_BUNDLE_UNITS,
     MAX_UNITS_PER_CHILD,
     MODEL_ADAPTER,
+    MODEL_OUTPUT_BURNDOWN,
     OPERATOR_PRINCIPAL_PREFIX,
     OPTIONAL_VARS,
     POWERTOOLS_LOG_LEVEL,
@@ -106,6 +107,9 @@ class GovernorSettings(_Model):
     quota_tpm: int = Field(alias=QUOTA_TPM, ge=1)
     governor_share: float = Field(alias=GOVERNOR_SHARE, gt=0, le=1)
     governor_capacity: int | None = Field(default=None, alias=GOVERNOR_CAPACITY, ge=1)
+    output_burndown: float = Field(
+        default=1.0, alias=MODEL_OUTPUT_BURNDOWN, ge=1, allow_inf_nan=False
+    )
     reserve_high: float = Field(alias=LANE_RESERVE_HIGH, ge=0, lt=1)
     reserve_normal: float = Field(alias=LANE_RESERVE_NORMAL, ge=0, lt=1)
     reserve_low: float = Field(alias=LANE_RESERVE_LOW, ge=0, lt=1)
@@ -119,6 +123,7 @@ class GovernorSettings(_Model):
             share=self.governor_share,
             capacity=capacity,
             reserves=reserves,
+            output_burndown=self.output_burndown,
         )
 
 

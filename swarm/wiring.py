@@ -392,6 +392,7 @@ class Wiring:
             self.lanes(),
             queue_lease_s=self.seconds(QUEUE_LEASE_S),
             places=self.dynamodb_governor(),  # it books places: PlaceBooker
+            output_burndown=self.governor_config().output_burndown,  # places in quota tokens
             hold_s=self.seconds(WorkerTimings.max_hold_s),
             bundling=self.bundling(),
         )

@@ -52,6 +52,7 @@ from swarm.contract import (
     bedrock_call_bound_s,
 )
 from swarm.core import prompts
+from swarm.core.burndown import DEFAULT_OUTPUT_CAP
 from swarm.core.errors import InvalidInput
 from swarm.core.ports import ConverseCall, ModelRequest, ModelResult, ModelThrottled
 
@@ -64,7 +65,7 @@ TRANSIENT_COUNT_CODES = THROTTLE_CODES | {
 }
 
 #: the longest answer the adapter asks for (Converse's ``maxTokens``), whatever the reservation
-MAX_OUTPUT_TOKENS: Final = 4_096
+MAX_OUTPUT_TOKENS: Final = DEFAULT_OUTPUT_CAP  # 4,096; the governor's draws count on it
 #: the slowest generation the default read timeout allows for: Bedrock's larger models write
 #: roughly 30-80 output tokens per second
 SLOWEST_OUTPUT_TOKENS_PER_S: Final = 30

@@ -727,6 +727,13 @@ class GovernorState(BaseModel):
     effective_rate_tps: float
     throttles: int
     last_throttle_at: float | None = Field(description="epoch seconds; null: never throttled")
+    output_burndown: float = Field(
+        default=1.0,
+        description=(
+            "how many quota tokens one output token counts as (Bedrock's token burndown "
+            "rate, cdk.json model.output_burndown): the figures above are quota tokens"
+        ),
+    )
 
 
 class LaneDepthView(BaseModel):

@@ -400,7 +400,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     print(
         f"governor: {g['available_tokens']:,} of {g['capacity_tokens']:,} tokens available, "
         f"rate {g['effective_rate_tps']:,.0f}/{g['governed_rate_tps']:,.0f} tokens/s, "
-        f"{g['throttles']} throttles"
+        f"{g['throttles']} throttles, output burndown x{g.get('output_burndown', 1):g}"
     )
     for lane, d in doc["lanes"].items():
         print(

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from swarm.core import prompts
+from swarm.core.burndown import turn_draw
 from swarm.core.errors import InvalidInput, SwarmError
 
 #: a tool's name and a toolUseId: Converse's pattern and length (1 to 64 characters)
@@ -135,6 +136,9 @@ class AgentSpec:
     #: the largest draw the fleet's governor can grant at once on the unit's lane (None: no
     #: bound): a turn whose draw is larger stops the unit ``limit_tokens`` before it is called
     max_draw: int | None = None
+    #: quota tokens one output token counts as (the governor's GovernorConfig.output_burndown):
+    #: a turn draws ``input estimate + burndown x output bound`` from the governor
+    output_burndown: float = 1.0
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
@@ -146,9 +150,9 @@ class AgentSpec:
 
 
 def first_draw(spec: AgentSpec) -> int:
-    """What the unit's first model turn draws from the governor."""
+    """What the unit's first model turn draws from the governor (quota tokens)."""
     step = next_step([], spec)
-    return step.draw if isinstance(step, CallModel) else spec.projected_tokens
+    return step.quota_draw if isinstance(step, CallModel) else spec.projected_tokens
 
 
 def is_agent_input(value: Any) -> bool:
@@ -346,10 +350,18 @@ class CallModel:
     request: dict[str, Any]
     input_estimate: int
     output_bound: int
+    #: the model's output burndown (AgentSpec.output_burndown)
+    output_burndown: float = 1.0
 
     @property
     def draw(self) -> int:
+        """The turn's draw in billed tokens (what it may bill; a lost turn is settled at it)."""
         return self.input_estimate + self.output_bound
+
+    @property
+    def quota_draw(self) -> int:
+        """The turn's draw from the governor, in quota tokens (its ``draw`` at burndown 1)."""
+        return turn_draw(self.input_estimate, self.output_bound, self.output_burndown)
 
 
 @dataclass(frozen=True)
@@ -776,12 +788,14 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
         )
     left = spec.projected_tokens - spent(log)
     draw = estimate + spec.output_bound
-    if spec.max_draw is not None and draw > spec.max_draw:
+    quota = turn_draw(estimate, spec.output_bound, spec.output_burndown)
+    if spec.max_draw is not None and quota > spec.max_draw:
+        burndown = "" if spec.output_burndown == 1 else f" x burndown {spec.output_burndown:g}"
         return Stop(
             "limit_tokens",
-            f"turn {len(state.turns) + 1} needs {draw:,} tokens (input ~{estimate:,} + output "
-            f"bound {spec.output_bound:,}), more than the fleet's governor grants at once on "
-            f"the unit's lane ({spec.max_draw:,})",
+            f"turn {len(state.turns) + 1} needs {quota:,} tokens (input ~{estimate:,} + output "
+            f"bound {spec.output_bound:,}{burndown}), more than the fleet's governor grants at "
+            f"once on the unit's lane ({spec.max_draw:,})",
             answer,
         )
     if draw > left:
@@ -792,7 +806,9 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
             f"{spec.projected_tokens:,} left",
             answer,
         )
-    return CallModel(len(state.turns) + 1, request, estimate, spec.output_bound)
+    return CallModel(
+        len(state.turns) + 1, request, estimate, spec.output_bound, spec.output_burndown
+    )
 
 
 def idempotency_key(spec: AgentSpec, tool_use_id: str) -> str:

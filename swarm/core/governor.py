@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal, InvalidOperation, localcontext
 from typing import TYPE_CHECKING, Any
 
+from swarm.core.burndown import check_burndown
 from swarm.core.errors import InvalidInput
 from swarm.core.records import Lane
 
@@ -36,6 +37,9 @@ class GovernorConfig:
     min_rate_fraction: float = 0.1  # the effective rate never drops below this x governed rate
     recovery_per_s: float = 0.01  # additive increase: fraction of the governed rate per second
     throttle_cooldown_s: float = 5.0  # throttles closer together than this cut the rate once
+    #: how many quota tokens one output token counts as (Bedrock's token burndown rate): the
+    #: workers draw and true up quota tokens (swarm.core.burndown); the bucket itself is in them
+    output_burndown: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.quota_tpm, int) or self.quota_tpm <= 0:
@@ -61,6 +65,10 @@ class GovernorConfig:
             )
         if self.recovery_per_s <= 0:
             raise InvalidInput("recovery_per_s", f"must be > 0, got {self.recovery_per_s!r}")
+        try:
+            check_burndown(self.output_burndown)
+        except ValueError as e:
+            raise InvalidInput("output_burndown", str(e)) from None
 
     @property
     def rate(self) -> float:

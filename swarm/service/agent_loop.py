@@ -52,6 +52,7 @@ from swarm.core.agent import (
     ToolOutcome,
 )
 from swarm.core.agent_driver import KillPoint
+from swarm.core.burndown import turn_quota
 from swarm.core.errors import Contended, InvalidInput
 from swarm.core.governor import Grant, Ticket, acquire
 from swarm.core.lanes import QueuedUnit
@@ -256,13 +257,13 @@ class AgentLoop:
             return Wait(requeue_delay(0), "the invocation's time left cannot fit a turn: continued")
         ticket = self.ticket
         tag = ticket_tag(self.attempt, step.turn)
-        if ticket is not None and (ticket.tag != tag or ticket.amount != step.draw):
+        if ticket is not None and (ticket.tag != tag or ticket.amount != step.quota_draw):
             ticket = None
         self.ticket = None  # presented once
         hold_s = min(w.config.max_wait_s, w.config.max_hold_s)
         got = acquire(
             w.governor,
-            step.draw,
+            step.quota_draw,  # quota tokens: the output bound at the model's burndown
             self.item.lane,
             w.now,
             w.sleep,
@@ -311,7 +312,7 @@ class AgentLoop:
             # so the turn is settled at its draw, and the next delivery calls again
             log.exception("model turn %d of %s failed", step.turn, item.unit_id)
             lost = agent.SettleTurn(step.turn, step.draw, step.draw, lost=True)
-            w.governor.true_up(grant, step.draw, self._now())
+            w.governor.true_up(grant, step.quota_draw, self._now())  # as reserved
             if self._settle_turn(step.turn, step.draw, [agent.turn_settled(lost, self._now())]):
                 why = f"model call failed ({type(e).__name__}): retried"
                 return self._back(Wait(requeue_delay(w.config.retry_backoff_s), why))
@@ -322,7 +323,10 @@ class AgentLoop:
             else:  # nothing runs before the turn's settlement: written with it, one write less
                 self.pending.append(event)
         finally:  # the governor learns what the model counted, recorded or not
-            w.governor.true_up(grant, agent.billed_of(event["usage"]), self._now())
+            # quota tokens: input, cache writes, the output at the burndown (cache reads are
+            # released at settlement, swarm.core.burndown)
+            quota = turn_quota(event["usage"], step.output_burndown)
+            w.governor.true_up(grant, quota, self._now())
         return None
 
     def _run_tools(self, step: RunTools) -> list[Event]:
@@ -529,7 +533,11 @@ def run_agent(
             loop._append([agent.stopped(failed, now())])
         return loop._finish(Finished(failed.reason, failed.detail, ""))
     config = worker.governor.config  # a turn larger than the lane can be granted stops the unit
-    spec = replace(spec, max_draw=int(config.bucket_capacity - config.reserve(item.lane)))
+    spec = replace(
+        spec,
+        max_draw=int(config.bucket_capacity - config.reserve(item.lane)),
+        output_burndown=config.output_burndown,  # a turn draws quota tokens
+    )
     loop = AgentLoop(worker, item, spec, claim.unit, res.attempt, deadline, ticket=item.ticket)
     try:
         return loop.run()

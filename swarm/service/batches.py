@@ -20,7 +20,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from swarm.api.models import (
@@ -50,6 +50,7 @@ from swarm.core.backpressure import (
     shed_decision,
     tenant_shed,
 )
+from swarm.core.burndown import unit_draw
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
@@ -437,10 +438,15 @@ class Batches:
         # a unit the governor can never grant would retry until its dead letter (an agent
         # unit draws turn by turn: its first turn's draw; a later turn too large for the bucket
         # stops it limit_tokens, swarm.core.agent.AgentSpec.max_draw)
+        # (in quota tokens: the output bound counted at the model's burndown, docs/governor.md)
+        burndown = self.governor.config.output_burndown
         for index, u in enumerate(request.units):
             amount = u.projected_tokens
             if agent.is_agent_input(u.input):
-                amount = agent.first_draw(self._agent_spec(tenant, u, f"units[{index}]"))
+                loop = self._agent_spec(tenant, u, f"units[{index}]")
+                amount = agent.first_draw(replace(loop, output_burndown=burndown))
+            else:  # what its worker draws (its tokens at burndown 1)
+                amount = unit_draw(amount, u.input, burndown)
             try:
                 check_amount(self.governor.config, amount, request.lane)
             except InvalidInput as e:
@@ -679,6 +685,7 @@ class Batches:
                 effective_rate_tps=round(snap.effective_rate, 3),
                 throttles=snap.throttles,
                 last_throttle_at=snap.last_throttle_at,
+                output_burndown=self.governor.config.output_burndown,
             ),
             lanes={lane.value: _depth_view(d) for lane, d in depths.items()},
             in_flight=sum(d.in_flight for d in depths.values()),

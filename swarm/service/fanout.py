@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from swarm.core.agent import is_agent_input
+from swarm.core.burndown import unit_draw
 from swarm.core.errors import InvalidInput
 from swarm.core.lanes import Bundling, QueuedUnit
 from swarm.core.ledger import Admission
@@ -39,6 +40,9 @@ class FanOut:
     #: governor): each is sent with its place and delayed until it is ready, instead of coming
     #: once to be told when. None: sent at once (the workers queue them)
     places: PlaceBooker | None = None
+    #: the model's output burndown: a place is booked for the unit's draw in quota tokens, the
+    #: figure its worker draws (swarm.core.burndown.unit_draw), so the place is honoured
+    output_burndown: float = 1.0
     clock: Callable[[], float] = time.time  # when the places are booked (after the admissions)
     #: a unit whose place is ready within this long is sent at once: the worker holds on for
     #: it (WorkerTimings.max_hold_s); a later one is delayed until just after its place is ready
@@ -118,7 +122,8 @@ class FanOut:
             if places is None:
                 break
             try:
-                amounts = [items[i].tokens for i in indexes]
+                burndown = self.output_burndown
+                amounts = [unit_draw(items[i].tokens, items[i].input, burndown) for i in indexes]
                 draws = places.book_places(amounts, lane, tenant, self.clock())
             except Exception:
                 log.exception("booking %d places for %s on %s failed", len(indexes), tenant, lane)

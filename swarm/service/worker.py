@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from swarm.core.agent import is_agent_input
+from swarm.core.burndown import call_quota, unit_draw, unit_output_bound
 from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
@@ -44,6 +45,7 @@ from swarm.core.ports import (
     Ledger,
     ModelPlane,
     ModelRequest,
+    ModelResult,
     ModelThrottled,
     ResultStore,
     RunningWork,
@@ -173,6 +175,11 @@ class Worker:
     #: fault injection (the local stack): True to kill the worker at this point of a turn
     kill: KillHook | None = None
 
+    def quota_draw(self, item: QueuedUnit) -> int:
+        """What a single-call unit draws from the governor, in quota tokens: its projection,
+        its output bound counted at the model's burndown (exactly its tokens at burndown 1)."""
+        return unit_draw(item.tokens, item.input, self.governor.config.output_burndown)
+
     def begin(self, items: Sequence[QueuedUnit]) -> WorkerInvocation:
         """An invocation of ``items``: the drain switch read once for all of them (the switch
         is cached and read by one thread at a time, see SsmDrainSwitch; a read SSM fails with
@@ -255,7 +262,8 @@ class Worker:
                 draining = self.drain.draining() if invocation is None else invocation.draining
                 if draining is not False:  # the units go back as they came (Worker.process)
                     break
-                draws = booker.book_tickets([out[i].tokens for i in indexes], lane, self.now())
+                amounts = [self.quota_draw(out[i]) for i in indexes]  # as process() draws
+                draws = booker.book_tickets(amounts, lane, self.now())
             except Exception:  # as if never booked: each unit draws on its own
                 log.exception("booking %d units' tokens on %s failed", len(indexes), lane)
                 continue
@@ -315,7 +323,7 @@ class Worker:
         hold_s = min(self.config.max_wait_s, self.config.max_hold_s)
         got = acquire(
             self.governor,
-            item.tokens,
+            self.quota_draw(item),  # quota tokens: the output at the model's burndown
             item.lane,
             self.now,
             self.sleep,
@@ -417,9 +425,10 @@ class Worker:
             # the write that closes a run is settle()'s (settle_claimed never ends a run)
             if not duplicate and settlement.run.state.closed:
                 self._closed(item.run_id)
-        # the governor learns what the model really counted: unused tokens go back, an overrun
-        # is drawn (after the books, so a failed debit cannot cost the settlement)
-        self.governor.true_up(grant, result.tokens, self.now())
+        # the governor learns what the model really counted (quota tokens: the output at the
+        # model's burndown): unused tokens go back, an overrun is drawn (after the books, so a
+        # failed debit cannot cost the settlement)
+        self.governor.true_up(grant, self._quota_used(item, result), self.now())
         outcome: Outcome
         if fate is Fate.RETRY:
             outcome = RetryLater(_delay(self.config.retry_backoff_s), "attempt failed: retry")
@@ -433,6 +442,19 @@ class Worker:
             fate=fate,
             waited_s=got.waited_s,
             lost_attempt_tokens=lost_tokens,
+        )
+
+    def _quota_used(self, item: QueuedUnit, result: ModelResult) -> int:
+        """The quota tokens ``result`` counted (its billed tokens at burndown 1)."""
+        burndown = self.governor.config.output_burndown
+        if burndown == 1:
+            return result.tokens
+        return call_quota(
+            result.tokens,
+            result.input_tokens,
+            result.output_tokens,
+            unit_output_bound(item.tokens, item.input),
+            burndown,
         )
 
     def _closed(self, run_id: str) -> None:

@@ -440,11 +440,12 @@ def test_fleet_shows_the_governor_the_lanes_and_the_drain_switch(here: Path) -> 
     governor = doc["governor"]
     assert 0 <= governor["available_tokens"] <= governor["capacity_tokens"]
     assert governor["governed_rate_tps"] > 0
+    assert governor["output_burndown"] == 1.0  # the shipped model's: output counted once
 
     lines = ok(swarm(here, "fleet", "--tenant", "cli-fleet"))
     assert re.match(
         r"^governor: [\d,]+ of [\d,]+ tokens available, rate [\d,]+/[\d,]+ tokens/s, "
-        r"\d+ throttles$",
+        r"\d+ throttles, output burndown x[\d.]+$",
         lines[0],
     ), lines[0]
     assert [line.split()[0] for line in lines[1:4]] == ["high", "normal", "low"]

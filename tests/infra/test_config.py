@@ -945,3 +945,65 @@ def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> 
     config = load_config(cdk_json_context())
     units_per_s = config.quota_tpm * config.governor_share / 60 / 12_000
     assert MAX_MANIFEST_UNITS / units_per_s < 14 * 86_400 / 4
+
+
+# -- model.output_burndown: quota tokens per output token (docs/governor.md, "Output burndown") --
+
+
+def _model(**model: Any) -> dict[str, Any]:
+    return {**cdk_json_context()["model"], **model}
+
+
+@pytest.mark.parametrize(
+    ("model", "burndown"),
+    [
+        ({}, 1.0),  # the shipped model, Claude 3.5 Haiku: output counted once
+        ({"bedrock_model_id": "us.anthropic.claude-sonnet-4-20250514-v1:0"}, 5.0),
+        ({"bedrock_model_id": "anthropic.claude-opus-4-1-20250805-v1:0"}, 5.0),
+        ({"bedrock_model_id": "amazon.nova-pro-v1:0"}, 1.0),
+        # given: it wins over the documented value, either way
+        ({"bedrock_model_id": "amazon.nova-pro-v1:0", "output_burndown": 2.5}, 2.5),
+        (
+            {"bedrock_model_id": "anthropic.claude-sonnet-4-20250514-v1:0", "output_burndown": 1},
+            1.0,
+        ),
+        ({"output_burndown": None}, 1.0),
+    ],
+)
+def test_the_output_burndown_defaults_to_what_bedrock_documents_for_the_model(
+    model: dict[str, Any], burndown: float
+) -> None:
+    config = load_config(_context(model=_model(**model)))
+    assert config.model.burndown == burndown
+    # and it reaches every function that draws from or reads the governor
+    from infra.stack import _static_environment
+
+    assert _static_environment(config, "worker")["MODEL_OUTPUT_BURNDOWN"] == str(burndown)
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [
+        (0.5, "greater than or equal to 1"),
+        (0, "greater than or equal to 1"),
+        (500, "less than or equal to 100"),
+        ("five", "valid number"),
+    ],
+)
+def test_a_bad_output_burndown_is_refused_naming_the_key(value: Any, allowed: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(model=_model(output_burndown=value)))
+    assert "model.output_burndown" in str(error.value) and allowed in str(error.value)
+
+
+def test_every_function_of_the_governor_gets_the_output_burndown(prod_synth: Synthesized) -> None:
+    worker = prod_synth.logical_id(prod_synth.stack.workers.worker.function)
+    governed = {
+        name: resource["Properties"]["Environment"]["Variables"]
+        for name, resource in prod_synth.resources.items()
+        if resource["Type"] == "AWS::Lambda::Function"
+        and "QUOTA_TPM" in resource["Properties"].get("Environment", {}).get("Variables", {})
+    }
+    assert worker in governed and len(governed) > 1  # the worker, the API, ...
+    for variables in governed.values():
+        assert variables["MODEL_OUTPUT_BURNDOWN"] == "1.0"  # Claude 3.5 Haiku

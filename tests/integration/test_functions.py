@@ -25,6 +25,7 @@ from swarm.contract import (
     GOVERNOR_SHARE,
     GOVERNOR_TABLE_NAME,
     LEASE_SECONDS,
+    MODEL_OUTPUT_BURNDOWN,
     QUOTA_TPM,
     worker_mapping_var,
 )
@@ -542,6 +543,9 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     env = plane.env("api")
     rate = int(env[QUOTA_TPM]) / 60 * float(env[GOVERNOR_SHARE])
     assert fleet["governor"]["governed_rate_tps"] == pytest.approx(rate)
+    # beside the governor's figures, how many quota tokens an output token counts as: the
+    # deployed model's (cdk.json model.output_burndown, set on the API's function)
+    assert fleet["governor"]["output_burndown"] == float(env[MODEL_OUTPUT_BURNDOWN]) == 1.0
     # a poison message that SQS moved to the DLQ ends each of its units as dead-lettered
     sqs = plane.client("sqs")
     [m] = plane.receive(Lane.NORMAL, max_messages=1)

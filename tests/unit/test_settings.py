@@ -166,3 +166,14 @@ def test_the_wiring_names_what_a_function_was_not_given() -> None:
     with pytest.raises(SettingsError, match=r"the worker function has no .*SHED_DEPTH_HIGH"):
         _wiring("worker").batches()
     assert _wiring("api").settings_as(ApiSettings).tenant_principal_prefix
+
+
+def test_the_output_burndown_reaches_the_governors_config_and_a_bad_one_is_named() -> None:
+    worker = WorkerSettings.from_env(environment("worker"))
+    assert worker.governor_config().output_burndown == 1.0  # empty: output counted once
+    five = environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "5.0"}
+    assert WorkerSettings.from_env(five).governor_config().output_burndown == 5.0
+    api = ApiSettings.from_env(environment("api") | {env.MODEL_OUTPUT_BURNDOWN: "5"})
+    assert api.governor_config().output_burndown == 5.0  # GET /fleet shows it
+    with pytest.raises(SettingsError, match=r"MODEL_OUTPUT_BURNDOWN='0\.5'"):
+        Settings.from_env(environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "0.5"})
