@@ -72,6 +72,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.QUOTA_TPM: "300000",
             env.GOVERNOR_SHARE: "0.95",
             env.GOVERNOR_CAPACITY: "",
+            env.MODEL_OUTPUT_BURNDOWN: "",  # the model's documented rate (1 here)
             env.MAX_ATTEMPTS: "3",
             env.DEFAULT_BUDGET_TOKENS: "1000",
             env.MAX_BUDGET_TOKENS: "1000000",
