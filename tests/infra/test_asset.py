@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,15 @@ print(json.dumps({"declared": len(source_declarations("bfcl")), "entries": len(e
 """
 
 
+def _run_alone(script: str, built: Path, *args: str) -> Any:
+    """``script``'s JSON output, run by a fresh interpreter with only the asset at ``built``
+    (and the standard library) on its path."""
+    command = [sys.executable, "-I", "-S", "-c", script, str(built), *args]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def _write(root: Path, relative: str, text: str) -> None:
     path = root / relative
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,16 +77,7 @@ def test_every_handler_imports_from_the_built_asset_alone(tmp_path: Path) -> Non
     handlers = asset.handler_modules()
     assert "functions.worker" in handlers and "functions.api" in handlers
     # When a fresh interpreter with only the asset (and the standard library) imports them all
-    command = [sys.executable, "-I", "-S", "-c", IMPORT_EVERY_HANDLER, str(tmp_path)]
-    result = subprocess.run(
-        [*command, json.dumps(handlers)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = _run_alone(IMPORT_EVERY_HANDLER, tmp_path, json.dumps(handlers))
     # Then each imports (a module left out of the asset would be a ModuleNotFoundError here and
     # on every cold start on AWS), from the asset's own files
     assert report["failed"] == {}
@@ -90,15 +91,7 @@ def test_every_handler_imports_from_the_built_asset_alone(tmp_path: Path) -> Non
     assert not (tmp_path / "functions" / "requirements.txt").exists()
     # and the BFCL toolset runs from it: its declarations, its 200 entries, its 8 backend
     # classes, from bfcl-eval's part the asset keeps (not its model handlers or other data)
-    bfcl = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", RUN_BFCL_FROM_THE_ASSET, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert bfcl.returncode == 0, bfcl.stderr
-    ran = json.loads(bfcl.stdout)
+    ran = _run_alone(RUN_BFCL_FROM_THE_ASSET, tmp_path)
     assert ran["declared"] == 128 and ran["entries"] == 200 and len(ran["classes"]) == 8
     assert all(module.startswith("bfcl_eval.") for module in ran["classes"].values())
     assert not (tmp_path / "bfcl_eval" / "model_handler").exists()
