@@ -7,16 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from swarm.core.tool_declarations import SourceError, module_path
+from swarm.core.tool_declarations import Reader, SourceError, module_path
 from swarm.core.tool_declarations import declared_tools as _declared
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL_SOURCES_DIR = ROOT / "functions" / "tools"
 
 __all__ = ["SourceError", "declared_tools"]
 
 
-def _reader(root: Path) -> Any:
+def _reader(root: Path) -> Reader:
     def read(relative: str) -> str | None:
         path = root / relative
         return path.read_text(encoding="utf-8") if path.is_file() else None

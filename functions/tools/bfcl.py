@@ -37,8 +37,9 @@ def tools() -> BfclTools:
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     try:
         call = parse_event(event, tool_source_declarations(SOURCE))
-    except ToolEventError as problem:
-        logger.info("tool input refused", tool=str(event.get("tool")), kind="ToolEventError")
+    except ToolEventError as problem:  # its kind, not its text (the model's input: not logged)
+        tool = event.get("tool") if isinstance(event, dict) else None
+        logger.info("tool input refused", tool=str(tool), kind="ToolEventError")
         return error(str(problem))
     tool_use_id = call.idempotency_key.rsplit("/", 1)[-1]
     request = ToolCall(0, tool_use_id, call.tool, call.input, call.idempotency_key)

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
+from swarm.adapters.tool_journals import DynamoDBJournals
 from swarm.adapters.tool_objects import MAX_OBJECT_BYTES
 from swarm.adapters.tools import LambdaToolExecutor, RegisteredTool, ToolGrants, ToolRegistry
-from swarm.contract import NOTES_TABLE_NAME
+from swarm.contract import NOTES_TABLE_NAME, TOOL_JOURNALS_TABLE_NAME
 from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from tests.integration.plane import ControlPlane
 
@@ -292,3 +293,46 @@ def test_a_tool_not_registered_or_not_granted_is_an_error_without_invoking() -> 
     unknown = ToolCall(1, "t2", "rm", {}, "b/u/t2")
     assert executor(unknown, "acme", "b", "u").status == "error"
     assert client.calls == []
+
+
+def _journal(plane: ControlPlane, batch: str, unit: str) -> list[dict[str, Any]]:
+    table = plane.env("bfcl")[TOOL_JOURNALS_TABLE_NAME]
+    return DynamoDBJournals(table, plane.client("dynamodb")).read(f"{batch}/{unit}")
+
+
+def test_a_bfcl_call_runs_once_per_key_on_its_units_own_backends(plane: ControlPlane) -> None:
+    # Given BFCL's first entry's unit (its file system starts with a document/ folder), and
+    # eight callers sending the same call (same key) at once
+    unit, batch = "multi-turn-base-0", "b-bfcl"
+
+    def event(tool: str, value: dict[str, Any], key: str) -> dict[str, Any]:
+        return {**_event(tool, value, key=f"{batch}/{unit}/{key}"), "batch": batch, "unit": unit}
+
+    start = threading.Barrier(8)
+    answers: list[dict[str, Any]] = [{}] * 8
+
+    def call(i: int) -> None:
+        start.wait()
+        answers[i] = plane.invoke("bfcl", event("mkdir", {"dir_name": "temp"}, "c0-0"))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then it ran once: one outcome eight times, one journal entry
+    assert len({json.dumps(a, sort_keys=True) for a in answers}) == 1, answers
+    assert answers[0]["status"] == "success"
+    assert [e["key"] for e in _journal(plane, batch, unit)] == [f"{batch}/{unit}/c0-0"]
+    # and the next call sees its effect (a second mkdir of the same folder: BFCL's own answer)
+    again = plane.invoke("bfcl", event("mkdir", {"dir_name": "temp"}, "c0-1"))
+    assert "File exists" in again["content"]["error"], again
+    assert len(_journal(plane, batch, unit)) == 2
+    # and another batch's unit of the same entry has backends of its own
+    other = {**event("mkdir", {"dir_name": "temp"}, "c0-0"), "batch": "b-other"}
+    other["idempotency_key"] = f"b-other/{unit}/c0-0"
+    assert plane.invoke("bfcl", other)["status"] == "success"
+    # But a unit that is no BFCL entry's, or a tool BFCL does not serve, is an error result
+    stranger = {**event("mkdir", {"dir_name": "x"}, "c9"), "idempotency_key": "b/u-1/c9"}
+    assert "is not a BFCL multi_turn_base entry" in plane.invoke("bfcl", stranger)["content"]
+    assert "is not served here" in plane.invoke("bfcl", event("shell", {}, "c8"))["content"]
