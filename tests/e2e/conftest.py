@@ -219,6 +219,14 @@ def fresh_key(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:12]}"
 
 
+def fresh_batch(stack: Stack, tenant_prefix: str, name: str) -> tuple[str, Client, str, str]:
+    """A tenant of the scenario's own (``<tenant_prefix>-<random>``), its client, a fresh
+    Idempotency-Key and the batch id a submission with it will get."""
+    tenant = f"{tenant_prefix}-{fresh_key('t')[-8:]}"
+    key = fresh_key(name)
+    return tenant, stack.client(tenant), key, batch_id(tenant, key)
+
+
 def batch_id(tenant: str, key: str) -> str:
     """The id a submission with this Idempotency-Key gets: known before submitting, so a
     fault can be armed for the batch first."""

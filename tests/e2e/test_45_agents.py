@@ -17,7 +17,7 @@ from swarm.core.agent_driver import KillPoint
 from swarm.core.codec import message_body
 from swarm.core.lanes import QueuedUnit
 from swarm.core.records import Lane
-from tests.e2e.conftest import Stack, batch_id, fresh_key, wait_for
+from tests.e2e.conftest import Stack, fresh_batch, wait_for
 
 POINTS = (
     KillPoint.BEFORE_MODEL_CALL,
@@ -91,10 +91,7 @@ def _books_exact(client: Any, bid: str, transcripts: dict[str, Any]) -> None:
 def test_bfcl_units_killed_at_every_point_of_a_turn_end_in_their_ground_truth_state(
     stack: Stack,
 ) -> None:
-    tenant = f"bfcl-{fresh_key('t')[-8:]}"
-    client = stack.client(tenant)
-    key = fresh_key("bfcl-kills")
-    bid = batch_id(tenant, key)
+    tenant, client, key, bid = fresh_batch(stack, "bfcl", "bfcl-kills")
     units = bfcl_units_killed_once(BFCL_UNITS)
     assert set(killed_at(u["unit_id"]) for u in units) == set(POINTS)
     # Given every unit's worker dies once, at one of the four points of a turn, on the BFCL
@@ -130,10 +127,7 @@ def test_bfcl_units_killed_at_every_point_of_a_turn_end_in_their_ground_truth_st
 def test_agent_loops_killed_at_every_point_of_a_turn_and_delivered_twice_stay_exact(
     stack: Stack,
 ) -> None:
-    tenant = f"agents-{fresh_key('t')[-8:]}"
-    client = stack.client(tenant)
-    key = fresh_key("agents-kills")
-    bid = batch_id(tenant, key)
+    tenant, client, key, bid = fresh_batch(stack, "agents", "agents-kills")
     units = generated_agent_units(UNITS, seed=33, turns=(TURNS, TURNS), tools=TOOLS)
     # the units' ids put a kill at each of the four points (the hook's choice is their hash)
     assert set(killed_at(u["unit_id"]) for u in units) == set(POINTS)

@@ -19,7 +19,7 @@ from typing import Any
 
 from swarm.cli.ops import generated_agent_units
 from swarm.client import ApiError, Client
-from tests.e2e.conftest import Stack, batch_id, fresh_key, wait_for
+from tests.e2e.conftest import Stack, fresh_batch, wait_for
 
 UNITS, TURNS, ADMITTED = 8, 6, 3
 TOOLS = ("calculator", "notes_write", "notes_read")
@@ -30,10 +30,7 @@ RUN_S = 300.0
 def test_an_exhausted_agent_batch_pauses_its_loops_and_a_top_up_continues_them_from_their_logs(
     stack: Stack,
 ) -> None:
-    tenant = f"agents-b-{fresh_key('t')[-8:]}"
-    client = stack.client(tenant)
-    key = fresh_key("agents-budget")
-    bid = batch_id(tenant, key)
+    _, client, key, bid = fresh_batch(stack, "agents-b", "agents-budget")
     units = generated_agent_units(UNITS, seed=46, turns=(TURNS, TURNS), tools=TOOLS)
     [cap] = {u["projected_tokens"] for u in units}
     # Given a budget for three loops' caps (admission reserves a loop's whole cap), and the

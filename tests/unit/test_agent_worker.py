@@ -279,14 +279,20 @@ def test_an_exhausted_batch_pauses_its_loops_and_a_top_up_continues_them_from_th
     assert calls_after == sum(8 - n for n in answered_before.values())
 
 
+def small_governor(ap: AgentPlane, initial_fill: float) -> None:
+    """The plane's governor (the worker's too) replaced by one of 20,000 tokens a minute."""
+    p = ap.plane
+    small = InMemoryGovernor(GovernorConfig(20_000, 0.95, initial_fill=initial_fill), p.clock.now())
+    p.governor = small
+    p.worker = replace(p.worker, governor=small)
+
+
 def test_a_loop_waiting_in_its_lane_when_its_batch_exhausts_pauses_there_uncalled() -> None:
     # Given loops whose next turns wait for tokens in their lane (a small governor: the first
     # turns fit its fill, the second ones do not), of a batch whose budget pays for three caps
     ap = AgentPlane()
     p = ap.plane
-    small = InMemoryGovernor(GovernorConfig(20_000, 0.95, initial_fill=0.15), now=p.clock.now())
-    p.governor = small
-    p.worker = replace(p.worker, governor=small)
+    small_governor(ap, initial_fill=0.15)
     p.batches.config = replace(p.batches.config, units_per_child=1)  # a chunk a unit
     units = agent_units(4, turns=6, cap=40_000)
     request = SubmitRequest(Lane.NORMAL, 3 * 40_000 + 10_000, 3, units)
@@ -323,9 +329,7 @@ def test_turns_whose_tokens_are_not_there_wait_in_their_lane_holding_no_worker()
     # beyond the worker's one-second hold)
     ap = AgentPlane()
     p = ap.plane
-    small = InMemoryGovernor(GovernorConfig(20_000, 0.95, initial_fill=0.0), now=p.clock.now())
-    p.governor = small
-    p.worker = replace(p.worker, governor=small)
+    small_governor(ap, initial_fill=0.0)
     run_id = ap.submit(agent_units(6, turns=6))
     # When the lanes run
     outcomes = ap.pump()
