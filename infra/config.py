@@ -1347,7 +1347,8 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
             head, colon, rest = message.partition(": ")
-            if key == "(context)" and colon and head.startswith(("tools", "tenants.", "quota_tpm", "model")):
+            across = ("tools", "tenants.", "quota_tpm", "model")
+            if key == "(context)" and colon and head.startswith(across):
                 key, message = head, rest  # a check across keys that names the key at fault
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")

@@ -51,6 +51,12 @@ BYTES_PER_INPUT_TOKEN: Final = 4
 ANSWER_QUOTES_CHARS: Final = 60
 
 
+def answered_by(model_id: str | None) -> str:
+    """The ``model_id`` a simulated answer reports: ``simulated``, and the model the request
+    named (``simulated:<Bedrock id>``), so that results never pass for Bedrock's."""
+    return MODEL_ID if model_id is None else f"{MODEL_ID}:{model_id}"
+
+
 def attempt_fails(seed: int, unit_id: str, attempt: int, failure_rate: float) -> bool:
     """Whether the simulated model fails this attempt: a function of its arguments alone."""
     return random.Random(f"{seed}:{unit_id}:{attempt}").random() < failure_rate
@@ -290,7 +296,7 @@ class SimulatedModelPlane:
         except (InvalidInput, prompts.InputExceedsReservation) as e:  # Bedrock's adapter: the same
             kind = type(e).__name__
             return ModelResult(
-                succeeded=False, tokens=0, error=f"{kind}: {e}", model_id=r.model_id or MODEL_ID
+                succeeded=False, tokens=0, error=f"{kind}: {e}", model_id=answered_by(r.model_id)
             )
         cap = None if limit is None else input_tokens + limit
         tokens = billed_tokens(
@@ -334,5 +340,5 @@ class SimulatedModelPlane:
             stop_reason=stop,
             input_tokens=input_tokens,
             output_tokens=tokens - input_tokens,
-            model_id=r.model_id or MODEL_ID,
+            model_id=answered_by(r.model_id),
         )
