@@ -9,6 +9,7 @@ service answers, built through these models so the document cannot drift from th
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
 
@@ -267,7 +268,7 @@ class ConverseInput(BaseModel):
     inferenceConfig: InferenceConfig | None = None
     model: str | SkipJsonSchema[None] = Field(
         default=None,
-        pattern=prompts.MODEL_NAME_PATTERN,
+        json_schema_extra={"pattern": prompts.MODEL_NAME_PATTERN},
         description=(
             "the model that answers: a name of the deployment's model registry (cdk.json "
             "models.catalog, GET /fleet lists them) that the batch's tenant may use; absent: "
@@ -303,6 +304,16 @@ class ConverseInput(BaseModel):
             description="later user messages, each sent once the model has answered the one before",
         )
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(prompts.MODEL_NAME_PATTERN, value):
+            raise ValueError(
+                "must be a model's name in the deployment's registry (lowercase letters, digits "
+                "and -, starting with a letter): GET /fleet lists them"
+            )
+        return value
 
     @field_validator("messages")
     @classmethod

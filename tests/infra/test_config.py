@@ -1027,3 +1027,83 @@ def test_every_function_of_the_governor_gets_every_models_quota(prod_synth: Synt
         assert (haiku["tpm"], haiku["share"], haiku["burndown"]) == (300_000, 0.95, 1.0)
         # Claude Sonnet 4: Bedrock's documented burndown, the default share
         assert (sonnet["tpm"], sonnet["share"], sonnet["burndown"]) == (200_000, 0.95, 5.0)
+
+
+# -- models: the registry of the models units may name (docs/governor.md, "Models") ----------
+
+
+def _models(**catalog: Any) -> dict[str, Any]:
+    shipped = cdk_json_context()["models"]
+    return {**shipped, "catalog": {**shipped["catalog"], **catalog}}
+
+
+def test_the_shipped_registry_has_a_default_and_each_models_own_quota() -> None:
+    config = load_config(cdk_json_context())
+    assert config.registry.default == "haiku" and set(config.registry.catalog) == {
+        "haiku",
+        "sonnet",
+    }
+    haiku, sonnet = config.governor_config("haiku"), config.governor_config("sonnet")
+    assert (haiku.quota_tpm, haiku.output_burndown) == (300_000, 1.0)
+    # Claude Sonnet 4, a cross-region inference profile: Bedrock's documented burndown of 5
+    assert (sonnet.quota_tpm, sonnet.output_burndown) == (200_000, 5.0)
+    assert haiku.share == sonnet.share == config.governor_share  # the top-level share
+
+
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        (
+            {"models": {**cdk_json_context()["models"], "default": "opus"}},
+            "'models': default: 'opus' is not in catalog (models: haiku, sonnet)",
+        ),
+        ({"models": _models(Opus={"model_id": "a.b", "tpm": 1})}, "'Opus' is not a model name"),
+        (
+            {
+                "models": _models(
+                    twin={"model_id": "anthropic.claude-3-5-haiku-20241022-v1:0", "tpm": 1_000}
+                )
+            },
+            "catalog.twin.model_id: 'anthropic.claude-3-5-haiku-20241022-v1:0' is model 'haiku'",
+        ),
+        ({"models": _models(small={"model_id": "a.b"})}, "models.catalog.small.tpm"),
+        (
+            {"models": _models(small={"model_id": "a.b", "tpm": 10, "output_burndown": 0.5})},
+            "models.catalog.small.output_burndown",
+        ),
+        (
+            {"quota_tpm": 300_000, "models": cdk_json_context()["models"]},
+            "'quota_tpm': with models",
+        ),
+        ({"models": None}, "quota_tpm is required without models"),
+    ],
+)
+def test_a_bad_registry_is_refused_naming_the_key(context: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config({**cdk_json_context(), **context})
+    assert says in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("models", "says"),
+    [
+        (["haiku", "opus"], "'tenants.defaults.models[1]': 'opus' is not a model of the registry"),
+        (["sonnet"], "'tenants.defaults.models': must include the default model 'haiku'"),
+        (["haiku", "haiku"], "'tenants.defaults.models': lists a model twice"),
+    ],
+)
+def test_a_tenants_models_must_be_registered_and_include_the_default(
+    models: list[str], says: str
+) -> None:
+    tenants = cdk_json_context()["tenants"]
+    context = {
+        **cdk_json_context(),
+        "tenants": {**tenants, "defaults": {**tenants["defaults"], "models": models}},
+    }
+    with pytest.raises(ConfigError) as error:
+        load_config(context)
+    assert says in str(error.value), str(error.value)
+    # and a tenant held to the default model reaches the API's limits
+    context["tenants"]["defaults"]["models"] = ["haiku"]
+    limits = json.loads(load_config(context).tenants.env_value())
+    assert limits["defaults"]["models"] == ["haiku"]
