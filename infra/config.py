@@ -287,6 +287,9 @@ class TenantLimitsConfig(_Strict):
     max_budget_per_batch: int | None = Field(default=None, ge=1)
     # the tools of the registry (``tools``) its units may use
     tools: tuple[str, ...] = ()
+    # the models of the registry (``models.catalog``) its units may name (the default among
+    # them); null/absent: every registered model
+    models: tuple[str, ...] | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> TenantLimitsConfig:
@@ -306,7 +309,7 @@ class TenantLimitsConfig(_Strict):
             "max_queued_units": self.max_queued_units,
             "guaranteed_units": self.guaranteed_units,
             "max_budget_per_batch": self.max_budget_per_batch,
-        }
+        } | ({} if self.models is None else {"models": list(self.models)})
 
 
 class TenantOverrideConfig(_Strict):
@@ -318,6 +321,7 @@ class TenantOverrideConfig(_Strict):
     guaranteed_units: int | None = Field(default=None, ge=0)
     max_budget_per_batch: int | None = Field(default=None, ge=1)
     tools: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None
 
 
 class TenantsConfig(_Strict):
@@ -533,7 +537,8 @@ class BedrockConfig(_Strict):
 
 class ModelConfig(_Strict):
     adapter: Literal["simulated", "bedrock"]
-    bedrock_model_id: str = Field(pattern=r"^[a-z0-9.:-]+$")
+    # the one model of a configuration without ``models`` (with it: models.catalog.<name>)
+    bedrock_model_id: str | None = Field(default=None, pattern=r"^[a-z0-9.:-]+$")
     bedrock: BedrockConfig = BedrockConfig()
     simulated: SimulatedModelConfig
     # How many tokens of the model's tokens-per-minute quota one output token counts as
@@ -542,13 +547,6 @@ class ModelConfig(_Strict):
     # The governor draws and trues up in these quota tokens; budgets stay in billed tokens.
     output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
 
-    @property
-    def burndown(self) -> float:
-        """The output burndown the governor counts: the given one, or the documented one."""
-        if self.output_burndown is not None:
-            return float(self.output_burndown)
-        return documented_burndown(self.bedrock_model_id)
-
     def call_bound_s(self) -> float:
         """The longest a worker's model call can take on AWS: the Bedrock clients' connect and
         read timeouts, CountTokens' and Converse's (no SDK retries); the simulated model answers
@@ -556,6 +554,70 @@ class ModelConfig(_Strict):
         if self.adapter == "bedrock":
             return bedrock_call_bound_s(self.bedrock.read_timeout_seconds)
         return 0.0
+
+
+#: a model's name in the registry (``models.catalog``): what units and tenants name it by
+MODEL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+#: the most models one deployment registers: their quotas travel in the worker's, the fan-out's
+#: and the API's environments (Lambda allows 4 KB for all of a function's variables)
+MAX_MODELS = 8
+#: the name of the one model a configuration without ``models`` describes (``quota_tpm``,
+#: ``governor_share``, ``model.bedrock_model_id``, ``model.output_burndown``)
+LEGACY_MODEL_NAME = "default"
+
+
+class CatalogModelConfig(_Strict):
+    """``models.catalog.<name>``: a model the fleet may call, with the quota Bedrock gives it in
+    this account and region (Service Quotas: "On-demand model inference tokens per minute" and
+    "requests per minute" for the model id, or for the cross-region inference profile)."""
+
+    model_id: str = Field(pattern=r"^[a-z0-9.:-]+$")
+    tpm: int = Field(ge=1, le=1_000_000_000)
+    # requests per minute; null: not governed (tokens only)
+    rpm: int | None = Field(default=None, ge=1, le=10_000_000)
+    # quota tokens one output token counts as; null: what Bedrock documents for the model id's
+    # family (swarm.core.burndown)
+    output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
+    # the share of the quota the fleet takes; null: the top-level governor_share
+    governor_share: float | None = Field(default=None, gt=0, le=1)
+
+    @property
+    def burndown(self) -> float:
+        if self.output_burndown is not None:
+            return float(self.output_burndown)
+        return documented_burndown(self.model_id)
+
+
+class ModelsConfig(_Strict):
+    """``models``: the registry of the models units may name (``input.model``), and the one a
+    unit without a name takes."""
+
+    default: str
+    catalog: dict[str, CatalogModelConfig] = Field(min_length=1, max_length=MAX_MODELS)
+
+    @model_validator(mode="after")
+    def _named(self) -> ModelsConfig:
+        for name in self.catalog:
+            if not MODEL_NAME.match(name):
+                raise ValueError(
+                    f"catalog.{name}: {name!r} is not a model name (lowercase letters, digits "
+                    "and -, starting with a letter, at most 32)"
+                )
+        if self.default not in self.catalog:
+            raise ValueError(
+                f"default: {self.default!r} is not in catalog (models: "
+                f"{', '.join(sorted(self.catalog))})"
+            )
+        seen: dict[str, str] = {}
+        for name, entry in sorted(self.catalog.items()):
+            other = seen.setdefault(entry.model_id, name)
+            if other != name:
+                raise ValueError(
+                    f"catalog.{name}.model_id: {entry.model_id!r} is model {other!r}'s too: "
+                    "Bedrock's quota is per model id, so one bucket must govern it (register it "
+                    "once)"
+                )
+        return self
 
 
 class ObservabilityConfig(_Strict):
@@ -588,7 +650,9 @@ class SwarmConfig(_Strict):
     # is the usual one; new accounts often have 10. Synth checks the worker's concurrency fits.
     account_concurrency_limit: int = Field(default=1000, ge=1)
     production_stages: tuple[str, ...]
-    quota_tpm: int = Field(ge=1, le=1_000_000_000)
+    # the one model's quota of a configuration without ``models`` (with it: each model's tpm)
+    quota_tpm: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    # the share of each model's quota the fleet takes (a model's own governor_share overrides)
     governor_share: float = Field(gt=0, le=1)
     governor_capacity_tokens: int | None = Field(default=None, ge=1)
     lane_reserves: LaneReserves
@@ -603,6 +667,9 @@ class SwarmConfig(_Strict):
     uploads: UploadsConfig = UploadsConfig()
     tenants: TenantsConfig
     model: ModelConfig
+    # the models units may name, each with its own quota (docs/governor.md, "Models"); absent:
+    # one model, from quota_tpm and model.bedrock_model_id (and model.output_burndown)
+    models: ModelsConfig | None = None
     observability: ObservabilityConfig
     # the tool registry: name -> ToolConfig (docs/agents.md, "Tools"); tenants get tools by name
     # (tenants.defaults.tools, tenants.overrides.<tenant>.tools)
@@ -625,6 +692,7 @@ class SwarmConfig(_Strict):
                 f"max_receive_count={self.max_receive_count} must be >= max_attempts="
                 f"{self.max_attempts}: a governor wait returns a message without an attempt"
             )
+        self._one_registry()
         self._concurrency_given_or_derived()
         self._concurrency_fits_the_account()
         self._tools_resolved()
@@ -637,27 +705,117 @@ class SwarmConfig(_Strict):
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
         self._bundles_keep_their_tickets()
         self._tenants_fit_the_deployment()
+        self._models_granted()
         return self
+
+    def _one_registry(self) -> None:
+        """Either ``models``, or the one model of ``quota_tpm`` and ``model.bedrock_model_id``:
+        never both, so that no quota is given twice."""
+        legacy = {
+            "quota_tpm": self.quota_tpm,
+            "model.bedrock_model_id": self.model.bedrock_model_id,
+            "model.output_burndown": self.model.output_burndown,
+        }
+        if self.models is not None:
+            given = [key for key, value in legacy.items() if value is not None]
+            if given:
+                raise ValueError(
+                    f"{given[0]}: with models, each model gives its own (models.catalog.<name>:"
+                    " model_id, tpm, output_burndown); leave it out"
+                )
+            return
+        for key in ("quota_tpm", "model.bedrock_model_id"):
+            if legacy[key] is None:
+                raise ValueError(
+                    f"{key} is required without models (or give models: a default and a "
+                    "catalog of models, each with its model_id and tpm)"
+                )
+
+    @property
+    def registry(self) -> ModelsConfig:
+        """The models units may name: ``models``, or the one model the legacy keys give."""
+        if self.models is not None:
+            return self.models
+        assert self.quota_tpm is not None and self.model.bedrock_model_id is not None
+        one = CatalogModelConfig(
+            model_id=self.model.bedrock_model_id,
+            tpm=self.quota_tpm,
+            output_burndown=self.model.output_burndown,
+        )
+        return ModelsConfig(default=LEGACY_MODEL_NAME, catalog={LEGACY_MODEL_NAME: one})
+
+    def governor_config(self, name: str) -> GovernorConfig:
+        """Model ``name``'s governor (its quota tokens' bucket), as the workers run it."""
+        entry = self.registry.catalog[name]
+        share = self.governor_share if entry.governor_share is None else entry.governor_share
+        return GovernorConfig(
+            entry.tpm,
+            share,
+            capacity=self.governor_capacity_tokens,
+            output_burndown=entry.burndown,
+        )
+
+    def models_value(self) -> str:
+        """:data:`swarm.contract.MODELS`: the registry as the functions read it, compact JSON."""
+        registry = self.registry
+        catalog = {}
+        for name, entry in sorted(registry.catalog.items()):
+            governor = self.governor_config(name)
+            catalog[name] = {
+                "model_id": entry.model_id,
+                "tpm": entry.tpm,
+                "rpm": entry.rpm,
+                "share": governor.share,
+                "burndown": governor.output_burndown,
+            }
+        doc = {"default": registry.default, "catalog": catalog}
+        return json.dumps(doc, separators=(",", ":"))
+
+    def _models_granted(self) -> None:
+        """Every tenant's models are registered, listed once, and include the default (a unit
+        that names no model takes it)."""
+        registry = self.registry
+        granted = [("tenants.defaults.models", self.tenants.defaults.models)]
+        granted += [
+            (f"tenants.overrides.{name}.models", override.models)
+            for name, override in sorted(self.tenants.overrides.items())
+        ]
+        for key, names in granted:
+            if names is None:
+                continue
+            for i, name in enumerate(names):
+                if name not in registry.catalog:
+                    known = ", ".join(sorted(registry.catalog))
+                    raise ValueError(
+                        f"{key}[{i}]: {name!r} is not a model of the registry (models: {known})"
+                    )
+            if len(set(names)) != len(names):
+                raise ValueError(f"{key}: lists a model twice ({list(names)})")
+            if registry.default not in names:
+                raise ValueError(
+                    f"{key}: must include the default model {registry.default!r} (a unit that "
+                    "names no model takes it)"
+                )
 
     def _bundles_keep_their_tickets(self) -> None:
         """A bundle is delayed until its last unit is due: its first unit presents its ticket
         (or place) up to the longest window late. The governor honours one at most the time its
         bucket takes to fill after its ready time (docs/governor.md): a longer window would
         throw the first units' bookings away."""
-        governor = GovernorConfig(
-            self.quota_tpm, self.governor_share, capacity=self.governor_capacity_tokens
-        )
-        capacity, grace = governor.bucket_capacity, governor.fill_s
         longest = self.worker.longest_bundle_window_seconds
-        if longest > grace:
+        for name in sorted(self.registry.catalog):
+            governor = self.governor_config(name)
+            capacity, grace = governor.bucket_capacity, governor.fill_s
+            if longest <= grace:
+                continue
             key = "max_window" if self.worker.bundle_max_window_seconds is not None else "window"
             raise ValueError(
                 f"worker.bundle_{key}_seconds={longest:g} is above {grace:.1f} s, the time "
-                f"the governor's bucket ({capacity:,.0f} tokens) takes to fill at "
-                f"quota_tpm={self.quota_tpm} x governor_share={self.governor_share}: the "
-                "governor honours a booking at most that long after it is ready, and a "
-                "bundle's first unit would present its booking later; lower the window or "
-                "raise governor_capacity_tokens"
+                f"model {name!r}'s governor bucket ({capacity:,.0f} tokens) takes to fill at "
+                f"{governor.quota_tpm} TPM x governor_share={governor.share}: the governor "
+                "honours a booking at most that long after it is ready, and a bundle's first "
+                "unit would present its booking later; lower the window or raise "
+                "governor_capacity_tokens"
             )
 
     def _tenants_fit_the_deployment(self) -> None:
@@ -688,7 +846,11 @@ class SwarmConfig(_Strict):
         profile = self.worker.unit_profile
         if self.worker.concurrency != "auto" or profile is None:
             return None
-        rate = GovernorConfig(self.quota_tpm, self.governor_share).rate
+        # every model's governed rate: the fleet serves them all
+        rate = sum(
+            GovernorConfig(c.quota_tpm, c.share).rate
+            for c in map(self.governor_config, self.registry.catalog)
+        )
         return size_fleet(rate, UnitProfile(**profile.model_dump()))
 
     def lane_concurrency(self, lane: Lane) -> int:
@@ -742,7 +904,7 @@ class SwarmConfig(_Strict):
         if problem is not None:
             raise ValueError(
                 f'worker.concurrency "auto" derives {sizing.per_lane} workers per lane from '
-                f"quota_tpm={self.quota_tpm}, governor_share={self.governor_share} and "
+                "the models' quotas (quota_tpm or models.catalog.*.tpm), governor_share and "
                 f"worker.unit_profile (N* = {sizing.n_star}), which does not fit: {problem}; "
                 "set account_concurrency_limit to this account's Lambda 'Concurrent "
                 "executions' quota (Service Quotas) if it is higher, or give "
@@ -1185,7 +1347,8 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
             head, colon, rest = message.partition(": ")
-            if key == "(context)" and colon and head.startswith(("tools", "tenants.")):
+            across = ("tools", "tenants.", "quota_tpm", "model")
+            if key == "(context)" and colon and head.startswith(across):
                 key, message = head, rest  # a check across keys that names the key at fault
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")

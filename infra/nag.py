@@ -97,15 +97,15 @@ def acknowledge_findings(stack: SwarmStack) -> None:
         "Distributed Map child executions are named <state machine>/<map run>:<id> at run time",
     )
 
-    model = stack.config.model
-    prefix, _, base_id = model.bedrock_model_id.partition(".")
-    if model.adapter == "bedrock" and base_id and prefix in CROSS_REGION_PREFIXES:
-        _ack(
-            stack.workers.worker.role,
-            f"IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/{base_id}]",
-            "A cross-region inference profile routes each call to the same foundation model in "
-            "any region of its geography; the grant names that one model",
-        )
+    for entry in stack.config.registry.catalog.values():
+        prefix, _, base_id = entry.model_id.partition(".")
+        if stack.config.model.adapter == "bedrock" and base_id and prefix in CROSS_REGION_PREFIXES:
+            _ack(
+                stack.workers.worker.role,
+                f"IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/{base_id}]",
+                "A cross-region inference profile routes each call to the same foundation model "
+                "in any region of its geography; the grant names that one model",
+            )
 
     _ack(
         stack.front_door.handler.role,

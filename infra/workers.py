@@ -77,7 +77,9 @@ class Workers(Construct):
         # worker can neither read outcomes nor touch a results file
         storage.grant_objects(role, ATTEMPT_RECORDS, "s3:PutObject")
         if config.model.adapter == "bedrock":
-            role.add_to_principal_policy(_bedrock_statement(self, config.model.bedrock_model_id))
+            # exactly the registered models (each id's foundation model or inference profile)
+            ids = sorted({entry.model_id for entry in config.registry.catalog.values()})
+            role.add_to_principal_policy(_bedrock_statement(self, ids))
 
         # One mapping per lane; higher lanes get more concurrent pollers (MaximumConcurrency).
         self.mappings: dict[Lane, lambda_.EventSourceMapping] = {}
@@ -144,33 +146,38 @@ class Workers(Construct):
         }
 
 
-def _bedrock_statement(scope: Construct, model_id: str) -> iam.PolicyStatement:
+def _bedrock_statement(scope: Construct, model_ids: list[str]) -> iam.PolicyStatement:
     """Converse needs bedrock:InvokeModel on the model (or inference profile) it calls, and
     CountTokens (the input's tokens, to bound the answer by the unit's reservation)
     bedrock:CountTokens on the same; the adapter never streams (no ConverseStream), so no
     InvokeModelWithResponseStream."""
     stack = cdk.Stack.of(scope)
-    prefix, _, base_id = model_id.partition(".")
-    if prefix in CROSS_REGION_PREFIXES and base_id:
-        # A cross-region inference profile routes to the base model in several regions.
-        resources = [
-            stack.format_arn(
-                service="bedrock", resource="inference-profile", resource_name=model_id
-            ),
-            stack.format_arn(
-                service="bedrock",
-                region="*",
-                account="",
-                resource="foundation-model",
-                resource_name=base_id,
-            ),
-        ]
-    else:
-        resources = [
-            stack.format_arn(
-                service="bedrock", account="", resource="foundation-model", resource_name=model_id
+    resources: list[str] = []
+    for model_id in model_ids:
+        prefix, _, base_id = model_id.partition(".")
+        if prefix in CROSS_REGION_PREFIXES and base_id:
+            # A cross-region inference profile routes to the base model in several regions.
+            resources += [
+                stack.format_arn(
+                    service="bedrock", resource="inference-profile", resource_name=model_id
+                ),
+                stack.format_arn(
+                    service="bedrock",
+                    region="*",
+                    account="",
+                    resource="foundation-model",
+                    resource_name=base_id,
+                ),
+            ]
+        else:
+            resources.append(
+                stack.format_arn(
+                    service="bedrock",
+                    account="",
+                    resource="foundation-model",
+                    resource_name=model_id,
+                )
             )
-        ]
     return iam.PolicyStatement(
         actions=["bedrock:InvokeModel", "bedrock:CountTokens"],
         resources=resources,

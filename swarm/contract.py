@@ -215,18 +215,13 @@ SHED_DEPTH_VARS: Final = tuple(shed_depth_var(lane) for lane in LANES)
 
 
 # --- economics ----------------------------------------------------------------------------------
-QUOTA_TPM: Final = "QUOTA_TPM"
-
-
-GOVERNOR_SHARE: Final = "GOVERNOR_SHARE"
+#: the model registry (cdk.json ``models``, resolved at synth), compact JSON:
+#: ``{"default": name, "catalog": {name: {"model_id", "tpm", "rpm", "share", "burndown"}}}``:
+#: each model's Bedrock id and the quota its governor (``gov#<name>``) governs
+MODELS: Final = "MODELS"
 
 
 GOVERNOR_CAPACITY: Final = "GOVERNOR_CAPACITY"  # tokens; empty = one minute of quota
-
-
-#: quota tokens one output token counts as (cdk.json model.output_burndown, resolved at synth;
-#: the stack always sets it; empty = 1, output counted one to one)
-MODEL_OUTPUT_BURNDOWN: Final = "MODEL_OUTPUT_BURNDOWN"
 
 
 GOVERNOR_MAX_WAIT_SECONDS: Final = "GOVERNOR_MAX_WAIT_SECONDS"  # worker's bounded wait
@@ -292,9 +287,6 @@ TOOL_SOURCE: Final = "SWARM_TOOL_SOURCE"
 
 # --- model plane --------------------------------------------------------------------------------
 MODEL_ADAPTER: Final = "MODEL_ADAPTER"  # simulated | bedrock
-
-
-BEDROCK_MODEL_ID: Final = "BEDROCK_MODEL_ID"
 
 
 #: seconds the bedrock-runtime client waits for Converse's answer; empty = the adapter's default
@@ -374,10 +366,8 @@ _COMMON: Final = (
 
 
 _GOVERNOR: Final = (
-    QUOTA_TPM,
-    GOVERNOR_SHARE,
+    MODELS,
     GOVERNOR_CAPACITY,
-    MODEL_OUTPUT_BURNDOWN,
     *LANE_RESERVE_VARS,
 )
 
@@ -387,7 +377,6 @@ _BUNDLES: Final = (BUNDLE_WINDOW_SECONDS, BUNDLE_UNITS, BUNDLE_STRETCH, BUNDLE_M
 
 _MODEL: Final = (
     MODEL_ADAPTER,
-    BEDROCK_MODEL_ID,
     BEDROCK_READ_TIMEOUT_SECONDS,
     SIM_MODEL_QUOTA_TPM,
     SIM_MODEL_FAILURE_RATE,
@@ -418,7 +407,6 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         UNITS_PER_CHILD,
         BUNDLE_UNITS,  # the lanes' depths are messages: units at most this many times them
         TOOL_GRANTS,  # a unit's tools must be registered and granted to its tenant
-        BEDROCK_MODEL_ID,  # a unit's toolChoice must be one the model takes
     ),
     "fanout": (
         *_COMMON,
@@ -482,8 +470,6 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
 OPTIONAL_VARS: Final = frozenset(
     {
         GOVERNOR_CAPACITY,
-        MODEL_OUTPUT_BURNDOWN,
-        BEDROCK_MODEL_ID,
         BEDROCK_READ_TIMEOUT_SECONDS,
         TENANT_LIMITS,
         TOOL_REGISTRY,

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, model_
 from pydantic_core import PydanticCustomError
 
 from swarm.contract import (
-    BEDROCK_MODEL_ID,
     BEDROCK_READ_TIMEOUT_SECONDS,
     BUCKET_NAME,
     BUNDLE_MAX_WINDOW_SECONDS,
@@ -35,7 +34,6 @@ from swarm.contract import (
     FUNCTIONS,
     GOVERNOR_CAPACITY,
     GOVERNOR_MAX_WAIT_SECONDS,
-    GOVERNOR_SHARE,
     GOVERNOR_TABLE_NAME,
     LANE_RESERVE_HIGH,
     LANE_RESERVE_LOW,
@@ -47,7 +45,7 @@ from swarm.contract import (
     MAX_BUNDLE_UNITS,
     MAX_UNITS_PER_CHILD,
     MODEL_ADAPTER,
-    MODEL_OUTPUT_BURNDOWN,
+    MODELS,
     OPERATOR_PRINCIPAL_PREFIX,
     OPTIONAL_VARS,
     POWERTOOLS_LOG_LEVEL,
@@ -56,7 +54,6 @@ from swarm.contract import (
     QUEUE_URL_HIGH,
     QUEUE_URL_LOW,
     QUEUE_URL_NORMAL,
-    QUOTA_TPM,
     RESULTS_URL_SECONDS,
     SHED_DEPTH_HIGH,
     SHED_DEPTH_LOW,
@@ -99,31 +96,57 @@ class LedgerSettings(_Model):
     ledger_table: str = Field(alias=LEDGER_TABLE_NAME, min_length=3)
 
 
+class CatalogModelDoc(BaseModel):
+    """One model of :data:`~swarm.contract.MODELS` (resolved at synth from cdk.json ``models``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_id: str = Field(min_length=1)
+    tpm: int = Field(ge=1)
+    rpm: int | None = Field(default=None, ge=1)
+    share: float = Field(gt=0, le=1)
+    burndown: float = Field(ge=1, allow_inf_nan=False)
+
+
+class ModelsDoc(BaseModel):
+    """:data:`~swarm.contract.MODELS`: the models units may name, and the one they default to."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    default: str
+    catalog: dict[str, CatalogModelDoc] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _default_registered(self) -> Self:
+        if self.default not in self.catalog:
+            raise PydanticCustomError(
+                "models_default", f"default {self.default!r} is not in the catalog"
+            )
+        return self
+
+
 class GovernorSettings(_Model):
-    """The fleet's token bucket: its table and the parameters both its writers (the workers)
-    and its reader (the API) must agree on."""
+    """The fleet's token buckets, one per model: their table and the parameters both their
+    writers (the workers, the fan-out) and their reader (the API) must agree on."""
 
     governor_table: str = Field(alias=GOVERNOR_TABLE_NAME, min_length=3)
-    quota_tpm: int = Field(alias=QUOTA_TPM, ge=1)
-    governor_share: float = Field(alias=GOVERNOR_SHARE, gt=0, le=1)
+    models: Json[ModelsDoc] = Field(alias=MODELS)
     governor_capacity: int | None = Field(default=None, alias=GOVERNOR_CAPACITY, ge=1)
-    output_burndown: float = Field(
-        default=1.0, alias=MODEL_OUTPUT_BURNDOWN, ge=1, allow_inf_nan=False
-    )
     reserve_high: float = Field(alias=LANE_RESERVE_HIGH, ge=0, lt=1)
     reserve_normal: float = Field(alias=LANE_RESERVE_NORMAL, ge=0, lt=1)
     reserve_low: float = Field(alias=LANE_RESERVE_LOW, ge=0, lt=1)
 
-    def governor_config(self) -> GovernorConfig:
-        """The governor's parameters as the core models them."""
+    def governor_config(self, model: str | None = None) -> GovernorConfig:
+        """Model ``model``'s governor (the default model's when None), as the core models it."""
+        entry = self.models.catalog[model or self.models.default]
         reserves = {lane: float(getattr(self, f"reserve_{lane.value}")) for lane in LANES}
         capacity = None if self.governor_capacity is None else float(self.governor_capacity)
         return GovernorConfig(
-            quota_tpm=self.quota_tpm,
-            share=self.governor_share,
+            quota_tpm=entry.tpm,
+            share=entry.share,
             capacity=capacity,
             reserves=reserves,
-            output_burndown=self.output_burndown,
+            output_burndown=entry.burndown,
         )
 
 
@@ -191,21 +214,12 @@ class ModelSettings(_Model):
     """The model plane the workers call: Bedrock, or the simulated one."""
 
     model_adapter: Literal["simulated", "bedrock"] = Field(alias=MODEL_ADAPTER)
-    bedrock_model_id: str | None = Field(default=None, alias=BEDROCK_MODEL_ID)
     bedrock_read_timeout_seconds: float | None = Field(
         default=None, alias=BEDROCK_READ_TIMEOUT_SECONDS, gt=0, le=900
     )
     sim_model_quota_tpm: int = Field(alias=SIM_MODEL_QUOTA_TPM, ge=1)
     sim_model_failure_rate: float = Field(alias=SIM_MODEL_FAILURE_RATE, ge=0, le=1)
     sim_model_seed: int = Field(alias=SIM_MODEL_SEED)
-
-    @model_validator(mode="after")
-    def _bedrock_needs_a_model(self) -> Self:
-        if self.model_adapter == "bedrock" and not self.bedrock_model_id:
-            raise PydanticCustomError(
-                "bedrock_model_id", f"{BEDROCK_MODEL_ID} is required when {MODEL_ADAPTER}=bedrock"
-            )
-        return self
 
 
 class TenantLimitsDoc(BaseModel):
@@ -218,6 +232,7 @@ class TenantLimitsDoc(BaseModel):
     max_queued_units: int | None = Field(ge=1)
     guaranteed_units: int = Field(ge=0)
     max_budget_per_batch: int | None = Field(ge=1)
+    models: tuple[str, ...] | None = None  # absent: every model of the registry
 
     def limits(self) -> TenantLimits:
         return TenantLimits(
@@ -225,6 +240,7 @@ class TenantLimitsDoc(BaseModel):
             max_queued_units=self.max_queued_units,
             guaranteed_units=self.guaranteed_units,
             max_budget_per_batch=self.max_budget_per_batch,
+            models=None if self.models is None else frozenset(self.models),
         )
 
 
@@ -253,13 +269,6 @@ class ToolGrantsSettings(_Model):
     """The tools' names and grants, for the API (swarm.adapters.tools.grants_from_json)."""
 
     tool_grants: str | None = Field(default=None, alias=TOOL_GRANTS)
-
-
-class ModelIdSettings(_Model):
-    """The deployment's Bedrock model id, for the API: the toolChoice forms an agent unit may
-    ask for are the model's (swarm.core.agent.model_tool_choices)."""
-
-    bedrock_model_id: str | None = Field(default=None, alias=BEDROCK_MODEL_ID)
 
 
 class Settings(_Model):
@@ -324,7 +333,6 @@ class ApiSettings(
     AttemptSettings,
     BundleUnitsSettings,
     ToolGrantsSettings,
-    ModelIdSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 

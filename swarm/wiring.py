@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -25,6 +25,7 @@ from swarm.adapters.aws import (
     SsmDrainSwitch,
     StepFunctionsExecutions,
 )
+from swarm.adapters.routed_model import RoutedModelPlane
 from swarm.adapters.s3_results import S3Results
 from swarm.adapters.simulated_model import SimulatedModelPlane
 from swarm.contract import BEDROCK_DEFAULT_READ_TIMEOUT_S, bedrock_call_bound_s
@@ -43,8 +44,10 @@ from swarm.core.ports import (
     ModelPlane,
     RunWatch,
     TenantBindings,
+    TicketBooker,
 )
 from swarm.core.records import LANES
+from swarm.core.routes import ModelRoute, ModelRoutes
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
@@ -64,6 +67,7 @@ from swarm.settings import (
     FanoutSettings,
     GovernorSettings,
     LedgerSettings,
+    ModelsDoc,
     ModelSettings,
     QueueSettings,
     Settings,
@@ -156,9 +160,17 @@ def client_configs(settings: Settings) -> dict[str, Any]:
     return configs
 
 
-def governor_name(config: GovernorConfig) -> str:
-    """A changed quota, share or capacity starts a fresh bucket instead of fighting the old one."""
-    return f"q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+def governor_name(config: GovernorConfig, model: str) -> str:
+    """Model ``model``'s bucket; a changed quota, share or capacity starts a fresh bucket
+    instead of fighting the old one."""
+    return f"{model}-q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+
+
+def simulated_quotas(models: ModelsDoc) -> dict[str, int]:
+    """The simulated plane's quota of each model id but the default's (whose quota is
+    ``SIM_MODEL_QUOTA_TPM``): the quota the registry gives it, as Bedrock would enforce it."""
+    default = models.catalog[models.default].model_id
+    return {e.model_id: e.tpm for e in models.catalog.values() if e.model_id != default}
 
 
 #: the simulated model plane's longest turn (its latency is a fraction of this), deployed seconds
@@ -195,8 +207,9 @@ class Wiring:
         names = ", ".join(missing)
         raise SettingsError(f"the {function} function has no {names} in its environment")
 
-    def governor_config(self) -> GovernorConfig:
-        config = self.settings_as(GovernorSettings).governor_config()
+    def governor_config(self, model: str | None = None) -> GovernorConfig:
+        """Model ``model``'s governor (the default model's when None) on this runtime's clock."""
+        config = self.settings_as(GovernorSettings).governor_config(model)
         return replace(
             config,
             throttle_cooldown_s=self.seconds(config.throttle_cooldown_s),
@@ -256,15 +269,33 @@ class Wiring:
         return DynamoDBBindings(table, self.clients("dynamodb"))
 
     def governor(self, *, read_only: bool = False) -> Governor:
+        """The default model's bucket."""
         return self.dynamodb_governor(read_only=read_only)
 
-    def dynamodb_governor(self, *, read_only: bool = False) -> DynamoDBGovernor:
-        """The fleet's bucket. ``read_only``: the API's view, which never writes the table (its
-        role may only Query it): a bucket the workers have not created yet reads as its
-        configured initial state instead of being created by the front door."""
+    def model_routes(self, *, read_only: bool = False) -> ModelRoutes:
+        """Every model of the registry with its Bedrock id and its own bucket."""
+        models = self.settings_as(GovernorSettings).models
+        return ModelRoutes(
+            models.default,
+            {
+                name: ModelRoute(
+                    name, entry.model_id, self.dynamodb_governor(name, read_only=read_only)
+                )
+                for name, entry in models.catalog.items()
+            },
+        )
+
+    def dynamodb_governor(
+        self, model: str | None = None, *, read_only: bool = False
+    ) -> DynamoDBGovernor:
+        """Model ``model``'s bucket (the default model's when None). ``read_only``: the API's
+        view, which never writes the table (its role may only Query it): a bucket the workers
+        have not created yet reads as its configured initial state instead of being created by
+        the front door."""
         from swarm.adapters.dynamodb_governor import FULL_GRID_S, WRITE_MARGIN_S, DynamoDBGovernor
 
-        config = self.governor_config()
+        name = model or self.settings_as(GovernorSettings).models.default
+        config = self.governor_config(name)
         table = self.settings_as(GovernorSettings).governor_table
         # Workers book their tokens ahead (tickets), and the fan-out its units' places, as far
         # as one message's delay reaches: a unit comes to its lane with its ticket and is
@@ -279,7 +310,7 @@ class Wiring:
             config,
             table,
             client=self.clients("dynamodb"),
-            name=governor_name(config),
+            name=governor_name(config, name),
             horizon_s=horizon,
             place_horizon_s=places,
             read_only=read_only,
@@ -321,7 +352,9 @@ class Wiring:
         return EventBridgeEvents(self.clients("events"), bus)
 
     def model(self) -> ModelPlane:
+        """The model plane of every registered model: a request names its model's id."""
         s = self.settings_as(ModelSettings)
+        models = self.settings_as(GovernorSettings).models
         if s.model_adapter == "simulated" and self.shared_model is not None:
             return self.shared_model
         if s.model_adapter == "bedrock":
@@ -329,14 +362,17 @@ class Wiring:
 
             # CountTokens on a client of its own: its short timeouts, not Converse's long read
             counter = boto3_clients({"bedrock-runtime": count_client_config()})("bedrock-runtime")
-            # ModelSettings refuses bedrock without a model id
-            return BedrockModelPlane(
-                self.clients("bedrock-runtime"), str(s.bedrock_model_id), counter=counter
-            )
+            client = self.clients("bedrock-runtime")
+            planes = {
+                entry.model_id: BedrockModelPlane(client, entry.model_id, counter=counter)
+                for entry in models.catalog.values()
+            }
+            return RoutedModelPlane(planes, planes[models.catalog[models.default].model_id])
         return SimulatedModelPlane(
             quota_tpm=s.sim_model_quota_tpm,
             failure_rate=s.sim_model_failure_rate,
             seed=s.sim_model_seed,
+            quotas=simulated_quotas(models),
         )
 
     # -- services
@@ -368,8 +404,8 @@ class Wiring:
                 # (Lambda's 4 KB): a unit's first-turn check counts its request without them
                 tools={name: named_tool(name) for name in grants.names},
                 allowed_tools=grants.allowed,
-                model_id=s.bedrock_model_id or None,
             ),
+            models=self.model_routes(read_only=True),
             running=self.running_work(),
         )
 
@@ -393,6 +429,7 @@ class Wiring:
             queue_lease_s=self.seconds(QUEUE_LEASE_S),
             places=self.dynamodb_governor(),  # it books places: PlaceBooker
             output_burndown=self.governor_config().output_burndown,  # places in quota tokens
+            models=self.model_routes(),  # a unit's place in its model's bucket
             hold_s=self.seconds(WorkerTimings.max_hold_s),
             bundling=self.bundling(),
         )
@@ -409,7 +446,8 @@ class Wiring:
             longest_hide_s=self.seconds(WorkerTimings.longest_hide_s),
             turn_s=self.seconds(self.turn_seconds()),
         )
-        governor = self.dynamodb_governor()
+        models = self.model_routes()
+        governor = models.routes[models.default].governor
         return Worker(
             self.ledger(),
             governor,
@@ -420,8 +458,9 @@ class Wiring:
             time.time,
             time.sleep,
             closures=self.closures(),
-            tickets=governor,  # it books a batch's tokens together: TicketBooker
+            tickets=cast(TicketBooker, governor),  # it books a batch's tokens together
             running=self.running_work(),
+            models=models,  # each unit draws from its model's bucket and calls its model
             tools=self.tool_runner(),
             # the local stack's fault injection (its shared model plane), never on AWS
             kill=getattr(self.shared_model, "kill", None),

@@ -29,7 +29,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -49,6 +49,12 @@ MODEL_ID: Final = "simulated"
 BYTES_PER_INPUT_TOKEN: Final = 4
 #: the first characters of the last user text an answer quotes
 ANSWER_QUOTES_CHARS: Final = 60
+
+
+def answered_by(model_id: str | None) -> str:
+    """The ``model_id`` a simulated answer reports: ``simulated``, and the model the request
+    named (``simulated:<Bedrock id>``), so that results never pass for Bedrock's."""
+    return MODEL_ID if model_id is None else f"{MODEL_ID}:{model_id}"
 
 
 def attempt_fails(seed: int, unit_id: str, attempt: int, failure_rate: float) -> bool:
@@ -147,7 +153,11 @@ class SimulatedModelPlane:
         seconds_per_1k_tokens: float = 0.0,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
+        quotas: Mapping[str, int] | None = None,
     ) -> None:
+        """``quota_tpm``: the quota of the calls that name no model (and of any model id
+        ``quotas`` does not list); ``quotas``: each other model id's own quota (Bedrock's
+        quotas are per model), a bucket of its own that storms do not touch."""
         if not 0 <= failure_rate < 1:
             raise InvalidInput("SIM_MODEL_FAILURE_RATE", f"must be in [0, 1), got {failure_rate}")
         self.quota_tpm = quota_tpm
@@ -160,6 +170,10 @@ class SimulatedModelPlane:
         self._bucket = BucketState.fresh(self._config, self._clock())
         self._lock = threading.Lock()
         self._storm_until: float | None = None
+        self._models = {
+            model_id: (config, BucketState.fresh(config, self._clock()))
+            for model_id, config in ((m, self._quota(q)) for m, q in (quotas or {}).items())
+        }
         self.total = ModelCounters()
         self._runs: dict[str, ModelCounters] = {}
         self._log: dict[str, list[ModelCall]] = {}
@@ -216,6 +230,21 @@ class SimulatedModelPlane:
             self._bucket = BucketState(tokens=tokens, updated_at=until)
             self._storm_until = None
 
+    def _take(self, model_id: str | None, tokens: int, now: float) -> GovernorConfig | None:
+        """Take ``tokens`` from the quota of ``model_id``; None when granted, else the quota
+        that refused them (under the lock)."""
+        own = self._models.get(model_id) if model_id is not None else None
+        config, bucket = own if own is not None else (self._config, self._bucket)
+        try:  # the provider's quota counts what the call uses, as it is billed
+            bucket, draw = bucket.draw(config, tokens, Lane.HIGH, now)
+        except InvalidInput:  # larger than the whole (storm) quota
+            return config
+        if own is not None:
+            self._models[str(model_id)] = (config, bucket)
+        else:
+            self._bucket = bucket
+        return None if draw.granted else config
+
     def _record(self, call: ModelCall) -> None:
         self.total.add(call)
         self._runs.setdefault(call.run_id, ModelCounters()).add(call)
@@ -229,11 +258,8 @@ class SimulatedModelPlane:
         now = self._clock()
         with self._lock:
             self._end_storm(now)
-            try:
-                self._bucket, draw = self._bucket.draw(self._config, tokens, Lane.HIGH, now)
-            except InvalidInput:
-                draw = None
-            throttled = draw is None or not draw.granted
+            refused = self._take(call.model_id, tokens, now)
+            throttled = refused is not None
             text = " ".join(
                 str(b["text"]) for b in response["output"]["message"]["content"] if "text" in b
             )
@@ -254,8 +280,8 @@ class SimulatedModelPlane:
                     output_tokens=0 if throttled else response["usage"]["outputTokens"],
                 )
             )
-            if throttled:
-                raise ModelThrottled(f"simulated quota of {self._config.quota_tpm:,} TPM exceeded")
+            if refused is not None:
+                raise ModelThrottled(f"simulated quota of {refused.quota_tpm:,} TPM exceeded")
         if self.seconds_per_1k_tokens:
             self._sleep(tokens / 1000 * self.seconds_per_1k_tokens)
         return response
@@ -269,7 +295,9 @@ class SimulatedModelPlane:
             limit = prompts.output_limit(input_tokens, r.max_tokens, asked, "simulated count")
         except (InvalidInput, prompts.InputExceedsReservation) as e:  # Bedrock's adapter: the same
             kind = type(e).__name__
-            return ModelResult(succeeded=False, tokens=0, error=f"{kind}: {e}", model_id=MODEL_ID)
+            return ModelResult(
+                succeeded=False, tokens=0, error=f"{kind}: {e}", model_id=answered_by(r.model_id)
+            )
         cap = None if limit is None else input_tokens + limit
         tokens = billed_tokens(
             self.seed, r.unit_id, r.attempt, r.projected_tokens, cap, input_tokens
@@ -281,12 +309,8 @@ class SimulatedModelPlane:
         now = self._clock()
         with self._lock:
             self._end_storm(now)
-            try:  # the provider's quota counts what the call uses, as it is billed
-                self._bucket, draw = self._bucket.draw(self._config, tokens, Lane.HIGH, now)
-            except InvalidInput:  # larger than the whole (storm) quota
-                draw = None
-            throttled = draw is None or not draw.granted
-            answered = not throttled
+            refused = self._take(r.model_id, tokens, now)
+            answered = refused is None
             self._record(
                 ModelCall(
                     r.run_id,
@@ -295,7 +319,7 @@ class SimulatedModelPlane:
                     r.projected_tokens,
                     now,
                     tokens if answered else 0,
-                    throttled,
+                    not answered,
                     answered and not failed,
                     truncated and answered,
                     output=output if answered else "",
@@ -304,8 +328,8 @@ class SimulatedModelPlane:
                     output_tokens=tokens - input_tokens if answered else 0,
                 )
             )
-            if throttled:
-                raise ModelThrottled(f"simulated quota of {self._config.quota_tpm:,} TPM exceeded")
+            if refused is not None:
+                raise ModelThrottled(f"simulated quota of {refused.quota_tpm:,} TPM exceeded")
         if self.seconds_per_1k_tokens:
             self._sleep(tokens / 1000 * self.seconds_per_1k_tokens)
         return ModelResult(
@@ -316,5 +340,5 @@ class SimulatedModelPlane:
             stop_reason=stop,
             input_tokens=input_tokens,
             output_tokens=tokens - input_tokens,
-            model_id=MODEL_ID,
+            model_id=answered_by(r.model_id),
         )

@@ -9,6 +9,7 @@ service answers, built through these models so the document cannot drift from th
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
 
@@ -265,6 +266,16 @@ class ConverseInput(BaseModel):
     ] = Field(default=None, description="instructions for the model: a string, or text blocks")
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     inferenceConfig: InferenceConfig | None = None
+    model: str | SkipJsonSchema[None] = Field(
+        default=None,
+        json_schema_extra={"pattern": prompts.MODEL_NAME_PATTERN},
+        description=(
+            "the model that answers: a name of the deployment's model registry (cdk.json "
+            "models.catalog, GET /fleet lists them) that the batch's tenant may use; absent: "
+            "the registry's default. Each model has its own quota and prices (a 400 names an "
+            "unknown or forbidden one)"
+        ),
+    )
     tools: Annotated[list[ToolName], Field(max_length=MAX_UNIT_TOOLS)] | SkipJsonSchema[None] = (
         Field(
             default=None,
@@ -294,6 +305,16 @@ class ConverseInput(BaseModel):
         )
     )
 
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(prompts.MODEL_NAME_PATTERN, value):
+            raise ValueError(
+                "must be a model's name in the deployment's registry (lowercase letters, digits "
+                "and -, starting with a letter): GET /fleet lists them"
+            )
+        return value
+
     @field_validator("messages")
     @classmethod
     def _turns(cls, value: list[Message]) -> list[Message]:
@@ -321,7 +342,7 @@ class ConverseInput(BaseModel):
         unit's fields (:data:`swarm.core.agent.AGENT_FIELDS`) as given."""
         extra = {
             name: getattr(self, name)
-            for name in agent.AGENT_FIELDS
+            for name in (*agent.AGENT_FIELDS, prompts.MODEL_FIELD)
             if getattr(self, name) is not None
         }
         return {**self._normal, **extra} if extra else self._normal
@@ -750,11 +771,25 @@ class LaneDepthView(BaseModel):
     delayed: int = Field(description="handed back with a delay, not yet visible")
 
 
+class ModelState(BaseModel):
+    """One model of the registry and its bucket."""
+
+    model_id: str | None = Field(
+        description="its Bedrock model id or inference profile (null: the plane's own)"
+    )
+    default: bool = Field(description="the model a unit that names none takes")
+    governor: GovernorState
+
+
 class Fleet(BaseModel):
-    """The governor, the lanes and the drain switch."""
+    """The governors (one per model), the lanes and the drain switch."""
 
     draining: bool
-    governor: GovernorState
+    governor: GovernorState = Field(description="the default model's bucket")
+    models: dict[str, ModelState] = Field(
+        default_factory=dict,
+        description="by name (what a unit's input.model gives): each model and its own bucket",
+    )
     lanes: dict[str, LaneDepthView] = Field(description="by lane: high, normal, low")
     in_flight: int
     queued: int = Field(description="visible and delayed, every lane")

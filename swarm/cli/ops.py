@@ -396,12 +396,17 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    g = doc["governor"]
-    print(
-        f"governor: {g['available_tokens']:,} of {g['capacity_tokens']:,} tokens available, "
-        f"rate {g['effective_rate_tps']:,.0f}/{g['governed_rate_tps']:,.0f} tokens/s, "
-        f"{g['throttles']} throttles, output burndown x{g.get('output_burndown', 1):g}"
-    )
+    # each model's bucket (a server before the registry shows its one governor)
+    models = doc.get("models") or {"": {"governor": doc["governor"], "default": True}}
+    for name, model in models.items():
+        g = model["governor"]
+        label = f"model {name}{' (default)' if model.get('default') and name else ''}"
+        print(
+            f"{label if name else 'governor'}: {g['available_tokens']:,} of "
+            f"{g['capacity_tokens']:,} tokens available, rate {g['effective_rate_tps']:,.0f}/"
+            f"{g['governed_rate_tps']:,.0f} tokens/s, {g['throttles']} throttles, output "
+            f"burndown x{g.get('output_burndown', 1):g}"
+        )
     for lane, d in doc["lanes"].items():
         print(
             f"  {lane:<7} visible {d['visible']:>6}  not visible {d['in_flight']:>5}  "

@@ -40,6 +40,8 @@ class ModelRequest:
     input: Prompt = ""  # swarm.core.prompts: a prompt text or a Converse-shaped request
     #: the most the call may bill (a provider's maxTokens): the unit's reservation. None: no cap
     max_tokens: int | None = None
+    #: the model to call (its Bedrock id: the unit's model of the registry); None: the plane's own
+    model_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class ConverseCall:
     unit_id: str
     turn: int
     request: Mapping[str, Any]
+    #: the model to call (its Bedrock id); None: the plane's own
+    model_id: str | None = None
 
 
 class ModelPlane(Protocol):

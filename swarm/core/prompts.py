@@ -29,6 +29,7 @@ write at most what the unit's reserved tokens leave after its input.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -39,6 +40,11 @@ Prompt = str | dict[str, Any]
 
 ROLES: Final = ("user", "assistant")
 REQUEST_FIELDS: Final = ("system", "messages", "inferenceConfig")
+#: the field of a unit's request naming the model of the deployment's registry that answers it
+#: (cdk.json ``models.catalog``; absent: the registry's default); never sent to the model
+MODEL_FIELD: Final = "model"
+#: a model's name in the registry
+MODEL_NAME_PATTERN: Final = r"^[a-z][a-z0-9-]{0,31}$"
 #: the inference settings a unit may give (Converse's InferenceConfiguration)
 SETTINGS: Final = ("maxTokens", "temperature", "topP", "stopSequences")
 #: the settings Converse bounds to [0, 1]
@@ -200,11 +206,20 @@ def check(value: Any, field: str = "input") -> None:
         return
     if not isinstance(value, dict):
         raise InvalidInput(field, NOT_A_PROMPT)
-    unknown = sorted(set(value) - set(REQUEST_FIELDS))
+    unknown = sorted(set(value) - {*REQUEST_FIELDS, MODEL_FIELD})
     if unknown:
         raise InvalidInput(
             f"{field}.{unknown[0]}",
-            f"is not a field of a unit's request; use {', '.join(REQUEST_FIELDS)}",
+            f"is not a field of a unit's request; use {', '.join(REQUEST_FIELDS)} (and "
+            f"{MODEL_FIELD})",
+        )
+    model = value.get(MODEL_FIELD)
+    named = isinstance(model, str) and re.match(MODEL_NAME_PATTERN, model)
+    if MODEL_FIELD in value and not named:
+        raise InvalidInput(
+            f"{field}.{MODEL_FIELD}",
+            "must be a model's name in the deployment's registry (lowercase letters, digits and "
+            "-, starting with a letter): GET /fleet lists them",
         )
     system = value.get("system")
     if isinstance(system, str):
@@ -240,10 +255,21 @@ def normal_form(request: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
+def unit_model(prompt: Any) -> str | None:
+    """The model a unit's request names (:data:`MODEL_FIELD`), or None: the registry's default."""
+    if isinstance(prompt, dict):
+        model = prompt.get(MODEL_FIELD)
+        return model if isinstance(model, str) else None
+    return None
+
+
 def normalise(value: Any, field: str = "input") -> Prompt:
     """``value`` checked (:func:`check`) and in normal form (:func:`normal_form`)."""
     check(value, field)
-    return value if isinstance(value, str) else normal_form(value)
+    if isinstance(value, str):
+        return value
+    named = unit_model(value)
+    return normal_form(value) | ({MODEL_FIELD: named} if named is not None else {})
 
 
 def from_json(value: Any) -> Prompt:

@@ -44,6 +44,7 @@ class TenantLimits:
     max_queued_units: int | None = None  # None: no cap of its own (the lanes' ceiling only)
     guaranteed_units: int = 0  # queued units never shed for lane depth
     max_budget_per_batch: int | None = None  # None: the deployment's maximum
+    models: frozenset[str] | None = None  # the registry's models it may use; None: every one
 
     def allowed_lanes(self) -> list[Lane]:
         """The lanes in priority order (high first)."""

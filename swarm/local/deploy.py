@@ -100,9 +100,14 @@ class LocalOptions:
         # scenarios can submit to `high` under any tenant name
         tenants = json.loads(json.dumps(base["tenants"]))
         tenants["defaults"]["lanes"] = [lane.value for lane in LANES]
+        # every quota runs time_scale times faster, with the clock
+        if "models" in base:
+            scaled: dict[str, Any] = {"models": scaled_models(base["models"], self.time_scale)}
+        else:  # one model, without a registry
+            scaled = {"quota_tpm": int(base["quota_tpm"] * self.time_scale)}
         return {
             "stage": self.stage,
-            "quota_tpm": int(base["quota_tpm"] * self.time_scale),
+            **scaled,
             "model": model,
             "worker": worker,
             "fanout": fanout,
@@ -115,6 +120,17 @@ class LocalOptions:
 
 
 # ------------------------------------------------------------------ synth
+
+
+def scaled_models(models: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """cdk.json's ``models`` with each model's quotas (per minute) ``time_scale`` times larger:
+    a local minute is ``time_scale`` times shorter."""
+    scaled = json.loads(json.dumps(models))
+    for entry in scaled["catalog"].values():
+        for key in ("tpm", "rpm"):
+            if entry.get(key) is not None:
+                entry[key] = max(1, int(entry[key] * time_scale))
+    return dict(scaled)
 
 
 def _sources_digest(context: dict[str, Any]) -> str:

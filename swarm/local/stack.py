@@ -42,6 +42,8 @@ from swarm.local.clients import client_factory
 from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
 from swarm.local.patches import iam
 from swarm.local.patches.iam import Credentials
+from swarm.settings import ModelsDoc
+from swarm.wiring import simulated_quotas
 
 log = logging.getLogger("swarm.local")
 
@@ -281,6 +283,7 @@ class LocalStack:
             failure_rate=float(worker_env["SIM_MODEL_FAILURE_RATE"]),
             seed=int(worker_env["SIM_MODEL_SEED"]),
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
+            quotas=simulated_quotas(ModelsDoc.model_validate_json(worker_env["MODELS"])),
         )
         self.model = local_functions.FaultyModelPlane(plane)
         self.host = local_functions.FunctionHost(

@@ -57,9 +57,16 @@ from swarm.core.errors import Contended, InvalidInput
 from swarm.core.governor import Grant, Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
-from swarm.core.ports import ClaimedSettlement, ConverseCall, ModelThrottled, requeue_delay
+from swarm.core.ports import (
+    ClaimedSettlement,
+    ConverseCall,
+    Governor,
+    ModelThrottled,
+    requeue_delay,
+)
 from swarm.core.records import RunState, UnitRecord
 from swarm.core.results import AttemptOutcome
+from swarm.core.routes import ModelRoute
 from swarm.service.pages import keep_outcome, settle_claimed
 
 if TYPE_CHECKING:
@@ -125,6 +132,8 @@ class AgentLoop:
     deadline: float | None
     #: the governor booking this delivery carries, if any (presented for its own turn only)
     ticket: Ticket | None = None
+    #: the unit's model and its governor (None: the worker's one model)
+    route: ModelRoute | None = None
     log: list[Event] = field(default_factory=list)
     #: events decided and not written yet, written with the turn's settlement: the turn's tool
     #: results, or an answer that asks for no tool (nothing runs before its settlement)
@@ -137,6 +146,11 @@ class AgentLoop:
     @property
     def _ledger(self) -> Any:
         return self.worker.ledger
+
+    @property
+    def _governor(self) -> Governor:
+        """The unit's model's governor: each turn draws from it and is trued up to it."""
+        return self.worker.governor if self.route is None else self.route.governor
 
     def _now(self) -> float:
         return self.worker.now()
@@ -208,12 +222,12 @@ class AgentLoop:
         result = self._settle_turn(step.turn, step.billed, events)
         if result is None:  # another worker moved the log: this delivery is superseded
             if grant is not None:
-                self.worker.governor.true_up(grant, 0, self._now())
+                self._governor.true_up(grant, 0, self._now())
             return self._superseded()
         if call is not None and grant is not None:
             if result.run_state is not RunState.OPEN:  # started, but the run stopped admitting
                 paused = agent.SettleTurn(call.turn, 0, call.draw, lost=False, refused="paused")
-                self.worker.governor.true_up(grant, 0, self._now())
+                self._governor.true_up(grant, 0, self._now())
                 if self._settle_turn(call.turn, 0, [agent.turn_settled(paused, self._now())]):
                     return self._pause()
                 return self._superseded()
@@ -262,7 +276,7 @@ class AgentLoop:
         self.ticket = None  # presented once
         hold_s = min(w.config.max_wait_s, w.config.max_hold_s)
         got = acquire(
-            w.governor,
+            self._governor,
             step.quota_draw,  # quota tokens: the output bound at the model's burndown
             self.item.lane,
             w.now,
@@ -290,16 +304,17 @@ class AgentLoop:
         self._kill(KillPoint.BEFORE_MODEL_CALL, step.turn)
         began = self._now()
         try:
+            model_id = None if self.route is None else self.route.model_id
             response = w.model.converse(
-                ConverseCall(item.run_id, item.unit_id, step.turn, step.request)
+                ConverseCall(item.run_id, item.unit_id, step.turn, step.request, model_id)
             )
             self._kill(KillPoint.AFTER_MODEL_CALL, step.turn)
             event = agent.model_turn(step.turn, response, self._now() - began, self._now())
         except ModelThrottled:
             # nothing billed: the turn is settled at 0 (not counted against max_turns) and the
             # unit waits in its lane; its next delivery calls the model again
-            w.governor.report_throttle(self._now())
-            w.governor.true_up(grant, 0, self._now())
+            self._governor.report_throttle(self._now())
+            self._governor.true_up(grant, 0, self._now())
             self.throttled = True
             refused = agent.throttled(step.turn, step.draw)
             if self._settle_turn(step.turn, 0, [agent.turn_settled(refused, self._now())]):
@@ -312,7 +327,7 @@ class AgentLoop:
             # so the turn is settled at its draw, and the next delivery calls again
             log.exception("model turn %d of %s failed", step.turn, item.unit_id)
             lost = agent.SettleTurn(step.turn, step.draw, step.draw, lost=True)
-            w.governor.true_up(grant, step.quota_draw, self._now())  # as reserved
+            self._governor.true_up(grant, step.quota_draw, self._now())  # as reserved
             if self._settle_turn(step.turn, step.draw, [agent.turn_settled(lost, self._now())]):
                 why = f"model call failed ({type(e).__name__}): retried"
                 return self._back(Wait(requeue_delay(w.config.retry_backoff_s), why))
@@ -326,7 +341,7 @@ class AgentLoop:
             # quota tokens: input, cache writes, the output at the burndown (cache reads are
             # released at settlement, swarm.core.burndown)
             quota = turn_quota(event["usage"], step.output_burndown)
-            w.governor.true_up(grant, quota, self._now())
+            self._governor.true_up(grant, quota, self._now())
         return None
 
     def _run_tools(self, step: RunTools) -> list[Event]:
@@ -512,10 +527,11 @@ def run_agent(
     if not claim.claimed or res is None:
         return WorkReport(Requeue(delay, f"claim refused: {claim.reason}"), attempt=item.attempt)
     registry = worker.tools.specs() if worker.tools is not None else {}
-    # Bedrock's id (the simulated plane has none): a toolChoice the API took for another model
-    # fails the unit here, uncalled, instead of failing each of its turns at Bedrock
-    model_id = getattr(worker.model, "model_id", None)
     try:
+        route = worker.route(item)  # a model of another registry: it cannot run here
+        # Bedrock's id (the simulated plane has none): a toolChoice the API took for another
+        # model fails the unit here, uncalled, instead of failing each of its turns at Bedrock
+        model_id = route.model_id or getattr(worker.model, "model_id", None)
         spec = agent.parse_agent_input(
             item.input,
             batch=item.run_id,
@@ -532,13 +548,15 @@ def run_agent(
         if not loop.log or loop.log[-1].get("type") != "stopped":
             loop._append([agent.stopped(failed, now())])
         return loop._finish(Finished(failed.reason, failed.detail, ""))
-    config = worker.governor.config  # a turn larger than the lane can be granted stops the unit
+    config = route.governor.config  # a turn larger than the lane can be granted stops the unit
     spec = replace(
         spec,
         max_draw=int(config.bucket_capacity - config.reserve(item.lane)),
         output_burndown=config.output_burndown,  # a turn draws quota tokens
     )
-    loop = AgentLoop(worker, item, spec, claim.unit, res.attempt, deadline, ticket=item.ticket)
+    loop = AgentLoop(
+        worker, item, spec, claim.unit, res.attempt, deadline, ticket=item.ticket, route=route
+    )
     try:
         return loop.run()
     except Contended:  # an append refused: another worker moved the log

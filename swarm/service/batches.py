@@ -35,6 +35,7 @@ from swarm.api.models import (
     Fleet,
     GovernorState,
     LaneDepthView,
+    ModelState,
     TokenBook,
     Unit,
     UnitCounts,
@@ -84,6 +85,7 @@ from swarm.core.records import (
     check_id,
 )
 from swarm.core.report import healthy_line
+from swarm.core.routes import ModelRoute, ModelRoutes
 from swarm.core.scheduling import fanout_order
 from swarm.core.tenancy import (
     MAX_HOLDS,
@@ -176,10 +178,6 @@ class BatchesConfig:
     tools: Mapping[str, Tool] = field(default_factory=dict)
     #: the tools a tenant may use (cdk.json ``tenants``' ``tools``: the defaults, or its own)
     allowed_tools: Callable[[str], frozenset[str]] = lambda tenant: frozenset()
-    #: the deployment's Bedrock model id (cdk.json ``model.bedrock_model_id``, which the
-    #: simulated plane stands for): an agent unit's toolChoice must be one it takes
-    #: (swarm.core.agent.model_tool_choices). None: not checked
-    model_id: str | None = None
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -330,6 +328,18 @@ class Batches:
     #: the register of running work: what a batch status and the drain view count as running
     #: (None: nothing is counted as running; tests without workers)
     running: RunningWork | None = None
+    #: the registry's models (cdk.json ``models``): a unit names one its tenant may use, and
+    #: its draws are checked against that model's bucket (an agent unit's toolChoice against
+    #: its Bedrock id). None: one model, ``governor`` (its toolChoices not checked)
+    models: ModelRoutes | None = None
+
+    def _route(self, tenant: str, unit: UnitInput, field: str) -> ModelRoute:
+        """The model ``unit`` (at ``field``, e.g. ``units[3]``) names, or the default; a 400
+        naming ``<field>.input.model`` for a model not registered or not the tenant's."""
+        if self.models is None:
+            return ModelRoute("default", None, self.governor)
+        allowed = self.config.tenants.of(tenant).models
+        return self.models.check(unit.input, allowed, f"{field}.input")
 
     # ------------------------------------------------------------------ submit
 
@@ -380,7 +390,7 @@ class Batches:
             allowed=self.config.allowed_tools(tenant),
             field=f"{field}.input",
             cap_field=f"{field}.projected_tokens",
-            model_id=self.config.model_id,
+            model_id=self._route(tenant, unit, field).model_id,
         )
 
     def _upload(self, tenant: str, key: str) -> list[Unit]:
@@ -439,8 +449,10 @@ class Batches:
         # unit draws turn by turn: its first turn's draw; a later turn too large for the bucket
         # stops it limit_tokens, swarm.core.agent.AgentSpec.max_draw)
         # (in quota tokens: the output bound counted at the model's burndown, docs/governor.md)
-        burndown = self.governor.config.output_burndown
+        # (each against its model's bucket: a model the tenant may not use is a 400 here)
         for index, u in enumerate(request.units):
+            config = self._route(tenant, u, f"units[{index}]").governor.config
+            burndown = config.output_burndown
             amount = u.projected_tokens
             if agent.is_agent_input(u.input):
                 loop = self._agent_spec(tenant, u, f"units[{index}]")
@@ -448,7 +460,7 @@ class Batches:
             else:  # what its worker draws (its tokens at burndown 1)
                 amount = unit_draw(amount, u.input, burndown)
             try:
-                check_amount(self.governor.config, amount, request.lane)
+                check_amount(config, amount, request.lane)
             except InvalidInput as e:
                 raise InvalidInput(f"units[{index}].projected_tokens", e.message) from None
         inputs = {u.unit_id: u.input for u in request.units}
@@ -675,18 +687,19 @@ class Batches:
 
     def fleet(self, now: float) -> dict[str, Any]:
         depths = self.queue.depths()
-        snap: GovernorSnapshot = self.governor.snapshot(now)
+        models = self.models or ModelRoutes.single(self.governor)
+        states = {
+            name: ModelState(
+                model_id=route.model_id,
+                default=name == models.default,
+                governor=_governor_state(route.governor, now),
+            )
+            for name, route in sorted(models.routes.items())
+        }
         return Fleet(
             draining=self.drain.draining(),
-            governor=GovernorState(
-                available_tokens=round(snap.available),
-                capacity_tokens=round(snap.capacity),
-                governed_rate_tps=round(snap.governed_rate, 3),
-                effective_rate_tps=round(snap.effective_rate, 3),
-                throttles=snap.throttles,
-                last_throttle_at=snap.last_throttle_at,
-                output_burndown=self.governor.config.output_burndown,
-            ),
+            governor=states[models.default].governor,
+            models=states,
             lanes={lane.value: _depth_view(d) for lane, d in depths.items()},
             in_flight=sum(d.in_flight for d in depths.values()),
             queued=sum(d.queued for d in depths.values()),
@@ -713,6 +726,20 @@ def _unit_inputs(units: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
 def _doc(status: BatchStatus) -> dict[str, Any]:
     # remainder and requeued are absent, not null, when they do not apply
     return status.model_dump(mode="json", exclude_none=True)
+
+
+def _governor_state(governor: Governor, now: float) -> GovernorState:
+    """A model's bucket as ``GET /fleet`` shows it."""
+    snap: GovernorSnapshot = governor.snapshot(now)
+    return GovernorState(
+        available_tokens=round(snap.available),
+        capacity_tokens=round(snap.capacity),
+        governed_rate_tps=round(snap.governed_rate, 3),
+        effective_rate_tps=round(snap.effective_rate, 3),
+        throttles=snap.throttles,
+        last_throttle_at=snap.last_throttle_at,
+        output_burndown=governor.config.output_burndown,
+    )
 
 
 def _depth_view(d: LaneDepth) -> LaneDepthView:

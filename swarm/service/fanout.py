@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from swarm.core.agent import is_agent_input
 from swarm.core.burndown import unit_draw
@@ -25,6 +25,7 @@ from swarm.core.ledger import Admission
 from swarm.core.ports import LaneQueue, Ledger, PlaceBooker, requeue_delay
 from swarm.core.prompts import Prompt, from_json
 from swarm.core.records import Lane
+from swarm.core.routes import ModelRoutes
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class FanOut:
     #: the model's output burndown: a place is booked for the unit's draw in quota tokens, the
     #: figure its worker draws (swarm.core.burndown.unit_draw), so the place is honoured
     output_burndown: float = 1.0
+    #: the registry's models: a unit's place is booked in its model's bucket, at its model's
+    #: burndown (each route's governor books places: a PlaceBooker). None: one model, ``places``
+    models: ModelRoutes | None = None
     clock: Callable[[], float] = time.time  # when the places are booked (after the admissions)
     #: a unit whose place is ready within this long is sent at once: the worker holds on for
     #: it (WorkerTimings.max_hold_s); a later one is delayed until just after its place is ready
@@ -113,16 +117,19 @@ class FanOut:
         an economy (the unit's first try, one receive, invocation and requeue), never a
         condition of the unit's run."""
         items, delays = list(queued), [0.0] * len(queued)
-        groups: dict[tuple[Lane, str], list[int]] = {}
+        groups: dict[tuple[Lane, str, str], list[int]] = {}
         for index, item in enumerate(items):
             if not is_agent_input(item.input):  # an agent unit draws turn by turn, unbooked
-                groups.setdefault((item.lane, item.tenant), []).append(index)
-        places = self.places
-        for (lane, tenant), indexes in groups.items():
-            if places is None:
+                model = "" if self.models is None else self.models.name_of(item.input)
+                groups.setdefault((item.lane, item.tenant, model), []).append(index)
+        for (lane, tenant, _model), indexes in groups.items():
+            if self.places is None:
                 break
+            places, burndown = self.places, self.output_burndown
             try:
-                burndown = self.output_burndown
+                if self.models is not None:
+                    governor = self.models.of(items[indexes[0]].input).governor
+                    places, burndown = cast(PlaceBooker, governor), governor.config.output_burndown
                 amounts = [unit_draw(items[i].tokens, items[i].input, burndown) for i in indexes]
                 draws = places.book_places(amounts, lane, tenant, self.clock())
             except Exception:

@@ -29,9 +29,11 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from swarm.core.agent import is_agent_input
 from swarm.core.burndown import call_quota, unit_draw, unit_output_bound
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
@@ -55,6 +57,7 @@ from swarm.core.ports import (
 )
 from swarm.core.records import Lane, Reservation, UnitState
 from swarm.core.results import outcome_of
+from swarm.core.routes import ModelRoute, ModelRoutes
 from swarm.service.agent_loop import KillHook, run_agent
 from swarm.service.finalizer import wake
 from swarm.service.pages import keep_outcome, settle_claimed
@@ -174,11 +177,23 @@ class Worker:
     tools: ToolRunner | None = None
     #: fault injection (the local stack): True to kill the worker at this point of a turn
     kill: KillHook | None = None
+    #: the registry's models: a unit draws from its model's governor and calls its model (each
+    #: route's governor books tickets: a TicketBooker). None: one model, ``governor``
+    models: ModelRoutes | None = None
 
-    def quota_draw(self, item: QueuedUnit) -> int:
-        """What a single-call unit draws from the governor, in quota tokens: its projection,
-        its output bound counted at the model's burndown (exactly its tokens at burndown 1)."""
-        return unit_draw(item.tokens, item.input, self.governor.config.output_burndown)
+    def route(self, item: QueuedUnit) -> ModelRoute:
+        """The model ``item`` names (or the default), with its governor; InvalidInput when this
+        deployment's registry has no such model."""
+        if self.models is None:
+            return ModelRoute("default", None, self.governor)
+        return self.models.of(item.input)
+
+    def quota_draw(self, item: QueuedUnit, governor: Governor | None = None) -> int:
+        """What a single-call unit draws from its model's governor, in quota tokens: its
+        projection, its output bound counted at the model's burndown (exactly its tokens at
+        burndown 1)."""
+        config = (governor or self.route(item).governor).config
+        return unit_draw(item.tokens, item.input, config.output_burndown)
 
     def begin(self, items: Sequence[QueuedUnit]) -> WorkerInvocation:
         """An invocation of ``items``: the drain switch read once for all of them (the switch
@@ -251,18 +266,22 @@ class Worker:
         booker = self.tickets
         if booker is None:
             return out
-        lanes: dict[Lane, list[int]] = {}
+        lanes: dict[tuple[Lane, str], list[int]] = {}
         for index, item in enumerate(out):
             if item.ticket is None and not is_agent_input(item.input):  # agents draw per turn
-                lanes.setdefault(item.lane, []).append(index)
-        for lane, indexes in lanes.items():
+                model = "" if self.models is None else self.models.name_of(item.input)
+                lanes.setdefault((item.lane, model), []).append(index)
+        for (lane, _), indexes in lanes.items():
             if len(indexes) < 2:
                 continue
             try:
                 draining = self.drain.draining() if invocation is None else invocation.draining
                 if draining is not False:  # the units go back as they came (Worker.process)
                     break
-                amounts = [self.quota_draw(out[i]) for i in indexes]  # as process() draws
+                governor = self.route(out[indexes[0]]).governor  # their model's
+                if self.models is not None:
+                    booker = cast(TicketBooker, governor)
+                amounts = [self.quota_draw(out[i], governor) for i in indexes]  # as process()
                 draws = booker.book_tickets(amounts, lane, self.now())
             except Exception:  # as if never booked: each unit draws on its own
                 log.exception("booking %d units' tokens on %s failed", len(indexes), lane)
@@ -315,6 +334,12 @@ class Worker:
             return WorkReport(Requeue(delay, why, ticket=ticket))
         if is_agent_input(item.input):  # a loop of turns, each drawing its own tokens
             return run_agent(self, item, invocation, deadline)
+        unknown: InvalidInput | None = None
+        try:
+            route = self.route(item)
+        except InvalidInput as e:  # accepted under another registry: its attempts fail unbilled
+            route, unknown = ModelRoute("default", None, self.governor), e
+        governor = route.governor
         # Tokens first: under a queue most tries are refused (the unit goes back until its
         # tokens are there), and such a try then costs the governor's request alone, no ledger
         # read. The message names the tokens (the unit's projection, which its reservation
@@ -322,8 +347,8 @@ class Worker:
         # admission) gives them back.
         hold_s = min(self.config.max_wait_s, self.config.max_hold_s)
         got = acquire(
-            self.governor,
-            self.quota_draw(item),  # quota tokens: the output at the model's burndown
+            governor,
+            self.quota_draw(item, governor),  # quota tokens: the output at the model's burndown
             item.lane,
             self.now,
             self.sleep,
@@ -350,7 +375,7 @@ class Worker:
         grant = got.grant
         refused = self.enter(invocation)  # before the first claim: running work is counted
         if refused is not None:
-            self.governor.true_up(grant, 0, self.now())  # nothing runs: tokens go back
+            governor.true_up(grant, 0, self.now())  # nothing runs: tokens go back
             delay = _delay(self.config.requeue_delay_s)
             return WorkReport(Requeue(delay, refused), waited_s=got.waited_s)
         lease_s, lost_tokens = self.config.lease_s, 0
@@ -363,7 +388,7 @@ class Worker:
         if claim is None:
             ready = self._ready(item)
             if isinstance(ready, WorkReport):
-                self.governor.true_up(grant, 0, self.now())  # nothing to run: tokens go back
+                governor.true_up(grant, 0, self.now())  # nothing to run: tokens go back
                 return replace(ready, waited_s=got.waited_s)
             queued, lost_tokens = ready
             claim = self.ledger.claim(
@@ -371,7 +396,7 @@ class Worker:
             )
         res = claim.unit.reservation
         if not claim.claimed or res is None:
-            self.governor.true_up(grant, 0, self.now())
+            governor.true_up(grant, 0, self.now())
             return WorkReport(
                 Requeue(_delay(self.config.requeue_delay_s), f"claim refused: {claim.reason}"),
                 attempt=item.attempt,
@@ -381,12 +406,21 @@ class Worker:
         attempt = res.attempt
         # the reservation caps what the attempt may bill: settlement can never exceed it
         request = ModelRequest(
-            item.run_id, item.unit_id, attempt, res.projected, item.input, max_tokens=res.projected
+            item.run_id,
+            item.unit_id,
+            attempt,
+            res.projected,
+            item.input,
+            max_tokens=res.projected,
+            model_id=route.model_id,
         )
         try:
-            result = self.model.invoke(request)
+            if unknown is not None:
+                result = ModelResult(False, 0, error=f"InvalidInput: {unknown}")
+            else:
+                result = self.model.invoke(request)
         except ModelThrottled:
-            self.governor.report_throttle(self.now())
+            governor.report_throttle(self.now())
             self.ledger.unclaim(item.run_id, item.unit_id, attempt, self.now(), self.config.lease_s)
             return WorkReport(
                 Requeue(_delay(self.config.requeue_delay_s), "model plane throttled"),
@@ -428,7 +462,7 @@ class Worker:
         # the governor learns what the model really counted (quota tokens: the output at the
         # model's burndown): unused tokens go back, an overrun is drawn (after the books, so a
         # failed debit cannot cost the settlement)
-        self.governor.true_up(grant, self._quota_used(item, result), self.now())
+        governor.true_up(grant, self._quota_used(item, result, governor), self.now())
         outcome: Outcome
         if fate is Fate.RETRY:
             outcome = RetryLater(_delay(self.config.retry_backoff_s), "attempt failed: retry")
@@ -444,9 +478,9 @@ class Worker:
             lost_attempt_tokens=lost_tokens,
         )
 
-    def _quota_used(self, item: QueuedUnit, result: ModelResult) -> int:
+    def _quota_used(self, item: QueuedUnit, result: ModelResult, governor: Governor) -> int:
         """The quota tokens ``result`` counted (its billed tokens at burndown 1)."""
-        burndown = self.governor.config.output_burndown
+        burndown = governor.config.output_burndown
         if burndown == 1:
             return result.tokens
         return call_quota(

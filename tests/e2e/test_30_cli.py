@@ -442,17 +442,21 @@ def test_fleet_shows_the_governor_the_lanes_and_the_drain_switch(here: Path) -> 
     assert governor["governed_rate_tps"] > 0
     assert governor["output_burndown"] == 1.0  # the shipped model's: output counted once
 
+    # each model's bucket (the shipped registry's two, by name)
+    assert set(doc["models"]) == {"haiku", "sonnet"} and doc["models"]["haiku"]["default"]
+    assert doc["models"]["sonnet"]["governor"]["output_burndown"] == 5.0  # Claude Sonnet 4
     lines = ok(swarm(here, "fleet", "--tenant", "cli-fleet"))
-    assert re.match(
-        r"^governor: [\d,]+ of [\d,]+ tokens available, rate [\d,]+/[\d,]+ tokens/s, "
-        r"\d+ throttles, output burndown x[\d.]+$",
-        lines[0],
-    ), lines[0]
-    assert [line.split()[0] for line in lines[1:4]] == ["high", "normal", "low"]
-    for line in lines[1:4]:
+    for line, label in zip(lines[:2], ["model haiku \\(default\\)", "model sonnet"], strict=True):
+        assert re.match(
+            rf"^{label}: [\d,]+ of [\d,]+ tokens available, rate [\d,]+/[\d,]+ tokens/s, "
+            r"\d+ throttles, output burndown x[\d.]+$",
+            line,
+        ), line
+    assert [line.split()[0] for line in lines[2:5]] == ["high", "normal", "low"]
+    for line in lines[2:5]:
         assert re.match(r"^  \w+ +visible +\d+  not visible +\d+  delayed +\d+$", line), line
-    assert re.match(r"^draining: (on|off) \| not visible \d+ \| queued \d+$", lines[4]), lines[4]
-    assert len(lines) == 5
+    assert re.match(r"^draining: (on|off) \| not visible \d+ \| queued \d+$", lines[5]), lines[5]
+    assert len(lines) == 6
 
 
 def test_an_operator_rebinds_a_tenant_and_the_tenants_next_call_binds_it_again(

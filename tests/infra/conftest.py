@@ -66,8 +66,21 @@ def prod_synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized
             "stage": "prod",
             "model": {
                 "adapter": "bedrock",
-                "bedrock_model_id": "us.anthropic.claude-3-5-haiku-20241022-v1:0",
                 "simulated": {"quota_tpm": 1000, "failure_rate": 0.0, "seed": 1},
+            },
+            # two models: a cross-region inference profile and an on-demand model id
+            "models": {
+                "default": "haiku",
+                "catalog": {
+                    "haiku": {
+                        "model_id": "us.anthropic.claude-3-5-haiku-20241022-v1:0",
+                        "tpm": 300_000,
+                    },
+                    "sonnet": {
+                        "model_id": "anthropic.claude-sonnet-4-20250514-v1:0",
+                        "tpm": 200_000,
+                    },
+                },
             },
             # a batch's Converse calls run at once: 20 s governor wait + 10 s connect + 5 s to
             # count + 180 s read + 2 s overhead = 217 s (infra/config.py worker_timing_problem)

@@ -30,7 +30,19 @@ ASSET_HASH = re.compile(r"\b[0-9a-f]{64}\b")
 
 
 def _context(**overrides: Any) -> dict[str, Any]:
-    return {**cdk_json_context(), **overrides}
+    """cdk.json with ``overrides``; one that gives the one model's keys (``quota_tpm``,
+    ``model.bedrock_model_id``) is the configuration without ``models`` (a deployment before
+    the registry): cdk.json's default model, given that way."""
+    context = {**cdk_json_context(), **overrides}
+    model = overrides.get("model", {})
+    legacy = "quota_tpm" in overrides or "bedrock_model_id" in model or "output_burndown" in model
+    if legacy and "models" not in overrides:
+        # null: over cdk.json's too, when the test synthesizes an app (its context is merged)
+        models, context["models"] = context["models"], None
+        default = models["catalog"][models["default"]]
+        context.setdefault("quota_tpm", default["tpm"])
+        context["model"] = {"bedrock_model_id": default["model_id"], **context["model"]}
+    return context
 
 
 def test_cdk_json_defaults_are_valid() -> None:
@@ -629,11 +641,12 @@ SEED_PROFILE = {
 
 
 def _auto(profile: dict[str, Any] | None = None, **worker: Any) -> dict[str, Any]:
-    """cdk.json with worker.concurrency "auto": the lanes keep only their shed depths."""
+    """cdk.json with worker.concurrency "auto": the lanes keep only their shed depths; one
+    model at the seed's quota (300k TPM: the registry's models' rates add up)."""
     context = cdk_json_context()
     lanes = {lane: {"shed_depth": c["shed_depth"]} for lane, c in context["lanes"].items()}
     auto = {"concurrency": "auto", "unit_profile": profile or SEED_PROFILE, **worker}
-    return _context(lanes=lanes, worker={**context["worker"], **auto})
+    return _context(lanes=lanes, worker={**context["worker"], **auto}, quota_tpm=300_000)
 
 
 #: the map's and the API's concurrency lowered to fit the 124 an 876 reservation leaves
@@ -943,7 +956,8 @@ def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> 
     assert error.value.field == "units"
     # and 100,000 units at the default quota (~12,000 tokens each) run well within SQS's 14 days
     config = load_config(cdk_json_context())
-    units_per_s = config.quota_tpm * config.governor_share / 60 / 12_000
+    default = config.governor_config(config.registry.default)  # the slower one, alone
+    units_per_s = default.rate / 12_000
     assert MAX_MANIFEST_UNITS / units_per_s < 14 * 86_400 / 4
 
 
@@ -973,12 +987,13 @@ def _model(**model: Any) -> dict[str, Any]:
 def test_the_output_burndown_defaults_to_what_bedrock_documents_for_the_model(
     model: dict[str, Any], burndown: float
 ) -> None:
-    config = load_config(_context(model=_model(**model)))
-    assert config.model.burndown == burndown
+    config = load_config(_context(model=_model(**model)))  # one model, without the registry
+    assert config.governor_config(config.registry.default).output_burndown == burndown
     # and it reaches every function that draws from or reads the governor
     from infra.stack import _static_environment
 
-    assert _static_environment(config, "worker")["MODEL_OUTPUT_BURNDOWN"] == str(burndown)
+    models = json.loads(_static_environment(config, "worker")["MODELS"])
+    assert models["catalog"][models["default"]]["burndown"] == burndown
 
 
 @pytest.mark.parametrize(
@@ -996,14 +1011,99 @@ def test_a_bad_output_burndown_is_refused_naming_the_key(value: Any, allowed: st
     assert "model.output_burndown" in str(error.value) and allowed in str(error.value)
 
 
-def test_every_function_of_the_governor_gets_the_output_burndown(prod_synth: Synthesized) -> None:
+def test_every_function_of_the_governor_gets_every_models_quota(prod_synth: Synthesized) -> None:
     worker = prod_synth.logical_id(prod_synth.stack.workers.worker.function)
     governed = {
         name: resource["Properties"]["Environment"]["Variables"]
         for name, resource in prod_synth.resources.items()
         if resource["Type"] == "AWS::Lambda::Function"
-        and "QUOTA_TPM" in resource["Properties"].get("Environment", {}).get("Variables", {})
+        and "MODELS" in resource["Properties"].get("Environment", {}).get("Variables", {})
     }
-    assert worker in governed and len(governed) > 1  # the worker, the API, ...
+    assert worker in governed and len(governed) == 3  # the worker, the fan-out, the API
     for variables in governed.values():
-        assert variables["MODEL_OUTPUT_BURNDOWN"] == "1.0"  # Claude 3.5 Haiku
+        models = json.loads(variables["MODELS"])
+        assert models["default"] == "haiku"
+        haiku, sonnet = models["catalog"]["haiku"], models["catalog"]["sonnet"]
+        assert (haiku["tpm"], haiku["share"], haiku["burndown"]) == (300_000, 0.95, 1.0)
+        # Claude Sonnet 4: Bedrock's documented burndown, the default share
+        assert (sonnet["tpm"], sonnet["share"], sonnet["burndown"]) == (200_000, 0.95, 5.0)
+
+
+# -- models: the registry of the models units may name (docs/governor.md, "Models") ----------
+
+
+def _models(**catalog: Any) -> dict[str, Any]:
+    shipped = cdk_json_context()["models"]
+    return {**shipped, "catalog": {**shipped["catalog"], **catalog}}
+
+
+def test_the_shipped_registry_has_a_default_and_each_models_own_quota() -> None:
+    config = load_config(cdk_json_context())
+    assert config.registry.default == "haiku" and set(config.registry.catalog) == {
+        "haiku",
+        "sonnet",
+    }
+    haiku, sonnet = config.governor_config("haiku"), config.governor_config("sonnet")
+    assert (haiku.quota_tpm, haiku.output_burndown) == (300_000, 1.0)
+    # Claude Sonnet 4, a cross-region inference profile: Bedrock's documented burndown of 5
+    assert (sonnet.quota_tpm, sonnet.output_burndown) == (200_000, 5.0)
+    assert haiku.share == sonnet.share == config.governor_share  # the top-level share
+
+
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        (
+            {"models": {**cdk_json_context()["models"], "default": "opus"}},
+            "'models': default: 'opus' is not in catalog (models: haiku, sonnet)",
+        ),
+        ({"models": _models(Opus={"model_id": "a.b", "tpm": 1})}, "'Opus' is not a model name"),
+        (
+            {
+                "models": _models(
+                    twin={"model_id": "anthropic.claude-3-5-haiku-20241022-v1:0", "tpm": 1_000}
+                )
+            },
+            "catalog.twin.model_id: 'anthropic.claude-3-5-haiku-20241022-v1:0' is model 'haiku'",
+        ),
+        ({"models": _models(small={"model_id": "a.b"})}, "models.catalog.small.tpm"),
+        (
+            {"models": _models(small={"model_id": "a.b", "tpm": 10, "output_burndown": 0.5})},
+            "models.catalog.small.output_burndown",
+        ),
+        (
+            {"quota_tpm": 300_000, "models": cdk_json_context()["models"]},
+            "'quota_tpm': with models",
+        ),
+        ({"models": None}, "quota_tpm is required without models"),
+    ],
+)
+def test_a_bad_registry_is_refused_naming_the_key(context: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config({**cdk_json_context(), **context})
+    assert says in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("models", "says"),
+    [
+        (["haiku", "opus"], "'tenants.defaults.models[1]': 'opus' is not a model of the registry"),
+        (["sonnet"], "'tenants.defaults.models': must include the default model 'haiku'"),
+        (["haiku", "haiku"], "'tenants.defaults.models': lists a model twice"),
+    ],
+)
+def test_a_tenants_models_must_be_registered_and_include_the_default(
+    models: list[str], says: str
+) -> None:
+    tenants = cdk_json_context()["tenants"]
+    context = {
+        **cdk_json_context(),
+        "tenants": {**tenants, "defaults": {**tenants["defaults"], "models": models}},
+    }
+    with pytest.raises(ConfigError) as error:
+        load_config(context)
+    assert says in str(error.value), str(error.value)
+    # and a tenant held to the default model reaches the API's limits
+    context["tenants"]["defaults"]["models"] = ["haiku"]
+    limits = json.loads(load_config(context).tenants.env_value())
+    assert limits["defaults"]["models"] == ["haiku"]

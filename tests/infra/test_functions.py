@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -103,9 +104,14 @@ def test_environment_is_exactly_the_contract(synth: Synthesized, name: FunctionN
     assert settings.function == name
     if name in (API, WORKER, FANOUT):
         assert isinstance(settings, GovernorSettings)
-        governor = settings.governor_config()
-        assert governor.quota_tpm == synth.config.quota_tpm
-        assert governor.share == synth.config.governor_share
+        for model in synth.config.registry.catalog:  # each model's bucket, as synth sized it
+            governor = settings.governor_config(model)
+            expected = synth.config.governor_config(model)
+            assert (governor.quota_tpm, governor.share, governor.output_burndown) == (
+                expected.quota_tpm,
+                expected.share,
+                expected.output_burndown,
+            )
 
 
 def test_environment_points_at_the_right_resources(synth: Synthesized) -> None:
@@ -243,13 +249,22 @@ def test_worker_permissions_are_scoped(synth: Synthesized) -> None:
     }
 
 
-def test_bedrock_grant_is_scoped_to_the_configured_model(prod_synth: Synthesized) -> None:
+def test_bedrock_grant_is_scoped_to_the_registered_models(prod_synth: Synthesized) -> None:
     statements = statements_of_role(prod_synth, prod_synth.stack.workers.worker.role)
     bedrock = [s for s in statements if "bedrock:InvokeModel" in as_list(s["Action"])]
     assert len(bedrock) == 1
-    resources = str(bedrock[0]["Resource"])
-    assert "inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0" in resources
-    assert "foundation-model/anthropic.claude-3-5-haiku-20241022-v1:0" in resources
+    resources = [json.dumps(r) for r in as_list(bedrock[0]["Resource"])]
+    # the inference profile and the foundation model it routes to (any region of its
+    # geography); the on-demand model: its foundation model in this region; nothing else
+    assert len(resources) == 3
+    assert (
+        sum("inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0" in r for r in resources)
+        == 1
+    )
+    haiku = [r for r in resources if "foundation-model/anthropic.claude-3-5-haiku" in r]
+    assert len(haiku) == 1 and ":bedrock:*::" in haiku[0]
+    sonnet = [r for r in resources if "foundation-model/anthropic.claude-sonnet-4-20250514" in r]
+    assert len(sonnet) == 1 and ":bedrock:*::" not in sonnet[0]
 
 
 def test_fanout_sends_to_the_lanes_only(synth: Synthesized) -> None:

@@ -388,13 +388,14 @@ def test_the_table_covers_every_function(synth: Synthesized) -> None:
     assert set(EXPECTED) == set(synth.stack.functions)
 
 
-def test_bedrock_worker_may_only_converse_with_its_model(prod_synth: Synthesized) -> None:
+def test_bedrock_worker_may_only_converse_with_its_models(prod_synth: Synthesized) -> None:
     """BedrockModelPlane calls Converse (bedrock:InvokeModel) and CountTokens
-    (bedrock:CountTokens) only: no streaming grant."""
+    (bedrock:CountTokens) only: no streaming grant, on the registered models only."""
     table = dict(granted(prod_synth, WORKER))
     bedrock = {label: actions for label, actions in table.items() if label.startswith("unknown")}
     assert set(bedrock.values()) == {frozenset({"bedrock:InvokeModel", "bedrock:CountTokens"})}
-    assert len(bedrock) == 2  # the inference profile and its foundation model in any region
+    # the inference profile and its foundation model in any region; the on-demand model
+    assert len(bedrock) == 3
     assert all("bedrock" in label for label in bedrock)
     rest = {label: actions for label, actions in table.items() if label not in bedrock}
     assert rest == EXPECTED[WORKER]

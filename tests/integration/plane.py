@@ -88,7 +88,8 @@ class TierOptions(LocalOptions):
 
     def context(self) -> dict[str, Any]:
         context = super().context()
-        context["quota_tpm"] = self.quota_tpm
+        models = context["models"]  # the default model's quota (the other models' as shipped)
+        models["catalog"][models["default"]]["tpm"] = self.quota_tpm
         context["governor_capacity_tokens"] = self.governor_capacity_tokens
         context["model"]["simulated"]["quota_tpm"] = self.model_quota_tpm
         context["fanout"]["finalizer_polls_per_execution"] = self.finalizer_polls_per_execution

@@ -21,12 +21,9 @@ import functions.drain as drain_function
 import functions.worker as worker_handler
 from swarm.adapters.aws import SsmDrainSwitch
 from swarm.contract import (
-    BEDROCK_MODEL_ID,
-    GOVERNOR_SHARE,
     GOVERNOR_TABLE_NAME,
     LEASE_SECONDS,
-    MODEL_OUTPUT_BURNDOWN,
-    QUOTA_TPM,
+    MODELS,
     worker_mapping_var,
 )
 from swarm.core.codec import message_body, parse_message
@@ -409,8 +406,10 @@ def test_a_tool_choice_the_deployments_model_does_not_take_is_a_400_naming_the_f
     choice: Any,
     takes: str,
 ) -> None:
-    # Given a deployment whose model (cdk.json model.bedrock_model_id) takes no such choice
-    overrides = {BEDROCK_MODEL_ID: model_id}
+    # Given a deployment whose model (cdk.json models.catalog.<default>.model_id) takes no such
+    # choice
+    one = {"model_id": model_id, "tpm": 6_000_000, "share": 0.95, "burndown": 1}
+    overrides = {MODELS: json.dumps({"default": "m", "catalog": {"m": one}})}
     with control_plane(monkeypatch, None, **overrides) as plane:
         # When an agent unit forces that choice
         body = {"units": [units(1)[0], _agent_unit(choice)]}
@@ -539,12 +538,20 @@ def test_fleet_view_and_dead_letter_queue(plane: ControlPlane) -> None:
     status, fleet, _ = plane.api("GET", "/fleet", operator=True)
     # the lanes' messages: the two units due together travel as one (a bundle)
     assert status == 200 and fleet["lanes"]["normal"]["visible"] == 1
-    env = plane.env("api")
-    rate = int(env[QUOTA_TPM]) / 60 * float(env[GOVERNOR_SHARE])
-    assert fleet["governor"]["governed_rate_tps"] == pytest.approx(rate)
-    # beside the governor's figures, how many quota tokens an output token counts as: the
-    # deployed model's (cdk.json model.output_burndown, set on the API's function)
-    assert fleet["governor"]["output_burndown"] == float(env[MODEL_OUTPUT_BURNDOWN]) == 1.0
+    models = json.loads(plane.env("api")[MODELS])
+    # each model's bucket, and the default model's as the fleet's governor
+    assert set(fleet["models"]) == set(models["catalog"])
+    for name, model in models["catalog"].items():
+        shown = fleet["models"][name]
+        assert shown["model_id"] == model["model_id"]
+        assert shown["default"] is (name == models["default"])
+        rate = model["tpm"] / 60 * model["share"]
+        assert shown["governor"]["governed_rate_tps"] == pytest.approx(rate, abs=1e-3)
+        # beside the figures, how many quota tokens an output token counts as: the model's
+        # (cdk.json models.catalog.<name>.output_burndown, or Bedrock's documented rate)
+        assert shown["governor"]["output_burndown"] == model["burndown"]
+    assert fleet["governor"] == fleet["models"][models["default"]]["governor"]
+    assert fleet["models"]["sonnet"]["governor"]["output_burndown"] == 5.0  # Claude Sonnet 4
     # a poison message that SQS moved to the DLQ ends each of its units as dead-lettered
     sqs = plane.client("sqs")
     [m] = plane.receive(Lane.NORMAL, max_messages=1)

@@ -69,10 +69,9 @@ def _api_runtime(client: Any) -> Wiring:
             env.GOVERNOR_TABLE_NAME: TABLE,
             env.LEDGER_TABLE_NAME: TABLE,
             env.STATE_MACHINE_ARN: "arn:aws:states:us-east-1:123456789012:stateMachine:x",
-            env.QUOTA_TPM: "300000",
-            env.GOVERNOR_SHARE: "0.95",
+            env.MODELS: '{"default":"m","catalog":{"m":{"model_id":"anthropic.claude-test",'
+            '"tpm":300000,"share":0.95,"burndown":1}}}',
             env.GOVERNOR_CAPACITY: "",
-            env.MODEL_OUTPUT_BURNDOWN: "",  # the model's documented rate (1 here)
             env.MAX_ATTEMPTS: "3",
             env.DEFAULT_BUDGET_TOKENS: "1000",
             env.MAX_BUDGET_TOKENS: "1000000",
@@ -148,18 +147,21 @@ def test_a_read_only_client_refuses_every_write(dynamodb: Any) -> None:
 
 
 def test_the_api_runtime_wires_a_governor_that_never_writes(dynamodb: Any) -> None:
-    """``POST /batches`` and ``GET /fleet`` read ``Batches.governor``."""
+    """``POST /batches`` and ``GET /fleet`` read ``Batches.governor`` and each model's."""
     # Given the API function's runtime on a fresh governor table, every write refused
     runtime = _api_runtime(ReadOnlyClient(dynamodb))
-    governor = runtime.batches().governor
-    # When the API reads the fleet's bucket
-    snapshot = governor.snapshot(50.0)
-    # Then it reads the configured initial state of the bucket the workers will create
-    config = runtime.governor_config()
-    assert snapshot.capacity == config.bucket_capacity
-    assert snapshot.available == pytest.approx(config.initial_fill * config.bucket_capacity)
-    assert _item_count(dynamodb) == 0
+    batches = runtime.batches()
+    assert batches.models is not None
+    assert batches.models.routes["m"].governor is not batches.governor  # its own reader
+    for governor in (batches.governor, batches.models.routes["m"].governor):
+        # When the API reads the model's bucket
+        snapshot = governor.snapshot(50.0)
+        # Then it reads the configured initial state of the bucket the workers will create
+        config = runtime.governor_config()
+        assert snapshot.capacity == config.bucket_capacity
+        assert snapshot.available == pytest.approx(config.initial_fill * config.bucket_capacity)
+        assert _item_count(dynamodb) == 0
     # And the worker's governor (same name, same table) creates exactly that bucket
-    worker = DynamoDBGovernor(config, TABLE, client=dynamodb, name=governor_name(config))
+    worker = DynamoDBGovernor(config, TABLE, client=dynamodb, name=governor_name(config, "m"))
     assert worker.snapshot(50.0) == snapshot
     assert _item_count(dynamodb) == 1

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from swarm.adapters.simulated_model import MODEL_ID, simulated_input_tokens, simulated_output
+from swarm.adapters.simulated_model import answered_by, simulated_input_tokens, simulated_output
+from swarm.contract import MODELS
 from swarm.core.codec import parse_message
 from swarm.core.prompts import normalise
 from swarm.core.records import Lane
@@ -71,12 +72,15 @@ def test_a_request_runs_from_the_api_to_the_model_in_normal_form(plane: ControlP
     status, page, _ = plane.api("GET", f"/batches/{batch_id}/results")
     assert status == 200, page
     got = {u["unit_id"]: u for u in page["units"]}
+    models = json.loads(plane.env("worker")[MODELS])
+    default_model_id = models["catalog"][models["default"]]["model_id"]
     for name, prompt in normal.items():
         unit = got[name]
         assert unit["output"] == simulated_output(prompt, name, unit["attempt"])
         assert unit["input_tokens"] == simulated_input_tokens(prompt)
         assert unit["input_tokens"] + unit["output_tokens"] == unit["tokens"] <= 2_000
-        assert unit["model_id"] == MODEL_ID
+        # the default model (no unit names one), answered by the simulated plane
+        assert unit["model_id"] == answered_by(default_model_id)
     # the unit that asked for at most 40 tokens of answer got 40
     assert (got["short"]["output_tokens"], got["short"]["stop_reason"]) == (40, "max_tokens")
 

@@ -26,6 +26,7 @@ from swarm.adapters.bedrock import (
     input_token_bound,
     minimum_read_timeout_s,
 )
+from swarm.adapters.routed_model import RoutedModelPlane
 from swarm.contract import BEDROCK_COUNT_CONNECT_TIMEOUT_S, BEDROCK_COUNT_READ_TIMEOUT_S
 from swarm.core.ports import ModelRequest, ModelThrottled
 from swarm.core.prompts import converse_request
@@ -337,8 +338,12 @@ WORKER_ENV = {
     "BUCKET_NAME": "bucket",
     "DRAIN_PARAMETER_NAME": "/swarm/dev/drain",
     "EVENT_BUS_NAME": "bus",
-    "QUOTA_TPM": "300000",
-    "GOVERNOR_SHARE": "0.95",
+    "MODELS": json.dumps(
+        {
+            "default": "main",
+            "catalog": {"main": {"model_id": MODEL, "tpm": 300000, "share": 0.95, "burndown": 1}},
+        }
+    ),
     "GOVERNOR_MAX_WAIT_SECONDS": "20",
     "MAX_ATTEMPTS": "3",
     "LEASE_SECONDS": "1440",
@@ -347,7 +352,6 @@ WORKER_ENV = {
     "BUNDLE_STRETCH": "0.1",
     "BUNDLE_MAX_WINDOW_SECONDS": "45",
     "MODEL_ADAPTER": "bedrock",
-    "BEDROCK_MODEL_ID": MODEL,
     "BEDROCK_READ_TIMEOUT_SECONDS": "240",
     "SIM_MODEL_QUOTA_TPM": "300000",
     "SIM_MODEL_FAILURE_RATE": "0",
@@ -365,8 +369,10 @@ def worker_model(monkeypatch: pytest.MonkeyPatch, **env: str) -> BedrockModelPla
         "AWS_SECRET_ACCESS_KEY": "testing",
     }.items():
         monkeypatch.setenv(name, value)
-    model = Wiring.from_env({**WORKER_ENV, **env}).model()
-    assert isinstance(model, BedrockModelPlane)
+    routed = Wiring.from_env({**WORKER_ENV, **env}).model()
+    assert isinstance(routed, RoutedModelPlane)  # one plane per registered model id
+    model = routed.planes[MODEL]
+    assert isinstance(model, BedrockModelPlane) and model is routed.default
     return model
 
 

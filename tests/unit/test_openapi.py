@@ -178,6 +178,7 @@ def test_the_documented_unit_is_the_one_the_api_validates() -> None:
         "system",
         "messages",
         "inferenceConfig",
+        "model",
         # an agent unit's (docs/agents.md)
         "tools",
         "toolChoice",

@@ -27,8 +27,25 @@ VALUES = {
     env.STAGE: "dev",
     env.POWERTOOLS_LOG_LEVEL: "INFO",
     env.STATE_MACHINE_ARN: "arn:aws:states:us-east-1:123456789012:stateMachine:fanout",
-    env.QUOTA_TPM: "300000",
-    env.GOVERNOR_SHARE: "0.95",
+    env.MODELS: json.dumps(
+        {
+            "default": "haiku",
+            "catalog": {
+                "haiku": {
+                    "model_id": "anthropic.claude-test",
+                    "tpm": 300000,
+                    "share": 0.95,
+                    "burndown": 1.0,
+                },
+                "sonnet": {
+                    "model_id": "us.anthropic.claude-sonnet-4-test",
+                    "tpm": 200000,
+                    "share": 0.9,
+                    "burndown": 5.0,
+                },
+            },
+        }
+    ),
     env.GOVERNOR_MAX_WAIT_SECONDS: "20",
     env.LEASE_SECONDS: "720",
     env.BUNDLE_WINDOW_SECONDS: "10",
@@ -99,13 +116,11 @@ def test_missing_and_malformed_variables_are_named() -> None:
     missing = environment("worker") | {env.LEASE_SECONDS: ""}
     with pytest.raises(SettingsError, match="for the worker function: LEASE_SECONDS"):
         Settings.from_env(missing)
-    with pytest.raises(SettingsError, match="QUOTA_TPM='lots'"):
-        Settings.from_env(environment("api") | {env.QUOTA_TPM: "lots"})
-    bedrock = environment("worker") | {env.MODEL_ADAPTER: "bedrock"}
-    with pytest.raises(SettingsError, match="BEDROCK_MODEL_ID is required when MODEL_ADAPTER"):
-        Settings.from_env(bedrock)
-    with_id = Settings.from_env(bedrock | {env.BEDROCK_MODEL_ID: "anthropic.claude-test"})
-    assert isinstance(with_id, WorkerSettings) and with_id.bedrock_model_id
+    with pytest.raises(SettingsError, match="MODELS='lots'"):
+        Settings.from_env(environment("api") | {env.MODELS: "lots"})
+    unknown = json.dumps({"default": "opus", "catalog": json.loads(VALUES[env.MODELS])["catalog"]})
+    with pytest.raises(SettingsError, match="default 'opus' is not in the catalog"):
+        Settings.from_env(environment("api") | {env.MODELS: unknown})
 
 
 def test_optional_variables_left_empty_are_unset() -> None:
@@ -168,12 +183,13 @@ def test_the_wiring_names_what_a_function_was_not_given() -> None:
     assert _wiring("api").settings_as(ApiSettings).tenant_principal_prefix
 
 
-def test_the_output_burndown_reaches_the_governors_config_and_a_bad_one_is_named() -> None:
+def test_each_model_has_its_own_governor_config_and_a_bad_burndown_is_named() -> None:
     worker = WorkerSettings.from_env(environment("worker"))
-    assert worker.governor_config().output_burndown == 1.0  # empty: output counted once
-    five = environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "5.0"}
-    assert WorkerSettings.from_env(five).governor_config().output_burndown == 5.0
-    api = ApiSettings.from_env(environment("api") | {env.MODEL_OUTPUT_BURNDOWN: "5"})
-    assert api.governor_config().output_burndown == 5.0  # GET /fleet shows it
-    with pytest.raises(SettingsError, match=r"MODEL_OUTPUT_BURNDOWN='0\.5'"):
-        Settings.from_env(environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "0.5"})
+    haiku = worker.governor_config()  # the default model's
+    assert (haiku.quota_tpm, haiku.share, haiku.output_burndown) == (300000, 0.95, 1.0)
+    sonnet = ApiSettings.from_env(environment("api")).governor_config("sonnet")
+    assert (sonnet.quota_tpm, sonnet.share, sonnet.output_burndown) == (200000, 0.9, 5.0)
+    bad = json.loads(VALUES[env.MODELS])
+    bad["catalog"]["sonnet"]["burndown"] = 0.5
+    with pytest.raises(SettingsError, match=r"MODELS.*burndown.*greater than or equal to 1"):
+        Settings.from_env(environment("worker") | {env.MODELS: json.dumps(bad)})

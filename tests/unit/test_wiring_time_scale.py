@@ -19,8 +19,8 @@ VALUES = {
     "SWARM_FUNCTION": "worker",
     "STAGE": "dev",
     "STATE_MACHINE_ARN": "arn:aws:states:us-east-1:123456789012:stateMachine:fanout",
-    "QUOTA_TPM": "300000",
-    "GOVERNOR_SHARE": "0.95",
+    "MODELS": '{"default":"m","catalog":{"m":{"model_id":"m","tpm":300000,"share":0.95,'
+    '"burndown":1}}}',
     "GOVERNOR_MAX_WAIT_SECONDS": "20",
     "LEASE_SECONDS": "720",
     "BUNDLE_WINDOW_SECONDS": "10",
