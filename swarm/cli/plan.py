@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from swarm.cli.sim import (
 from swarm.core.errors import InvalidInput
 from swarm.core.records import UnitSpec
 from swarm.core.scheduling import DEFAULT_SCHEDULE, ServiceModel
-from swarm.sim.models import dollars
+from swarm.sim.engine import FleetConfig
+from swarm.sim.models import Models, dollars
 from swarm.sim.plan import (
     DEFAULT_ACCOUNT_LIMIT,
     ModelsPlan,
@@ -45,9 +47,12 @@ DEFAULT_BUDGET = 6_000_000  # cdk.json's budget.default_tokens
 DEFAULT_ATTEMPTS = 3  # cdk.json's max_attempts
 
 
-def manifest_workload(path: Path, args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
-    """The units of a manifest (a JSON array of units, or a batch object with ``units``), and
-    the batch's own ``budget`` / ``max_attempts`` if it has them."""
+def manifest_workload(
+    path: Path, args: argparse.Namespace
+) -> tuple[Workload, dict[str, Any], list[str | None]]:
+    """The units of a manifest (a JSON array of units, or a batch object with ``units``), the
+    batch's own ``budget`` / ``max_attempts`` if it has them, and the model each unit names
+    (its ``input.model``; None: the default)."""
     try:
         body = read_units_file(path)
     except InvalidInput as e:
@@ -59,10 +64,17 @@ def manifest_workload(path: Path, args: argparse.Namespace) -> tuple[Workload, d
             f"{path} has no units: give a JSON array of units or a batch object with "
             '"units" (an uploaded manifest\'s S3 key cannot be planned: plan its file)',
         )
-    ids, sizes = [], []
+    ids, sizes, named = [], [], []
     for index, unit in enumerate(units):
         if not isinstance(unit, dict):
             raise InvalidInput(f"--manifest: units[{index}]", "must be an object")
+        given = unit.get("input")
+        model = given.get("model") if isinstance(given, dict) else None
+        if model is not None and not isinstance(model, str):
+            raise InvalidInput(
+                f"--manifest: units[{index}].input.model", f"must be a model name, got {model!r}"
+            )
+        named.append(model)
         unit_id, tokens = unit.get("unit_id"), unit.get("projected_tokens")
         if not isinstance(unit_id, str):
             raise InvalidInput(f"--manifest: units[{index}].unit_id", "must be a string")
@@ -90,7 +102,35 @@ def manifest_workload(path: Path, args: argparse.Namespace) -> tuple[Workload, d
         for k in ("budget", "max_attempts")
         if isinstance(v := body.get(k), int) and not isinstance(v, bool)
     }
-    return workload, batch
+    return workload, batch, named
+
+
+def named_models(
+    fleet: FleetConfig, named: list[str | None], args: argparse.Namespace
+) -> FleetConfig:
+    """The fleet with each unit on the model its ``input.model`` names (the catalog's default
+    for the others), when any names one."""
+    if not any(named):
+        return fleet
+    if fleet.models is None:
+        index = next(i for i, n in enumerate(named) if n)
+        raise InvalidInput(
+            f"--manifest: units[{index}].input.model",
+            f"names model {named[index]!r}: give the catalog with --models FILE",
+        )
+    if args.mix is not None:
+        raise InvalidInput(
+            "--mix", "the manifest's units name their models (input.model): leave out --mix"
+        )
+    catalog = fleet.models.catalog
+    for index, name in enumerate(named):
+        if name is not None and name not in catalog.models:
+            raise InvalidInput(
+                f"--manifest: units[{index}].input.model",
+                f"{name!r} is not a model of the catalog: use one of {', '.join(catalog.models)}",
+            )
+    per_unit = [catalog.default if n is None else n for n in named]
+    return replace(fleet, models=Models.named(catalog, per_unit, fleet.models.output_share))
 
 
 def _tokens(spread: Spread, seeds: int) -> str:
@@ -286,6 +326,7 @@ def models_plan_doc(p: ModelsPlan) -> dict[str, Any]:
         "first_attempt_tokens": w.first_attempt_tokens,
         "unit_tokens": {"min": w.min_tokens, "max": w.max_tokens},
         "mix": p.models.mix.text(),
+        "units_name_their_models": bool(p.models.per_unit),
         "output_share": p.models.output_share,
         "governor_share": f.share,
         "budget": f.budget,
@@ -324,11 +365,16 @@ def _print_models_outcome(p: ModelsPlan, o: Outcome) -> None:
 
 def print_models_plan(p: ModelsPlan) -> None:
     w, f = p.workload, p.fleet
+    models = p.models
+    if models.per_unit:
+        counts = ", ".join(f"{n} {models.per_unit.count(n):,}" for n in models.mix.names)
+        mix = f"units on the models they name: {counts}"
+    else:
+        mix = f"mix {models.mix.text()}"
     print(
         f"{w.units:,} units, {w.first_attempt_tokens:,} tokens of first-attempt work "
-        f"({w.min_tokens:,}-{w.max_tokens:,} per unit, {p.models.output_share:.0%} of them "
-        f"output) | mix {p.models.mix.text()} | {w.failure_rate:.0%} of attempts fail, "
-        f"{f.max_attempts} attempts"
+        f"({w.min_tokens:,}-{w.max_tokens:,} per unit, {models.output_share:.0%} of them "
+        f"output) | {mix} | {w.failure_rate:.0%} of attempts fail, {f.max_attempts} attempts"
     )
     for spec in p.models.used:
         share = spec.share(f.share)
@@ -392,12 +438,13 @@ def print_models_plan(p: ModelsPlan) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     batch: dict[str, Any] = {}
+    named: list[str | None] = []
     if args.manifest is not None:
         given = [o for o in ("units", "min_tokens", "max_tokens") if getattr(args, o) is not None]
         if given:
             flags = ", ".join(f"--{o.replace('_', '-')}" for o in given)
             raise InvalidInput("--manifest", f"gives the units: leave out {flags}")
-        workload, batch = manifest_workload(args.manifest, args)
+        workload, batch, named = manifest_workload(args.manifest, args)
     else:
         args.units = 400 if args.units is None else args.units
         args.min_tokens = 8_000 if args.min_tokens is None else args.min_tokens
@@ -407,7 +454,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args.budget = batch.get("budget", DEFAULT_BUDGET)
     if args.max_attempts is None:
         args.max_attempts = batch.get("max_attempts", DEFAULT_ATTEMPTS)
-    fleet = fleet_of(args, workers=1)
+    fleet = named_models(fleet_of(args, workers=1), named, args)
     if fleet.models is not None:
         if args.usd_per_mtok is not None:
             raise InvalidInput(

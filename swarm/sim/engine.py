@@ -399,7 +399,7 @@ class ModelSimulation(Simulation):
             self.states[spec.name] = ModelState(
                 spec, InMemoryGovernor(config, now), requests, InMemoryLanes(self.fleet.policy)
             )
-        self.model_of = models.mix.assign(self.workload.units, self.workload.seed)
+        self.model_of = models.assign(self.workload.units, self.workload.seed)
         for index, name in enumerate(self.model_of):
             try:
                 check_amount(

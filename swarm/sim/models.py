@@ -327,13 +327,41 @@ class Models:
     catalog: Catalog
     mix: Mix
     output_share: float = DEFAULT_OUTPUT_SHARE
+    #: each unit's model by index, when the units name theirs (a manifest's ``input.model``);
+    #: else the mix assigns them
+    per_unit: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.output_share <= 1:
             raise InvalidInput("output_share", f"must be in [0, 1], got {self.output_share!r}")
-        for name in self.mix.names:
+        for name in (*self.mix.names, *self.per_unit):
             if name not in self.catalog.models:
                 raise InvalidInput("mix", f"{name!r} is not a model of the catalog")
+        if self.per_unit and set(self.per_unit) != set(self.mix.names):
+            raise InvalidInput("mix", "give the units' own models with Models.named")
+
+    @classmethod
+    def named(
+        cls, catalog: Catalog, per_unit: Sequence[str], output_share: float = DEFAULT_OUTPUT_SHARE
+    ) -> Models:
+        """Units that name their models (by index); the mix is what they add up to."""
+        if not per_unit:
+            raise InvalidInput("units", "a workload needs at least one unit")
+        counts: dict[str, int] = {}
+        for name in per_unit:
+            counts[name] = counts.get(name, 0) + 1
+        mix = Mix(tuple((name, n / len(per_unit)) for name, n in counts.items()))
+        return cls(catalog, mix, output_share, tuple(per_unit))
+
+    def assign(self, units: int, seed: int) -> tuple[str, ...]:
+        """Each unit's model, by index: its own, or the mix's draw on the seed."""
+        if not self.per_unit:
+            return self.mix.assign(units, seed)
+        if len(self.per_unit) != units:
+            raise InvalidInput(
+                "units", f"{len(self.per_unit)} units name their models, the workload has {units}"
+            )
+        return self.per_unit
 
     @classmethod
     def default(cls, catalog: Catalog, output_share: float = DEFAULT_OUTPUT_SHARE) -> Models:

@@ -255,7 +255,7 @@ def model_limits(workload: Workload, fleet: FleetConfig) -> tuple[ModelLimit, ..
     models = fleet.models
     if models is None:
         raise InvalidInput("models", "model limits need fleet.models")
-    assigned = models.mix.assign(workload.units, workload.seed)
+    assigned = models.assign(workload.units, workload.seed)
     out = []
     for spec in models.used:
         sizes = [workload.tokens(i) for i, name in enumerate(assigned) if name == spec.name]

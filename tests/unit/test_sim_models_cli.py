@@ -194,3 +194,51 @@ def test_model_options_need_the_catalog_and_fit_the_command(
     args = ["sim", "run", "--models", str(cdk_json), "--state", str(state), "--kill-at", "9"]
     code, _, err = run_cli(args, capsys)
     assert code == 2 and "kill and resume are not simulated on several models" in err
+
+
+def _units(tmp_path: Path, writer_model: Any = "writer") -> Path:
+    """Small router calls and large writer units, each naming its model (input.model)."""
+    units = [
+        {"unit_id": f"r{i}", "projected_tokens": 200 + i % 200, "input": {"model": "router"}}
+        for i in range(300)
+    ]
+    units += [
+        {"unit_id": f"w{i}", "projected_tokens": 4_000 + 50 * i, "input": {"model": writer_model}}
+        for i in range(20)
+    ]
+    units.append({"unit_id": "plain", "projected_tokens": 300, "input": "no model: the default"})
+    return _write(tmp_path, {"units": units, "budget": 1_000_000})
+
+
+def test_plan_runs_each_manifest_unit_on_the_model_it_names(
+    cdk_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["plan", "--manifest", str(_units(tmp_path)), "--models", str(cdk_json)]
+    args += ["--base-seconds", "5", "--seeds", "1"]
+    code, out, _ = run_cli([*args, "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    models = {m["model"]: m for m in doc["models"]}
+    # the unit naming no model runs on the catalog's default (router)
+    assert (models["router"]["units"], models["writer"]["units"]) == (301, 20)
+    assert doc["units_name_their_models"] and doc["budget"] == 1_000_000
+    assert (models["router"]["binding"], models["writer"]["binding"]) == ("RPM", "TPM")
+    code, text, _ = run_cli(args, capsys)
+    assert "units on the models they name: router 301, writer 20" in text
+
+
+def test_a_manifest_naming_models_needs_the_catalog_and_no_mix(
+    cdk_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = ["plan", "--manifest", str(_units(tmp_path)), "--seeds", "1"]
+    code, _, err = run_cli(manifest, capsys)
+    assert code == 2 and "--manifest: units[0].input.model: names model 'router'" in err
+    code, _, err = run_cli([*manifest, "--models", str(cdk_json), "--mix", "router=1"], capsys)
+    assert code == 2 and "--mix: the manifest's units name their models" in err
+    unknown = ["plan", "--manifest", str(_units(tmp_path, "opus")), "--models", str(cdk_json)]
+    code, _, err = run_cli(unknown, capsys)
+    assert code == 2
+    assert "--manifest: units[300].input.model: 'opus' is not a model of the catalog" in err
+    bad = ["plan", "--manifest", str(_units(tmp_path, 7)), "--models", str(cdk_json)]
+    code, _, err = run_cli(bad, capsys)
+    assert code == 2 and "--manifest: units[300].input.model: must be a model name" in err
