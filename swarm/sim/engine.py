@@ -377,8 +377,9 @@ class ModelSimulation(Simulation):
     neither. Each model has its own queue and its own head of line, so a model waiting for its
     quota never holds up another's units; the workers, the ledger and the budget are shared.
     Free workers take units from the models in turn (one each, round the models, as long as
-    some model's head can start). With one model of burndown 1 and no rpm it is
-    :class:`Simulation` exactly (tests/unit/test_sim_models.py runs both)."""
+    some model's head can start); a unit waiting for its model's quota holds its worker. With
+    one model of burndown 1 and no rpm it is :class:`Simulation` exactly
+    (tests/unit/test_sim_models.py runs both)."""
 
     states: dict[str, ModelState] = field(default_factory=dict)
     model_of: tuple[str, ...] = ()  # each unit's model, by index
@@ -433,10 +434,14 @@ class ModelSimulation(Simulation):
             waits: list[int] = []
             progressed = False
             for k in range(len(names)):
-                if len(self.in_flight) >= self.fleet.workers:
-                    return None
                 name = names[(self.turn + k) % len(names)]
-                started, wait = self._dispatch_model(self.states[name], t)
+                st = self.states[name]
+                # a unit waiting for its model's quota holds its worker (as in Simulation); a
+                # new unit needs a worker that neither runs nor waits
+                holding = sum(1 for s in self.states.values() if s.waiting is not None)
+                if st.waiting is None and len(self.in_flight) + holding >= self.fleet.workers:
+                    continue
+                started, wait = self._dispatch_model(st, t)
                 if started:
                     progressed = True
                     self.turn = (self.turn + k + 1) % len(names)

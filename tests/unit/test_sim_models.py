@@ -313,3 +313,18 @@ def test_every_attempt_is_priced_failed_ones_too() -> None:
     # each attempt rounds up to the micro-dollar: at most one micro-dollar per attempt above
     exact = (haiku.input_tokens * 800_000 + out * 4_000_000) / 1e6
     assert exact <= haiku.cost_micro_usd < exact + haiku.attempts
+
+
+def test_a_unit_waiting_for_its_models_quota_holds_its_worker() -> None:
+    # Given one worker, a unit on a model whose empty bucket needs ~11 s to cover it, and a
+    # unit on a model with quota to spare, queued in that order
+    c = catalog(slow={"model_id": "s", "tpm": 6_000}, fast={"model_id": "f", "tpm": 1_000_000})
+    workload = Workload.from_sizes([1_000, 1_000], failure_rate=0.0, service=ServiceModel(10))
+    models = Models.named(c, ["slow", "fast"])
+    sim = ModelSimulation.fresh(workload, FleetConfig(workers=1, models=models))
+    result = sim.run_until()
+    ends = {a.unit_id: a.settled_at for a in sim.ledger.attempts("sim-run")}
+    # Then the fast unit waits for the worker the slow one holds: 1,000 tokens at 95 tokens/s
+    # are granted at 11 s, the slow unit runs 20 s, then the fast one 20 s
+    assert ends == {"unit-00000": 31, "unit-00001": 51}
+    assert result.elapsed == 51
