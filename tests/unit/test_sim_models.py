@@ -8,6 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swarm.core.errors import InvalidInput
 from swarm.core.scheduling import Schedule, ServiceModel
@@ -328,3 +330,52 @@ def test_a_unit_waiting_for_its_models_quota_holds_its_worker() -> None:
     # are granted at 11 s, the slow unit runs 20 s, then the fast one 20 s
     assert ends == {"unit-00000": 31, "unit-00001": 51}
     assert result.elapsed == 51
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    units=st.integers(1, 60),
+    fraction=st.sampled_from([0.25, 0.5, 0.75, 1.0]),
+    rpm=st.one_of(st.none(), st.integers(6, 200)),
+    max_tokens=st.sampled_from([400, 4_000]),
+    burndown=st.sampled_from([1, 2.5, 5]),
+    output_share=st.sampled_from([0.0, 0.3, 0.9]),
+    workers=st.integers(1, 40),
+    schedule=st.sampled_from(list(Schedule)),
+    seed=st.integers(0, 1_000),
+)
+def test_no_models_bucket_is_ever_over_granted(
+    units: int,
+    fraction: float,
+    rpm: int | None,
+    max_tokens: int,
+    burndown: float,
+    output_share: float,
+    workers: int,
+    schedule: Schedule,
+    seed: int,
+) -> None:
+    """Whatever the mix, quotas, burndown and fleet: by any second t, each model's attempts
+    started have drawn at most rate x t quota tokens and (with an rpm) rate x t requests from
+    its buckets, empty at 0; and the books add up across the models."""
+    c = catalog(
+        a={"model_id": "a", "tpm": 60_000, "rpm": rpm, "output_burndown": burndown},
+        b={"model_id": "b", "tpm": 120_000, "rpm": 60},
+    )
+    parts = (("a", fraction),) if fraction == 1.0 else (("a", fraction), ("b", 1 - fraction))
+    models = Models(c, Mix(parts), output_share)
+    workload = Workload(units=units, min_tokens=50, max_tokens=max_tokens, seed=seed)
+    sim = ModelSimulation.fresh(
+        workload, FleetConfig(workers=workers, schedule=schedule, models=models)
+    )
+    result = sim.run_until()
+    for name, state in sim.states.items():
+        starts = _starts(result, sim, name)
+        drawn = 0
+        for k, (start, quota) in enumerate(starts):
+            drawn += quota
+            assert drawn <= state.governor.config.rate * start + 1e-6
+            if state.requests is not None:
+                assert k + 1 <= state.requests.config.rate * start + 1e-6
+    assert sum(m.billed_tokens for m in result.models) == result.run.spent
+    assert sum(m.units for m in result.models) == units
