@@ -69,6 +69,14 @@ def micro_usd(value: Any, field: str) -> int:
     return int(micros)
 
 
+def _is_date(text: str) -> bool:
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
 def dollars(micros: int) -> str:
     """Whole micro-dollars printed as dollars, exactly (``$1,234.567891``; cents at least)."""
     sign = "-" if micros < 0 else ""
@@ -101,11 +109,7 @@ class Prices:
                 f"is not a price: give as_of and {', '.join(PRICE_KINDS)}",
             )
         as_of = doc.get("as_of")
-        try:
-            date.fromisoformat(as_of) if isinstance(as_of, str) else None
-        except ValueError:
-            as_of = None
-        if not isinstance(as_of, str):
+        if not isinstance(as_of, str) or not _is_date(as_of):
             raise InvalidInput(
                 f"{field}.as_of", 'must be the date the prices were read, e.g. "2026-12-01"'
             )
