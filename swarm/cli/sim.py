@@ -232,11 +232,13 @@ def model_options(p: argparse.ArgumentParser) -> None:
         "--mix",
         metavar="NAME=FRACTION,...",
         help="the units' split across the catalog's models, fractions adding up to 1, e.g. "
-        "haiku=0.8,sonnet=0.2 (default: every unit on the catalog's default model)",
+        "haiku=0.8,sonnet=0.2 (default: a manifest's units on the models their input.model "
+        "names, other units on the catalog's default model)",
     )
     g.add_argument(
         "--output-share",
         type=float_in(0, 1),
+        metavar="F",
         help="the share of a unit's tokens that is output: counted at its model's burndown "
         f"against its TPM and priced at its output price ({DEFAULT_OUTPUT_SHARE:g})",
     )
