@@ -559,6 +559,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workload_options(p)
     turn_options(p)
     fleet_options(p, workers=False, many=True)
+    model_options(p)
     p.add_argument(
         "--workers",
         type=worker_list,

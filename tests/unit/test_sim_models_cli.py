@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,9 @@ def _write(tmp_path: Path, body: Any) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", [["sim", "run"], ["plan", "--seeds", "1"]])
+@pytest.mark.parametrize(
+    "command", [["sim", "run"], ["sim", "sweep", "--workers", "10"], ["plan", "--seeds", "1"]]
+)
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -242,3 +245,18 @@ def test_a_manifest_naming_models_needs_the_catalog_and_no_mix(
     bad = ["plan", "--manifest", str(_units(tmp_path, 7)), "--models", str(cdk_json)]
     code, _, err = run_cli(bad, capsys)
     assert code == 2 and "--manifest: units[300].input.model: must be a model name" in err
+
+
+def test_sweep_on_models_adds_up_their_n_star(
+    cdk_json: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["sim", "sweep", *SMALL, "--models", str(cdk_json), *MIX, "--workers", "20,400"]
+    code, out, _ = run_cli([*args, "--policy", "largest-first", "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    # the router's 8 and the writer's 24 (as swarm plan --models says)
+    assert doc["n_star"] == 32
+    # the router's 300 requests at 0.95 a second end the run at either fleet size: 20 workers
+    # cover its N* and the writer's units finish first
+    elapsed = {row["workers"]: row["elapsed_s"] for row in doc["rows"]}
+    assert elapsed[20] == elapsed[400] >= math.ceil(300 / 0.95)
