@@ -21,7 +21,9 @@ from swarm.core.lanes import Policy
 from swarm.core.report import healthy_line
 from swarm.core.scheduling import DEFAULT_SCHEDULE, Floor, Schedule, ServiceModel
 from swarm.sim import lab61, state
-from swarm.sim.engine import FleetConfig, SimResult, Simulation, simulate
+from swarm.sim.engine import FleetConfig, ModelFigures, SimResult, Simulation, simulate
+from swarm.sim.models import DEFAULT_OUTPUT_SHARE, Models, dollars, load_catalog, parse_mix
+from swarm.sim.plan import ModelLimit, binding_limits, model_limits
 from swarm.sim.plot import plot_sweep
 from swarm.sim.sweep import Sweep, sweep
 from swarm.sim.workload import TurnModel, Workload
@@ -170,7 +172,11 @@ def fleet_options(p: argparse.ArgumentParser, *, workers: bool = True, many: boo
     f = p.add_argument_group("fleet (defaults: Lab 6.1)")
     if workers:
         f.add_argument("--workers", type=positive_int, default=100, help="worker slots (100)")
-    f.add_argument("--quota-tpm", type=positive_int, default=300_000, help="model quota (300,000)")
+    f.add_argument(
+        "--quota-tpm",
+        type=positive_int,
+        help="model quota (300,000; with --models each model's tpm instead)",
+    )
     f.add_argument("--share", type=share, default=0.95, help="governor share of quota (0.95)")
     f.add_argument(
         "--budget", type=non_negative_int, default=6_000_000, help="token budget (6,000,000)"
@@ -211,12 +217,65 @@ def workload_of(args: argparse.Namespace) -> Workload:
     )
 
 
+def model_options(p: argparse.ArgumentParser) -> None:
+    """Several models (docs/planner.md, "Several models")."""
+    g = p.add_argument_group('several models (docs/planner.md, "Several models")')
+    g.add_argument(
+        "--models",
+        type=Path,
+        metavar="FILE",
+        help="the model catalog: a cdk.json (context.models) or a JSON file with a models "
+        "object (default and catalog: each model's tpm, rpm, output_burndown, governor_share "
+        "and prices); each model gets its own governor buckets",
+    )
+    g.add_argument(
+        "--mix",
+        metavar="NAME=FRACTION,...",
+        help="the units' split across the catalog's models, fractions adding up to 1, e.g. "
+        "haiku=0.8,sonnet=0.2 (default: a manifest's units on the models their input.model "
+        "names, other units on the catalog's default model)",
+    )
+    g.add_argument(
+        "--output-share",
+        type=float_in(0, 1),
+        metavar="F",
+        help="the share of a unit's tokens that is output: counted at its model's burndown "
+        f"against its TPM and priced at its output price ({DEFAULT_OUTPUT_SHARE:g})",
+    )
+
+
+def models_of(args: argparse.Namespace) -> Models | None:
+    """The models of ``--models``/``--mix``/``--output-share`` (None: one model, as before)."""
+    path: Path | None = getattr(args, "models", None)
+    if path is None:
+        for name in ("mix", "output_share"):
+            if getattr(args, name, None) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise InvalidInput(flag, "needs --models FILE (the model catalog)")
+        return None
+    if getattr(args, "quota_tpm", None) is not None:
+        raise InvalidInput(
+            "--quota-tpm", "with --models each model's quota is its tpm: leave out --quota-tpm"
+        )
+    if getattr(args, "turns", (1, 1))[1] > 1:
+        raise InvalidInput(
+            "--turns", "agent units are not simulated on several models yet: leave out --turns"
+        )
+    catalog = load_catalog(path)
+    output_share = DEFAULT_OUTPUT_SHARE if args.output_share is None else args.output_share
+    if args.mix is None:
+        return Models.default(catalog, output_share)
+    return Models(catalog, parse_mix(args.mix, catalog), output_share)
+
+
 def fleet_of(
     args: argparse.Namespace, workers: int | None = None, schedule: Schedule | None = None
 ) -> FleetConfig:
+    models = models_of(args)
     return FleetConfig(
         workers=args.workers if workers is None else workers,
-        quota_tpm=args.quota_tpm,
+        quota_tpm=300_000 if args.quota_tpm is None else args.quota_tpm,
+        models=models,
         share=args.share,
         budget=args.budget,
         max_attempts=args.max_attempts,
@@ -248,7 +307,13 @@ def floor_line(result: SimResult, schedule: Schedule) -> str | None:
     )
 
 
-def result_doc(result: SimResult, schedule: Schedule) -> dict[str, Any]:
+#: a run on several models: its fleet and its workload (for the models' limits)
+ModelsFleet = tuple[FleetConfig, Workload]
+
+
+def result_doc(
+    result: SimResult, schedule: Schedule, models: ModelsFleet | None = None
+) -> dict[str, Any]:
     run = result.run
     ratio = result.floor_ratio
     return {
@@ -273,14 +338,62 @@ def result_doc(result: SimResult, schedule: Schedule) -> dict[str, Any]:
         "horizon_reached": result.horizon_reached,
         "healthy_line": healthy_line(run, result.elapsed),
         "agent": None if result.agent is None else result.agent.doc(),
+        "models": None if models is None else models_doc(result, models),
+        "cost_micro_usd": None if models is None else total_cost(result),
     }
 
 
+def total_cost(result: SimResult) -> int | None:
+    """The run's cost over every model, in micro-dollars (None: a model has no prices)."""
+    costs = [m.cost_micro_usd for m in result.models]
+    return None if any(c is None for c in costs) else sum(c or 0 for c in costs)
+
+
+def models_doc(result: SimResult, models: ModelsFleet) -> list[dict[str, Any]]:
+    """Each model's figures, its binding limit on the run's workers and its N*."""
+    fleet, workload = models
+    limits = {m.name: m for m in model_limits(workload, fleet)}
+    binding = binding_limits(tuple(limits.values()), fleet.workers)
+    out = []
+    for m in result.models:
+        limit = limits.get(m.name)
+        share = m.last_end_s / result.elapsed if result.elapsed else None
+        out.append(
+            {
+                **m.doc(),
+                "binding": binding.get(m.name),
+                "n_star": None if limit is None else limit.n_star,
+                "makespan_share": None if share is None else round(share, 4),
+                "limits": None if limit is None else limit.doc(),
+            }
+        )
+    return out
+
+
+def model_line(m: ModelFigures, limit: ModelLimit | None, binding: str | None, elapsed: int) -> str:
+    """One model's line: its units and requests, tokens, binding limit, N*, end and cost."""
+    if limit is None or binding is None:
+        return f"model {m.name}: no units"
+    share = f" ({m.last_end_s / elapsed:.0%} of the makespan)" if elapsed else ""
+    cost = "no prices" if m.cost_micro_usd is None else dollars(m.cost_micro_usd)
+    rpm = "" if m.rpm_floor_s is None else f", {m.rpm_floor_s:,}s of requests at its RPM"
+    return (
+        f"model {m.name}: {m.units:,} units, {m.attempts:,} requests, {m.billed_tokens:,} "
+        f"tokens ({m.input_tokens:,} in, {m.output_tokens:,} out; {m.quota_tokens:,} quota "
+        f"tokens, {m.tpm_floor_s:,}s at its TPM{rpm}) | binding: {binding} | "
+        f"N* = {limit.n_star} | last attempt ended at {m.last_end_s:,}s{share} | {cost}"
+    )
+
+
 def _print_result(
-    result: SimResult, schedule: Schedule, as_json: bool, state_path: Path | None
+    result: SimResult,
+    schedule: Schedule,
+    as_json: bool,
+    state_path: Path | None,
+    models: ModelsFleet | None = None,
 ) -> None:
     if as_json:
-        print(json.dumps(result_doc(result, schedule), indent=2))
+        print(json.dumps(result_doc(result, schedule, models), indent=2))
         return
     run = result.run
     if result.killed:
@@ -302,9 +415,25 @@ def _print_result(
             shown = ", ".join(result.remainder[:5])
             more = f" and {len(result.remainder) - 5} more" if len(result.remainder) > 5 else ""
             print(f"remainder ({len(result.remainder)} units): {shown}{more}")
+        if models is not None:
+            _print_models(result, models)
     if state_path is not None:
         hint = "resume with" if result.killed or result.remainder else "state saved; inspect with"
         print(f"{hint}: swarm sim resume --state {state_path}", file=sys.stderr)
+
+
+def _print_models(result: SimResult, models: ModelsFleet) -> None:
+    fleet, workload = models
+    limits = {m.name: m for m in model_limits(workload, fleet)}
+    binding = binding_limits(tuple(limits.values()), fleet.workers)
+    for m in result.models:
+        print(model_line(m, limits.get(m.name), binding.get(m.name), result.elapsed))
+    cost = total_cost(result)
+    if cost is None:
+        missing = ", ".join(m.name for m in result.models if m.cost_micro_usd is None)
+        print(f"cost: unknown (no prices for {missing} in the catalog)")
+    else:
+        print(f"cost: {dollars(cost)} ({cost:,} micro-dollars) for every attempt made")
 
 
 def cmd_lab61(args: argparse.Namespace) -> int:
@@ -316,6 +445,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.kill_at is not None and args.state is None:
         raise InvalidInput("--kill-at", "needs --state FILE to save the killed fleet's state")
     workload = workload_of(args)
+    fleet = fleet_of(args)
+    if fleet.models is not None:
+        if args.state is not None or args.kill_at is not None:
+            flag = "--state" if args.state is not None else "--kill-at"
+            raise InvalidInput(
+                flag, "kill and resume are not simulated on several models yet: leave out --models"
+            )
+        result = simulate(workload, fleet)
+        _print_result(result, args.policy, args.json, None, (fleet, workload))
+        return 0
     if workload.turns.agent:
         if args.state is not None:
             raise InvalidInput(
@@ -406,6 +545,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workload_options(p)
     turn_options(p)
     fleet_options(p)
+    model_options(p)
     p.add_argument(
         "--kill-at", type=positive_int, help="kill the fleet at T seconds (needs --state)"
     )
@@ -419,6 +559,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workload_options(p)
     turn_options(p)
     fleet_options(p, workers=False, many=True)
+    model_options(p)
     p.add_argument(
         "--workers",
         type=worker_list,

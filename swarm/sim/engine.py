@@ -18,15 +18,15 @@ run against DynamoDB/SQS (tests/unit/test_sim_differential.py holds it to the bo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from swarm.core.clock import VirtualClock
 from swarm.core.errors import InvalidInput
-from swarm.core.governor import GovernorConfig, ticks_until
+from swarm.core.governor import Draw, GovernorConfig, check_amount, ticks_until
 from swarm.core.lanes import Policy, QueuedUnit
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryGovernor, InMemoryLanes, InMemoryLedger
-from swarm.core.records import Lane, RunRecord, RunSpec, RunState, UnitSpec
+from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitSpec
 from swarm.core.scheduling import (
     DEFAULT_SCHEDULE,
     Attempt,
@@ -37,6 +37,7 @@ from swarm.core.scheduling import (
 )
 from swarm.core.scheduling import crossover_workers as littles_law
 from swarm.sim.agent import AgentSimulation, AgentStats
+from swarm.sim.models import Models, ModelSpec
 from swarm.sim.workload import Workload
 
 RUN_ID = "sim-run"
@@ -53,6 +54,9 @@ class FleetConfig:
     policy: Policy = Policy.FIFO  # inside a lane: tenants in arrival order or round-robin
     schedule: Schedule = DEFAULT_SCHEDULE  # the order units are fanned out and admitted in
     horizon_s: int = 30 * 86_400  # a simulation that has not finished by then stops and says so
+    #: several models (``--models``/``--mix``): each its own quota, burndown and prices; None:
+    #: one model of ``quota_tpm`` at ``share``, burndown 1, no request bucket (Lab 6.1)
+    models: Models | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -77,6 +81,41 @@ class Running:
 
 
 @dataclass(frozen=True)
+class ModelFigures:
+    """One model's part of a simulated run (several models): its units, the attempts they made
+    (one request each), the tokens billed (input and output), the quota tokens drawn (output at
+    the model's burndown), the cost, and when its last attempt ended."""
+
+    name: str
+    units: int
+    attempts: int
+    billed_tokens: int
+    input_tokens: int
+    output_tokens: int
+    quota_tokens: int
+    cost_micro_usd: int | None  # None: the model has no prices
+    last_end_s: int  # when its last attempt ended (0: none ran)
+    tpm_floor_s: int  # its quota tokens at its governed TPM rate, from an empty bucket
+    rpm_floor_s: int | None  # its requests at its governed RPM rate (None: no rpm)
+
+    def doc(self) -> dict[str, object]:
+        return {
+            "model": self.name,
+            "units": self.units,
+            "attempts": self.attempts,
+            "requests": self.attempts,
+            "billed_tokens": self.billed_tokens,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "quota_tokens": self.quota_tokens,
+            "cost_micro_usd": self.cost_micro_usd,
+            "last_end_s": self.last_end_s,
+            "tpm_floor_s": self.tpm_floor_s,
+            "rpm_floor_s": self.rpm_floor_s,
+        }
+
+
+@dataclass(frozen=True)
 class SimResult:
     run: RunRecord
     elapsed: int
@@ -87,6 +126,7 @@ class SimResult:
     lost_attempts: int = 0  # attempts that were running at a kill, settled on resume
     floor: Floor | None = None  # the makespan's lower bound for the attempts made (a closed run)
     agent: AgentStats | None = None  # agent units (--turns): what the turns did
+    models: tuple[ModelFigures, ...] = ()  # several models: each one's figures, in mix order
 
     @property
     def floor_ratio(self) -> float | None:
@@ -317,7 +357,253 @@ class Simulation:
         return makespan_floor(attempts, self.fleet.governor.rate, self.fleet.workers)
 
 
+@dataclass
+class ModelState:
+    """One model's part of the fleet: its buckets (quota tokens; requests when it has an rpm),
+    its queue of units, and the unit whose worker waits for its tokens."""
+
+    spec: ModelSpec
+    governor: InMemoryGovernor
+    requests: InMemoryGovernor | None
+    lanes: InMemoryLanes
+    waiting: QueuedUnit | None = None
+
+
+@dataclass
+class ModelSimulation(Simulation):
+    """The fleet on several models (``fleet.models``): each unit runs on its model, drawing its
+    quota tokens (:meth:`Models.draw`: output at the model's burndown) from that model's token
+    bucket and, when the model has an ``rpm``, one request from its request bucket, both or
+    neither. Each model has its own queue and its own head of line, so a model waiting for its
+    quota never holds up another's units; the workers, the ledger and the budget are shared.
+    Free workers take units from the models in turn (one each, round the models, as long as
+    some model's head can start); a unit waiting for its model's quota holds its worker. With
+    one model of burndown 1 and no rpm it is :class:`Simulation` exactly
+    (tests/unit/test_sim_models.py runs both)."""
+
+    states: dict[str, ModelState] = field(default_factory=dict)
+    model_of: tuple[str, ...] = ()  # each unit's model, by index
+    turn: int = 0  # the model the next free worker looks at first
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        models = self.fleet.models
+        if models is None:
+            raise InvalidInput("models", "a simulation on several models needs fleet.models")
+        now = self.clock.now()
+        for spec in models.used:
+            share = spec.share(self.fleet.share)
+            config = GovernorConfig(spec.tpm, share, output_burndown=spec.output_burndown)
+            requests = None
+            if spec.rpm is not None:
+                requests = InMemoryGovernor(GovernorConfig(spec.rpm, share), now)
+            self.states[spec.name] = ModelState(
+                spec, InMemoryGovernor(config, now), requests, InMemoryLanes(self.fleet.policy)
+            )
+        self.model_of = models.assign(self.workload.units, self.workload.seed)
+        for index, name in enumerate(self.model_of):
+            try:
+                check_amount(
+                    self.states[name].governor.config,
+                    models.draw(name, self.workload.tokens(index)),
+                    Lane.NORMAL,
+                )
+            except InvalidInput as e:
+                raise InvalidInput(
+                    f"units[{index}].projected_tokens", f"on model {name}: {e.message}"
+                ) from None
+
+    @property
+    def models(self) -> Models:
+        assert self.fleet.models is not None
+        return self.fleet.models
+
+    def _model(self, unit_id: str) -> str:
+        return self.model_of[self.workload.index_of(unit_id)]
+
+    def _enqueue(self, unit_id: str, tokens: int, attempt: int, first: bool = False) -> None:
+        spec = self.run.spec
+        item = QueuedUnit(RUN_ID, unit_id, spec.tenant, spec.lane, attempt, tokens)
+        self.states[self._model(unit_id)].lanes.push(item, first)
+
+    def _dispatch(self, t: int) -> int | None:
+        """Fill free workers from the models in turn; returns when a waiting model's buckets
+        can next grant what waits."""
+        names = list(self.states)
+        while True:
+            waits: list[int] = []
+            progressed = False
+            for k in range(len(names)):
+                name = names[(self.turn + k) % len(names)]
+                st = self.states[name]
+                # a unit waiting for its model's quota holds its worker (as in Simulation); a
+                # new unit needs a worker that neither runs nor waits
+                holding = sum(1 for s in self.states.values() if s.waiting is not None)
+                if st.waiting is None and len(self.in_flight) + holding >= self.fleet.workers:
+                    continue
+                started, wait = self._dispatch_model(st, t)
+                if started:
+                    progressed = True
+                    self.turn = (self.turn + k + 1) % len(names)
+                    break
+                if wait is not None:
+                    waits.append(wait)
+            if not progressed:
+                return min(waits) if waits else None
+
+    def _dispatch_model(self, st: ModelState, t: int) -> tuple[bool, int | None]:
+        """One step of :meth:`Simulation._dispatch` on one model's queue: (True, None) when it
+        started a unit or a refusal emptied the queue; else (False, when it can next grant)."""
+        if st.waiting is not None:
+            item = st.waiting
+        else:
+            head = st.lanes.peek()
+            if head is None:
+                return False, None
+            item = head
+            if not self.fleet.schedule.head_of_line:
+                fitting, wait = self._model_fitting(st, head, t)
+                if fitting is None:
+                    return False, wait
+                item = fitting
+            admission = self.ledger.admit(
+                item.run_id, item.unit_id, item.attempt, t, lease_s=math.inf
+            )
+            if item is head:
+                st.lanes.pop()
+            else:
+                st.lanes.remove(item.run_id, {item.unit_id})
+            if not admission.admitted:
+                self._empty_queue(item.run_id, t)
+                return True, None
+        wait = self._draw(st, item, t)
+        if wait is not None:
+            st.waiting = item
+            return False, wait
+        st.waiting = None
+        self.in_flight.append(Running(t + self.workload.service_s(item.tokens), item))
+        return True, None
+
+    def _draw(self, st: ModelState, item: QueuedUnit, t: int) -> int | None:
+        """Draw the unit's quota tokens and (with an rpm) one request, both or neither; None
+        when granted, else when both can be."""
+        amount = self.models.draw(st.spec.name, item.tokens)
+        if st.requests is None:
+            draw = st.governor.draw(amount, item.lane, t)
+            return None if draw.granted else t + ticks_until(draw.wait_s)
+        g, r = st.governor, st.requests
+        tokens: Draw = g.state.draw(g.config, amount, item.lane, t)[1]
+        request: Draw = r.state.draw(r.config, 1, item.lane, t)[1]
+        if tokens.granted and request.granted:
+            g.draw(amount, item.lane, t)
+            r.draw(1, item.lane, t)
+            return None
+        return t + max(ticks_until(d.wait_s) for d in (tokens, request) if not d.granted)
+
+    def _model_fitting(
+        self, st: ModelState, head: QueuedUnit, t: int
+    ) -> tuple[QueuedUnit | None, int | None]:
+        """``largest-fit`` on one model's queue: its largest queued unit both buckets cover."""
+        fair = st.lanes.policy is Policy.FAIR
+        queue = [
+            q
+            for q in st.lanes.items()
+            if q.lane is head.lane and (not fair or q.tenant == head.tenant)
+        ]
+        name = st.spec.name
+        if st.requests is not None:
+            room = st.requests.snapshot(t).available - st.requests.config.reserve(head.lane)
+            if room < 1:
+                smallest = min(queue, key=lambda q: q.tokens)
+                wait = self._draw(st, smallest, t)
+                return None, wait
+        available = st.governor.snapshot(t).available
+        reserve = st.governor.config.reserve(head.lane)
+        for item in queue:
+            if available - self.models.draw(name, item.tokens) >= reserve:
+                return item, None
+        smallest = min(queue, key=lambda q: q.tokens)
+        return None, self._draw(st, smallest, t)
+
+    def _empty_queue(self, run_id: str, t: int) -> None:
+        for st in self.states.values():
+            queued = [q for q in st.lanes.items() if q.run_id == run_id]
+            for q in queued:
+                if self.ledger.admit(run_id, q.unit_id, q.attempt, t, lease_s=0).admitted:
+                    self.ledger.reclaim_unit(run_id, q.unit_id, t)
+            st.lanes.remove(run_id, {q.unit_id for q in queued})
+
+    def result(
+        self, elapsed: int | None = None, *, killed: bool = False, horizon_reached: bool = False
+    ) -> SimResult:
+        base = super().result(elapsed, killed=killed, horizon_reached=horizon_reached)
+        return replace(base, models=self.figures())
+
+    def figures(self) -> tuple[ModelFigures, ...]:
+        """Each model's figures from the ledger's attempts."""
+        models = self.models
+        attempts: dict[str, list[AttemptRecord]] = {name: [] for name in self.states}
+        for a in self.ledger.attempts(RUN_ID):
+            if a.tokens > 0:
+                attempts[self._model(a.unit_id)].append(a)
+        out = []
+        for name, st in self.states.items():
+            made = attempts[name]
+            billed = [a.tokens for a in made]
+            output = sum(models.output_tokens(b) for b in billed)
+            quota = sum(models.draw(name, b) for b in billed)
+            requests = st.requests
+            out.append(
+                ModelFigures(
+                    name=name,
+                    units=self.model_of.count(name),
+                    attempts=len(made),
+                    billed_tokens=sum(billed),
+                    input_tokens=sum(billed) - output,
+                    output_tokens=output,
+                    quota_tokens=quota,
+                    cost_micro_usd=models.cost_micro_usd(name, billed),
+                    last_end_s=int(max((a.settled_at for a in made), default=0)),
+                    tpm_floor_s=math.ceil(quota / st.governor.config.rate),
+                    rpm_floor_s=(
+                        None if requests is None else math.ceil(len(made) / requests.config.rate)
+                    ),
+                )
+            )
+        return tuple(out)
+
+    def floor(self) -> Floor:
+        """The floor on several models: each model's quota floor (its quota tokens at its TPM
+        rate or its requests at its RPM rate, whichever is longer, then its shortest attempt)
+        and retry chains at its own rate; the workers' floor over every attempt."""
+        by_model: dict[str, list[Attempt]] = {name: [] for name in self.states}
+        every: list[Attempt] = []
+        for a in self.ledger.attempts(RUN_ID):
+            name = self._model(a.unit_id)
+            service = self.workload.service_s(a.tokens)
+            every.append(Attempt(a.unit_id, a.tokens, service))
+            by_model[name].append(Attempt(a.unit_id, self.models.draw(name, a.tokens), service))
+        workers_s = makespan_floor(every, 1.0, self.fleet.workers).workers_s if every else 0
+        quota_s = chain_s = 0
+        for name, made in by_model.items():
+            if not made:
+                continue
+            st = self.states[name]
+            f = makespan_floor(made, st.governor.config.rate, self.fleet.workers)
+            quota_s, chain_s = max(quota_s, f.quota_s), max(chain_s, f.chain_s)
+            if st.requests is not None:
+                grant_s = math.ceil(len(made) / st.requests.config.rate)
+                quota_s = max(quota_s, grant_s + min(m.service_s for m in made))
+        return Floor(quota_s=quota_s, workers_s=workers_s, chain_s=chain_s)
+
+
 def simulate(workload: Workload, fleet: FleetConfig, kill_at: int | None = None) -> SimResult:
+    if fleet.models is not None:
+        if workload.turns.agent:
+            raise InvalidInput(
+                "turns", "agent units are not simulated on several models yet: leave out --turns"
+            )
+        return ModelSimulation.fresh(workload, fleet).run_until(kill_at)
     if workload.turns.agent:
         if kill_at is not None:
             raise InvalidInput("kill_at", "kill and resume are not simulated for agent units")

@@ -57,9 +57,12 @@ def plot_sweep(sweep: Sweep, path: Path) -> None:
     ax.set_ylabel("makespan (s)" + (f", mean of {len(sweep.seeds)} seeds" if many else ""))
     w, f = sweep.workload, sweep.fleet
     seeds = f"seeds {sweep.seeds[0]}-{sweep.seeds[-1]}" if many else f"seed {w.seed}"
+    limits = f"quota {f.quota_tpm:,} TPM x {f.share:g}"
+    if f.models is not None:
+        limits = f"models {f.models.mix.text()}"
     ax.set_title(
-        f"{w.units:,} units of {w.min_tokens:,}-{w.max_tokens:,} tokens ({seeds}) | quota "
-        f"{f.quota_tpm:,} TPM x {f.share:g} | failure rate {w.failure_rate:g}, "
+        f"{w.units:,} units of {w.min_tokens:,}-{w.max_tokens:,} tokens ({seeds}) | {limits} | "
+        f"failure rate {w.failure_rate:g}, "
         f"{f.max_attempts} attempts",
         fontsize=10,
     )

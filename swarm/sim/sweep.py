@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from swarm.core.errors import InvalidInput
-from swarm.core.scheduling import Schedule, size_fleet
+from swarm.core.scheduling import MAPPING_CONCURRENCY, Schedule, size_fleet
 from swarm.sim.engine import FleetConfig, SimResult, crossover_workers, simulate
+from swarm.sim.plan import model_limits
 from swarm.sim.workload import Workload
 
 
@@ -127,12 +128,19 @@ def sweep(
         for policy in policies:
             f = replace(fleet, workers=n, schedule=policy)
             cells.append(Cell(n, policy, tuple(simulate(w, f) for w in loads)))
-    profile = workload.profile()
+    if fleet.models is not None:
+        # several models run at once: their N* and busy fleets add up (swarm plan --models)
+        limits = model_limits(workload, fleet)
+        n_star = sum(m.n_star for m in limits)
+        busy = max(sum(m.workers for m in limits), MAPPING_CONCURRENCY[0])
+    else:
+        n_star = crossover_workers(workload, fleet)
+        busy = size_fleet(fleet.governor.rate, workload.profile()).per_lane
     return Sweep(
         workload=workload,
         fleet=fleet,
         seeds=tuple(w.seed for w in loads),
-        n_star=crossover_workers(workload, fleet),
-        busy=size_fleet(fleet.governor.rate, profile).per_lane,
+        n_star=n_star,
+        busy=busy,
         cells=tuple(cells),
     )
