@@ -431,7 +431,8 @@ def print_models_plan(p: ModelsPlan) -> None:
         print(f"cost: {dollars(cost)} on seed {w.seed} ({parts}){spread}")
     print(
         'cdk.json context (merge into "context"; the models\' quotas stay in models; '
-        'set the concurrency by hand: worker.concurrency "auto" sizes for quota_tpm alone):'
+        'set the concurrency by hand: worker.concurrency "auto" sizes for the models\' rates '
+        "added up, not for each model's N*):"
     )
     print(json.dumps(p.cdk_context(), indent=2))
 
