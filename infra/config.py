@@ -232,7 +232,7 @@ class ApiConfig(_Strict):
     operator_principal_prefix: str = Field(
         default="swarm-operator-", pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$"
     )
-    create_cloudwatch_role: bool  # account-wide API Gateway logging role; see the README
+    create_cloudwatch_role: bool  # API Gateway's logging role (docs/tutorials/first-deployment.md)
     # the API function's Lambda timeout: with INIT it must end within API Gateway's 29 s
     # integration timeout, or the caller gets a 504 while the function goes on (checked at synth)
     timeout_seconds: int = Field(default=19, ge=3, le=900)
@@ -325,7 +325,8 @@ class TenantOverrideConfig(_Strict):
 
 
 class TenantsConfig(_Strict):
-    """``tenants``: the limits that keep tenants from hurting each other (README, "Tenants")."""
+    """``tenants``: the limits that keep tenants from hurting each other
+    (docs/how-to/budgets-and-tenants.md)."""
 
     defaults: TenantLimitsConfig
     overrides: dict[str, TenantOverrideConfig] = Field(default_factory=dict)
@@ -1129,7 +1130,7 @@ class SwarmConfig(_Strict):
             f"the concurrent executions a throttle would hurt add up to {budget.total} "
             f"({budget.explain()}), more than {budget.label}: throttled lane deliveries "
             "dead-letter units that never ran, throttled map children fail the fan-out "
-            f"(FanOutFailed), throttled API calls fail; {advice} (README, 'A small account'); "
+            f"(FanOutFailed), throttled API calls fail; {advice} (docs/how-to/small-accounts.md); "
             "or set account_concurrency_limit to this account's Lambda 'Concurrent executions' "
             "quota (Service Quotas) if it is higher"
         )
@@ -1156,7 +1157,7 @@ class Demand:
 #: Lambda.TooManyRequestsException, then the sweeper repairs the run), the sweeper (one
 #: invocation per schedule tick, EventBridge's asynchronous invoke, which Lambda retries) and the
 #: drain controller (one per switch flip, asynchronous too). They are listed, not counted: they
-#: take what the counted ones leave (README, 'A small account').
+#: take what the counted ones leave (docs/how-to/small-accounts.md).
 RETRIED_WHEN_THROTTLED = (
     Demand("the finalizer (retried by the state machine)", 1, "one per closing batch"),
     Demand("the sweeper (asynchronous, retried)", 1, "one per schedule tick"),

@@ -103,3 +103,49 @@ def test_every_docs_path_named_in_code_and_tests_exists() -> None:
                 if not (ROOT / name).is_file():
                     missing.setdefault(name, []).append(str(path.relative_to(ROOT)))
     assert not missing, f"links to pages that do not exist: {missing}"
+
+
+FENCE = re.compile(r"```bash\n(.*?)```", re.DOTALL)
+PAGES_WITH_COMMANDS = [
+    "README.md",
+    "docs/tutorials/getting-started.md",
+    "docs/how-to/draining-and-deploying.md",
+    "docs/how-to/budgets-and-tenants.md",
+    "docs/how-to/agents-and-tools.md",
+    "docs/how-to/large-batches.md",
+]
+
+
+def _commands(page: str) -> list[str]:
+    found: list[str] = []
+    for block in FENCE.findall((ROOT / page).read_text()):
+        for line in block.splitlines():
+            command = line.split("  #", 1)[0].strip()
+            if command:
+                found.append(command)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_COMMANDS)
+def test_the_commands_a_page_shows_are_accepted_as_written(page: str) -> None:
+    # Given every command in the page's bash blocks (the e2e tier runs the swarm commands)
+    commands = _commands(page)
+    assert commands, f"{page}: no bash block found"
+    targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == ".venv/bin/swarm":
+            # Then the parser takes each swarm command (a batch id stands for one)
+            build_parser().parse_args(words[1:])
+        elif words[0] == "make":
+            # and each make target exists
+            assert words[1] in targets, f"{page}: {command}: no such make target"
+
+
+def test_the_readme_is_a_front_door() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, "README.md: at most ~150 lines; move detail to docs/"
+    # the two commands, as CI runs them (.ci/run)
+    assert "make run" in readme and "make test" in readme
+    for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|json))(?:#[\w-]+)?\)", readme):
+        assert (ROOT / link).is_file(), f"README.md links to {link}, which does not exist"
