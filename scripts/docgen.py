@@ -83,14 +83,46 @@ def _cli_page() -> str:
 
 
 def _schema_name(schema: dict[str, Any]) -> str:
+    """A schema as a reader names it; a component links to its section below."""
     if "$ref" in schema:
-        return str(schema["$ref"]).rsplit("/", 1)[-1]
+        name = str(schema["$ref"]).rsplit("/", 1)[-1]
+        return f"[`{name}`](#schema-{name.lower()})"
     if schema.get("type") == "array" and isinstance(schema.get("items"), dict):
         return f"array of {_schema_name(schema['items'])}"
-    for key in ("anyOf", "oneOf"):
+    for key in ("anyOf", "oneOf", "allOf"):
         if key in schema:
-            return " or ".join(_schema_name(s) for s in schema[key])
+            return (" and " if key == "allOf" else " or ").join(
+                _schema_name(s) for s in schema[key]
+            )
     return str(schema.get("type", "object"))
+
+
+CONSTRAINTS = (
+    ("minimum", ">= {}"),
+    ("exclusiveMinimum", "> {}"),
+    ("maximum", "<= {}"),
+    ("exclusiveMaximum", "< {}"),
+    ("minLength", "length >= {}"),
+    ("maxLength", "length <= {}"),
+    ("minItems", "items >= {}"),
+    ("maxItems", "items <= {}"),
+    ("pattern", "matches `{}`"),
+    ("enum", "one of {}"),
+    ("default", "default {}"),
+)
+
+
+def _constraints(schema: dict[str, Any]) -> str:
+    found = [
+        shown.format(", ".join(f"`{v}`" for v in value) if key == "enum" else value)
+        for key, shown in CONSTRAINTS
+        if (value := schema.get(key)) is not None
+    ]
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key, []):
+            if isinstance(option, dict) and (inner := _constraints(option)):
+                found.append(inner)
+    return ", ".join(found)
 
 
 def _cell(text: Any) -> str:
@@ -137,27 +169,30 @@ def api_page() -> str:
                 out.append("")
             body = op.get("requestBody", {}).get("content", {})
             for media, content in body.items():
-                out += [f"Request body ({media}): `{_schema_name(content.get('schema', {}))}`", ""]
+                out += [f"Request body ({media}): {_schema_name(content.get('schema', {}))}", ""]
             out += ["| status | description | body |", "| --- | --- | --- |"]
             for status, response in op.get("responses", {}).items():
                 media = response.get("content", {})
                 schema = next(iter(media.values()), {}).get("schema") if media else None
-                shown = f"`{_schema_name(schema)}`" if schema else ""
+                shown = _schema_name(schema) if schema else ""
                 out.append(f"| {status} | {_cell(response.get('description', ''))} | {shown} |")
             out.append("")
     out += ["## Schemas", ""]
     for name, schema in doc.get("components", {}).get("schemas", {}).items():
-        out += [f"### `{name}`", ""]
+        out += [f"### `{name}` {{#schema-{name.lower()}}}", ""]
         if schema.get("description"):
             out += [schema["description"].strip(), ""]
         props = schema.get("properties", {})
         if props:
             required = set(schema.get("required", []))
-            out += ["| field | type | required | description |", "| --- | --- | --- | --- |"]
+            out += [
+                "| field | type | required | limits | description |",
+                "| --- | --- | --- | --- | --- |",
+            ]
             for field, spec in props.items():
                 out.append(
                     f"| `{field}` | {_cell(_schema_name(spec))} | "
-                    f"{'yes' if field in required else 'no'} | "
+                    f"{'yes' if field in required else 'no'} | {_cell(_constraints(spec))} | "
                     f"{_cell(spec.get('description', ''))} |"
                 )
             out.append("")
@@ -210,6 +245,14 @@ def _models_in(annotation: Any) -> list[tuple[str, type[BaseModel]]]:
     if origin in (typing.Union, types.UnionType):
         return [found for arg in args for found in _models_in(arg)]
     return []
+
+
+def _model_doc(annotation: Any) -> str:
+    """An object key's description: its model's docstring, when the field has no comment."""
+    for segment, model in _models_in(annotation):
+        if segment == "" and model.__doc__ and "Usage docs" not in model.__doc__:
+            return " ".join(inspect.cleandoc(model.__doc__).split())
+    return ""
 
 
 def _type_name(annotation: Any) -> str:
@@ -283,7 +326,7 @@ def config_rows(
             _default(info),
             _range(info),
             _shipped(context, key),
-            comments.get(name, info.description or ""),
+            comments.get(name, info.description or "") or _model_doc(info.annotation),
         )
         for segment, inner in _models_in(info.annotation):
             nested = f"{key}.{segment}." if segment else f"{key}."
