@@ -1064,8 +1064,7 @@ class SwarmConfig(_Strict):
             expanded = self.granted_tools(names)
             if len(set(expanded)) != len(expanded):
                 raise ValueError(f"{key}: lists a tool twice ({list(names)})")
-        placeholder = "a" * LONGEST_FUNCTION_ARN
-        size = len(self.tool_registry_value(dict.fromkeys(self.tool_sources(), placeholder)))
+        size = self.tool_registry_bytes()
         if size > MAX_TOOL_REGISTRY_BYTES:
             raise ValueError(
                 f"tools: the registry takes up to {size:,} bytes of the worker's environment, "
@@ -1073,6 +1072,14 @@ class SwarmConfig(_Strict):
                 "variables): shorten the tools' descriptions and input schemas, or register "
                 "fewer tools"
             )
+
+    def tool_registry_bytes(self) -> int:
+        """The most :data:`~swarm.contract.TOOL_REGISTRY` may take: its JSON with every source's
+        function ARN at its longest (0 without tools: the variable is left empty)."""
+        if not self.tools:
+            return 0
+        placeholder = "a" * LONGEST_FUNCTION_ARN
+        return len(self.tool_registry_value(dict.fromkeys(self.tool_sources(), placeholder)))
 
     def _concurrency_fits_the_account(self) -> None:
         """Refuse a concurrency the account cannot give.
