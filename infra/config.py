@@ -37,6 +37,7 @@ from swarm.contract import (
     bedrock_call_bound_s,
 )
 from swarm.core.burndown import documented_burndown
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
@@ -589,6 +590,9 @@ class SwarmConfig(_Strict):
     account_concurrency_limit: int = Field(default=1000, ge=1)
     production_stages: tuple[str, ...]
     quota_tpm: int = Field(ge=1, le=1_000_000_000)
+    # the model's requests per minute (null: requests not governed): the governor's request
+    # bucket beside its tokens (docs/governor.md, "Requests per minute")
+    quota_rpm: int | None = Field(default=None, ge=1, le=100_000_000, strict=True)
     governor_share: float = Field(gt=0, le=1)
     governor_capacity_tokens: int | None = Field(default=None, ge=1)
     lane_reserves: LaneReserves
@@ -647,6 +651,7 @@ class SwarmConfig(_Strict):
         governor = GovernorConfig(
             self.quota_tpm, self.governor_share, capacity=self.governor_capacity_tokens
         )
+        self._request_bucket_holds_a_request()
         capacity, grace = governor.bucket_capacity, governor.fill_s
         longest = self.worker.longest_bundle_window_seconds
         if longest > grace:
@@ -659,6 +664,18 @@ class SwarmConfig(_Strict):
                 "bundle's first unit would present its booking later; lower the window or "
                 "raise governor_capacity_tokens"
             )
+
+    def _request_bucket_holds_a_request(self) -> None:
+        """quota_rpm x governor_share must hold one request above every lane's reserve."""
+        if self.quota_rpm is None:
+            return
+        reserves = {lane: self.lane_reserves.of(lane) for lane in LANES}
+        try:
+            GovernorConfig(
+                self.quota_tpm, self.governor_share, reserves=reserves, rpm=self.quota_rpm
+            )
+        except InvalidInput as e:
+            raise ValueError(f"quota_rpm={self.quota_rpm}: {e.message}") from None
 
     def _tenants_fit_the_deployment(self) -> None:
         """A tenant's budget per batch within the deployment's; its guaranteed share within the

@@ -189,6 +189,8 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         values[env.TOOL_GRANTS] = config.tool_grants_value()
     if config.governor_capacity_tokens is not None:
         values[env.GOVERNOR_CAPACITY] = str(config.governor_capacity_tokens)
+    if config.quota_rpm is not None:
+        values[env.QUOTA_RPM] = str(config.quota_rpm)
     for lane in LANES:
         values[env.lane_reserve_var(lane)] = str(config.lane_reserves.of(lane))
         values[env.shed_depth_var(lane)] = str(config.lanes.of(lane).shed_depth)

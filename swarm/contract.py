@@ -224,6 +224,11 @@ GOVERNOR_SHARE: Final = "GOVERNOR_SHARE"
 GOVERNOR_CAPACITY: Final = "GOVERNOR_CAPACITY"  # tokens; empty = one minute of quota
 
 
+#: the model's requests per minute (cdk.json quota_rpm): the governor's request bucket; empty =
+#: none (requests are not counted)
+QUOTA_RPM: Final = "QUOTA_RPM"
+
+
 #: quota tokens one output token counts as (cdk.json model.output_burndown, resolved at synth;
 #: the stack always sets it; empty = 1, output counted one to one)
 MODEL_OUTPUT_BURNDOWN: Final = "MODEL_OUTPUT_BURNDOWN"
@@ -378,6 +383,7 @@ _GOVERNOR: Final = (
     GOVERNOR_SHARE,
     GOVERNOR_CAPACITY,
     MODEL_OUTPUT_BURNDOWN,
+    QUOTA_RPM,
     *LANE_RESERVE_VARS,
 )
 
@@ -483,6 +489,7 @@ OPTIONAL_VARS: Final = frozenset(
     {
         GOVERNOR_CAPACITY,
         MODEL_OUTPUT_BURNDOWN,
+        QUOTA_RPM,
         BEDROCK_MODEL_ID,
         BEDROCK_READ_TIMEOUT_SECONDS,
         TENANT_LIMITS,

@@ -56,6 +56,7 @@ from swarm.contract import (
     QUEUE_URL_HIGH,
     QUEUE_URL_LOW,
     QUEUE_URL_NORMAL,
+    QUOTA_RPM,
     QUOTA_TPM,
     RESULTS_URL_SECONDS,
     SHED_DEPTH_HIGH,
@@ -110,6 +111,9 @@ class GovernorSettings(_Model):
     output_burndown: float = Field(
         default=1.0, alias=MODEL_OUTPUT_BURNDOWN, ge=1, allow_inf_nan=False
     )
+    #: the request bucket (None: none): read here only, reaches the governor through
+    #: :meth:`governor_config` (swarm.wiring)
+    quota_rpm: int | None = Field(default=None, alias=QUOTA_RPM, ge=1)
     reserve_high: float = Field(alias=LANE_RESERVE_HIGH, ge=0, lt=1)
     reserve_normal: float = Field(alias=LANE_RESERVE_NORMAL, ge=0, lt=1)
     reserve_low: float = Field(alias=LANE_RESERVE_LOW, ge=0, lt=1)
@@ -124,6 +128,7 @@ class GovernorSettings(_Model):
             capacity=capacity,
             reserves=reserves,
             output_burndown=self.output_burndown,
+            rpm=self.quota_rpm,
         )
 
 

@@ -157,8 +157,10 @@ def client_configs(settings: Settings) -> dict[str, Any]:
 
 
 def governor_name(config: GovernorConfig) -> str:
-    """A changed quota, share or capacity starts a fresh bucket instead of fighting the old one."""
-    return f"q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+    """A changed quota, share or capacity starts a fresh bucket instead of fighting the old one
+    (a request bucket's rpm included: without one, the name is as before)."""
+    name = f"q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+    return name if config.rpm is None else f"{name}-r{config.rpm}"
 
 
 #: the simulated model plane's longest turn (its latency is a fraction of this), deployed seconds

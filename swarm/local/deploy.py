@@ -103,6 +103,12 @@ class LocalOptions:
         return {
             "stage": self.stage,
             "quota_tpm": int(base["quota_tpm"] * self.time_scale),
+            # requests per minute scale with the clock as tokens do (null: none)
+            "quota_rpm": (
+                None
+                if base.get("quota_rpm") is None
+                else max(1, int(base["quota_rpm"] * self.time_scale))
+            ),
             "model": model,
             "worker": worker,
             "fanout": fanout,
