@@ -1007,3 +1007,34 @@ def test_every_function_of_the_governor_gets_the_output_burndown(prod_synth: Syn
     assert worker in governed and len(governed) > 1  # the worker, the API, ...
     for variables in governed.values():
         assert variables["MODEL_OUTPUT_BURNDOWN"] == "1.0"  # Claude 3.5 Haiku
+
+
+# -- quota_rpm: the governor's request bucket (docs/governor.md, "Requests per minute") --
+
+
+def test_quota_rpm_is_off_by_default_and_reaches_the_governor_when_given() -> None:
+    from infra.stack import _static_environment
+
+    shipped = load_config(cdk_json_context())
+    assert shipped.quota_rpm is None
+    assert "QUOTA_RPM" not in _static_environment(shipped, "worker")  # set empty: none
+    config = load_config(_context(quota_rpm=1_000))
+    assert config.quota_rpm == 1_000
+    assert _static_environment(config, "worker")["QUOTA_RPM"] == "1000"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (0, "greater than or equal to 1"),
+        (1.5, "valid integer"),
+        ("many", "valid integer"),
+        (True, "valid integer"),
+        # 1 x 0.95 holds less than one request above the low lane's reserve
+        (1, "too few for one request"),
+    ],
+)
+def test_a_bad_quota_rpm_is_refused_naming_the_key(value: Any, says: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(quota_rpm=value))
+    assert "quota_rpm" in str(error.value) and says in str(error.value)
