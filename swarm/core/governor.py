@@ -730,6 +730,26 @@ class ShardWrite:
         return rat if at is None else max(at, rat)
 
 
+#: with a request bucket, a full bucket's ``lost`` is raised to a whole multiple of this
+#: fraction of its capacity (docs/governor.md, "Requests per minute")
+FULL_QUANTUM = Decimal("0.01")
+
+
+def _full_quantum(needed: Decimal, cap: Decimal) -> Decimal:
+    """``needed`` rounded up to a whole multiple of ``FULL_QUANTUM x cap``.
+
+    With two buckets, the one that does not bind sits full, and every write raises its
+    ``lost``: raised exactly, the value depends on the ``drawn`` its writer saw, so writers with
+    views a few draws apart would write different values and all but the first would fail
+    (``lost <= :lost``). Rounded up, they write the same value for a while: the bucket holds up to
+    1% of its capacity less (an under-grant, only while it is full, i.e. not binding)."""
+    with localcontext(_CTX):
+        q = (cap * FULL_QUANTUM).quantize(MICRO, rounding=ROUND_CEILING)
+        if q <= 0:
+            return needed
+        return (needed / q).to_integral_value(rounding=ROUND_CEILING) * q
+
+
 def _grid_after(t: Decimal, grid_s: float) -> Decimal:
     """The first multiple of ``grid_s`` at or after ``t``."""
     if grid_s <= 0:
@@ -784,7 +804,10 @@ def plan_write(
         drawn = s.drawn if drawn_floor is None else max(s.drawn, drawn_floor)
         lost = s.lost
         if credit - cap - drawn + s.refunded > s.lost:  # over capacity as last seen
-            lost = max(s.lost, s.credit(_grid_after(t, grid_s)) - cap - drawn + s.refunded)
+            needed = s.credit(_grid_after(t, grid_s)) - cap - drawn + s.refunded
+            if s.requests is not None:  # two buckets: one of them usually sits full
+                needed = _full_quantum(needed, cap)
+            lost = max(s.lost, needed)
         # ``lost`` must keep the level at most capacity however many refunds landed meanwhile
         refunded_max = drawn + lost - credit + cap
         half = cap / 2
@@ -886,7 +909,8 @@ def plan_requests(
         credit = r.credit(t)
         lost = r.lost
         if credit - cap - r.drawn + r.refunded > r.lost:
-            lost = max(r.lost, r.credit(_grid_after(t, grid_s)) - cap - r.drawn + r.refunded)
+            needed = r.credit(_grid_after(t, grid_s)) - cap - r.drawn + r.refunded
+            lost = max(r.lost, _full_quantum(needed, cap))
         refunded_max = r.drawn + lost - credit + cap
         back = ZERO
         if (

@@ -73,6 +73,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.GOVERNOR_SHARE: "0.95",
             env.GOVERNOR_CAPACITY: "",
             env.MODEL_OUTPUT_BURNDOWN: "",  # the model's documented rate (1 here)
+            env.QUOTA_RPM: "",  # no request bucket
             env.MAX_ATTEMPTS: "3",
             env.DEFAULT_BUDGET_TOKENS: "1000",
             env.MAX_BUDGET_TOKENS: "1000000",

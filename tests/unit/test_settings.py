@@ -177,3 +177,17 @@ def test_the_output_burndown_reaches_the_governors_config_and_a_bad_one_is_named
     assert api.governor_config().output_burndown == 5.0  # GET /fleet shows it
     with pytest.raises(SettingsError, match=r"MODEL_OUTPUT_BURNDOWN='0\.5'"):
         Settings.from_env(environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "0.5"})
+
+
+def test_quota_rpm_reaches_the_governors_config_and_its_name() -> None:
+    from swarm.wiring import governor_name
+
+    worker = WorkerSettings.from_env(environment("worker"))
+    config = worker.governor_config()
+    assert config.rpm is None  # empty: no request bucket, the bucket's name as before
+    assert governor_name(config) == "q300000-s0.95-c300000"
+    given = WorkerSettings.from_env(environment("worker") | {env.QUOTA_RPM: "1000"})
+    assert given.governor_config().rpm == 1_000
+    assert governor_name(given.governor_config()) == "q300000-s0.95-c300000-r1000"
+    with pytest.raises(SettingsError, match=r"QUOTA_RPM='0'"):
+        Settings.from_env(environment("worker") | {env.QUOTA_RPM: "0"})
