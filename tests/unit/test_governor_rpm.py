@@ -450,3 +450,39 @@ def test_two_models_in_memory_never_over_grant_either_bucket(
             requests[which], 0.0, initial, config.request_capacity, config.request_rate
         )
         assert over <= 1e-6, (which, over)
+
+
+# ---------------------------------------------------------------- swarm fleet / GET /fleet
+
+
+def test_the_fleet_view_shows_the_request_bucket_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from typing import Any
+
+    from swarm.cli import ops
+    from tests.unit.helpers import run_cli
+    from tests.unit.test_service_flow import Plane
+
+    plane = Plane()
+    assert plane.batches.fleet(plane.clock.now())["governor"]["requests"] is None  # no rpm
+    config = GovernorConfig(600_000, 0.95, rpm=1_000, initial_fill=1.0)
+    gov = InMemoryGovernor(config, plane.clock.now())
+    plane.batches = replace(plane.batches, governor=gov)
+    gov.draw(50, Lane.HIGH, plane.clock.now())
+    doc = plane.batches.fleet(plane.clock.now())  # GET /fleet's body
+    assert doc["governor"]["requests"] == {
+        "available": 949,
+        "capacity": 950,
+        "rate_rps": 15.833,
+        "effective_rate_rps": 15.833,
+    }
+
+    class Client:
+        def fleet(self) -> dict[str, Any]:
+            return doc
+
+    monkeypatch.setattr(ops, "client_of", lambda args: Client())
+    code, out, _ = run_cli(["fleet"], capsys)
+    assert code == 0
+    assert out.splitlines()[1] == "requests: 949 of 950 available, rate 15.83/15.83 requests/s"
