@@ -822,3 +822,16 @@ def test_a_booking_of_n_units_books_n_requests_and_a_release_gives_one_back(
     assert shard.requests is not None
     assert shard.requests.drawn == 31 and shard.requests.refunded == 1
     assert g.stats.requests_refunded == 1
+
+
+def test_shards_too_many_for_the_request_bucket_are_refused_and_a_changed_rpm_conflicts(
+    dynamodb: Any,
+) -> None:
+    # 60 rpm x 0.95 = 57 requests: 100 shards would hold 0.57 each, never one request
+    with pytest.raises(InvalidInput) as error:
+        gov(dynamodb, GovernorConfig(300_000, rpm=60), shards=100)
+    assert error.value.field == "shards" and "quota_rpm" in error.value.message
+    # a bucket stored without a request bucket is not drawn by a client configured with one
+    gov(dynamodb).create(0.0)
+    with pytest.raises(Conflict, match="request buckets"):
+        gov(dynamodb, GovernorConfig(300_000, 0.95, rpm=600)).draw(10, Lane.HIGH, 1.0)
