@@ -987,12 +987,14 @@ class DynamoDBGovernor:
         written, s = self._update_shard(index, update, " AND ".join(conditions), values, now, names)
         self._remember(s, now, plan.add if written else ZERO)
         back_r = ZERO if rw is None else rw.refund
-        if written and (plan.refund > 0 or back_r > 0):
+        dropped_r = 0 if rw is None else rw.dropped
+        if written and (plan.refund > 0 or back_r > 0 or dropped_r > 0):
             self.stats.refunded += int(plan.refund)
             self.stats.requests_refunded += int(back_r)
             held = self._pending
             if held is not None:
-                left, left_r = held.amount - plan.refund, held.requests - int(back_r)
+                left = held.amount - plan.refund
+                left_r = max(0, held.requests - int(back_r) - dropped_r)
                 self._pending = (
                     replace(held, amount=left, requests=left_r) if left > 0 or left_r > 0 else None
                 )

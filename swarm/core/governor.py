@@ -687,6 +687,9 @@ class RequestWrite:
     drawn_max: Decimal | None
     credit: Decimal
     floor: Decimal
+    #: requests of the refund that can never go back (the bound only tightens with time and
+    #: refunds): the client drops them
+    dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -913,6 +916,7 @@ def plan_requests(
             lost = max(r.lost, _full_quantum(needed, cap))
         refunded_max = r.drawn + lost - credit + cap
         back = ZERO
+        dropped = 0
         if (
             refund is not None
             and refund.shard == r.index
@@ -923,6 +927,7 @@ def plan_requests(
             bound = cap - late - refund.requests_mark  # refunded + back may reach this
             room = (bound - r.refunded).to_integral_value(rounding=ROUND_FLOOR)
             back = max(ZERO, min(Decimal(refund.requests), a, room))
+            dropped = max(0, refund.requests - max(0, int(room)))
             if back > 0:
                 refunded_max = min(refunded_max, bound - back)
         drawn_max: Decimal | None = None
@@ -932,7 +937,7 @@ def plan_requests(
             if r.drawn > drawn_max:
                 short = r.drawn + lost - r.refunded + a + floor - credit
                 wait_s = max(0.0, float(short) / float(r.rate_at(t))) + 2e-6
-    return RequestWrite(a, lost, back, refunded_max, drawn_max, credit, floor), wait_s
+    return RequestWrite(a, lost, back, refunded_max, drawn_max, credit, floor, dropped), wait_s
 
 
 def requests_mark(r: ShardState) -> Decimal:

@@ -248,6 +248,8 @@ def test_a_released_request_goes_back_only_within_its_bound() -> None:
     # a minute later the bucket would have filled without the draw: the request is dropped
     late = plan_write(after, Decimal(70), add=50, refund=release, requests=1)
     assert late.requests is not None and late.requests.refund == 0
+    assert late.requests.dropped == 1  # and never will: the client drops it
+    assert w2.requests.dropped == 0
 
 
 def test_the_shards_view_shows_the_request_bucket() -> None:  # half full
@@ -300,7 +302,8 @@ class Model:
         self.state = after
         if self.pending is not None:  # what rode on the write is back
             rw = plan.requests
-            left = self.pending.requests - (0 if rw is None else int(rw.refund))
+            done = 0 if rw is None else int(rw.refund) + rw.dropped
+            left = max(0, self.pending.requests - done)
             amount_left = self.pending.amount - plan.refund
             self.pending = (
                 replace(self.pending, amount=amount_left, requests=left)
