@@ -489,3 +489,41 @@ def test_the_fleet_view_shows_the_request_bucket_when_there_is_one(
     code, out, _ = run_cli(["fleet"], capsys)
     assert code == 0
     assert out.splitlines()[1] == "requests: 949 of 950 available, rate 15.83/15.83 requests/s"
+
+
+# ---------------------------------------------------------------- swarm bench governor --rpm
+
+
+def test_the_benchs_request_figures_catch_requests_beyond_the_bucket() -> None:
+    from swarm.bench.governor import BenchConfig, BenchRun, UnitGrant, WorkerReport, summarize
+
+    cfg = BenchConfig(rpm=60, share=1.0, initial_fill=0.0, min_tokens=50, max_tokens=50)
+    assert cfg.governor_config().rpm == 60  # 1 request/s, 60 held
+
+    def figures(times: list[float]) -> dict[str, object]:
+        grants = [UnitGrant(t, t, 50, 50, 0) for t in times]
+        report = WorkerReport(grants=grants, waiting=[(0.0, 20.0)])
+        return summarize(cfg, BenchRun([report], 0.0, 20.0, 30.0, 35.0))
+
+    paced = figures([float(t) for t in range(1, 21)])  # one a second: what the bucket gives
+    assert paced["requests_over_granted"] == 0 and paced["requests_utilization"] == 1.0
+    assert paced["binding_limit"] == "rpm" and paced["requests_busiest_minute"] == 20
+    burst = figures([1.0] * 5)  # five at once after one second: four beyond the bucket
+    assert burst["requests_over_granted"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rpm", "0"], "--rpm: 0 is out of range"),
+        (["--output-burndown", "0.5"], "--output-burndown"),
+        (["--output-burndown", "30"], "its quota draw must fit in one shard's capacity"),
+    ],
+)
+def test_the_benchs_bad_rpm_or_burndown_gets_a_clear_error(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.unit.helpers import run_cli
+
+    code, _, err = run_cli(["bench", "governor", *args], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
