@@ -794,7 +794,7 @@ def test_two_models_governors_drawn_by_concurrent_threads_never_over_grant_reque
         "haiku": (GovernorConfig(300_000, 1.0, rpm=600, initial_fill=0.5), 5.0),
         "sonnet": (GovernorConfig(60_000, 0.9, rpm=120, output_burndown=5.0), 0.0),
     }
-    clock = _VirtualClock(0.004)
+    clocks = {name: _VirtualClock(0.004) for name in models}  # each model's threads share one
     out: dict[str, list[tuple[float, float, int]]] = {name: [] for name in models}
     tokens_out: dict[str, list[tuple[float, float, int]]] = {name: [] for name in models}
     last: dict[str, float] = dict.fromkeys(models, 0.0)  # each model's last draw
@@ -809,10 +809,11 @@ def test_two_models_governors_drawn_by_concurrent_threads_never_over_grant_reque
             config, TABLE, client=dynamodb, name=name, horizon_s=horizon, rng=random.Random(seed)
         )
         rng = random.Random(seed)
+        clock = clocks[name]
         ticket: Ticket | None = None
         asked: float | None = None
         try:
-            for _ in range(120):
+            while clock.t < 20.0:  # 20 s of virtual time: each model's bucket binds
                 now = clock.tick()
                 asked = now if asked is None else asked
                 got = gov.draw(50, Lane.HIGH, now, ticket=ticket)
@@ -820,6 +821,7 @@ def test_two_models_governors_drawn_by_concurrent_threads_never_over_grant_reque
                     last[name] = max(last[name], now)
                 if not got.granted:
                     ticket = got.ticket
+                    time.sleep(0.001)  # a thread that only waits does not race the clock ahead
                     continue
                 assert got.grant is not None and got.grant.requests == 1
                 ticket = None
@@ -861,4 +863,4 @@ def test_two_models_governors_drawn_by_concurrent_threads_never_over_grant_reque
         assert over_tokens <= bench.over_grant_tolerance(config.rate), (name, over_tokens)
         # requests bound: nearly all the bucket could give went to calls that went out
         allowed = initial + rate * last[name]
-        assert len(out[name]) >= 0.8 * allowed, (name, len(out[name]), allowed)
+        assert len(out[name]) >= 0.7 * allowed, (name, len(out[name]), allowed)
