@@ -231,6 +231,36 @@ def test_lost_keeps_the_request_bucket_at_its_capacity_after_idle() -> None:
     assert after.requests.tokens(t) == 599
 
 
+def test_writers_a_few_draws_apart_on_a_full_bucket_do_not_make_each_other_fail() -> None:
+    """With requests binding, the token bucket sits full and every write raises its ``lost``.
+    Raised exactly (as without a request bucket), a writer whose view is a draw older raises it
+    higher than one whose view is newer, and the newer one's write then fails; on the 1% grid
+    both write the same value and both hold (unless the two values straddle a multiple of the
+    quantum: a chance of a draw in 1% of the capacity, here neither bucket's)."""
+
+    def race(config: GovernorConfig) -> tuple[ShardState | None, ShardState]:
+        s0 = fresh(config)  # full, at t=0
+        ahead = booking_ahead(s0, ZERO, 900.0)
+        n = 0 if config.rpm is None else 1
+
+        def plan(s: ShardState, t: str) -> ShardWrite:
+            return plan_write(s, Decimal(t), add=50, ahead=ahead, grid_s=0.5, requests=n)
+
+        s1 = apply(s0, plan(s0, "10.2"))  # one writer drew; another still holds the view s0
+        assert s1 is not None
+        older, newer = plan(s0, "20.7"), plan(s1, "20.7")  # both see the bucket full again
+        landed = apply(s1, older)
+        assert landed is not None
+        return apply(landed, newer), landed
+
+    exact, _ = race(GovernorConfig(300_000, 1.0, initial_fill=1.0))
+    assert exact is None  # without a request bucket: the newer view's write fails, as before
+    both, landed = race(replace(RPM, initial_fill=1.0))
+    assert both is not None  # with one: it holds
+    # the quantum costs at most 1% of the capacity, and only while the bucket is full
+    assert landed.tokens(Decimal("20.7")) >= RPM.bucket_capacity * 0.99 - 50
+
+
 def test_a_released_request_goes_back_only_within_its_bound() -> None:
     s = fresh(replace(RPM, initial_fill=0.0))
     t = Decimal(1)
