@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--idle-s and draws again for --after-idle-s. Prints DynamoDB requests and failed "
             "conditional writes per acquire call and per grant, utilization, tokens "
             "over-granted over every window, and the tries a requeued unit needed. The "
-            "defaults are issue 15's scenario."
+            "defaults are issue 15's scenario. --rpm adds the request bucket (and small "
+            "draws), --output-burndown output-heavy draws in quota tokens."
         ),
     )
     p.add_argument(
