@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ from swarm.contract import (
     bedrock_call_bound_s,
 )
 from swarm.core.burndown import documented_burndown
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
@@ -652,6 +653,9 @@ class SwarmConfig(_Strict):
     production_stages: tuple[str, ...]
     # the one model's quota of a configuration without ``models`` (with it: each model's tpm)
     quota_tpm: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    # the one model's requests per minute (null: requests not governed; with ``models``: each
+    # model's rpm): the request bucket beside its tokens (docs/governor.md, "Requests per minute")
+    quota_rpm: int | None = Field(default=None, ge=1, le=100_000_000, strict=True)
     # the share of each model's quota the fleet takes (a model's own governor_share overrides)
     governor_share: float = Field(gt=0, le=1)
     governor_capacity_tokens: int | None = Field(default=None, ge=1)
@@ -704,6 +708,7 @@ class SwarmConfig(_Strict):
         if self.budget.default_tokens > self.budget.max_tokens:
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
         self._bundles_keep_their_tickets()
+        self._request_buckets_hold_a_request()
         self._tenants_fit_the_deployment()
         self._models_granted()
         return self
@@ -713,6 +718,7 @@ class SwarmConfig(_Strict):
         never both, so that no quota is given twice."""
         legacy = {
             "quota_tpm": self.quota_tpm,
+            "quota_rpm": self.quota_rpm,
             "model.bedrock_model_id": self.model.bedrock_model_id,
             "model.output_burndown": self.model.output_burndown,
         }
@@ -721,7 +727,7 @@ class SwarmConfig(_Strict):
             if given:
                 raise ValueError(
                     f"{given[0]}: with models, each model gives its own (models.catalog.<name>:"
-                    " model_id, tpm, output_burndown); leave it out"
+                    " model_id, tpm, rpm, output_burndown); leave it out"
                 )
             return
         for key in ("quota_tpm", "model.bedrock_model_id"):
@@ -740,6 +746,7 @@ class SwarmConfig(_Strict):
         one = CatalogModelConfig(
             model_id=self.model.bedrock_model_id,
             tpm=self.quota_tpm,
+            rpm=self.quota_rpm,
             output_burndown=self.model.output_burndown,
         )
         return ModelsConfig(default=LEGACY_MODEL_NAME, catalog={LEGACY_MODEL_NAME: one})
@@ -753,6 +760,7 @@ class SwarmConfig(_Strict):
             share,
             capacity=self.governor_capacity_tokens,
             output_burndown=entry.burndown,
+            rpm=entry.rpm,
         )
 
     def models_value(self) -> str:
@@ -817,6 +825,18 @@ class SwarmConfig(_Strict):
                 "unit would present its booking later; lower the window or raise "
                 "governor_capacity_tokens"
             )
+
+    def _request_buckets_hold_a_request(self) -> None:
+        """Each model's rpm x share must hold one request above every lane's reserve."""
+        reserves = {lane: self.lane_reserves.of(lane) for lane in LANES}
+        for name, entry in sorted(self.registry.catalog.items()):
+            if entry.rpm is None:
+                continue
+            key = "quota_rpm" if self.models is None else f"models.catalog.{name}.rpm"
+            try:
+                replace(self.governor_config(name), reserves=reserves)
+            except InvalidInput as e:
+                raise ValueError(f"{key}={entry.rpm}: {e.message}") from None
 
     def _tenants_fit_the_deployment(self) -> None:
         """A tenant's budget per batch within the deployment's; its guaranteed share within the
@@ -1354,7 +1374,7 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
             head, colon, rest = message.partition(": ")
-            across = ("tools", "tenants.", "quota_tpm", "model")
+            across = ("tools", "tenants.", "quota_tpm", "quota_rpm", "model")
             if key == "(context)" and colon and head.startswith(across):
                 key, message = head, rest  # a check across keys that names the key at fault
             if item["type"] == "missing":

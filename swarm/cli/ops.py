@@ -430,6 +430,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             f"{g['governed_rate_tps']:,.0f} tokens/s, {g['throttles']} throttles, output "
             f"burndown x{g.get('output_burndown', 1):g}"
         )
+        r = g.get("requests")
+        if r:
+            print(
+                f"  requests: {r['available']:,} of {r['capacity']:,} available, rate "
+                f"{r['effective_rate_rps']:,.2f}/{r['rate_rps']:,.2f} requests/s"
+            )
     for lane, d in doc["lanes"].items():
         print(
             f"  {lane:<7} visible {d['visible']:>6}  not visible {d['in_flight']:>5}  "
