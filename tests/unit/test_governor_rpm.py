@@ -538,7 +538,8 @@ def test_the_fleet_view_shows_the_request_bucket_when_there_is_one(
     monkeypatch.setattr(ops, "client_of", lambda args: Client())
     code, out, _ = run_cli(["fleet"], capsys)
     assert code == 0
-    assert out.splitlines()[1] == "requests: 949 of 950 available, rate 15.83/15.83 requests/s"
+    # under its model's line
+    assert out.splitlines()[1] == "  requests: 949 of 950 available, rate 15.83/15.83 requests/s"
 
 
 # ---------------------------------------------------------------- swarm bench governor --rpm
