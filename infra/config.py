@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ from swarm.contract import (
     bedrock_call_bound_s,
 )
 from swarm.core.burndown import documented_burndown
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
@@ -653,6 +654,9 @@ class SwarmConfig(_Strict):
     production_stages: tuple[str, ...]
     # the one model's quota of a configuration without ``models`` (with it: each model's tpm)
     quota_tpm: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    # the one model's requests per minute (null: requests not governed; with ``models``: each
+    # model's rpm): the request bucket beside its tokens (docs/governor.md, "Requests per minute")
+    quota_rpm: int | None = Field(default=None, ge=1, le=100_000_000, strict=True)
     # the share of each model's quota the fleet takes (a model's own governor_share overrides)
     governor_share: float = Field(gt=0, le=1)
     governor_capacity_tokens: int | None = Field(default=None, ge=1)
@@ -705,6 +709,7 @@ class SwarmConfig(_Strict):
         if self.budget.default_tokens > self.budget.max_tokens:
             raise ValueError("budget.default_tokens must be <= budget.max_tokens")
         self._bundles_keep_their_tickets()
+        self._request_buckets_hold_a_request()
         self._tenants_fit_the_deployment()
         self._models_granted()
         return self
@@ -714,6 +719,7 @@ class SwarmConfig(_Strict):
         never both, so that no quota is given twice."""
         legacy = {
             "quota_tpm": self.quota_tpm,
+            "quota_rpm": self.quota_rpm,
             "model.bedrock_model_id": self.model.bedrock_model_id,
             "model.output_burndown": self.model.output_burndown,
         }
@@ -722,7 +728,7 @@ class SwarmConfig(_Strict):
             if given:
                 raise ValueError(
                     f"{given[0]}: with models, each model gives its own (models.catalog.<name>:"
-                    " model_id, tpm, output_burndown); leave it out"
+                    " model_id, tpm, rpm, output_burndown); leave it out"
                 )
             return
         for key in ("quota_tpm", "model.bedrock_model_id"):
@@ -741,6 +747,7 @@ class SwarmConfig(_Strict):
         one = CatalogModelConfig(
             model_id=self.model.bedrock_model_id,
             tpm=self.quota_tpm,
+            rpm=self.quota_rpm,
             output_burndown=self.model.output_burndown,
         )
         return ModelsConfig(default=LEGACY_MODEL_NAME, catalog={LEGACY_MODEL_NAME: one})
@@ -754,6 +761,7 @@ class SwarmConfig(_Strict):
             share,
             capacity=self.governor_capacity_tokens,
             output_burndown=entry.burndown,
+            rpm=entry.rpm,
         )
 
     def models_value(self) -> str:
@@ -818,6 +826,18 @@ class SwarmConfig(_Strict):
                 "unit would present its booking later; lower the window or raise "
                 "governor_capacity_tokens"
             )
+
+    def _request_buckets_hold_a_request(self) -> None:
+        """Each model's rpm x share must hold one request above every lane's reserve."""
+        reserves = {lane: self.lane_reserves.of(lane) for lane in LANES}
+        for name, entry in sorted(self.registry.catalog.items()):
+            if entry.rpm is None:
+                continue
+            key = "quota_rpm" if self.models is None else f"models.catalog.{name}.rpm"
+            try:
+                replace(self.governor_config(name), reserves=reserves)
+            except InvalidInput as e:
+                raise ValueError(f"{key}={entry.rpm}: {e.message}") from None
 
     def _tenants_fit_the_deployment(self) -> None:
         """A tenant's budget per batch within the deployment's; its guaranteed share within the
@@ -1065,8 +1085,7 @@ class SwarmConfig(_Strict):
             expanded = self.granted_tools(names)
             if len(set(expanded)) != len(expanded):
                 raise ValueError(f"{key}: lists a tool twice ({list(names)})")
-        placeholder = "a" * LONGEST_FUNCTION_ARN
-        size = len(self.tool_registry_value(dict.fromkeys(self.tool_sources(), placeholder)))
+        size = self.tool_registry_bytes()
         if size > MAX_TOOL_REGISTRY_BYTES:
             raise ValueError(
                 f"tools: the registry takes up to {size:,} bytes of the worker's environment, "
@@ -1074,6 +1093,14 @@ class SwarmConfig(_Strict):
                 "variables): shorten the tools' descriptions and input schemas, or register "
                 "fewer tools"
             )
+
+    def tool_registry_bytes(self) -> int:
+        """The most :data:`~swarm.contract.TOOL_REGISTRY` may take: its JSON with every source's
+        function ARN at its longest (0 without tools: the variable is left empty)."""
+        if not self.tools:
+            return 0
+        placeholder = "a" * LONGEST_FUNCTION_ARN
+        return len(self.tool_registry_value(dict.fromkeys(self.tool_sources(), placeholder)))
 
     def _concurrency_fits_the_account(self) -> None:
         """Refuse a concurrency the account cannot give.
@@ -1348,7 +1375,7 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
             head, colon, rest = message.partition(": ")
-            across = ("tools", "tenants.", "quota_tpm", "model")
+            across = ("tools", "tenants.", "quota_tpm", "quota_rpm", "model")
             if key == "(context)" and colon and head.startswith(across):
                 key, message = head, rest  # a check across keys that names the key at fault
             if item["type"] == "missing":

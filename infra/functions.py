@@ -12,7 +12,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.bundling import function_code
-from infra.config import SwarmConfig
+from infra.config import ConfigError, SwarmConfig
 from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS, SWARM_FUNCTION, FunctionName
 
 #: The newest Python runtime aws-cdk-lib 2.275.0 offers (cdk-nag's L1 rule checks it).
@@ -72,11 +72,31 @@ class ContractError(RuntimeError):
     """The stack cannot give a function a variable its contract (swarm/settings.py) lists."""
 
 
+#: Lambda's limit on a function's environment: every variable's name and value, 4 KB in all
+#: (CloudFormation's update fails past it, after the stack's other resources changed)
+MAX_ENVIRONMENT_BYTES = 4096
+#: what a variable the stack fills from a resource counts at synth, where it is a token: a
+#: queue's URL, a table's or bucket's name, an ARN (the longest the stack's names reach, with
+#: the stack's own name in them, is about 110; the infra tests check the synthesized sizes)
+LONGEST_REFERENCE = 140
+#: the cdk.json keys that fill each large variable: what to shrink when a function's
+#: environment does not fit
+_FILLED_BY = {
+    "MODELS": "models.catalog",
+    "TOOL_REGISTRY": "tools",
+    "TOOL_GRANTS": "tools and tenants.*.tools",
+    "TENANT_LIMITS": "tenants.overrides",
+}
+
+
 @dataclass
 class Environment:
-    """Values of the contract's variables, filled in as the stack creates the resources."""
+    """Values of the contract's variables, filled in as the stack creates the resources.
+    ``worst``: the most a token-valued variable may take (its value built from resources at
+    synth), by name; any other token counts :data:`LONGEST_REFERENCE`."""
 
     values: dict[str, str] = field(default_factory=dict)
+    worst: dict[str, int] = field(default_factory=dict)
 
     def set(self, **values: str) -> None:
         self.values.update(values)
@@ -96,7 +116,30 @@ class Environment:
                 env[var] = ""
             else:
                 raise ContractError(f"the {name} function needs {var}, which is not built yet")
+        self._fits(name, env)
         return env
+
+    def _fits(self, function: str, env: Mapping[str, str]) -> None:
+        """ConfigError unless ``env`` fits Lambda's 4 KB, its tokens at their longest: a deploy
+        would fail there, after the stack's other resources had changed."""
+        sizes = {
+            var: self.worst.get(var, LONGEST_REFERENCE)
+            if cdk.Token.is_unresolved(value)
+            else len(value.encode())
+            for var, value in env.items()
+        }
+        total = sum(len(var) + size for var, size in sizes.items())
+        if total <= MAX_ENVIRONMENT_BYTES:
+            return
+        largest = sorted(
+            ((size, var) for var, size in sizes.items() if var in _FILLED_BY), reverse=True
+        )
+        parts = ", ".join(f"{var} {size:,} bytes (from {_FILLED_BY[var]})" for size, var in largest)
+        raise ConfigError(
+            f"the {function} function's environment would take up to {total:,} bytes, more than "
+            f"Lambda's {MAX_ENVIRONMENT_BYTES:,}: {parts}; register fewer models or tools, "
+            "shorten the tools' descriptions and schemas, or give fewer tenant overrides"
+        )
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class SwarmStack(cdk.Stack):
         )
         if config.tools:
             environment.set(**{env.TOOL_REGISTRY: self.tools.registry_value()})
+            environment.worst[env.TOOL_REGISTRY] = config.tool_registry_bytes()
 
         self.workers = Workers(
             self,

@@ -147,6 +147,7 @@ class GovernorSettings(_Model):
             capacity=capacity,
             reserves=reserves,
             output_burndown=entry.burndown,
+            rpm=entry.rpm,
         )
 
 

@@ -162,8 +162,9 @@ def client_configs(settings: Settings) -> dict[str, Any]:
 
 def governor_name(config: GovernorConfig, model: str) -> str:
     """Model ``model``'s bucket; a changed quota, share or capacity starts a fresh bucket
-    instead of fighting the old one."""
-    return f"{model}-q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+    instead of fighting the old one (a request bucket's rpm included)."""
+    name = f"{model}-q{config.quota_tpm}-s{config.share:g}-c{config.bucket_capacity:g}"
+    return name if config.rpm is None else f"{name}-r{config.rpm}"
 
 
 def simulated_quotas(models: ModelsDoc) -> dict[str, int]:

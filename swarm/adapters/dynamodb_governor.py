@@ -47,6 +47,8 @@ from swarm.core.governor import (
     plan_write,
     predicted_wait,
     rebase,
+    request_shape,
+    requests_mark,
     shard_shape,
     ticket_ready_at,
     view_of,
@@ -78,8 +80,24 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
 
     last = _n(item, "last_throttle_at")
     lost, refunded, highs = _n(item, "lost"), _n(item, "refunded"), _n(item, "highs")
+    index = int(item[SORT_KEY]["S"].split("#", 1)[1])
+    requests: ShardState | None = None
+    if _n(item, "r_rate") is not None:  # the request bucket, in the same item
+        requests = ShardState(
+            index=index,
+            drawn=need("r_drawn"),
+            base_credit=need("r_base_credit"),
+            base_time=need("base_time"),
+            rate=need("r_rate"),
+            capacity=need("r_capacity"),
+            recovery=need("r_recovery"),
+            cut_rate=_n(item, "r_cut_rate"),
+            cut_at=_n(item, "cut_at") or ZERO,
+            lost=need("r_lost"),
+            refunded=need("r_refunded"),
+        )
     return ShardState(
-        index=int(item[SORT_KEY]["S"].split("#", 1)[1]),
+        index=index,
         drawn=need("drawn"),
         base_credit=need("base_credit"),
         base_time=need("base_time"),
@@ -104,6 +122,7 @@ def shard_from_item(item: Mapping[str, Any]) -> ShardState:
             }
             for lane in Lane
         },
+        requests=requests,
     )
 
 
@@ -111,6 +130,20 @@ def queue_attribute(lane: Lane) -> str:
     """The shard attribute holding a reserved lane's queues, a map of tenant to the credit its
     queue ends at (``ShardState.queues``)."""
     return f"queue_{lane.value}"
+
+
+def _request_attributes(r: ShardState) -> dict[str, Any]:
+    """A fresh shard's request bucket (``ShardState.requests``) as item attributes (``r_*``: it
+    shares ``base_time`` and ``cut_at`` with the tokens)."""
+    return {
+        "r_drawn": _num(r.drawn),
+        "r_lost": _num(r.lost),
+        "r_refunded": _num(r.refunded),
+        "r_base_credit": _num(r.base_credit),
+        "r_rate": _num(r.rate),
+        "r_capacity": _num(r.capacity),
+        "r_recovery": _num(r.recovery),
+    }
 
 
 # ------------------------------------------------------------------ the adapter
@@ -144,6 +177,7 @@ class GovernorStats:
     slot_waits: int = 0  # slots presented whose tokens another unit took: they keep their place
     refunded: int = 0  # unused tokens given back (with a write that drew at least as many)
     refund_dropped: int = 0  # unused tokens that could not go back soundly
+    requests_refunded: int = 0  # requests of released grants given back (calls never made)
     debited: int = 0  # tokens the model used beyond its grants, drawn after the call
 
 
@@ -205,6 +239,16 @@ class DynamoDBGovernor:
                 raise InvalidInput(label, f"must be >= 0 seconds, got {value!r}")
         if ticket_grace_s is not None and ticket_grace_s < 0:
             raise InvalidInput("ticket_grace_s", f"must be >= 0 seconds, got {ticket_grace_s!r}")
+        shape = request_shape(config, shards)
+        if shape is not None:
+            top = max((config.request_reserve(lane) for lane in Lane), default=0.0)
+            if 1 + top / shards > float(shape[1]):
+                raise InvalidInput(
+                    "shards",
+                    f"{shards} shards split the request bucket into {shape[1]} requests each, "
+                    "too few for one request above a lane's reserve: use fewer shards or raise "
+                    "quota_rpm",
+                )
         self.config = config
         self.table_name = table_name
         self.name = name
@@ -273,6 +317,7 @@ class DynamoDBGovernor:
             "shards": _num(Decimal(self.shards)),
             "throttles": _num(Decimal(s.throttles)),
             **{queue_attribute(lane): {"M": {}} for lane in Lane},
+            **({} if s.requests is None else _request_attributes(s.requests)),
         }
 
     def _writable(self, operation: str) -> None:
@@ -349,12 +394,20 @@ class DynamoDBGovernor:
     def _check_config(self, item: Mapping[str, Any], state: ShardState) -> None:
         stored_shards = int(_n(item, "shards") or 0)
         rate, capacity, _ = shard_shape(self.config, self.shards)
-        if stored_shards != self.shards or state.rate != rate or state.capacity != capacity:
+        shape = request_shape(self.config, self.shards)
+        stored = None if state.requests is None else (state.requests.rate, state.requests.capacity)
+        if (
+            stored_shards != self.shards
+            or state.rate != rate
+            or state.capacity != capacity
+            or stored != (None if shape is None else shape[:2])
+        ):
             raise Conflict(
                 f"governor {self.name!r} exists with {stored_shards} shards of rate "
                 f"{state.rate}/s and capacity {state.capacity}; this client is configured for "
-                f"{self.shards} shards of {rate}/s and {capacity}: use another governor name "
-                "or align the configuration"
+                f"{self.shards} shards of {rate}/s and {capacity} (request buckets: stored "
+                f"{stored}, configured {None if shape is None else shape[:2]}): use another "
+                "governor name or align the configuration"
             )
 
     def _remember(self, s: ShardState, now: float, own: Decimal = ZERO) -> None:
@@ -466,6 +519,7 @@ class DynamoDBGovernor:
                     margin_s=self.margin_s,
                     grid_s=self.full_grid_s,
                     drawn_floor=self._drawn_floor(s, t),
+                    requests=self._requests,
                 )
                 if plan.wait_s is not None:
                     if best_wait is None or plan.wait_s < best_wait:
@@ -485,7 +539,16 @@ class DynamoDBGovernor:
                     self.stats.grants += 1
                     self.last_grant_at = now
                     self._waits.append(0.0)
-                    grant = Grant(amount, lane, now, index, s.refunded, s.highs)
+                    grant = Grant(
+                        amount,
+                        lane,
+                        now,
+                        index,
+                        s.refunded,
+                        s.highs,
+                        requests=self._requests,
+                        requests_mark=None if s.requests is None else requests_mark(s.requests),
+                    )
                     return Draw(True, 0.0, left, grant=grant)
                 ready = float(ready_at)
                 ticket = Ticket(
@@ -499,6 +562,7 @@ class DynamoDBGovernor:
                     booked_at=now,
                     refunded=s.refunded,
                     highs=s.highs,
+                    **self._request_booking(s, plan, 1, 1),
                 )
                 self._waits.append(ready - now)
                 return Draw(False, ready - now, left, ticket=ticket)
@@ -512,6 +576,23 @@ class DynamoDBGovernor:
         elif requests == 0:
             self.stats.refused_in_view += 1
         return Draw(False, best_wait, float(best_tokens))
+
+    @property
+    def _requests(self) -> int:
+        """Requests one model call draws: 1 with a request bucket, else none."""
+        return 0 if self.config.rpm is None else 1
+
+    @staticmethod
+    def _request_booking(s: ShardState, plan: ShardWrite, i: int, booked: int) -> dict[str, Any]:
+        """A ticket's request fields: the ``i``-th (from 1) of the ``booked`` requests the write
+        ``plan`` drew on the shard ``s`` it left (none without a request bucket)."""
+        r, rw = s.requests, plan.requests
+        if r is None or rw is None:
+            return {}
+        return {
+            "requests_position": r.position - booked + i + rw.floor,
+            "requests_mark": requests_mark(r),
+        }
 
     def _queue_ahead(self, s: ShardState, lane: Lane, tenant: str) -> bool:
         """The tenant's units were queued in ``lane`` ahead of the credit when this client last
@@ -661,26 +742,28 @@ class DynamoDBGovernor:
                 while requests < self._max_requests:
                     s = self._shard(index, now)
 
-                    def plan(add: int, s: ShardState = s) -> ShardWrite:
+                    def plan(k: int, s: ShardState = s) -> ShardWrite:
                         return plan_write(
                             s,
                             t,
-                            add=add,
+                            add=ends[k - 1],
                             ahead=booking_ahead(s, t, self.horizon_s),
                             refund=self._refund_for(s),
                             margin_s=self.margin_s,
                             grid_s=self.full_grid_s,
                             drawn_floor=self._drawn_floor(s, t),
+                            requests=k * self._requests,  # a request per unit booked
                         )
 
-                    # the longest prefix of the units whose tokens fit within the horizon
+                    # the longest prefix of the units whose tokens (and requests) fit within the
+                    # horizon
                     booked = next(
-                        (k for k in range(len(ends), 0, -1) if plan(ends[k - 1]).wait_s is None),
+                        (k for k in range(len(ends), 0, -1) if plan(k).wait_s is None),
                         0,
                     )
                     if booked == 0:
                         break  # this shard books none of them: try the next one
-                    write = plan(ends[booked - 1])
+                    write = plan(booked)
                     requests += 1
                     written, s = self._write(index, write, now)
                     if not written:
@@ -693,7 +776,18 @@ class DynamoDBGovernor:
                     ready = [
                         now if write.credit >= e else float(s.time_for_credit(e)) for e in ends_at
                     ]
-                    return self._draws(index, amounts, ends_at, ready, booked, s, lane, now)
+                    r, rw = s.requests, write.requests
+                    if r is not None and rw is not None:  # and when each unit's request is
+                        first = r.position - booked + rw.floor
+                        ready = [
+                            max(at, float(r.time_for_credit(first + i + 1)))
+                            if rw.credit < first + i + 1
+                            else at
+                            for i, at in enumerate(ready)
+                        ]
+                    return self._draws(
+                        index, amounts, ends_at, ready, booked, s, lane, now, write=write
+                    )
             return nothing
 
     def _draws(
@@ -707,6 +801,7 @@ class DynamoDBGovernor:
         lane: Lane,
         now: float,
         slot: bool = False,
+        write: ShardWrite | None = None,
     ) -> list[Draw]:
         """The Draws of a booking of the first ``booked`` units on shard ``index`` (``s``: the
         shard as the write left it): each a refused Draw with its ticket (``slot``: a place) at
@@ -733,6 +828,7 @@ class DynamoDBGovernor:
                 refunded=ZERO if slot else s.refunded,
                 highs=0 if slot else s.highs,
                 slot=slot,
+                **({} if write is None else self._request_booking(s, write, i + 1, booked)),
             )
             draws.append(Draw(False, at - now, left, ticket=ticket))
         return draws
@@ -748,7 +844,19 @@ class DynamoDBGovernor:
         with self._lock:
             if used < grant.amount:
                 unused = grant.amount - used
-                self._add_refund(Refund(grant.shard, Decimal(unused), grant.refunded, grant.highs))
+                # used 0: the call never went out (the worker releases the grant): its request
+                # goes back too, if the bound allows (docs/governor.md, "Requests per minute")
+                released = used == 0 and grant.requests > 0 and grant.requests_mark is not None
+                self._add_refund(
+                    Refund(
+                        grant.shard,
+                        Decimal(unused),
+                        grant.refunded,
+                        grant.highs,
+                        requests=grant.requests if released else 0,
+                        requests_mark=grant.requests_mark if released else None,
+                    )
+                )
                 return TrueUp(pending=unused)
             if used == grant.amount:
                 return TrueUp()
@@ -767,6 +875,13 @@ class DynamoDBGovernor:
             )
         elif held is not None:
             self.stats.refund_dropped += int(held.amount)  # one pending refund at a time
+            held = replace(held, amount=ZERO) if held.shard == refund.shard else None
+        if held is not None and held.requests > 0:
+            # the requests of both, bounded by the lower (stricter) mark: sound for both
+            marks = [m for m in (held.requests_mark, refund.requests_mark) if m is not None]
+            refund = replace(
+                refund, requests=held.requests + refund.requests, requests_mark=min(marks)
+            )
         self._pending = refund
 
     def _refund_for(self, s: ShardState) -> Refund | None:
@@ -777,8 +892,9 @@ class DynamoDBGovernor:
             return None
         if held.highs != s.highs:
             self.stats.refund_dropped += int(held.amount)
-            self._pending = None
-            return None
+            # its requests have a bound of their own (plan_requests): they may still go back
+            self._pending = replace(held, amount=ZERO) if held.requests > 0 else None
+            return self._pending
         return held
 
     def _debit(self, index: int, over: int, now: float) -> int:
@@ -851,18 +967,37 @@ class DynamoDBGovernor:
             conditions.append(f"(attribute_not_exists({mine}) OR {mine} <= :credit)")
             values[":credit"] = plan.credit
             names["#tenant"] = queue[1]
+        rw = plan.requests
+        if rw is not None:  # the request bucket's part, in the same write
+            sets += ["r_drawn = r_drawn + :r_add", "r_lost = :r_lost"]
+            conditions += ["r_lost <= :r_lost", "r_refunded <= :r_refunded_max"]
+            values.update(
+                {":r_add": rw.add, ":r_lost": rw.lost, ":r_refunded_max": rw.refunded_max}
+            )
+            if rw.refund > 0:
+                sets.append("r_refunded = r_refunded + :r_refund")
+                values[":r_refund"] = rw.refund
+            if rw.drawn_max is not None:
+                conditions.append("r_drawn <= :r_drawn_max")
+                values[":r_drawn_max"] = rw.drawn_max
         update = "SET " + ", ".join(sets)
         if plan.saw_high:
             update += " ADD highs :one"
             values[":one"] = Decimal(1)
         written, s = self._update_shard(index, update, " AND ".join(conditions), values, now, names)
         self._remember(s, now, plan.add if written else ZERO)
-        if written and plan.refund > 0:
+        back_r = ZERO if rw is None else rw.refund
+        dropped_r = 0 if rw is None else rw.dropped
+        if written and (plan.refund > 0 or back_r > 0 or dropped_r > 0):
             self.stats.refunded += int(plan.refund)
+            self.stats.requests_refunded += int(back_r)
             held = self._pending
             if held is not None:
                 left = held.amount - plan.refund
-                self._pending = replace(held, amount=left) if left > 0 else None
+                left_r = max(0, held.requests - int(back_r) - dropped_r)
+                self._pending = (
+                    replace(held, amount=left, requests=left_r) if left > 0 or left_r > 0 else None
+                )
         return written, s
 
     def _upgrade(self, index: int, now: float) -> None:
@@ -978,6 +1113,10 @@ class DynamoDBGovernor:
                 ":cut": cut,
                 ":old": s.base_time,
             }
+            if new.requests is not None and new.requests.cut_rate is not None:
+                # the request bucket's credit banked and cut in the same write
+                update += ", r_base_credit = :rbc, r_cut_rate = :rcut"
+                values.update({":rbc": new.requests.base_credit, ":rcut": new.requests.cut_rate})
             if count:
                 update = "ADD throttles :one " + update + ", last_throttle_at = :now"
                 values.update({":one": Decimal(1), ":now": t})

@@ -739,6 +739,18 @@ class Upload(BaseModel):
     expires_at: int = Field(description="epoch seconds: the upload must start before then")
 
 
+class RequestBucketState(BaseModel):
+    """A model's request bucket (cdk.json models.catalog.<name>.rpm): one request per model
+    call."""
+
+    available: int = Field(description="requests in the bucket now")
+    capacity: int = Field(description="the most it holds: one minute of the governed rate")
+    rate_rps: float = Field(description="governed rate, requests/s (rpm / 60 x share)")
+    effective_rate_rps: float = Field(
+        description="the rate now: below rate_rps while a throttle's cut recovers"
+    )
+
+
 class GovernorState(BaseModel):
     """The fleet's token bucket (a snapshot; the API only reads it)."""
 
@@ -752,7 +764,15 @@ class GovernorState(BaseModel):
         default=1.0,
         description=(
             "how many quota tokens one output token counts as (Bedrock's token burndown "
-            "rate, cdk.json model.output_burndown): the figures above are quota tokens"
+            "rate, cdk.json models.catalog.<name>.output_burndown): the figures above are "
+            "quota tokens"
+        ),
+    )
+    requests: RequestBucketState | None = Field(
+        default=None,
+        description=(
+            "the request bucket beside the tokens, each model call taking one (null: "
+            "the model's requests per minute are not governed: cdk.json gives it no rpm)"
         ),
     )
 

@@ -88,6 +88,15 @@ class BenchConfig:
     #: here: docs/governor.md, "Lanes with a reserve queue, tenant by tenant")
     reserve: float = 0.0
     seed: int = 1
+    #: requests per minute (None: no request bucket): the governor counts one request per
+    #: grant beside its tokens, and the figures add the request bucket's (docs/governor.md,
+    #: "Requests per minute"); with small draws, requests bind long before tokens
+    rpm: int | None = None
+    #: quota tokens per output token (None: the draws are plain tokens, as before): a unit is
+    #: output-heavy, a quarter input and three quarters its output bound, and draws
+    #: ``input + burndown x bound`` quota tokens; the model answers a fraction (--used-min..max)
+    #: of the bound, and the true-up counts ``input + burndown x output``, as Bedrock does
+    output_burndown: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -115,6 +124,17 @@ class BenchConfig:
             ("--used-min", 0 <= self.used_min <= self.used_max, "must be in [0, --used-max]"),
             ("--used-max", self.used_max <= 10, "must be <= 10"),
             ("--reserve", 0 <= self.reserve < 1, "must be in [0, 1)"),
+            ("--rpm", self.rpm is None or self.rpm >= 1, "must be >= 1"),
+            (
+                "--output-burndown",
+                self.output_burndown is None or 1 <= self.output_burndown <= 100,
+                "must be in [1, 100]",
+            ),
+            (
+                "--max-tokens",
+                self.largest_draw <= self.capacity / self.shards,
+                "with --output-burndown, its quota draw must fit in one shard's capacity",
+            ),
             (
                 "--reserve",
                 self.max_tokens + self.reserve * self.capacity / self.shards
@@ -137,6 +157,32 @@ class BenchConfig:
     def initial(self) -> float:
         return self.initial_fill * self.capacity
 
+    @property
+    def request_rate(self) -> float | None:
+        """The governed rate in requests per second (None: no request bucket)."""
+        return None if self.rpm is None else self.rpm / 60 * self.share
+
+    @property
+    def request_capacity(self) -> float | None:
+        return None if self.rpm is None else self.rpm * self.share
+
+    def split(self, tokens: int) -> tuple[int, int]:
+        """An output-heavy unit of ``tokens``: (input, output bound), a quarter and the rest."""
+        inp = tokens // 4
+        return inp, tokens - inp
+
+    def quota_draw(self, tokens: int) -> int:
+        """What a unit of ``tokens`` draws: itself, or with --output-burndown its input plus
+        the burndown times its output bound (quota tokens, as Bedrock reserves them)."""
+        if self.output_burndown is None:
+            return tokens
+        inp, bound = self.split(tokens)
+        return inp + math.ceil(self.output_burndown * bound)
+
+    @property
+    def largest_draw(self) -> int:
+        return self.quota_draw(self.max_tokens)
+
     def governor_config(self) -> GovernorConfig:
         from swarm.core.governor import GovernorConfig
         from swarm.core.records import Lane
@@ -147,6 +193,8 @@ class BenchConfig:
             capacity=self.capacity,
             initial_fill=self.initial_fill,
             reserves={Lane.NORMAL: self.reserve} if self.reserve else {},
+            rpm=self.rpm,
+            output_burndown=self.output_burndown or 1.0,
         )
 
 
@@ -210,7 +258,8 @@ class BenchRun:
 
 @dataclass
 class _Unit:
-    amount: int
+    amount: int  # what it draws (quota tokens)
+    tokens: int = 0  # its tokens as billed (input + output bound)
     first_asked: float | None = None
     ticket: Any = None
     retry_at: float = 0.0
@@ -271,7 +320,8 @@ def _worker_process(
         report.warm_up_requests = gov.stats.requests
 
         def new_unit() -> _Unit:
-            return _Unit(rng.randint(cfg.min_tokens, cfg.max_tokens))
+            tokens = rng.randint(cfg.min_tokens, cfg.max_tokens)
+            return _Unit(cfg.quota_draw(tokens), tokens=tokens)
 
         slept = [0.0]  # seconds this worker slept in acquire(), waiting for tokens
 
@@ -321,7 +371,12 @@ def _worker_process(
                     unit.requeues += 1
                     unit.retry_at = seen + delay
                     continue
-                used = round(unit.amount * rng.uniform(cfg.used_min, cfg.used_max))
+                fraction = rng.uniform(cfg.used_min, cfg.used_max)
+                if cfg.output_burndown is None:
+                    used = round(unit.amount * fraction)
+                else:  # input, and the answer's output counted at the burndown (quota tokens)
+                    inp, bound = cfg.split(unit.tokens)
+                    used = inp + math.ceil(cfg.output_burndown * round(bound * fraction))
                 report.grants.append(
                     UnitGrant(unit.first_asked, seen, unit.amount, used, unit.tries_after_requeue)
                 )
@@ -619,6 +674,7 @@ def summarize(cfg: BenchConfig, bench: BenchRun) -> dict[str, Any]:
         "used_min": cfg.used_min,
         "used_max": cfg.used_max,
         "reserve": cfg.reserve,
+        "output_burndown": cfg.output_burndown,
         "acquire_calls": len(calls),
         "grants": len(in_run),
         "grants_after_idle": sum(1 for g in grants if g.seen > bench.resume_at),
@@ -663,6 +719,51 @@ def summarize(cfg: BenchConfig, bench: BenchRun) -> dict[str, Any]:
         "tokens_debited": sum(r.debited for r in reports),
         "unit_wait_p50_s": _percentile([g.seen - g.first_asked for g in in_run], 0.50),
         "unit_wait_p99_s": _percentile([g.seen - g.first_asked for g in in_run], 0.99),
+        **_request_figures(cfg, bench, grants, demand, used / could if could else 0.0),
+    }
+
+
+#: the sliding window Bedrock's per-minute quotas are stated over
+MINUTE_S = 60.0
+
+
+def _request_figures(
+    cfg: BenchConfig,
+    bench: BenchRun,
+    grants: Sequence[UnitGrant],
+    demand: Sequence[tuple[float, float]],
+    token_utilization: float,
+) -> dict[str, Any]:
+    """With --rpm, the request bucket's figures: each grant is one request (one model call),
+    judged from outside as the tokens are (:func:`over_granted`, every window), and the most
+    requests seen in any sliding minute against what the bucket allows in one (its capacity
+    plus a minute of refill); utilization of the binding limit, the busier of the two."""
+    rate, cap = cfg.request_rate, cfg.request_capacity
+    if rate is None or cap is None:
+        return {}
+    initial = cfg.initial_fill * cap
+    judged = [(g.first_asked, g.seen, 1) for g in grants]
+    in_run = [g for g in grants if g.seen <= bench.end_at]
+    could = could_have_granted(demand, bench.start_at, bench.end_at, initial, cap, rate)
+    utilization = len(in_run) / could if could else 0.0
+    seen = sorted(g.seen for g in grants)
+    busiest = max(
+        (bisect.bisect_right(seen, t + MINUTE_S) - i for i, t in enumerate(seen)), default=0
+    )
+    binding = "rpm" if utilization >= token_utilization else "tpm"
+    return {
+        "rpm": cfg.rpm,
+        "governed_rate_requests_per_s": rate,
+        "capacity_requests": cap,
+        "requests_granted": len(in_run),
+        "requests_could_have_granted": could,
+        "requests_utilization": utilization,
+        "requests_over_granted": over_granted(judged, bench.start_at, initial, cap, rate),
+        "requests_over_grant_tolerance": over_grant_tolerance(rate),
+        "requests_busiest_minute": busiest,
+        "requests_allowed_per_minute": cap + rate * MINUTE_S,
+        "binding_limit": binding,
+        "binding_utilization": max(utilization, token_utilization),
     }
 
 
@@ -705,6 +806,27 @@ def render(result: dict[str, Any]) -> str:
         f"  unit waits          {r['unit_wait_p50_s']:.1f} s p50, {r['unit_wait_p99_s']:.1f} s "
         "p99 from its first ask to its grant",
     ]
+    if r.get("output_burndown") is not None:
+        lines.append(
+            f"  output burndown     x{r['output_burndown']:g}: a unit is a quarter input, three "
+            "quarters its output bound, and draws input + burndown x bound; its true-up counts "
+            "input + burndown x output (quota tokens, which every figure above is in)"
+        )
+    if r.get("rpm") is not None:
+        lines += [
+            f"  request bucket      {r['rpm']:,} RPM x {r['share']:g} = "
+            f"{r['governed_rate_requests_per_s']:,.2f} requests/s, capacity "
+            f"{r['capacity_requests']:,.0f}",
+            f"  requests            {r['requests_granted']:,} granted of "
+            f"{r['requests_could_have_granted']:,.0f} the bucket could give: utilization "
+            f"{r['requests_utilization']:.3f}",
+            f"  requests over-gr.   {r['requests_over_granted']:,.3f} over every window, idle "
+            f"and after included (tolerance {r['requests_over_grant_tolerance']:.6f}); the "
+            f"busiest sliding 60 s: {r['requests_busiest_minute']:,} granted of "
+            f"{r['requests_allowed_per_minute']:,.0f} allowed",
+            f"  binding limit       {r['binding_limit'].upper()}, utilization "
+            f"{r['binding_utilization']:.3f}",
+        ]
     if r["used_min"] != 1 or r["used_max"] != 1:
         lines.append(
             f"  true-ups            model used {r['used_min']:g}-{r['used_max']:g} of each grant: "

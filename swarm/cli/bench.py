@@ -8,9 +8,20 @@ import json
 from swarm.cli.argtypes import float_in, int_in, share
 from swarm.core.records import LANES, Lane
 
+#: with --rpm, a unit's draw unless --min-tokens/--max-tokens say otherwise: small calls, so
+#: requests bind long before tokens
+RPM_DRAW = 50
+
 
 def cmd_governor(args: argparse.Namespace) -> int:
     from swarm.bench import governor
+
+    d = governor.BenchConfig()
+    small = args.rpm is not None
+    if args.min_tokens is None:
+        args.min_tokens = RPM_DRAW if small else d.min_tokens
+    if args.max_tokens is None:
+        args.max_tokens = max(args.min_tokens, RPM_DRAW if small else d.max_tokens)
 
     cfg = governor.BenchConfig(
         workers=args.workers,
@@ -32,6 +43,8 @@ def cmd_governor(args: argparse.Namespace) -> int:
         used_max=args.used_max,
         reserve=args.reserve,
         seed=args.seed,
+        rpm=args.rpm,
+        output_burndown=args.output_burndown,
     )
     result = governor.run(cfg)
     print(json.dumps(result, indent=2) if args.json else governor.render(result))
@@ -57,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--idle-s and draws again for --after-idle-s. Prints DynamoDB requests and failed "
             "conditional writes per acquire call and per grant, utilization, tokens "
             "over-granted over every window, and the tries a requeued unit needed. The "
-            "defaults are issue 15's scenario."
+            "defaults are issue 15's scenario. --rpm adds the request bucket (and small "
+            "draws), --output-burndown output-heavy draws in quota tokens."
         ),
     )
     p.add_argument(
@@ -99,14 +113,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--min-tokens",
         type=int_in(1, 10**12),
-        default=d.min_tokens,
-        help=f"smallest draw ({d.min_tokens:,})",
+        default=None,
+        help=f"smallest draw ({d.min_tokens:,}; with --rpm {RPM_DRAW})",
     )
     p.add_argument(
         "--max-tokens",
         type=int_in(1, 10**12),
-        default=d.max_tokens,
-        help=f"largest draw ({d.max_tokens:,})",
+        default=None,
+        help=f"largest draw ({d.max_tokens:,}; with --rpm {RPM_DRAW})",
+    )
+    p.add_argument(
+        "--rpm",
+        type=int_in(1, 10**8),
+        default=None,
+        help="the model's requests per minute: the governor counts one request per call "
+        "beside its tokens, and the figures add the request bucket's (over-granted over every "
+        f"window, the busiest minute, utilization of the binding limit); draws default to "
+        f"{RPM_DRAW} tokens, so requests bind long before tokens (default: no request bucket)",
+    )
+    p.add_argument(
+        "--output-burndown",
+        type=float_in(1, 100),
+        default=None,
+        help="quota tokens per output token (Claude 4: 5): units are output-heavy (a quarter "
+        "input), draw input + burndown x output bound and are trued up to input + burndown x "
+        "output; the token figures are then quota tokens (default: draws of plain tokens)",
     )
     p.add_argument(
         "--work-s",

@@ -26,6 +26,7 @@ from swarm.api.models import (
 from swarm.cli.argtypes import positive_int
 from swarm.client import Client, NoAnswer, Unreachable, target_from_args
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.sim.models import Mix, parse_mix
 
 TERMINAL = ("completed", "exhausted")
 REQUEST_TIMEOUT_S = 30.0  # one request's wait for its answer
@@ -290,6 +291,21 @@ def upload_units(client: Client, body: dict[str, Any], log: TextIO) -> dict[str,
     return {**body, "manifest": {"key": key}}
 
 
+def with_models(units: list[dict[str, Any]], mix: Mix, seed: int) -> list[dict[str, Any]]:
+    """``units`` each naming a model of ``mix`` (``input.model``, drawn on ``seed``): a prompt
+    text becomes a request of one user message, as the model plane reads it anyway."""
+    named = []
+    for unit, model in zip(units, mix.assign(len(units), seed), strict=True):
+        given = unit["input"]
+        request = (
+            dict(given)
+            if isinstance(given, dict)
+            else {"messages": [{"role": "user", "content": [{"text": given}]}]}
+        )
+        named.append({**unit, "input": {**request, "model": model}})
+    return named
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     given = [args.file is not None, args.generate is not None, args.bfcl is not None]
     if sum(given) != 1:
@@ -309,6 +325,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body = {"units": generated_agent_units(args.generate, args.seed, args.turns, tools)}
     else:
         body = {"units": generated_units(args.generate, args.seed, 8_000, 16_000)}
+    if args.mix is not None:
+        if args.file is not None:
+            raise InvalidInput(
+                "--mix",
+                "names the models of generated units: a FILE's units name theirs in input.model",
+            )
+        body["units"] = with_models(body["units"], parse_mix(args.mix, None), args.seed)
     if args.lane:
         body["lane"] = args.lane
     if args.budget is not None:
@@ -407,6 +430,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             f"{g['governed_rate_tps']:,.0f} tokens/s, {g['throttles']} throttles, output "
             f"burndown x{g.get('output_burndown', 1):g}"
         )
+        r = g.get("requests")
+        if r:
+            print(
+                f"  requests: {r['available']:,} of {r['capacity']:,} available, rate "
+                f"{r['effective_rate_rps']:,.2f}/{r['rate_rps']:,.2f} requests/s"
+            )
     for lane, d in doc["lanes"].items():
         print(
             f"  {lane:<7} visible {d['visible']:>6}  not visible {d['in_flight']:>5}  "
@@ -530,6 +559,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "each unit's final state follows (`swarm judge`); docs/agents.md, 'BFCL'",
     )
     p.add_argument("--limit", type=positive_int, metavar="N", help="with --bfcl: the first N")
+    p.add_argument(
+        "--mix",
+        metavar="NAME=F,...",
+        help="with --generate or --bfcl: the models of the deployment's registry the units name "
+        "(input.model), e.g. haiku=0.7,sonnet=0.3: each unit's drawn on --seed, the fractions "
+        "adding up to 1 (`swarm fleet` lists the models; without --mix: the default model)",
+    )
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
     p.add_argument("--budget", type=positive_int, help="token budget")
     p.add_argument(

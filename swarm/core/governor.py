@@ -40,6 +40,11 @@ class GovernorConfig:
     #: how many quota tokens one output token counts as (Bedrock's token burndown rate): the
     #: workers draw and true up quota tokens (swarm.core.burndown); the bucket itself is in them
     output_burndown: float = 1.0
+    #: the model's requests per minute (Bedrock's second quota): None, no request bucket; else
+    #: every draw also takes one request per model call it covers from a bucket of requests
+    #: governed at ``rpm / 60 x share`` a second, holding one minute of that (docs/governor.md,
+    #: "Requests per minute")
+    rpm: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.quota_tpm, int) or self.quota_tpm <= 0:
@@ -65,10 +70,26 @@ class GovernorConfig:
             )
         if self.recovery_per_s <= 0:
             raise InvalidInput("recovery_per_s", f"must be > 0, got {self.recovery_per_s!r}")
+        if self.rpm is not None and (
+            not isinstance(self.rpm, int) or isinstance(self.rpm, bool) or self.rpm < 1
+        ):
+            raise InvalidInput(
+                "quota_rpm", f"must be a whole number of requests per minute >= 1, got {self.rpm!r}"
+            )
         try:
             check_burndown(self.output_burndown)
         except ValueError as e:
             raise InvalidInput("output_burndown", str(e)) from None
+        cap = self.request_capacity
+        if cap is not None:
+            for lane, reserve in self.reserves.items():
+                if 1 + reserve * cap > cap:
+                    raise InvalidInput(
+                        "quota_rpm",
+                        f"{self.rpm} requests per minute at share {self.share:g} hold "
+                        f"{cap:g} requests, too few for one request of lane {lane.value} "
+                        f"above its reserve ({reserve:g} of them): raise the model's rpm",
+                    )
 
     @property
     def rate(self) -> float:
@@ -88,6 +109,22 @@ class GovernorConfig:
     def reserve(self, lane: Lane) -> float:
         """Tokens a draw from ``lane`` must leave in the bucket."""
         return self.reserves.get(lane, 0.0) * self.bucket_capacity
+
+    @property
+    def request_rate(self) -> float | None:
+        """The governed rate in requests per second (None: no request bucket)."""
+        return None if self.rpm is None else self.rpm / 60 * self.share
+
+    @property
+    def request_capacity(self) -> float | None:
+        """The request bucket's capacity: one minute of the governed rate (None: no bucket)."""
+        return None if self.rpm is None else self.rpm * self.share
+
+    def request_reserve(self, lane: Lane) -> float:
+        """Requests a draw from ``lane`` must leave in the request bucket: the lane's reserve is
+        the same fraction of either bucket."""
+        cap = self.request_capacity
+        return 0.0 if cap is None else self.reserves.get(lane, 0.0) * cap
 
 
 MICRO = Decimal("0.000001")  # tokens and seconds are stored with micro resolution
@@ -110,6 +147,11 @@ class Grant:
     refunded: Decimal = ZERO
     highs: int = 0
     seq: int = 0  # in memory: the change the grant was (LevelHistory)
+    #: with a request bucket: the request it took (1; 0: none), and what bounds giving it back
+    #: unused (the call never went out): ``level - credit - refunded`` of the request bucket
+    #: right after the write that took it (docs/governor.md, "Requests per minute")
+    requests: int = 0
+    requests_mark: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -138,9 +180,23 @@ class Ticket:
     #: where a draw without one waits behind it (docs/governor.md, "Lanes with a reserve queue,
     #: tenant by tenant")
     slot: bool = False
+    #: with a request bucket, the request booked with the tokens: ready when the request
+    #: bucket's credit reaches ``requests_position`` too; ``requests_mark`` as in Grant
+    requests_position: Decimal | None = None
+    requests_mark: Decimal | None = None
 
     def grant(self) -> Grant:
-        return Grant(self.amount, self.lane, self.booked_at, self.shard, self.refunded, self.highs)
+        booked = self.requests_position is not None
+        return Grant(
+            self.amount,
+            self.lane,
+            self.booked_at,
+            self.shard,
+            self.refunded,
+            self.highs,
+            requests=1 if booked else 0,
+            requests_mark=self.requests_mark if booked else None,
+        )
 
 
 def ticket_to_doc(ticket: Ticket) -> dict[str, Any]:
@@ -158,6 +214,14 @@ def ticket_to_doc(ticket: Ticket) -> dict[str, Any]:
         "highs": ticket.highs,
         "tag": ticket.tag,
         **({"slot": True} if ticket.slot else {}),
+        **(
+            {
+                "requests_position": format(ticket.requests_position, "f"),
+                "requests_mark": format(ticket.requests_mark, "f"),
+            }
+            if ticket.requests_position is not None and ticket.requests_mark is not None
+            else {}
+        ),
     }
 
 
@@ -180,9 +244,15 @@ def ticket_from_doc(doc: object) -> Ticket | None:
             highs=int(doc.get("highs", 0)),
             tag=str(doc.get("tag", "")),
             slot=doc.get("slot") is True,
+            requests_position=_decimal_or_none(doc.get("requests_position")),
+            requests_mark=_decimal_or_none(doc.get("requests_mark")),
         )
     except (KeyError, TypeError, ValueError, InvalidOperation):
         return None
+
+
+def _decimal_or_none(raw: object) -> Decimal | None:
+    return None if raw is None else Decimal(str(raw))
 
 
 @dataclass(frozen=True)
@@ -208,7 +278,9 @@ class TrueUp:
 
 @dataclass(frozen=True)
 class BucketState:
-    """Tokens at ``updated_at``, plus the AIMD cut (if any) the effective rate recovers from."""
+    """Tokens at ``updated_at``, plus the AIMD cut (if any) the effective rate recovers from;
+    with a request bucket (``GovernorConfig.rpm``), its requests at ``updated_at`` too, which
+    refill at the same fraction of their governed rate as the tokens (a throttle cuts both)."""
 
     tokens: float
     updated_at: float
@@ -216,10 +288,21 @@ class BucketState:
     cut_at: float = 0.0
     throttles: int = 0  # throttles reported since the bucket was created
     last_throttle_at: float | None = None
+    requests: float = 0.0  # requests in the request bucket (0 and unused without one)
+    #: the request bucket's credit so far (its initial fill and every refill, before the
+    #: capacity) and the requests given back: what bounds giving one back (``requests_mark``)
+    request_credit: float = 0.0
+    requests_refunded: float = 0.0
 
     @classmethod
     def fresh(cls, config: GovernorConfig, now: float) -> BucketState:
-        return cls(tokens=config.initial_fill * config.bucket_capacity, updated_at=now)
+        requests = config.initial_fill * (config.request_capacity or 0.0)
+        return cls(
+            tokens=config.initial_fill * config.bucket_capacity,
+            updated_at=now,
+            requests=requests,
+            request_credit=requests,
+        )
 
     def effective_rate(self, config: GovernorConfig, now: float) -> float:
         if self.cut_rate is None:
@@ -229,32 +312,81 @@ class BucketState:
         )
         return min(config.rate, recovered)
 
+    def effective_request_rate(self, config: GovernorConfig, now: float) -> float:
+        """The request bucket's refill rate: its governed rate, cut and recovering as the
+        tokens' is (0 without a request bucket)."""
+        return (config.request_rate or 0.0) * self.effective_rate(config, now) / config.rate
+
     def available(self, config: GovernorConfig, now: float) -> float:
         elapsed = max(0.0, now - self.updated_at)
         refill = self.effective_rate(config, self.updated_at) * elapsed
         return min(config.bucket_capacity, self.tokens + refill)
 
+    def _request_refill(self, config: GovernorConfig, now: float) -> float:
+        return self.effective_request_rate(config, self.updated_at) * max(
+            0.0, now - self.updated_at
+        )
+
+    def available_requests(self, config: GovernorConfig, now: float) -> float:
+        """Requests in the request bucket at ``now`` (0 without one)."""
+        cap = config.request_capacity
+        if cap is None:
+            return 0.0
+        return min(cap, self.requests + self._request_refill(config, now))
+
+    def at(self, config: GovernorConfig, now: float) -> BucketState:
+        """The same bucket with its refill up to ``now`` banked."""
+        if now <= self.updated_at:
+            return self
+        return replace(
+            self,
+            tokens=self.available(config, now),
+            requests=self.available_requests(config, now),
+            request_credit=self.request_credit + self._request_refill(config, now),
+            updated_at=now,
+        )
+
     def draw(
-        self, config: GovernorConfig, amount: float, lane: Lane, now: float
+        self, config: GovernorConfig, amount: float, lane: Lane, now: float, requests: int = 1
     ) -> tuple[BucketState, Draw]:
+        """Draw ``amount`` tokens and, with a request bucket, ``requests`` requests: granted
+        only when both are there; refused, the wait is the later of the two."""
         check_amount(config, amount, lane)
         available = self.available(config, now)
         floor = config.reserve(lane)
-        if available - amount >= floor:
+        counted = config.rpm is not None and requests > 0
+        req_available = self.available_requests(config, now)
+        req_floor = config.request_reserve(lane)
+        req_ok = not counted or req_available - requests >= req_floor - 1e-9
+        if available - amount >= floor and req_ok:
             left = available - amount
-            return replace(self, tokens=left, updated_at=now), Draw(True, 0.0, left)
-        deficit = amount + floor - available
-        return self, Draw(False, deficit / self.effective_rate(config, now), available)
+            state = self.at(config, now)
+            if counted:
+                state = replace(state, requests=req_available - requests)
+            return replace(state, tokens=left, updated_at=now), Draw(True, 0.0, left)
+        wait = max(0.0, amount + floor - available) / self.effective_rate(config, now)
+        if not req_ok:
+            short = requests + req_floor - req_available
+            wait = max(wait, short / self.effective_request_rate(config, now))
+        return self, Draw(False, wait, available)
 
     def throttled(self, config: GovernorConfig, now: float) -> BucketState:
-        """Multiplicative decrease, once per cool-down; recovery is additive over time."""
+        """Multiplicative decrease, once per cool-down; recovery is additive over time. It cuts
+        the request bucket's rate with the tokens' (a throttle does not say which was hit)."""
         state = replace(self, throttles=self.throttles + 1, last_throttle_at=now)
         if self.cut_rate is not None and now - self.cut_at < config.throttle_cooldown_s:
             return state
         current = self.effective_rate(config, now)
         floor = config.rate * config.min_rate_fraction
         # bank the refill earned at the old rate before the rate changes
-        state = replace(state, tokens=self.available(config, now), updated_at=now)
+        banked = self.at(config, now)
+        state = replace(
+            state,
+            tokens=banked.tokens,
+            requests=banked.requests,
+            request_credit=banked.request_credit,
+            updated_at=now,
+        )
         return replace(state, cut_rate=max(floor, current * config.decrease_factor), cut_at=now)
 
 
@@ -280,6 +412,12 @@ class GovernorSnapshot:
     effective_rate: float
     throttles: int
     last_throttle_at: float | None
+    #: the request bucket (None: the governor has none): its governed and effective rates
+    #: (requests/s), the requests in it, its capacity
+    request_rate: float | None = None
+    effective_request_rate: float | None = None
+    requests_available: float | None = None
+    request_capacity: float | None = None
 
     @property
     def utilization_cap(self) -> float:
@@ -298,6 +436,14 @@ def snapshot_of(state: BucketState, config: GovernorConfig, now: float) -> Gover
         effective_rate=state.effective_rate(config, now),
         throttles=state.throttles,
         last_throttle_at=state.last_throttle_at,
+        request_rate=config.request_rate,
+        effective_request_rate=(
+            None if config.rpm is None else state.effective_request_rate(config, now)
+        ),
+        requests_available=(
+            None if config.rpm is None else max(0.0, state.available_requests(config, now))
+        ),
+        request_capacity=config.request_capacity,
     )
 
 
@@ -385,6 +531,10 @@ class ShardState:
     #: per reserved lane (its name), each tenant's queue in it: the credit C(t) must reach for
     #: every unit the tenant queued to have its tokens (:func:`plan_slot`)
     queues: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    #: the shard's request bucket (``GovernorConfig.rpm``), in the same cumulative form and the
+    #: same item: its credit function shares ``base_time`` and ``cut_at`` and is cut in the same
+    #: proportion (None: no request bucket)
+    requests: ShardState | None = None
 
     @property
     def position(self) -> Decimal:
@@ -471,9 +621,32 @@ def shard_shape(config: GovernorConfig, shards: int) -> tuple[Decimal, Decimal, 
     )
 
 
+def request_shape(config: GovernorConfig, shards: int) -> tuple[Decimal, Decimal, Decimal] | None:
+    """Each shard's request bucket's rate, capacity and recovery (None: no request bucket)."""
+    if config.request_rate is None or config.request_capacity is None:
+        return None
+    return (
+        micro(config.request_rate / shards),
+        micro(config.request_capacity / shards),
+        micro(config.recovery_per_s * config.request_rate / shards),
+    )
+
+
 def initial_shard(config: GovernorConfig, shards: int, index: int, t: Decimal) -> ShardState:
     """Shard ``index`` as it is created at ``t``: the configured initial fill, nothing drawn."""
     rate, capacity, recovery = shard_shape(config, shards)
+    requests: ShardState | None = None
+    shape = request_shape(config, shards)
+    if shape is not None:
+        requests = ShardState(
+            index=index,
+            drawn=ZERO,
+            base_credit=micro(config.initial_fill * (config.request_capacity or 0.0) / shards),
+            base_time=t,
+            rate=shape[0],
+            capacity=shape[1],
+            recovery=shape[2],
+        )
     return ShardState(
         index=index,
         drawn=ZERO,
@@ -482,17 +655,41 @@ def initial_shard(config: GovernorConfig, shards: int, index: int, t: Decimal) -
         rate=rate,
         capacity=capacity,
         recovery=recovery,
+        requests=requests,
     )
 
 
 @dataclass(frozen=True)
 class Refund:
-    """Unused tokens of a grant, waiting to go back to its shard with the next write there."""
+    """Unused tokens of a grant, waiting to go back to its shard with the next write there;
+    with ``requests``, the grant's request too (its call never went out)."""
 
     shard: int
     amount: Decimal
     refunded: Decimal  # the grant's marks (Grant.refunded, Grant.highs)
     highs: int
+    requests: int = 0
+    requests_mark: Decimal | None = None  # Grant.requests_mark
+
+
+@dataclass(frozen=True)
+class RequestWrite:
+    """The request bucket's part of a :class:`ShardWrite`, in the same ``UpdateItem``::
+
+    SET r_drawn = r_drawn + :r_add, r_lost = :r_lost [, r_refunded = r_refunded + :r_refund]
+    IF r_lost <= :r_lost AND r_refunded <= :r_refunded_max [AND r_drawn <= :r_drawn_max]
+    """
+
+    add: Decimal  # requests drawn
+    lost: Decimal
+    refund: Decimal  # requests given back (calls that never went out)
+    refunded_max: Decimal
+    drawn_max: Decimal | None
+    credit: Decimal
+    floor: Decimal
+    #: requests of the refund that can never go back (the bound only tightens with time and
+    #: refunds): the client drops them
+    dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -519,12 +716,41 @@ class ShardWrite:
     credit: Decimal  # C(t)
     floor: Decimal  # the lane's reserve on this shard, in tokens
     wait_s: float | None = None
+    requests: RequestWrite | None = None  # the request bucket's part (None: none drawn)
 
     def ready_at(self, after: ShardState) -> Decimal | None:
-        """When the drawn tokens are the caller's, from the shard the write left: None if now
-        (granted), else a ticket's time."""
+        """When the drawn tokens (and requests) are the caller's, from the shard the write left:
+        None if now (granted), else a ticket's time: the later of the two buckets'."""
         target = after.position + self.floor
-        return None if self.credit >= target else after.time_for_credit(target)
+        at = None if self.credit >= target else after.time_for_credit(target)
+        r, rw = after.requests, self.requests
+        if r is None or rw is None:
+            return at
+        rtarget = r.position + rw.floor
+        if rw.credit >= rtarget:
+            return at
+        rat = r.time_for_credit(rtarget)
+        return rat if at is None else max(at, rat)
+
+
+#: with a request bucket, a full bucket's ``lost`` is raised to a whole multiple of this
+#: fraction of its capacity (docs/governor.md, "Requests per minute")
+FULL_QUANTUM = Decimal("0.01")
+
+
+def _full_quantum(needed: Decimal, cap: Decimal) -> Decimal:
+    """``needed`` rounded up to a whole multiple of ``FULL_QUANTUM x cap``.
+
+    With two buckets, the one that does not bind sits full, and every write raises its
+    ``lost``: raised exactly, the value depends on the ``drawn`` its writer saw, so writers with
+    views a few draws apart would write different values and all but the first would fail
+    (``lost <= :lost``). Rounded up, they write the same value for a while: the bucket holds up to
+    1% of its capacity less (an under-grant, only while it is full, i.e. not binding)."""
+    with localcontext(_CTX):
+        q = (cap * FULL_QUANTUM).quantize(MICRO, rounding=ROUND_CEILING)
+        if q <= 0:
+            return needed
+        return (needed / q).to_integral_value(rounding=ROUND_CEILING) * q
 
 
 def _grid_after(t: Decimal, grid_s: float) -> Decimal:
@@ -547,6 +773,7 @@ def plan_write(
     margin_s: float = 0.0,
     grid_s: float = 0.0,
     drawn_floor: Decimal | None = None,
+    requests: int = 0,
 ) -> ShardWrite:
     """The write that draws ``add`` tokens at ``t`` from a lane keeping ``reserve`` (a fraction
     of capacity), booking up to ``ahead`` tokens past the refill (a ticket); ``ahead=None``: a
@@ -567,6 +794,8 @@ def plan_write(
       below half full) and neither the refunds landed since nor the present can make it
       overflow (docs/governor.md, "True-up"); it never exceeds ``add``, so a request the SDK
       repeats after a lost answer takes back at least what it gives.
+    * ``requests``: with a request bucket (``s.requests``), the requests the write draws from it
+      in the same write (:func:`plan_requests`); the draw waits for the later of the two.
     """
     a = Decimal(add)
     with localcontext(_CTX):
@@ -578,7 +807,10 @@ def plan_write(
         drawn = s.drawn if drawn_floor is None else max(s.drawn, drawn_floor)
         lost = s.lost
         if credit - cap - drawn + s.refunded > s.lost:  # over capacity as last seen
-            lost = max(s.lost, s.credit(_grid_after(t, grid_s)) - cap - drawn + s.refunded)
+            needed = s.credit(_grid_after(t, grid_s)) - cap - drawn + s.refunded
+            if s.requests is not None:  # two buckets: one of them usually sits full
+                needed = _full_quantum(needed, cap)
+            lost = max(s.lost, needed)
         # ``lost`` must keep the level at most capacity however many refunds landed meanwhile
         refunded_max = drawn + lost - credit + cap
         half = cap / 2
@@ -620,7 +852,19 @@ def plan_write(
                     refund=refund,
                     margin_s=margin_s,
                     grid_s=grid_s,
+                    requests=requests,
                 )
+    rw: RequestWrite | None = None
+    if s.requests is not None and requests > 0:
+        ahead_r = None
+        if ahead is not None:  # the same horizon of the request bucket's rate
+            with localcontext(_CTX):
+                ahead_r = micro(ahead * s.requests.rate_at(t) / s.rate_at(t))
+        rw, wait_r = plan_requests(
+            s.requests, t, requests, reserve, ahead_r, refund, margin_s, grid_s
+        )
+        if wait_r is not None:
+            wait_s = wait_r if wait_s is None else max(wait_s, wait_r)
     return ShardWrite(
         add=a,
         lost=lost,
@@ -634,7 +878,73 @@ def plan_write(
         credit=credit,
         floor=floor,
         wait_s=wait_s,
+        requests=rw,
     )
+
+
+def plan_requests(
+    r: ShardState,
+    t: Decimal,
+    n: int,
+    reserve: float,
+    ahead: Decimal | None,
+    refund: Refund | None,
+    margin_s: float,
+    grid_s: float,
+) -> tuple[RequestWrite, float | None]:
+    """The request bucket's part of a write drawing ``n`` requests at ``t`` (``ahead``: how far
+    past the refill it may book; None: a draw that lands whatever the bucket holds), and the
+    wait if the requests are not there.
+
+    As for tokens: ``lost`` keeps the bucket at its capacity (on the grid), and the draw's
+    ``r_drawn <= :r_drawn_max`` leaves its position at most the credit less the lane's reserve
+    (plus what it may book). A refund (requests of grants whose calls never went out) goes back
+    only if the bucket, had nobody drawn since the grant, would still hold it by ``t +
+    margin_s``: ``refunded + back <= capacity - C(t + margin) - mark``, ``mark`` being the
+    grant's ``level - credit - refunded`` right after its write. Since the grant the level rose
+    by at most the credit and the refunds landed, so the bucket with that request never drawn
+    would never have overflowed: giving it back mints nothing.
+    """
+    a = Decimal(n)
+    with localcontext(_CTX):
+        cap = r.capacity
+        floor = micro(reserve * float(cap), ROUND_CEILING)
+        credit = r.credit(t)
+        lost = r.lost
+        if credit - cap - r.drawn + r.refunded > r.lost:
+            needed = r.credit(_grid_after(t, grid_s)) - cap - r.drawn + r.refunded
+            lost = max(r.lost, _full_quantum(needed, cap))
+        refunded_max = r.drawn + lost - credit + cap
+        back = ZERO
+        dropped = 0
+        if (
+            refund is not None
+            and refund.shard == r.index
+            and refund.requests > 0
+            and refund.requests_mark is not None
+        ):
+            late = r.credit(t + micro(margin_s, ROUND_CEILING))
+            bound = cap - late - refund.requests_mark  # refunded + back may reach this
+            room = (bound - r.refunded).to_integral_value(rounding=ROUND_FLOOR)
+            back = max(ZERO, min(Decimal(refund.requests), a, room))
+            dropped = max(0, refund.requests - max(0, int(room)))
+            if back > 0:
+                refunded_max = min(refunded_max, bound - back)
+        drawn_max: Decimal | None = None
+        wait_s: float | None = None
+        if ahead is not None:
+            drawn_max = credit - floor + ahead - a - lost + r.refunded + back
+            if r.drawn > drawn_max:
+                short = r.drawn + lost - r.refunded + a + floor - credit
+                wait_s = max(0.0, float(short) / float(r.rate_at(t))) + 2e-6
+    return RequestWrite(a, lost, back, refunded_max, drawn_max, credit, floor, dropped), wait_s
+
+
+def requests_mark(r: ShardState) -> Decimal:
+    """A grant's mark on the request bucket ``r`` as its write left it: ``level - credit -
+    refunded`` = ``-(drawn + lost)`` (:func:`plan_requests`)."""
+    with localcontext(_CTX):
+        return -(r.drawn + r.lost)
 
 
 @dataclass(frozen=True)
@@ -707,11 +1017,15 @@ def plan_places(
 
 
 def ticket_ready_at(ticket: Ticket, seen: ShardState | None) -> float:
-    """When a ticket's tokens are its holder's: the time it was booked with, or later if the
-    shard's rate was cut since (the holder's client has seen a newer credit function)."""
+    """When a ticket's tokens (and request) are its holder's: the time it was booked with, or
+    later if the shard's rate was cut since (the holder's client has seen a newer credit
+    function)."""
     if seen is None or seen.base_time <= ticket.base_time:
         return ticket.ready_at
-    return max(ticket.ready_at, float(seen.time_for_credit(ticket.position)))
+    at = max(ticket.ready_at, float(seen.time_for_credit(ticket.position)))
+    if seen.requests is not None and ticket.requests_position is not None:
+        at = max(at, float(seen.requests.time_for_credit(ticket.requests_position)))
+    return at
 
 
 def booking_ahead(s: ShardState, t: Decimal, horizon_s: float) -> Decimal:
@@ -738,7 +1052,16 @@ def rebase(s: ShardState, t: Decimal, cut: Decimal, cooldown_s: float) -> ShardS
     at = max(t, s.base_time)
     if s.cooling(at, cooldown_s):
         return None
-    return replace(s, base_credit=s.credit(at), base_time=at, cut_rate=cut, cut_at=at)
+    requests = s.requests
+    if requests is not None:  # cut in the same proportion: a throttle does not say which limit
+        with localcontext(_CTX):
+            cut_r = micro(cut * requests.rate / s.rate)
+        requests = replace(
+            requests, base_credit=requests.credit(at), base_time=at, cut_rate=cut_r, cut_at=at
+        )
+    return replace(
+        s, base_credit=s.credit(at), base_time=at, cut_rate=cut, cut_at=at, requests=requests
+    )
 
 
 @dataclass(frozen=True)
@@ -765,6 +1088,15 @@ def view_of(states: Iterable[ShardState], config: GovernorConfig, t: Decimal) ->
         throttles=s0.throttles,
         last_throttle_at=s0.last_throttle_at,
     )
+    buckets = [s.requests for s in states if s.requests is not None]
+    if buckets and config.rpm is not None:
+        snapshot = replace(
+            snapshot,
+            request_rate=config.request_rate,
+            effective_request_rate=float(sum((r.rate_at(t) for r in buckets), ZERO)),
+            requests_available=float(sum((max(ZERO, r.tokens(t)) for r in buckets), ZERO)),
+            request_capacity=config.request_capacity,
+        )
     return ShardsView(snapshot, float(debt), float(debt / rate) if rate > 0 else math.inf)
 
 

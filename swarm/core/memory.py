@@ -10,6 +10,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound, ObjectTooLarge
@@ -568,12 +569,18 @@ class InMemoryGovernor:
         self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
     ) -> Draw:
         before = self.state.available(self.config, now)
-        self.state, result = self.state.draw(self.config, amount, lane, now)
+        requests = 0 if self.config.rpm is None else 1  # one model call
+        self.state, result = self.state.draw(self.config, amount, lane, now, requests)
         if not result.granted:
             return result
         self.history.observe(now, before)
         seq = self.history.observe(now, result.available)
-        return replace(result, grant=Grant(amount, lane, now, seq=seq))
+        mark = None
+        if requests:  # the request bucket's level - credit - refunded (GovernorConfig.rpm)
+            st = self.state
+            mark = Decimal(repr(st.requests - st.request_credit - st.requests_refunded))
+        grant = Grant(amount, lane, now, seq=seq, requests=requests, requests_mark=mark)
+        return replace(result, grant=grant)
 
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
         """Give back what the model did not use, as far as that is sound; draw what it used
@@ -590,7 +597,24 @@ class InMemoryGovernor:
             self.history.observe(now, level)
             self.history.refunded += back
             self.state = replace(self.state, tokens=level + back, updated_at=now)
+        if used == 0:
+            self._release_request(grant, now)
         return TrueUp(refunded=back, dropped=unused - back)
+
+    def _release_request(self, grant: Grant, now: float) -> None:
+        """The call never went out: its request goes back if the request bucket, had it never
+        been drawn, could not have overflowed since (swarm.core.governor.plan_requests)."""
+        cap = self.config.request_capacity
+        if cap is None or grant.requests <= 0 or grant.requests_mark is None:
+            return
+        st = self.state.at(self.config, now)
+        bound = cap - st.request_credit - float(grant.requests_mark)
+        if st.requests_refunded + grant.requests <= bound:
+            self.state = replace(
+                st,
+                requests=st.requests + grant.requests,
+                requests_refunded=st.requests_refunded + grant.requests,
+            )
 
     def report_throttle(self, now: float) -> None:
         self.state = self.state.throttled(self.config, now)

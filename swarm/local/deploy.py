@@ -105,6 +105,8 @@ class LocalOptions:
             scaled: dict[str, Any] = {"models": scaled_models(base["models"], self.time_scale)}
         else:  # one model, without a registry
             scaled = {"quota_tpm": int(base["quota_tpm"] * self.time_scale)}
+            if base.get("quota_rpm") is not None:
+                scaled["quota_rpm"] = max(1, int(base["quota_rpm"] * self.time_scale))
         return {
             "stage": self.stage,
             **scaled,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ from swarm.api.models import (
     GovernorState,
     LaneDepthView,
     ModelState,
+    RequestBucketState,
     TokenBook,
     Unit,
     UnitCounts,
@@ -739,8 +741,26 @@ def _governor_state(governor: Governor, now: float) -> GovernorState:
         throttles=snap.throttles,
         last_throttle_at=snap.last_throttle_at,
         output_burndown=governor.config.output_burndown,
+        requests=_request_view(snap),
     )
 
 
 def _depth_view(d: LaneDepth) -> LaneDepthView:
     return LaneDepthView(visible=d.visible, in_flight=d.in_flight, delayed=d.delayed)
+
+
+def _request_view(snap: GovernorSnapshot) -> RequestBucketState | None:
+    """The governor's request bucket as ``GET /fleet`` shows it (None: it has none)."""
+    if (
+        snap.request_rate is None
+        or snap.request_capacity is None
+        or snap.requests_available is None
+        or snap.effective_request_rate is None
+    ):
+        return None
+    return RequestBucketState(
+        available=math.floor(snap.requests_available),
+        capacity=math.floor(snap.request_capacity),
+        rate_rps=round(snap.request_rate, 3),
+        effective_rate_rps=round(snap.effective_request_rate, 3),
+    )

@@ -358,7 +358,7 @@ class Simulation:
 
 
 @dataclass
-class ModelState:
+class SimModelState:
     """One model's part of the fleet: its buckets (quota tokens; requests when it has an rpm),
     its queue of units, and the unit whose worker waits for its tokens."""
 
@@ -381,7 +381,7 @@ class ModelSimulation(Simulation):
     one model of burndown 1 and no rpm it is :class:`Simulation` exactly
     (tests/unit/test_sim_models.py runs both)."""
 
-    states: dict[str, ModelState] = field(default_factory=dict)
+    states: dict[str, SimModelState] = field(default_factory=dict)
     model_of: tuple[str, ...] = ()  # each unit's model, by index
     turn: int = 0  # the model the next free worker looks at first
 
@@ -397,7 +397,7 @@ class ModelSimulation(Simulation):
             requests = None
             if spec.rpm is not None:
                 requests = InMemoryGovernor(GovernorConfig(spec.rpm, share), now)
-            self.states[spec.name] = ModelState(
+            self.states[spec.name] = SimModelState(
                 spec, InMemoryGovernor(config, now), requests, InMemoryLanes(self.fleet.policy)
             )
         self.model_of = models.assign(self.workload.units, self.workload.seed)
@@ -451,7 +451,7 @@ class ModelSimulation(Simulation):
             if not progressed:
                 return min(waits) if waits else None
 
-    def _dispatch_model(self, st: ModelState, t: int) -> tuple[bool, int | None]:
+    def _dispatch_model(self, st: SimModelState, t: int) -> tuple[bool, int | None]:
         """One step of :meth:`Simulation._dispatch` on one model's queue: (True, None) when it
         started a unit or a refusal emptied the queue; else (False, when it can next grant)."""
         if st.waiting is not None:
@@ -484,7 +484,7 @@ class ModelSimulation(Simulation):
         self.in_flight.append(Running(t + self.workload.service_s(item.tokens), item))
         return True, None
 
-    def _draw(self, st: ModelState, item: QueuedUnit, t: int) -> int | None:
+    def _draw(self, st: SimModelState, item: QueuedUnit, t: int) -> int | None:
         """Draw the unit's quota tokens and (with an rpm) one request, both or neither; None
         when granted, else when both can be."""
         amount = self.models.draw(st.spec.name, item.tokens)
@@ -501,7 +501,7 @@ class ModelSimulation(Simulation):
         return t + max(ticks_until(d.wait_s) for d in (tokens, request) if not d.granted)
 
     def _model_fitting(
-        self, st: ModelState, head: QueuedUnit, t: int
+        self, st: SimModelState, head: QueuedUnit, t: int
     ) -> tuple[QueuedUnit | None, int | None]:
         """``largest-fit`` on one model's queue: its largest queued unit both buckets cover."""
         fair = st.lanes.policy is Policy.FAIR

@@ -290,9 +290,9 @@ class Mix:
         return tuple(names)
 
 
-def parse_mix(text: str, catalog: Catalog) -> Mix:
-    """``name=fraction,...``: every name in the catalog, once; fractions in (0, 1] adding up to
-    1 (to within 1e-9)."""
+def parse_mix(text: str, catalog: Catalog | None) -> Mix:
+    """``name=fraction,...``: every name in the catalog (None: any model name, the deployment
+    checks them), once; fractions in (0, 1] adding up to 1 (to within 1e-9)."""
     parts: list[tuple[str, float]] = []
     for piece in (p.strip() for p in text.split(",")):
         name, eq, value = piece.partition("=")
@@ -301,7 +301,7 @@ def parse_mix(text: str, catalog: Catalog) -> Mix:
             raise InvalidInput(
                 "--mix", f"{piece!r} is not name=fraction: give e.g. haiku=0.8,sonnet=0.2"
             )
-        if name not in catalog.models:
+        if catalog is not None and name not in catalog.models:
             raise InvalidInput(
                 "--mix",
                 f"{name!r} is not a model of the catalog: use one of {', '.join(catalog.models)}",

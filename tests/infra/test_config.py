@@ -35,7 +35,10 @@ def _context(**overrides: Any) -> dict[str, Any]:
     the registry): cdk.json's default model, given that way."""
     context = {**cdk_json_context(), **overrides}
     model = overrides.get("model", {})
-    legacy = "quota_tpm" in overrides or "bedrock_model_id" in model or "output_burndown" in model
+    legacy = {"quota_tpm", "quota_rpm"} & set(overrides) or {
+        "bedrock_model_id",
+        "output_burndown",
+    } & set(model)
     if legacy and "models" not in overrides:
         # null: over cdk.json's too, when the test synthesizes an app (its context is merged)
         models, context["models"] = context["models"], None
@@ -1108,3 +1111,41 @@ def test_a_tenants_models_must_be_registered_and_include_the_default(
     context["tenants"]["defaults"]["models"] = ["haiku"]
     limits = json.loads(load_config(context).tenants.env_value())
     assert limits["defaults"]["models"] == ["haiku"]
+
+
+# -- rpm: each model's request bucket (docs/governor.md, "Requests per minute") ---------------
+
+
+def test_a_models_rpm_reaches_the_governor_and_is_off_when_absent() -> None:
+    from infra.stack import _static_environment
+
+    shipped = load_config(cdk_json_context())
+    assert shipped.governor_config("haiku").rpm is None  # absent: requests not governed
+    assert shipped.governor_config("sonnet").rpm == 200
+    models = json.loads(_static_environment(shipped, "worker")["MODELS"])
+    assert models["catalog"]["haiku"]["rpm"] is None and models["catalog"]["sonnet"]["rpm"] == 200
+    # one model without the registry: quota_rpm
+    config = load_config(_context(quota_rpm=1_000))
+    assert config.governor_config(config.registry.default).rpm == 1_000
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (0, "greater than or equal to 1"),
+        (1.5, "valid integer"),
+        ("many", "valid integer"),
+        (True, "valid integer"),
+        # 1 x 0.95 holds less than one request above the low lane's reserve
+        (1, "too few for one request"),
+    ],
+)
+def test_a_bad_rpm_is_refused_naming_the_key(value: Any, says: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(quota_rpm=value))
+    assert "quota_rpm" in str(error.value) and says in str(error.value), str(error.value)
+    sonnet = {**cdk_json_context()["models"]["catalog"]["sonnet"], "rpm": value}
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(models=_models(sonnet=sonnet)))
+    assert "models.catalog.sonnet.rpm" in str(error.value), str(error.value)
+    assert says in str(error.value), str(error.value)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from infra.config import LONGEST_FUNCTION_ARN
+from infra.config import LONGEST_FUNCTION_ARN, ConfigError
 from infra.context import cdk_json_context
 from swarm import contract as env
 from swarm.adapters.tools import ToolRegistry, grants_from_json
@@ -122,6 +122,39 @@ def test_the_registry_reaches_the_worker_and_the_api_within_4_kb(synth: Synthesi
             for k, v in variables.items()
         )
         assert size <= 4096, (name, size)
+
+
+def test_a_function_whose_environment_would_pass_4_kb_is_refused_at_synth(tmp_path: Path) -> None:
+    """Lambda refuses a function whose variables take more than 4 KB, and CloudFormation finds
+    out mid-update: synth counts each function's at its longest and refuses it, naming what
+    fills it. Here: eight models beside a registry near its own cap."""
+    context = cdk_json_context()
+    context["tools"] = {
+        **context["tools"],
+        **{
+            f"theirs_{i}": {
+                "function_arn": f"{THEIRS}-{i}",
+                "description": "d" * 500,
+                "input_schema": {"type": "object"},
+                "effect": "read",
+            }
+            for i in range(2)
+        },
+    }
+    catalog = {
+        f"model-{i}": {"model_id": f"us.anthropic.claude-sonnet-4-{i:08d}-v1:0", "tpm": 100_000}
+        for i in range(8)
+    }
+    context["models"] = {"default": "model-0", "catalog": catalog}
+    with pytest.raises(ConfigError) as error:
+        synthesize(tmp_path, context, nag=False)
+    message = str(error.value)
+    assert message.startswith("the worker function's environment would take up to "), message
+    assert "more than Lambda's 4,096" in message
+    assert "TOOL_REGISTRY" in message and "MODELS" in message and "models.catalog" in message
+    # the same eight models beside the shipped registry fit
+    context["tools"] = cdk_json_context()["tools"]
+    synthesize(tmp_path / "fits", context, nag=False)
 
 
 def test_a_function_arn_tool_is_invocable_and_a_registry_without_sources_builds_none(

@@ -762,3 +762,105 @@ def test_the_patch_is_what_makes_moto_atomic(dynamodb: Any) -> None:
     # When patched, Then exactly one draw is granted, as real DynamoDB would
     assert moto_dynamodb.dynamodb_patched()
     assert _race_draws(True, dynamodb) == 1
+
+
+# ---------------------------------------------------------------- requests per minute
+
+
+class _VirtualClock:
+    """A clock the threads share: each reading is a step later than the one before."""
+
+    def __init__(self, step: float) -> None:
+        self.step, self.t = step, 0.0
+        self._lock = threading.Lock()
+
+    def tick(self) -> float:
+        with self._lock:
+            self.t += self.step
+            return self.t
+
+
+def test_two_models_governors_drawn_by_concurrent_threads_never_over_grant_requests(
+    dynamodb: Any,
+) -> None:
+    """Two governors (two model names, their own tpm, rpm and burndown) in one table, each drawn
+    by 4 threads of its own clients at once, with small draws, so requests bind long before
+    tokens. One books tickets, the other does not; a fifth of the grants are released unused
+    (the call never went out), which gives their requests back. Judged from outside: neither
+    request bucket, nor either token bucket, ever grants more than it holds plus its refill,
+    over every window; and each gives out its requests (the binding limit) nearly in full."""
+    models = {
+        # name: (config, booking horizon)
+        "haiku": (GovernorConfig(300_000, 1.0, rpm=600, initial_fill=0.5), 5.0),
+        "sonnet": (GovernorConfig(60_000, 0.9, rpm=120, output_burndown=5.0), 0.0),
+    }
+    clocks = {name: _VirtualClock(0.004) for name in models}  # each model's threads share one
+    out: dict[str, list[tuple[float, float, int]]] = {name: [] for name in models}
+    tokens_out: dict[str, list[tuple[float, float, int]]] = {name: [] for name in models}
+    last: dict[str, float] = dict.fromkeys(models, 0.0)  # each model's last draw
+    errors: list[BaseException] = []
+    record = threading.Lock()
+    for name, (config, _) in models.items():
+        DynamoDBGovernor(config, TABLE, client=dynamodb, name=name).create(0.0)
+
+    def worker(name: str, seed: int) -> None:
+        config, horizon = models[name]
+        gov = DynamoDBGovernor(
+            config, TABLE, client=dynamodb, name=name, horizon_s=horizon, rng=random.Random(seed)
+        )
+        rng = random.Random(seed)
+        clock = clocks[name]
+        ticket: Ticket | None = None
+        asked: float | None = None
+        try:
+            while clock.t < 20.0:  # 20 s of virtual time: each model's bucket binds
+                now = clock.tick()
+                asked = now if asked is None else asked
+                got = gov.draw(50, Lane.HIGH, now, ticket=ticket)
+                with record:
+                    last[name] = max(last[name], now)
+                if not got.granted:
+                    ticket = got.ticket
+                    time.sleep(0.001)  # a thread that only waits does not race the clock ahead
+                    continue
+                assert got.grant is not None and got.grant.requests == 1
+                ticket = None
+                if rng.random() < 0.2:  # released: the call never went out
+                    gov.true_up(got.grant, 0, clock.tick())
+                else:
+                    used = rng.randint(10, 50)
+                    with record:
+                        out[name].append((asked, now, 1))
+                        tokens_out[name].append((asked, now, used))
+                    gov.true_up(got.grant, used, clock.tick())
+                asked = None
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=worker, args=(name, 10 * k + i))
+        for k, name in enumerate(models)
+        for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for name, (config, _) in models.items():
+        rate, cap = config.request_rate, config.request_capacity
+        assert rate is not None and cap is not None
+        initial = config.initial_fill * cap
+        over = bench.over_granted(out[name], 0.0, initial, cap, rate)
+        assert over <= bench.over_grant_tolerance(rate), (name, over)
+        over_tokens = bench.over_granted(
+            tokens_out[name],
+            0.0,
+            config.initial_fill * config.bucket_capacity,
+            config.bucket_capacity,
+            config.rate,
+        )
+        assert over_tokens <= bench.over_grant_tolerance(config.rate), (name, over_tokens)
+        # requests bound: nearly all the bucket could give went to calls that went out
+        allowed = initial + rate * last[name]
+        assert len(out[name]) >= 0.7 * allowed, (name, len(out[name]), allowed)

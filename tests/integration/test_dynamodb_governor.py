@@ -773,3 +773,65 @@ def test_a_grant_s_marks_come_from_the_write_that_drew_it(dynamodb: Any) -> None
     (s,) = stored(dynamodb)
     assert got.grant == Grant(1_000, Lane.NORMAL, 0.0, 0, s.refunded, s.highs)
     assert dynamodb.get_item(TableName=TABLE, Key=g._key(0))["Item"][SORT_KEY]["S"] == "shard#0000"
+
+
+# ---------------------------------------------------------------- requests per minute
+
+
+def test_a_throttle_cuts_only_its_own_models_rates_both_of_them(dynamodb: Any) -> None:
+    """Two models, one item each (``gov#<name>``): a throttle of one cuts its tokens' and its
+    requests' rates and leaves the other model's alone."""
+    config = GovernorConfig(300_000, 1.0, rpm=600)
+    haiku, sonnet = gov(dynamodb, config, name="haiku"), gov(dynamodb, config, name="sonnet")
+    haiku.create(0.0)
+    sonnet.create(0.0)
+    haiku.report_throttle(10.0)
+    cut, other = haiku.snapshot(10.0), sonnet.snapshot(10.0)
+    assert cut.effective_rate == pytest.approx(2_500) and cut.effective_request_rate == 5.0
+    assert other.effective_rate == 5_000 and other.effective_request_rate == 10.0
+    assert other.throttles == 0
+    # and the cut recovers both, additively (1% of each rate per second)
+    later = haiku.snapshot(30.0)
+    assert later.effective_rate == pytest.approx(3_500)
+    assert later.effective_request_rate == pytest.approx(7.0)
+
+
+def test_a_booking_of_n_units_books_n_requests_and_a_release_gives_one_back(
+    dynamodb: Any,
+) -> None:
+    config = GovernorConfig(300_000, 1.0, rpm=600)  # 10 requests/s, 5,000 tokens/s
+    g = gov(dynamodb, config, horizon_s=60.0)
+    g.create(0.0)
+    # 30 units of 10 tokens at t=1: tokens there, 10 requests there, 20 more within 2 s
+    draws = g.book_tickets([10] * 30, Lane.HIGH, 1.0)
+    tickets = [d.ticket for d in draws]
+    assert all(t is not None for t in tickets)
+    ready = [t.ready_at for t in tickets if t is not None]
+    assert ready[:10] == [1.0] * 10  # the requests were there
+    assert ready[10] == pytest.approx(1.1) and ready[-1] == pytest.approx(3.0)
+    (shard,) = stored(dynamodb)
+    assert shard.requests is not None and shard.requests.drawn == 30 and shard.drawn == 300
+    # a ready ticket is granted without a request; released unused, its request goes back
+    first = tickets[0]
+    assert first is not None
+    got = g.draw(10, Lane.HIGH, 1.0, ticket=first)
+    assert got.grant is not None and got.grant.requests == 1
+    g.true_up(got.grant, 0, 1.0)
+    g.draw(10, Lane.HIGH, 4.0)  # the release rides on the next write: it draws 1, gives 1
+    (shard,) = stored(dynamodb)
+    assert shard.requests is not None
+    assert shard.requests.drawn == 31 and shard.requests.refunded == 1
+    assert g.stats.requests_refunded == 1
+
+
+def test_shards_too_many_for_the_request_bucket_are_refused_and_a_changed_rpm_conflicts(
+    dynamodb: Any,
+) -> None:
+    # 60 rpm x 0.95 = 57 requests: 100 shards would hold 0.57 each, never one request
+    with pytest.raises(InvalidInput) as error:
+        gov(dynamodb, GovernorConfig(300_000, rpm=60), shards=100)
+    assert error.value.field == "shards" and "quota_rpm" in error.value.message
+    # a bucket stored without a request bucket is not drawn by a client configured with one
+    gov(dynamodb).create(0.0)
+    with pytest.raises(Conflict, match="request buckets"):
+        gov(dynamodb, GovernorConfig(300_000, 0.95, rpm=600)).draw(10, Lane.HIGH, 1.0)

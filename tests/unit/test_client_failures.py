@@ -484,3 +484,40 @@ def test_submit_upload_of_a_manifest_reference_is_one_line(
     line = one_error_line(run_cli(["submit", str(path), "--upload", "--api-url", api.url], capsys))
     assert line.startswith("swarm: error: --upload: the FILE names a manifest already"), line
     assert api.seen == []
+
+
+def test_a_generated_batch_names_the_models_of_its_mix(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.answers = [json_answer(201, BATCH)]
+    args = ["submit", "--generate", "10", "--mix", "haiku=0.7,sonnet=0.3", "--seed", "4"]
+    code, _, err = run_cli([*args, "--api-url", api.url], capsys)
+    assert code == 0, err
+    [post] = [s for s in api.seen if s.method == "POST"]
+    units = post.body["units"]
+    models = [u["input"]["model"] for u in units]
+    assert sorted(models) == ["haiku"] * 7 + ["sonnet"] * 3  # the mix's counts, exactly
+    # a prompt text became a request of one user message carrying it
+    assert all(u["input"]["messages"][0]["content"][0]["text"] for u in units)
+    # drawn on the seed: the same seed, the same models
+    api.answers = [json_answer(201, BATCH)]
+    run_cli([*args, "--api-url", api.url], capsys)
+    again = [s for s in api.seen if s.method == "POST"][-1]
+    assert [u["input"]["model"] for u in again.body["units"]] == models
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--mix", "haiku=0.7,sonnet=0.2"], "--mix: the fractions add up to 0.9, not 1"),
+        (["--mix", "haiku"], "--mix: 'haiku' is not name=fraction"),
+    ],
+)
+def test_a_bad_mix_is_one_line_naming_the_option(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
+) -> None:
+    line = one_error_line(
+        run_cli(["submit", "--generate", "3", *extra, "--api-url", api.url], capsys)
+    )
+    assert says in line, line
+    assert api.seen == []  # nothing sent

@@ -193,3 +193,20 @@ def test_each_model_has_its_own_governor_config_and_a_bad_burndown_is_named() ->
     bad["catalog"]["sonnet"]["burndown"] = 0.5
     with pytest.raises(SettingsError, match=r"MODELS.*burndown.*greater than or equal to 1"):
         Settings.from_env(environment("worker") | {env.MODELS: json.dumps(bad)})
+
+
+def test_a_models_rpm_reaches_its_governors_config_and_its_buckets_name() -> None:
+    from swarm.wiring import governor_name
+
+    worker = WorkerSettings.from_env(environment("worker"))
+    config = worker.governor_config()
+    assert config.rpm is None  # absent: no request bucket, the bucket's name without one
+    assert governor_name(config, "haiku") == "haiku-q300000-s0.95-c300000"
+    models = json.loads(VALUES[env.MODELS])
+    models["catalog"]["haiku"]["rpm"] = 1000
+    given = WorkerSettings.from_env(environment("worker") | {env.MODELS: json.dumps(models)})
+    assert given.governor_config().rpm == 1_000
+    assert governor_name(given.governor_config(), "haiku") == "haiku-q300000-s0.95-c300000-r1000"
+    models["catalog"]["haiku"]["rpm"] = 0
+    with pytest.raises(SettingsError, match=r"MODELS.*rpm.*greater than or equal to 1"):
+        Settings.from_env(environment("worker") | {env.MODELS: json.dumps(models)})
