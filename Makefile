@@ -10,7 +10,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 
-.PHONY: setup run test test-scale lint format typecheck openapi unit integration infra e2e synth deploy bench clean help
+.PHONY: setup run test test-scale lint format typecheck openapi docs docs-gen unit integration infra e2e synth deploy bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -56,6 +56,13 @@ typecheck: setup  ## mypy on the library, the functions and the infrastructure
 openapi: setup  ## regenerate docs/openapi.json from the API's models and routes (swarm/api)
 	$(BIN)/python -m swarm.api.openapi docs/openapi.json
 
+docs: setup  ## build the documentation site into site/ (mkdocs build --strict); fails on stale generated pages
+	$(BIN)/python scripts/docgen.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-gen: setup  ## regenerate docs/reference/{cli,api,config}.md from the parser, docs/openapi.json and infra/config.py
+	$(BIN)/python scripts/docgen.py
+
 unit: setup  ## tests/unit only
 	$(BIN)/pytest tests/unit
 
@@ -76,4 +83,4 @@ deploy: setup  ## drain, cdk deploy, undrain: make deploy STAGE=<stage> (local: 
 	$(BIN)/swarm deploy $(if $(filter local,$(STAGE)),--local,--stage $(STAGE)) $(if $(DRY_RUN),--dry-run)
 
 clean:  ## remove build output (keeps .venv and node_modules)
-	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf cdk.out site .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -171,7 +171,7 @@ class FrontDoor(Construct):
             # role for API Gateway: a fresh account has none, and then the stage fails to create.
             # On by default, so the defaults deploy anywhere; the role and the account setting
             # are retained with the stack deleted (other APIs of the region may log through it).
-            # Off: the account already has one (README, "Deploying to an AWS account").
+            # Off: the account already has one (docs/tutorials/first-deployment.md).
             cloud_watch_role=config.api.create_cloudwatch_role,
             cloud_watch_role_removal_policy=cdk.RemovalPolicy.RETAIN,
             default_method_options=apigw.MethodOptions(

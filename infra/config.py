@@ -129,7 +129,10 @@ class UnitProfileConfig(_Strict):
 
 
 class WorkerConfig(_Strict):
+    # the worker function's Lambda timeout: the governor wait, the model's timeouts and a
+    # message's own work must fit in it (checked at synth; the lanes' visibility timeout is 6x it)
     timeout_seconds: int = Field(ge=10, le=900)
+    # the worker function's memory (Lambda bills GB-seconds by it)
     memory_mb: int = Field(ge=128, le=10240)
     # null (default): unreserved. A reservation must fit account_concurrency_limit (see below).
     reserved_concurrency: int | None = Field(default=None, ge=2)
@@ -137,7 +140,11 @@ class WorkerConfig(_Strict):
     # quota_tpm, governor_share and unit_profile (SwarmConfig.sizing); null: given by hand
     concurrency: Literal["auto"] | None = None
     unit_profile: UnitProfileConfig | None = None
+    # lane messages per worker invocation (the event source mapping's BatchSize); a worker
+    # runs them at once, one thread each
     batch_size: int = Field(ge=1, le=10)
+    # how long a worker waits for the governor's tokens before it hands the unit back to its
+    # lane with a delay (below worker.timeout_seconds)
     governor_max_wait_seconds: float = Field(ge=0)
     # units due within bundle_window_seconds of each other travel as one lane message, at most
     # bundle_units of them (swarm.core.lanes.bundle): they reach one invocation together
@@ -168,6 +175,7 @@ class WorkerConfig(_Strict):
 
 
 class BudgetConfig(_Strict):
+    # a batch's budget when the submission names none
     default_tokens: int = Field(ge=0)
     # the API's document states this ceiling (swarm.api.models): a deployment may lower it
     max_tokens: int = Field(ge=1, le=MAX_BUDGET_TOKENS)
@@ -181,6 +189,7 @@ MAX_POLLS_PER_EXECUTION = 1500
 
 class FanoutConfig(_Strict):
     max_concurrency: int = Field(ge=1, le=10000)  # Distributed Map child executions at once
+    # the Distributed Map's ToleratedFailurePercentage: failed children past it fail the map
     tolerated_failure_percentage: int = Field(ge=0, le=100)
     # between two invocations writing a closure's results file too long for one
     finalizer_poll_seconds: int = Field(ge=1, le=3600)
@@ -225,15 +234,17 @@ class FanoutConfig(_Strict):
 
 
 class ApiConfig(_Strict):
+    # the API stage's throttling (API Gateway): steady requests per second, and the burst
     throttle_rate_limit: float = Field(gt=0)
     throttle_burst_limit: int = Field(ge=1, le=5000)
+    # a tenant is the IAM role named <prefix><tenant> in the stack's account
     tenant_principal_prefix: str = Field(pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$")
     # the roles that own the fleet-wide views (GET /fleet, /drain), read any batch and re-bind
     # a tenant whose role was recreated; never a tenant
     operator_principal_prefix: str = Field(
         default="swarm-operator-", pattern=r"^[A-Za-z0-9+=,.@_-]{1,32}$"
     )
-    create_cloudwatch_role: bool  # account-wide API Gateway logging role; see the README
+    create_cloudwatch_role: bool  # API Gateway's logging role (docs/tutorials/first-deployment.md)
     # the API function's Lambda timeout: with INIT it must end within API Gateway's 29 s
     # integration timeout, or the caller gets a 504 while the function goes on (checked at synth)
     timeout_seconds: int = Field(default=19, ge=3, le=900)
@@ -326,9 +337,11 @@ class TenantOverrideConfig(_Strict):
 
 
 class TenantsConfig(_Strict):
-    """``tenants``: the limits that keep tenants from hurting each other (README, "Tenants")."""
+    """``tenants``: the limits that keep tenants from hurting each other
+    (docs/how-to/budgets-and-tenants.md)."""
 
     defaults: TenantLimitsConfig
+    # by tenant name: any key of defaults (a key left out, or null, is the default's)
     overrides: dict[str, TenantOverrideConfig] = Field(default_factory=dict)
 
     def of(self, tenant: str) -> TenantLimitsConfig:
@@ -522,7 +535,9 @@ def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
 
 
 class SimulatedModelConfig(_Strict):
+    # the simulated model plane's own quota in tokens a minute (its throttles start past it)
     quota_tpm: int = Field(ge=1)
+    # the chance an attempt fails (a function of seed, unit and attempt: reproducible)
     failure_rate: float = Field(ge=0, le=1)
     seed: int
 
@@ -537,6 +552,7 @@ class BedrockConfig(_Strict):
 
 
 class ModelConfig(_Strict):
+    # the model plane the workers call: the simulated one, or Amazon Bedrock
     adapter: Literal["simulated", "bedrock"]
     # the one model of a configuration without ``models`` (with it: models.catalog.<name>)
     bedrock_model_id: str | None = Field(default=None, pattern=r"^[a-z0-9.:-]+$")
@@ -622,9 +638,13 @@ class ModelsConfig(_Strict):
 
 
 class ObservabilityConfig(_Strict):
+    # the log groups' retention in days (one of CloudWatch Logs' values)
     log_retention_days: int
+    # the handlers' Logger level (POWERTOOLS_LOG_LEVEL); Lambda's own filter stays at INFO
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+    # the alarms' SNS topic mails this address (none: the topic has no subscriber)
     alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$")
+    # the governor saturation alarm's threshold
     governor_saturation_percent: float = Field(gt=0, le=100)
 
     @model_validator(mode="after")
@@ -646,10 +666,12 @@ LAMBDA_MAX_TIMEOUT_S = 900
 
 
 class SwarmConfig(_Strict):
+    # the stage: the stack is Swarm-<stage>
     stage: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
     # The account's Lambda "Concurrent executions" quota in this region (Service Quotas): 1,000
     # is the usual one; new accounts often have 10. Synth checks the worker's concurrency fits.
     account_concurrency_limit: int = Field(default=1000, ge=1)
+    # stages whose tables, queues, buckets and logs are retained, with deletion protection
     production_stages: tuple[str, ...]
     # the one model's quota of a configuration without ``models`` (with it: each model's tpm)
     quota_tpm: int | None = Field(default=None, ge=1, le=1_000_000_000)
@@ -658,11 +680,17 @@ class SwarmConfig(_Strict):
     quota_rpm: int | None = Field(default=None, ge=1, le=100_000_000, strict=True)
     # the share of each model's quota the fleet takes (a model's own governor_share overrides)
     governor_share: float = Field(gt=0, le=1)
+    # each governor bucket's capacity in tokens (null: one minute of the model's quota)
     governor_capacity_tokens: int | None = Field(default=None, ge=1)
+    # per lane, the fraction of the bucket kept for the lanes above it
     lane_reserves: LaneReserves
+    # per lane (high, normal, low): its event source mapping's concurrency, its shed depth
     lanes: LanesConfig
     worker: WorkerConfig
+    # attempts per unit before it is dead-lettered, for a batch that names no max_attempts
     max_attempts: int = Field(ge=1, le=100)
+    # the lanes' redrive maxReceiveCount (at least max_attempts: a governor wait returns a
+    # message without an attempt)
     max_receive_count: int = Field(ge=1, le=1000)
     budget: BudgetConfig
     fanout: FanoutConfig
@@ -1156,7 +1184,7 @@ class SwarmConfig(_Strict):
             f"the concurrent executions a throttle would hurt add up to {budget.total} "
             f"({budget.explain()}), more than {budget.label}: throttled lane deliveries "
             "dead-letter units that never ran, throttled map children fail the fan-out "
-            f"(FanOutFailed), throttled API calls fail; {advice} (README, 'A small account'); "
+            f"(FanOutFailed), throttled API calls fail; {advice} (docs/how-to/small-accounts.md); "
             "or set account_concurrency_limit to this account's Lambda 'Concurrent executions' "
             "quota (Service Quotas) if it is higher"
         )
@@ -1183,7 +1211,7 @@ class Demand:
 #: Lambda.TooManyRequestsException, then the sweeper repairs the run), the sweeper (one
 #: invocation per schedule tick, EventBridge's asynchronous invoke, which Lambda retries) and the
 #: drain controller (one per switch flip, asynchronous too). They are listed, not counted: they
-#: take what the counted ones leave (README, 'A small account').
+#: take what the counted ones leave (docs/how-to/small-accounts.md).
 RETRIED_WHEN_THROTTLED = (
     Demand("the finalizer (retried by the state machine)", 1, "one per closing batch"),
     Demand("the sweeper (asynchronous, retried)", 1, "one per schedule tick"),

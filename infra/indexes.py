@@ -135,7 +135,7 @@ def plan(
             "one global secondary index per table in an update, and the update fails. Stage "
             f"it, one deploy per index: first deploy with {step}, then deploy again with "
             f"-c {DEPLOYED_CONTEXT}='{json.dumps({table: first})}', and so on until no step is "
-            "refused (README, 'Upgrading a deployed stack')"
+            "refused (docs/tutorials/first-deployment.md, 'Upgrading a deployed stack')"
         )
     return build
 

@@ -7,7 +7,8 @@
 - :mod:`swarm.cli.deploy`: ``swarm deploy`` (drain, cdk deploy, undrain);
 - :mod:`swarm.cli.local`: the local stack (``swarm local up|down|demo|tenant``);
 - :mod:`swarm.cli.bench`: benchmarks (``swarm bench governor``, ``swarm bench cost``);
-- :mod:`swarm.cli.smoke`: ``swarm smoke`` (a stack of its own, end to end, then destroyed).
+- :mod:`swarm.cli.smoke`: ``swarm smoke`` (a stack of its own, end to end, then destroyed);
+- :mod:`swarm.cli.helpdocs`: each command's example and documentation page, ending its help.
 
 Every error a user can cause ends with a one-line message and exit status 2, never a traceback.
 """
@@ -18,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from swarm.cli import bench, deploy, judge, local, ops, plan, results, sim, smoke
+from swarm.cli import bench, deploy, helpdocs, judge, local, ops, plan, results, sim, smoke
 from swarm.client import aws_failure
 from swarm.core.errors import SwarmError
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.register(sub)
     bench.register(sub)
     smoke.register(sub)
+    helpdocs.annotate(parser)
     return parser
 
 

@@ -1,6 +1,7 @@
 """``swarm deploy``: drain, wait until nothing is running, deploy, undrain.
 
-The README's deploy procedure as one command: turn the drain switch on (new batches get 503,
+The deploy procedure as one command (docs/how-to/draining-and-deploying.md): turn the drain
+switch on (new batches get 503,
 workers take nothing new, queued units stay queued), wait until ``GET /drain`` says nothing is
 running (bounded by ``--timeout``, with the progress of ``swarm drain on --wait``), deploy,
 then turn the switch off. Any failure after the switch went on (the wait timed out, the deploy
@@ -97,7 +98,8 @@ def run_command(command: Sequence[str], env: Mapping[str, str], cwd: Path) -> in
 
 @dataclass
 class CdkDeployer:
-    """``npx cdk deploy`` of stack ``Swarm-<stage>`` from this checkout, as the README does it."""
+    """``npx cdk deploy`` of stack ``Swarm-<stage>`` from this checkout, as
+    docs/tutorials/first-deployment.md does it."""
 
     stage: str
     context: Sequence[str] = ()  # extra `-c KEY=VALUE` for the app (cdk.json's keys)
@@ -410,7 +412,8 @@ def plan_for(args: argparse.Namespace) -> tuple[DrainApi, Deployer, Where]:
         raise InvalidInput(
             "--stage",
             f"{e.message}. swarm deploy drains a deployed stack; for the first deploy of a "
-            f"stage run `npx cdk deploy -c stage={args.stage}` (README, Deploying)",
+            f"stage run `npx cdk deploy -c stage={args.stage}` "
+            "(docs/tutorials/first-deployment.md)",
         ) from None
     again = [f"swarm deploy --stage {args.stage}{region}"]
     again += [f"-c {shlex.quote(value)}" for value in args.context]

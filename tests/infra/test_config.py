@@ -212,7 +212,7 @@ def test_a_small_account_is_refused_with_values_that_fit(limit: int) -> None:
     message = str(error.value)
     assert "values that fit: " in message
     # When the proposed values are applied
-    proposed = message.split("values that fit: ")[1].split(" (README")[0]
+    proposed = message.split("values that fit: ")[1].split(" (docs/how-to/small-accounts.md)")[0]
     values = dict(item.split("=") for item in proposed.split(", "))
     lanes = cdk_json_context()["lanes"]
     for lane in LANES:
@@ -250,15 +250,15 @@ SMALL_ACCOUNT = re.compile(r"<!-- small-account-recipe -->\s*```json\n(.*?)```",
 
 
 def small_account_recipe() -> dict[str, Any]:
-    """The README's small-account recipe, exactly as printed."""
-    match = SMALL_ACCOUNT.search((ROOT / "README.md").read_text())
-    assert match is not None, "README.md lost its small-account recipe"
+    """The small-account recipe of docs/how-to/small-accounts.md, exactly as printed."""
+    match = SMALL_ACCOUNT.search((ROOT / "docs" / "how-to" / "small-accounts.md").read_text())
+    assert match is not None, "docs/how-to/small-accounts.md lost its small-account recipe"
     recipe: dict[str, Any] = json.loads(match.group(1))
     return recipe
 
 
 def test_the_readmes_small_account_recipe_fits_a_quota_of_10(tmp_path: Path) -> None:
-    # Given the README's recipe merged into cdk.json's context
+    # Given the small-account recipe merged into cdk.json's context
     recipe = small_account_recipe()
     assert recipe["account_concurrency_limit"] == 10
     config = load_config(_context(**recipe))
@@ -948,7 +948,8 @@ def test_an_api_timeout_past_api_gateways_fails_synth_naming_the_key(
 
 
 def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> None:
-    # Given the shipped tenant defaults (README and docs/scale.md: 100,000 units is one batch)
+    # Given the shipped tenant defaults (docs/how-to/budgets-and-tenants.md, docs/scale.md:
+    # 100,000 units is one batch)
     limits = load_config(cdk_json_context()).tenants.defaults
     policy = TenantLimits(max_queued_units=limits.max_queued_units)
     # Then a manifest of MAX_MANIFEST_UNITS passes the cap's size check (it was a 400 at 20,000)
