@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from infra.constants import FANOUT_ASL
 from infra.timing import (
@@ -37,7 +44,9 @@ from swarm.contract import (
     bedrock_call_bound_s,
 )
 from swarm.core.burndown import documented_burndown
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
+from swarm.core.pricing import DEFAULT_MODEL, Prices, prices_table_to_env
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
     MAPPING_CONCURRENCY,
@@ -541,6 +550,34 @@ class ModelConfig(_Strict):
     # bedrock_model_id's family (swarm.core.burndown: 5 for the Claude 4 family, else 1).
     # The governor draws and trues up in these quota tokens; budgets stay in billed tokens.
     output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
+    # The model's on-demand prices, US dollars per million tokens (at most 6 decimals), dated:
+    # {"as_of": "YYYY-MM-DD", "input", "output", "cache_read", "cache_write"}. Absent: spend is
+    # counted in tokens only and a batch's budget_usd is refused. The shipped ones are Claude
+    # 3.5 Haiku's on Bedrock (us-east-1, on-demand): $0.80 in, $4.00 out, cache writes 1.25x
+    # and cache reads 0.1x of input (AWS's Bedrock pricing page, read 2026-12-06). The model
+    # registry (issue 34) moves them to models.catalog.<name>.prices.
+    prices: dict[str, Any] | None = None
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            try:
+                Prices.parse(value, "model.prices")
+            except InvalidInput as e:
+                raise ValueError(f"{e.field}: {e.message}") from None
+        return value
+
+    @property
+    def parsed_prices(self) -> Prices | None:
+        """The prices as swarm.core.pricing keeps them (whole micro-dollars per million)."""
+        return None if self.prices is None else Prices.parse(self.prices, "model.prices")
+
+    def prices_env(self) -> str:
+        """The MODEL_PRICES variable: the deployment's one model under
+        swarm.core.pricing.DEFAULT_MODEL; empty without prices."""
+        prices = self.parsed_prices
+        return "" if prices is None else prices_table_to_env({DEFAULT_MODEL: prices})
 
     @property
     def burndown(self) -> float:
@@ -1187,6 +1224,8 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             head, colon, rest = message.partition(": ")
             if key == "(context)" and colon and head.startswith(("tools", "tenants.")):
                 key, message = head, rest  # a check across keys that names the key at fault
+            elif colon and head.startswith(f"{key}."):
+                key, message = head, rest  # a check of a block that names its field
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")
             elif isinstance(item.get("input"), dict):

@@ -232,6 +232,12 @@ MODEL_OUTPUT_BURNDOWN: Final = "MODEL_OUTPUT_BURNDOWN"
 GOVERNOR_MAX_WAIT_SECONDS: Final = "GOVERNOR_MAX_WAIT_SECONDS"  # worker's bounded wait
 
 
+#: the models' prices (cdk.json model.prices, validated at synth): JSON, a model name to its
+#: prices in whole micro-dollars per million tokens (swarm.core.pricing); empty = none, then
+#: spend is in tokens only and a budget in dollars is refused
+MODEL_PRICES: Final = "MODEL_PRICES"
+
+
 MAX_ATTEMPTS: Final = "MAX_ATTEMPTS"
 
 
@@ -419,6 +425,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         BUNDLE_UNITS,  # the lanes' depths are messages: units at most this many times them
         TOOL_GRANTS,  # a unit's tools must be registered and granted to its tenant
         BEDROCK_MODEL_ID,  # a unit's toolChoice must be one the model takes
+        MODEL_PRICES,  # a unit's projected cost, a budget in dollars
     ),
     "fanout": (
         *_COMMON,
@@ -444,6 +451,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         LEASE_SECONDS,
         *_BUNDLES,  # it requeues units in bundles too
         *_MODEL,
+        MODEL_PRICES,  # each attempt's usage is priced at its settlement
         TOOL_REGISTRY,  # the tools its units may call, and their functions
     ),
     "dlq": (
@@ -485,6 +493,7 @@ OPTIONAL_VARS: Final = frozenset(
         MODEL_OUTPUT_BURNDOWN,
         BEDROCK_MODEL_ID,
         BEDROCK_READ_TIMEOUT_SECONDS,
+        MODEL_PRICES,
         TENANT_LIMITS,
         TOOL_REGISTRY,
         TOOL_GRANTS,

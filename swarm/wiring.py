@@ -44,6 +44,7 @@ from swarm.core.ports import (
     RunWatch,
     TenantBindings,
 )
+from swarm.core.pricing import DEFAULT_MODEL, Prices
 from swarm.core.records import LANES
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
@@ -65,6 +66,7 @@ from swarm.settings import (
     GovernorSettings,
     LedgerSettings,
     ModelSettings,
+    PricesSettings,
     QueueSettings,
     Settings,
     SettingsError,
@@ -221,6 +223,12 @@ class Wiring:
             wiring.shared_model = host.model_plane()
         return wiring
 
+    def prices(self) -> Prices | None:
+        """The deployment's model's prices: the ONE place they are read (MODEL_PRICES, from
+        cdk.json model.prices), under swarm.core.pricing.DEFAULT_MODEL until the model registry
+        names models. None: the deployment has none (spend in tokens only)."""
+        return self.settings_as(PricesSettings).prices_table().get(DEFAULT_MODEL)
+
     # -- ports
     def ledger(self) -> Ledger:
         from swarm.adapters.dynamodb_ledger import DynamoDBLedger
@@ -369,6 +377,7 @@ class Wiring:
                 tools={name: named_tool(name) for name in grants.names},
                 allowed_tools=grants.allowed,
                 model_id=s.bedrock_model_id or None,
+                prices=self.prices(),
             ),
             running=self.running_work(),
         )
@@ -425,6 +434,7 @@ class Wiring:
             tools=self.tool_runner(),
             # the local stack's fault injection (its shared model plane), never on AWS
             kill=getattr(self.shared_model, "kill", None),
+            prices=self.prices(),
         )
 
     def turn_seconds(self) -> float:

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -86,12 +87,19 @@ def progress_line(doc: dict[str, Any], width: int = 30) -> str:
     done = counts["completed"] + counts["dead_lettered"]
     filled = int(width * done / total)
     bar = "#" * filled + "." * (width - filled)
-    spent, budget = tokens["spent"], tokens["budget"]
-    share = f" ({spent / budget:.0%})" if budget else ""
+    money = doc.get("usd") or {}
+    spent, budget = tokens["spent"], tokens.get("budget")
+    if budget is None and "budget" in money:  # a budget in dollars (exact decimal texts)
+        share = f" ({Decimal(money['spent']) / Decimal(money['budget']):.0%})"
+        spend = f"${money['spent']} of ${money['budget']}{share}, {_tokens(spent)} tokens"
+    else:
+        share = f" ({spent / budget:.0%})" if budget else ""
+        spend = f"{_tokens(spent)} of {_tokens(budget or 0)} tokens{share}"
+        if "spent" in money:
+            spend += f", ${money['spent']}"
     line = (
         f"[{bar}] {done:>{len(str(total))}}/{total} done | {counts['running']} running | "
-        f"{counts['queued']} queued | {counts['pending']} waiting | "
-        f"{_tokens(spent)} of {_tokens(budget)} tokens{share}"
+        f"{counts['queued']} queued | {counts['pending']} waiting | {spend}"
     )
     if counts["remainder"]:
         line += f" | remainder {counts['remainder']}"

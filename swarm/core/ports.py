@@ -26,7 +26,7 @@ from swarm.core.ledger import (
     TopUp,
     TurnSettlement,
 )
-from swarm.core.pricing import Priced
+from swarm.core.pricing import Priced, Usage
 from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
 from swarm.core.results import AttemptOutcome, FileLines, always
@@ -55,6 +55,21 @@ class ModelResult:
     input_tokens: int = 0  # the provider's usage, when it reports it
     output_tokens: int = 0
     model_id: str = ""  # the model that answered
+    #: the input tokens read from and written to the prompt cache (Converse's
+    #: cacheReadInputTokens, cacheWriteInputTokens: apart from input_tokens)
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def usage(self) -> Usage:
+        """The usage the call is priced by (swarm.core.pricing): each kind of token as the
+        provider reported it; a call that reported none but billed tokens (an answer lost in
+        transit, billed at its cap) counts them as output, the dearest kind."""
+        reported = Usage(
+            self.input_tokens, self.output_tokens, self.cache_read_tokens, self.cache_write_tokens
+        )
+        if reported.tokens == 0 and self.tokens > 0:
+            return Usage(output=self.tokens)
+        return reported
 
 
 class ModelThrottled(SwarmError):

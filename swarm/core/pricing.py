@@ -222,3 +222,14 @@ def prices_table_from_env(text: str | None) -> dict[str, Prices]:
 
 def prices_table_to_env(table: Mapping[str, Prices]) -> str:
     return json.dumps({name: p.to_doc() for name, p in table.items()}, separators=(",", ":"))
+
+
+def unit_cost_bound(tokens: int, output_bound: int, prices: Prices) -> int:
+    """The most one attempt of a unit that bills at most ``tokens`` (input and output together),
+    at most ``output_bound`` of them output, can cost: what a budget in dollars reserves for it.
+    An agent unit's loop splits its tokens any way: give ``output_bound = tokens``."""
+    output_bound = max(0, min(tokens, output_bound))
+    return max(
+        projected_cost_micro(tokens - output_bound, output_bound, prices),
+        projected_cost_micro(tokens, 0, prices),
+    )

@@ -104,9 +104,9 @@ def units_digest(units: tuple[UnitSpec, ...]) -> str:
     holding it: compared by an idempotent replay of the submit."""
     h = hashlib.sha256()
     for u in units:
-        # a unit priced in dollars too adds its cost (a batch of before hashes as it did)
-        micro = f"\0{u.projected_micro}" if u.projected_micro else ""
-        h.update(f"{u.unit_id}\0{u.projected_tokens}{micro}\n".encode())
+        # not its projected cost: that follows the prices of the day (a replay after a deploy
+        # that changed them is the same batch)
+        h.update(f"{u.unit_id}\0{u.projected_tokens}\n".encode())
     return h.hexdigest()
 
 
@@ -135,7 +135,7 @@ class RunSpec:
     usd: bool = False
     #: the prices the units' ``projected_micro`` were projected at (the submit's): an attempt
     #: settled as lost is billed its projection at these prices. None: the deployment had none
-    prices: Prices | None = None
+    prices: Prices | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_id("run_id", self.run_id)

@@ -25,16 +25,19 @@ from typing import Any
 
 from swarm.api.models import (
     BATCH_ID_PREFIX,
+    MAX_BUDGET_USD,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_MANIFEST_BYTES,
     MAX_MAP_ITEM_BYTES,
     MAX_REMAINDER_LISTED,
     AgentTotals,
+    BatchResume,
     BatchStatus,
     BatchSubmission,
     Fleet,
     GovernorState,
     LaneDepthView,
+    MoneyBook,
     TokenBook,
     Unit,
     UnitCounts,
@@ -50,7 +53,7 @@ from swarm.core.backpressure import (
     shed_decision,
     tenant_shed,
 )
-from swarm.core.burndown import unit_draw
+from swarm.core.burndown import unit_draw, unit_output_bound
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
@@ -73,6 +76,7 @@ from swarm.core.ports import (
     RunningUnits,
     RunningWork,
 )
+from swarm.core.pricing import MICRO, Prices, parse_usd, unit_cost_bound, usd
 from swarm.core.prompts import Prompt
 from swarm.core.records import (
     Lane,
@@ -148,9 +152,10 @@ class UnitInput:
 @dataclass(frozen=True)
 class SubmitRequest:
     lane: Lane
-    budget: int
+    budget: int  # tokens, or micro-dollars when ``usd``
     max_attempts: int
     units: Sequence[UnitInput]
+    usd: bool = False  # the budget is in micro-dollars (budget_usd)
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,9 @@ class BatchesConfig:
     #: simulated plane stands for): an agent unit's toolChoice must be one it takes
     #: (swarm.core.agent.model_tool_choices). None: not checked
     model_id: str | None = None
+    #: the model's prices (cdk.json ``model.prices``): each unit's projected cost, and budgets
+    #: in dollars. None: spend in tokens only, and budget_usd is refused
+    prices: Prices | None = None
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -348,16 +356,64 @@ class Batches:
             units = self._upload(tenant, body.manifest.key)
         else:
             units = body.units or []  # the model requires exactly one of the two
+        usd_budget = None
+        if body.budget_usd is not None:
+            if body.budget is not None:
+                raise InvalidInput(
+                    "budget, budget_usd",
+                    "give the budget in tokens (budget) or in US dollars (budget_usd), not both",
+                )
+            usd_budget = parse_usd(body.budget_usd, "budget_usd", positive=True)
         request = SubmitRequest(
             lane=body.lane,
-            budget=self.config.default_budget if body.budget is None else body.budget,
+            budget=(
+                usd_budget
+                if usd_budget is not None
+                else self.config.default_budget
+                if body.budget is None
+                else body.budget
+            ),
             max_attempts=(
                 self.config.default_attempts if body.max_attempts is None else body.max_attempts
             ),
             units=[UnitInput(u.unit_id, u.projected_tokens, u.prompt()) for u in units],
+            usd=usd_budget is not None,
         )
         self._check_agents(tenant, request.units, "manifest.units" if body.manifest else "units")
         return self.submit(tenant, request, idempotency_key, now)
+
+    def _check_usd_budget(self, tenant: str, budget_micro: int) -> None:
+        """A budget in dollars needs the model's prices, and a tenant whose cap is in tokens
+        cannot pass it in dollars (400s naming budget_usd)."""
+        if self.config.prices is None:
+            raise InvalidInput(
+                "budget_usd",
+                "this deployment has no model prices (cdk.json model.prices): give budget in "
+                "tokens",
+            )
+        cap = self.config.tenants.of(tenant).max_budget_per_batch
+        if cap is not None:
+            raise InvalidInput(
+                "budget_usd",
+                f"tenant {tenant!r}'s budget per batch is capped in tokens "
+                f"(max_budget_per_batch {cap:,}): give budget in tokens",
+            )
+        if budget_micro > MAX_BUDGET_USD * MICRO:
+            raise InvalidInput(
+                "budget_usd", f"${usd(budget_micro)} is above the maximum of ${MAX_BUDGET_USD:,}"
+            )
+
+    def _projected_micro(self, unit: UnitInput) -> int:
+        """The most one attempt of ``unit`` can cost at the model's prices (0: no prices): its
+        projected tokens, at most its output bound of them output (an agent unit's loop: any
+        split)."""
+        prices = self.config.prices
+        if prices is None:
+            return 0
+        tokens = unit.projected_tokens
+        if agent.is_agent_input(unit.input):
+            return unit_cost_bound(tokens, tokens, prices)
+        return unit_cost_bound(tokens, unit_output_bound(tokens, unit.input), prices)
 
     def _check_agents(self, tenant: str, units: Sequence[UnitInput], field: str) -> None:
         """Every agent unit's input against the tool registry and the tenant's tools (a 400
@@ -415,16 +471,20 @@ class Batches:
     def submit(
         self, tenant: str, request: SubmitRequest, idempotency_key: str | None, now: float
     ) -> Submitted:
-        if request.budget > self.config.max_budget:
+        limits = self.config.tenants.of(tenant)
+        prices = self.config.prices
+        if request.usd:
+            self._check_usd_budget(tenant, request.budget)
+        elif request.budget > self.config.max_budget:
             raise InvalidInput(
                 "budget",
                 f"{request.budget:,} is above this deployment's maximum of "
                 f"{self.config.max_budget:,} tokens",
             )
         # the tenant's own limits (swarm.core.tenancy), validated like the rest of the body
-        limits = self.config.tenants.of(tenant)
         check_lane(tenant, limits, request.lane)
-        check_budget(tenant, limits, request.budget)
+        if not request.usd:
+            check_budget(tenant, limits, request.budget)
         check_batch_size(tenant, limits, len(request.units))
         run_id = batch_id_for(tenant, idempotency_key)
         spec = RunSpec(
@@ -432,8 +492,13 @@ class Batches:
             tenant=tenant,
             lane=request.lane,
             budget=request.budget,
-            units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
+            units=tuple(
+                UnitSpec(u.unit_id, u.projected_tokens, self._projected_micro(u))
+                for u in request.units
+            ),
             max_attempts=request.max_attempts,
+            usd=request.usd,
+            prices=prices,
         )
         # a unit the governor can never grant would retry until its dead letter (an agent
         # unit draws turn by turn: its first turn's draw; a later turn too large for the bucket
@@ -588,11 +653,27 @@ class Batches:
             ),
             attempts=run.attempts,
             retries=run.retries,
-            tokens=TokenBook(
-                budget=run.budget,
-                spent=run.spent,
-                reserved=run.reserved,
-                available=run.available,
+            tokens=(
+                TokenBook(spent=run.spent)
+                if run.spec.usd
+                else TokenBook(
+                    budget=run.budget,
+                    spent=run.spent,
+                    reserved=run.reserved,
+                    available=run.available,
+                )
+            ),
+            usd=(
+                MoneyBook(
+                    spent=usd(run.spent_micro),
+                    budget=usd(run.budget),
+                    reserved=usd(run.reserved),
+                    available=usd(run.available),
+                )
+                if run.spec.usd
+                else MoneyBook(spent=usd(run.spent_micro))
+                if run.spec.prices is not None or run.spent_micro
+                else None
             ),
             elapsed_s=round(elapsed, 3),
             healthy_line=healthy_line(run, elapsed),
@@ -603,7 +684,35 @@ class Batches:
 
     # ------------------------------------------------------------------ resume
 
+    def resume_body(
+        self, tenant: str, run_id: str, body: BatchResume, now: float
+    ) -> dict[str, Any]:
+        """``POST /batches/{id}/resume``: ``top_up`` (tokens) for a budget in tokens,
+        ``top_up_usd`` for one in dollars (400s naming the field otherwise)."""
+        run = self.run_for(tenant, run_id)
+        if body.top_up is not None and body.top_up_usd is not None:
+            raise InvalidInput(
+                "top_up, top_up_usd", "give top_up (tokens) or top_up_usd (dollars), not both"
+            )
+        if run.spec.usd:
+            if body.top_up_usd is None:
+                raise InvalidInput(
+                    "top_up_usd" if body.top_up is None else "top_up",
+                    f"batch {run_id}'s budget is in dollars: give top_up_usd",
+                )
+            amount = parse_usd(body.top_up_usd, "top_up_usd", positive=True)
+        else:
+            if body.top_up is None:
+                raise InvalidInput(
+                    "top_up" if body.top_up_usd is None else "top_up_usd",
+                    f"batch {run_id}'s budget is in tokens: give top_up",
+                )
+            amount = body.top_up
+        return self.resume(tenant, run_id, amount, now)
+
     def resume(self, tenant: str, run_id: str, top_up: int, now: float) -> dict[str, Any]:
+        """A top-up of ``top_up`` in the budget's unit: tokens, or micro-dollars for a budget
+        in dollars."""
         run = self.run_for(tenant, run_id)
         if run.state is RunState.COMPLETED:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
@@ -630,6 +739,8 @@ class Batches:
         limits = self.config.tenants.of(tenant)
         cap = limits.max_budget_per_batch
         ceiling = self.config.max_budget if cap is None else min(cap, self.config.max_budget)
+        if run.spec.usd:  # a tenant with a cap in tokens has no budget in dollars
+            ceiling = MAX_BUDGET_USD * MICRO
         # the remainder the resume queues again, within the tenant's queue cap (429), held last
         # and only for a top-up the ledger will take: a refused resume writes nothing
         valid = type(top_up) is int and 0 < top_up <= ceiling - run.budget
@@ -667,6 +778,8 @@ class Batches:
         limits = self.config.tenants.of(tenant)
         check_lane(tenant, limits, run.spec.lane)
         cap = limits.max_budget_per_batch
+        if run.spec.usd:
+            return  # its ceiling is the dollars' (resume); a capped tenant has none in dollars
         if isinstance(top_up, int) and top_up > 0:  # else the ledger's own 400 on top_up
             room = 0 if cap is None else max(0, cap - run.budget)
             check_budget(tenant, limits, run.budget + top_up, "top_up", room)

@@ -53,6 +53,7 @@ from swarm.core.ports import (
     ToolRunner,
     requeue_delay,
 )
+from swarm.core.pricing import Prices, priced
 from swarm.core.records import Lane, Reservation, UnitState
 from swarm.core.results import outcome_of
 from swarm.service.agent_loop import KillHook, run_agent
@@ -174,6 +175,8 @@ class Worker:
     tools: ToolRunner | None = None
     #: fault injection (the local stack): True to kill the worker at this point of a turn
     kill: KillHook | None = None
+    #: the model's prices: each attempt's usage is priced at its settlement (None: unpriced)
+    prices: Prices | None = None
 
     def quota_draw(self, item: QueuedUnit) -> int:
         """What a single-call unit draws from the governor, in quota tokens: its projection,
@@ -379,10 +382,10 @@ class Worker:
                 lost_attempt_tokens=lost_tokens,
             )
         attempt = res.attempt
-        # the reservation caps what the attempt may bill: settlement can never exceed it
-        request = ModelRequest(
-            item.run_id, item.unit_id, attempt, res.projected, item.input, max_tokens=res.projected
-        )
+        # the reservation caps what the attempt may bill: settlement can never exceed it (a
+        # reservation in micro-dollars holds the unit's projected tokens' cost: those tokens)
+        cap = item.tokens if res.usd else res.projected
+        request = ModelRequest(item.run_id, item.unit_id, attempt, cap, item.input, max_tokens=cap)
         try:
             result = self.model.invoke(request)
         except ModelThrottled:
@@ -404,10 +407,13 @@ class Worker:
         # from the unit the claim wrote, one write (with the invocation's other units': swarm.
         # service.pages); if anything changed it since (or this is the run's last unit, or the
         # run is exhausting), read and decide
+        # its usage priced at the prices of this settlement (a deploy's new prices apply to the
+        # attempts settled after it)
+        money = priced(result.usage(), self.prices)
         fate = settle_claimed(
             self.ledger,
             ClaimedSettlement(
-                claim.unit, attempt, result.tokens, result.succeeded, self.now(), key
+                claim.unit, attempt, result.tokens, result.succeeded, self.now(), key, priced=money
             ),
         )
         duplicate = False
@@ -420,6 +426,7 @@ class Worker:
                 result.succeeded,
                 self.now(),
                 key,
+                priced=money,
             )
             fate, duplicate = settlement.fate, settlement.duplicate
             # the write that closes a run is settle()'s (settle_claimed never ends a run)
