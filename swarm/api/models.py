@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -23,6 +24,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     field_validator,
     model_validator,
@@ -90,6 +92,23 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 MAX_BUDGET_TOKENS = 1_000_000_000
 #: the most US dollars a batch's budget may hold (budget_usd, after every top_up_usd)
 MAX_BUDGET_USD = 1_000_000
+
+
+def _a_number(value: Any) -> Any:
+    """A dollar amount is a JSON number: not a string, not a boolean (as the gateway's model)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise ValueError(f"must be a number of US dollars, got {value!r}")
+    return value
+
+
+#: US dollars as a JSON number, > 0, at most 6 decimal places (whole micro-dollars), kept as an
+#: exact Decimal (swarm.core.pricing parses it to micro-dollars; money is never a float there)
+UsdAmount = Annotated[
+    Decimal,
+    BeforeValidator(_a_number),
+    Field(gt=0, le=MAX_BUDGET_USD, decimal_places=USD_PLACES),
+    WithJsonSchema({"type": "number", "minimum": 10**-USD_PLACES, "maximum": MAX_BUDGET_USD}),
+]
 UPLOADS_PREFIX = "manifests/uploads/"
 #: every batch id starts with this (swarm.service.batches.batch_id_for): the API's own manifests
 #: are manifests/b-.../, never under UPLOADS_PREFIX (infra grants each prefix its own writes)
@@ -425,13 +444,10 @@ class BatchSubmission(BaseModel):
             "naming budget"
         ),
     )
-    budget_usd: Decimal | None = Field(
+    budget_usd: UsdAmount | None = Field(
         default=None,
-        gt=0,
-        le=MAX_BUDGET_USD,
-        decimal_places=USD_PLACES,
         description=(
-            "the budget in US dollars instead of tokens (a number or a decimal string, > 0, at "
+            "the budget in US dollars instead of tokens (a number > 0 with at "
             f"most {USD_PLACES} decimal places, at most {MAX_BUDGET_USD:,}): admission reserves "
             "each attempt's most expensive cost at the model's prices and settlement bills "
             "what the model reports (input, output, cache reads and writes at their own rates). "
@@ -487,16 +503,22 @@ class BatchResume(BaseModel):
             "top_up says how much may be added)"
         ),
     )
-    top_up_usd: Decimal | None = Field(
+    top_up_usd: UsdAmount | None = Field(
         default=None,
-        gt=0,
-        le=MAX_BUDGET_USD,
-        decimal_places=USD_PLACES,
         description=(
             "US dollars added to a budget in dollars (budget_usd), at most "
             f"{USD_PLACES} decimal places; the budget after it is at most {MAX_BUDGET_USD:,}"
         ),
     )
+
+    @model_validator(mode="after")
+    def one_amount(self) -> BatchResume:
+        if (self.top_up is None) == (self.top_up_usd is None):
+            raise ValueError(
+                "give top_up (tokens, for a budget in tokens) or top_up_usd (US dollars, for a "
+                "budget in dollars): exactly one"
+            )
+        return self
 
 
 class UploadRequest(BaseModel):
