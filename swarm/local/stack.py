@@ -281,6 +281,7 @@ class LocalStack:
             failure_rate=float(worker_env["SIM_MODEL_FAILURE_RATE"]),
             seed=int(worker_env["SIM_MODEL_SEED"]),
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
+            cache_share=self.options.cache_share,
         )
         self.model = local_functions.FaultyModelPlane(plane)
         self.host = local_functions.FunctionHost(

@@ -58,6 +58,7 @@ from swarm.core.governor import Grant, Ticket, acquire
 from swarm.core.lanes import QueuedUnit
 from swarm.core.ledger import Fate
 from swarm.core.ports import ClaimedSettlement, ConverseCall, ModelThrottled, requeue_delay
+from swarm.core.pricing import Usage, priced
 from swarm.core.records import RunState, UnitRecord
 from swarm.core.results import AttemptOutcome
 from swarm.service.pages import keep_outcome, settle_claimed
@@ -205,7 +206,7 @@ class AgentLoop:
                 events.append(agent.turn_started(after, self._now()))
             else:
                 wait = started
-        result = self._settle_turn(step.turn, step.billed, events)
+        result = self._settle_turn(step.turn, step.billed, events, step.usage)
         if result is None:  # another worker moved the log: this delivery is superseded
             if grant is not None:
                 self.worker.governor.true_up(grant, 0, self._now())
@@ -222,11 +223,16 @@ class AgentLoop:
             return self._pause()
         return None if wait is None else self._back(wait)  # handed back once the turn is settled
 
-    def _settle_turn(self, turn: int, tokens: int, events: Sequence[Event]) -> Any:
+    def _settle_turn(
+        self, turn: int, tokens: int, events: Sequence[Event], usage: Usage | None = None
+    ) -> Any:
         """The ledger's settlement of ``turn`` with ``events`` appended in the same write; None
-        when another worker settled it or moved the log (this one is a zombie)."""
+        when another worker settled it or moved the log (this one is a zombie). ``usage``: the
+        model's, by kind, which the turn is priced by (None: ``tokens`` priced as output, the
+        dearest kind: a turn lost at its draw)."""
         item = self.item
         seq = len(self.log)
+        money = priced(Usage(output=tokens) if usage is None else usage, self.worker.prices)
         try:
             result = self._ledger.settle_turn(
                 item.run_id,
@@ -237,6 +243,7 @@ class AgentLoop:
                 self._now(),
                 events=[(seq + i, e) for i, e in enumerate(events)],
                 known=self.unit,
+                priced=money,
             )
         except Contended:
             return None
@@ -454,13 +461,26 @@ class AgentLoop:
             agent=agent_summary(summary, step),
         )
         key = keep_outcome(w.results, outcome)
+        # nothing beyond its settled turns (each priced at its own settlement): the attempt
+        # records the prices of this one
+        money = priced(Usage(), w.prices)
         fate = settle_claimed(
             w.ledger,
-            ClaimedSettlement(self.unit, self.attempt, 0, succeeded, now, key, retry=False),
+            ClaimedSettlement(
+                self.unit, self.attempt, 0, succeeded, now, key, retry=False, priced=money
+            ),
         )
         if fate is None:
             settlement = w.ledger.settle(
-                item.run_id, item.unit_id, self.attempt, 0, succeeded, now, key, retry=False
+                item.run_id,
+                item.unit_id,
+                self.attempt,
+                0,
+                succeeded,
+                now,
+                key,
+                retry=False,
+                priced=money,
             )
             fate = settlement.fate
             if not settlement.duplicate and settlement.run.state.closed:
