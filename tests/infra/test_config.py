@@ -19,6 +19,7 @@ from infra.context import cdk_json_context
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
 from swarm.api.models import MAX_MANIFEST_UNITS
 from swarm.core.errors import InvalidInput
+from swarm.core.pricing import DEFAULT_MODEL, prices_table_from_env
 from swarm.core.records import LANES, Lane
 from swarm.core.tenancy import TenantLimits, check_batch_size
 from swarm.sim.engine import FleetConfig
@@ -994,6 +995,46 @@ def test_a_bad_output_burndown_is_refused_naming_the_key(value: Any, allowed: st
     with pytest.raises(ConfigError) as error:
         load_config(_context(model=_model(output_burndown=value)))
     assert "model.output_burndown" in str(error.value) and allowed in str(error.value)
+
+
+# -- model.prices: dollars per million tokens, dated (docs/ledger.md, "Money") --
+
+
+def test_the_shipped_prices_reach_the_api_and_the_worker_as_micro_dollars() -> None:
+    from infra.stack import _static_environment
+
+    config = load_config(cdk_json_context())
+    prices = config.model.parsed_prices
+    assert prices is not None and prices.as_of.isoformat() == "2026-12-06"
+    # Claude 3.5 Haiku on Bedrock: $0.80 in, $4.00 out, $0.08 cache reads, $1.00 cache writes
+    assert (prices.input, prices.output, prices.cache_read, prices.cache_write) == (
+        800_000, 4_000_000, 80_000, 1_000_000,
+    )  # fmt: skip
+    for function in ("api", "worker"):
+        table = prices_table_from_env(_static_environment(config, function)["MODEL_PRICES"])
+        assert table == {DEFAULT_MODEL: prices}
+    # a deployment without prices: none, and budgets in dollars are refused
+    bare = load_config(_context(model={k: v for k, v in _model().items() if k != "prices"}))
+    assert bare.model.parsed_prices is None and bare.model.prices_env() == ""
+
+
+@pytest.mark.parametrize(
+    ("prices", "key", "says"),
+    [
+        ({"input": 0.1234567}, "model.prices.input", "more than 6 decimal places"),
+        ({"output": -1}, "model.prices.output", ">= 0"),
+        ({"as_of": "yesterday"}, "model.prices.as_of", "YYYY-MM-DD"),
+        ({"currency": "EUR"}, "model.prices.currency", "is not a price"),
+        ({"cache_write": None}, "model.prices.cache_write", "a dollar amount"),
+    ],
+)
+def test_bad_prices_are_refused_at_synth_naming_the_key(
+    prices: dict[str, Any], key: str, says: str
+) -> None:
+    shipped = cdk_json_context()["model"]["prices"]
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(model=_model(prices={**shipped, **prices})))
+    assert f"context key '{key}'" in str(error.value) and says in str(error.value)
 
 
 def test_every_function_of_the_governor_gets_the_output_burndown(prod_synth: Synthesized) -> None:
