@@ -27,6 +27,7 @@ from swarm.api.models import (
 from swarm.cli.argtypes import positive_int
 from swarm.client import Client, NoAnswer, Unreachable, target_from_args
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.pricing import parse_usd
 
 TERMINAL = ("completed", "exhausted")
 REQUEST_TIMEOUT_S = 30.0  # one request's wait for its answer
@@ -298,6 +299,15 @@ def upload_units(client: Client, body: dict[str, Any], log: TextIO) -> dict[str,
     return {**body, "manifest": {"key": key}}
 
 
+def usd_amount(text: str) -> Decimal:
+    """A CLI dollar amount: > 0, at most 6 decimal places (whole micro-dollars), kept exact."""
+    try:
+        parse_usd(text, "DOLLARS", positive=True)
+    except InvalidInput as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    return Decimal(text)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     given = [args.file is not None, args.generate is not None, args.bfcl is not None]
     if sum(given) != 1:
@@ -319,8 +329,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body = {"units": generated_units(args.generate, args.seed, 8_000, 16_000)}
     if args.lane:
         body["lane"] = args.lane
+    if args.budget is not None and args.budget_usd is not None:
+        raise InvalidInput("--budget-usd", "give --budget (tokens) or --budget-usd, not both")
     if args.budget is not None:
         body["budget"] = args.budget
+    if args.budget_usd is not None:
+        body.pop("budget", None)
+        body["budget_usd"] = args.budget_usd
     client = client_of(args)
     log = sys.stderr if args.json else sys.stdout  # --json: stdout is only the JSON
     if args.upload:
@@ -342,9 +357,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json and not args.watch:
         print(json.dumps(doc, indent=2))
         return 0
+    budget = doc["tokens"].get("budget")
     print(
         f"batch {doc['batch_id']}: {doc['units']} units on the {doc['lane']} lane, "
-        f"budget {doc['tokens']['budget']:,} tokens",
+        + (
+            f"budget {budget:,} tokens" if budget is not None else f"budget ${doc['usd']['budget']}"
+        ),
         file=log,
     )
     if args.watch:
@@ -382,11 +400,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     client = client_of(args)
-    doc = client.resume(args.batch, args.top_up)
-    print(
-        f"batch {args.batch}: topped up by {args.top_up:,} tokens, "
-        f"{doc['requeued']} remainder units requeued"
-    )
+    if (args.top_up is None) == (args.top_up_usd is None):
+        raise InvalidInput(
+            "--top-up", "give --top-up TOKENS (a budget in tokens) or --top-up-usd DOLLARS"
+        )
+    doc = client.resume(args.batch, args.top_up, args.top_up_usd)
+    amount = f"${args.top_up_usd}" if args.top_up is None else f"{args.top_up:,} tokens"
+    print(f"batch {args.batch}: topped up by {amount}, {doc['requeued']} remainder units requeued")
     if args.watch:
         print(watch(client, args.batch)["healthy_line"])
     return 0
@@ -536,6 +556,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
     p.add_argument("--budget", type=positive_int, help="token budget")
     p.add_argument(
+        "--budget-usd",
+        type=usd_amount,
+        metavar="DOLLARS",
+        help="a budget in US dollars instead (at most 6 decimal places; needs model.prices)",
+    )
+    p.add_argument(
         "--idempotency-key",
         metavar="KEY",
         help="a submit repeated with this key and body is the same batch (default: a new key "
@@ -571,7 +597,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
     p.add_argument("batch", metavar="BATCH")
-    p.add_argument("--top-up", type=positive_int, required=True, metavar="TOKENS")
+    p.add_argument("--top-up", type=positive_int, metavar="TOKENS", help="for a budget in tokens")
+    p.add_argument(
+        "--top-up-usd",
+        type=usd_amount,
+        metavar="DOLLARS",
+        help="for a budget in dollars (at most 6 decimal places)",
+    )
     p.add_argument("--watch", action="store_true")
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_resume))
