@@ -53,7 +53,7 @@ from swarm.core.backpressure import (
     shed_decision,
     tenant_shed,
 )
-from swarm.core.burndown import unit_draw, unit_output_bound
+from swarm.core.burndown import asked_output, call_output_bound, unit_draw
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
@@ -405,15 +405,18 @@ class Batches:
 
     def _projected_micro(self, unit: UnitInput) -> int:
         """The most one attempt of ``unit`` can cost at the model's prices (0: no prices): its
-        projected tokens, at most its output bound of them output (an agent unit's loop: any
-        split)."""
+        projected tokens, at most its ``maxTokens`` of them output (none asked, or an agent
+        unit's loop: any split). Not Bedrock's adapter's cap on the answer: a model plane
+        without it (the simulated one) would bill past the projection, and a budget in dollars
+        must never be overrun."""
         prices = self.config.prices
         if prices is None:
             return 0
         tokens = unit.projected_tokens
         if agent.is_agent_input(unit.input):
             return unit_cost_bound(tokens, tokens, prices)
-        return unit_cost_bound(tokens, unit_output_bound(tokens, unit.input), prices)
+        bound = call_output_bound(tokens, asked_output(unit.input))
+        return unit_cost_bound(tokens, bound, prices)
 
     def _check_agents(self, tenant: str, units: Sequence[UnitInput], field: str) -> None:
         """Every agent unit's input against the tool registry and the tenant's tools (a 400
