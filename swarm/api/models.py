@@ -666,6 +666,13 @@ class UnitResult(BaseModel):
     state: UnitState
     attempts: int = Field(description="attempts settled")
     tokens: int = Field(description="tokens billed over every attempt")
+    usd: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "US dollars billed over every attempt, exact decimal text (whole micro-dollars): "
+            "present when its attempts were priced (cdk.json model.prices)"
+        ),
+    )
     attempt: int | SkipJsonSchema[None] = Field(
         default=None, description="the last settled attempt (numbered from 0); absent before one"
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from swarm.api.models import BatchResume, BatchSubmission
+from swarm.api.models import BatchResume, BatchSubmission, ResultsQuery
 from swarm.core.errors import InvalidInput
 from swarm.core.pricing import Prices, Usage, cost_micro, usd
 from swarm.core.records import RunState, UnitState
@@ -87,6 +87,12 @@ def test_a_batch_in_dollars_completes_with_books_exact_in_tokens_and_dollars() -
     }
     assert status["tokens"] == {"spent": run.spent}
     assert f"spent ${usd(run.spent_micro)} of $5.000000" in status["healthy_line"]
+    # each unit's result shows its spend in dollars beside its tokens
+    page = plane.finalizer.results.page(run, ResultsQuery(limit=100))
+    by_unit = {u.unit_id: u for u in plane.ledger.units(run_id)}
+    assert {r["unit_id"]: (r["tokens"], r["usd"]) for r in page["units"]} == {
+        u.unit_id: (u.spent, usd(u.spent_micro)) for u in by_unit.values()
+    }
 
 
 def test_a_batch_in_tokens_shows_its_spend_in_dollars_too() -> None:
