@@ -10,6 +10,7 @@ import pytest
 
 from swarm import contract as env
 from swarm.contract import FUNCTION_ENV, FUNCTIONS, OPTIONAL_VARS, FunctionName
+from swarm.core.pricing import DEFAULT_MODEL, Prices, prices_table_to_env
 from swarm.core.records import Lane
 from swarm.core.tenancy import TenantLimits, TenantPolicy
 from swarm.settings import (
@@ -177,3 +178,20 @@ def test_the_output_burndown_reaches_the_governors_config_and_a_bad_one_is_named
     assert api.governor_config().output_burndown == 5.0  # GET /fleet shows it
     with pytest.raises(SettingsError, match=r"MODEL_OUTPUT_BURNDOWN='0\.5'"):
         Settings.from_env(environment("worker") | {env.MODEL_OUTPUT_BURNDOWN: "0.5"})
+
+
+def test_the_prices_reach_the_wiring_in_one_place_and_a_bad_table_is_named() -> None:
+    prices = Prices.parse(
+        {"as_of": "2026-12-06", "input": 0.8, "output": 4, "cache_read": 0.08, "cache_write": 1}
+    )
+    table = prices_table_to_env({DEFAULT_MODEL: prices})
+    for function in ("worker", "api"):
+        settings = Settings.from_env(environment(function) | {env.MODEL_PRICES: table})
+        assert Wiring(settings, lambda service: object()).prices() == prices
+    # empty: the deployment has no prices (spend in tokens only)
+    assert _wiring("worker").prices() is None
+    # a function without prices in its environment is told so
+    with pytest.raises(SettingsError, match="MODEL_PRICES"):
+        _wiring("fanout").prices()
+    with pytest.raises(SettingsError, match="MODEL_PRICES is not a price table"):
+        Settings.from_env(environment("worker") | {env.MODEL_PRICES: '{"default": {"input": 1}}'})
