@@ -1242,17 +1242,18 @@ AGENT_UNITS = ("u0", "u1", "u2")
 
 def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) -> Any:
     lease, tokens, ok = args
+    money = Priced(3 * tokens, PRICES)  # every settlement priced: its cost kept exactly too
     if op == "admit":
         return led.admit("run-1", uid, attempt, now, lease)
     if op == "settle":
-        return led.settle("run-1", uid, attempt, tokens, ok, now)
+        return led.settle("run-1", uid, attempt, tokens, ok, now, priced=money)
     agent = uid in AGENT_UNITS  # claimed as agent loops
     if op == "claim":
         return led.claim("run-1", uid, attempt, now, lease, loop=agent)
     if op == "quick":
         return led.claim_queued("run-1", uid, attempt, now, lease, loop=agent)
     if op == "fast":  # settled from the unit as it stands (the claim's answer, if claimed)
-        return led.settle_claimed(led.unit("run-1", uid), attempt, tokens, ok, now)
+        return led.settle_claimed(led.unit("run-1", uid), attempt, tokens, ok, now, priced=money)
     if op == "unclaim":
         return led.unclaim("run-1", uid, attempt, now, lease)
     if op == "reclaim":
@@ -1266,7 +1267,8 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
     if op == "turn":  # its next turn, or (not ok) the last one again: a duplicate
         turn = max(1, led.unit("run-1", uid).turns + (1 if ok else 0))
         seq = len(led.read_log("run-1", uid))
-        return led.settle_turn("run-1", uid, attempt, turn, tokens, now, [(seq, {"turn": turn})])
+        events = [(seq, {"turn": turn})]
+        return led.settle_turn("run-1", uid, attempt, turn, tokens, now, events, priced=money)
     if op == "pause":
         return led.pause("run-1", uid, attempt, now)
     return led.top_up("run-1", 400, now)
@@ -1296,6 +1298,11 @@ def replay(ledger: Ledger, seed: int, steps: int, ops: tuple[str, ...] = OPS) ->
     reference = InMemoryLedger()
     budget = rng.choice([300, 600, 1_200]) * (4 if ops is LOOP_OPS else 1)  # loops: many turns
     s = spec(units=6, tokens=100, budget=budget, attempts=rng.randint(1, 3))
+    if seed % 2:  # in dollars: each unit projected at 250 micro-dollars, costs 3 per token
+        s = replace(
+            usd_spec(units=6, micro=250, budget=budget * 2),
+            max_attempts=s.max_attempts,
+        )
     assert ledger.open_run(s, now=0.0) == reference.open_run(s, now=0.0)
     now = 0.0
     for _ in range(steps):
