@@ -250,12 +250,12 @@ def decide_settlement(
     priced: Priced | None = None,
 ) -> tuple[RunRecord, UnitRecord, Settlement]:
     """Settle a first (never a repeated) settlement of an admitted attempt; ``priced``: the
-    money of the usage ``tokens`` bills and the prices it was priced at (None: 0, unpriced);
-    ``outcome_key``:
-    where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`). ``retry`` False: a
-    failed attempt ends the unit dead-lettered whatever attempts it has left (a model that
-    refused: its guardrail or content filter). For an agent loop's reservation, ``tokens`` is
-    what is billed beyond the turns settled against it (:func:`decide_turn`)."""
+    cost of the usage ``tokens`` bills and the prices it was priced at (None: unpriced, 0);
+    ``outcome_key``: where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`).
+    ``retry`` False: a failed attempt ends the unit dead-lettered whatever attempts it has left
+    (a model that refused: its guardrail or content filter). For an agent loop's reservation,
+    ``tokens`` (and ``priced``) is what is billed beyond the turns settled against it
+    (:func:`decide_turn`)."""
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
         raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
     reservation = unit.reservation
