@@ -400,10 +400,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     client = client_of(args)
-    if (args.top_up is None) == (args.top_up_usd is None):
-        raise InvalidInput(
-            "--top-up", "give --top-up TOKENS (a budget in tokens) or --top-up-usd DOLLARS"
-        )
     doc = client.resume(args.batch, args.top_up, args.top_up_usd)
     amount = f"${args.top_up_usd}" if args.top_up is None else f"{args.top_up:,} tokens"
     print(f"batch {args.batch}: topped up by {amount}, {doc['requeued']} remainder units requeued")
@@ -597,8 +593,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
     p.add_argument("batch", metavar="BATCH")
-    p.add_argument("--top-up", type=positive_int, metavar="TOKENS", help="for a budget in tokens")
-    p.add_argument(
+    amount = p.add_mutually_exclusive_group(required=True)
+    amount.add_argument(
+        "--top-up", type=positive_int, metavar="TOKENS", help="for a budget in tokens"
+    )
+    amount.add_argument(
         "--top-up-usd",
         type=usd_amount,
         metavar="DOLLARS",
