@@ -488,7 +488,7 @@ class BatchResume(BaseModel):
         json_schema_extra={
             "oneOf": [
                 {"required": ["top_up"], "properties": {"top_up": {"type": "integer"}}},
-                {"required": ["top_up_usd"]},
+                {"required": ["top_up_usd"], "properties": {"top_up_usd": {"type": "number"}}},
             ]
         },
     )

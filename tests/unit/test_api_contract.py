@@ -297,6 +297,8 @@ def test_too_many_inline_units_reach_the_handler_for_its_413() -> None:
         ({"top_up_usd": 0}, False),
         ({"top_up_usd": "12.50"}, False),
         ({"top_up": 1, "top_up_usd": 1.5}, False),
+        ({"top_up": 1, "top_up_usd": None}, True),
+        ({"top_up": None, "top_up_usd": 1.5}, True),
     ],
 )
 def test_the_resume_model_is_the_same_on_both_sides(body: Any, valid: bool) -> None:
