@@ -50,7 +50,7 @@ SETTLE_S = 60.0  # polling for a state the stack reaches by itself (measured: < 
 BATCH_LINE = re.compile(r"^batch (b-[0-9a-f]{24}): ")
 HEALTHY = re.compile(
     r"^run\.(completed|exhausted): completed (\d+)/(\d+) in [\d,]+s \| spent [\d,]+ of [\d,]+ "
-    r"tokens \([\d.]+%\) \| retries \d+ \| dead-lettered \d+"
+    r"tokens \([\d.]+%\), \$\d+\.\d{6} \| retries \d+ \| dead-lettered \d+"
 )
 
 
