@@ -266,7 +266,7 @@ def resume(batch_id: str) -> Response[str]:
     tenant = _tenant()
     logger.append_keys(batch_id=batch_id)
     body = parse_resume(app.current_event.body)
-    return _json(200, batches().resume(tenant, batch_id, body.top_up, time.time()))
+    return _json(200, batches().resume_body(tenant, batch_id, body, time.time()))
 
 
 @app.post("/uploads")

@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from infra.constants import FANOUT_ASL
 from infra.timing import (
@@ -39,6 +46,7 @@ from swarm.contract import (
 from swarm.core.burndown import documented_burndown
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
+from swarm.core.pricing import Prices, prices_table_to_env
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
     MAPPING_CONCURRENCY,
@@ -563,6 +571,14 @@ class ModelConfig(_Strict):
     # bedrock_model_id's family (swarm.core.burndown: 5 for the Claude 4 family, else 1).
     # The governor draws and trues up in these quota tokens; budgets stay in billed tokens.
     output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
+    # the one model's prices of a configuration without ``models`` (with it:
+    # models.catalog.<name>.prices; the same shape)
+    prices: dict[str, Any] | None = None
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _checked_prices(value)
 
     def call_bound_s(self) -> float:
         """The longest a worker's model call can take on AWS: the Bedrock clients' connect and
@@ -583,6 +599,16 @@ MAX_MODELS = 8
 LEGACY_MODEL_NAME = "default"
 
 
+def _checked_prices(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A prices block as swarm.core.pricing parses it, or ValueError naming its key."""
+    if value is not None:
+        try:
+            Prices.parse(value, "prices")
+        except InvalidInput as e:
+            raise ValueError(f"{e.field}: {e.message}") from None
+    return value
+
+
 class CatalogModelConfig(_Strict):
     """``models.catalog.<name>``: a model the fleet may call, with the quota Bedrock gives it in
     this account and region (Service Quotas: "On-demand model inference tokens per minute" and
@@ -597,6 +623,23 @@ class CatalogModelConfig(_Strict):
     output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
     # the share of the quota the fleet takes; null: the top-level governor_share
     governor_share: float | None = Field(default=None, gt=0, le=1)
+    # The model's on-demand prices, US dollars per million tokens (at most 6 decimals), dated:
+    # {"as_of": "YYYY-MM-DD", "input", "output", "cache_read", "cache_write"}. Absent: its
+    # spend is counted in tokens only, and a batch's budget_usd is refused while any model lacks
+    # them. The shipped ones (AWS's Bedrock pricing, read 2026-12-06, on-demand, us-east-1):
+    # Claude 3.5 Haiku $0.80 in, $4.00 out; Claude Sonnet 4 $3.00 in, $15.00 out; cache writes
+    # 1.25x and cache reads 0.1x of input.
+    prices: dict[str, Any] | None = None
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _checked_prices(value)
+
+    @property
+    def parsed_prices(self) -> Prices | None:
+        """The prices as swarm.core.pricing keeps them (whole micro-dollars per million)."""
+        return None if self.prices is None else Prices.parse(self.prices, "prices")
 
     @property
     def burndown(self) -> float:
@@ -748,6 +791,7 @@ class SwarmConfig(_Strict):
             "quota_tpm": self.quota_tpm,
             "quota_rpm": self.quota_rpm,
             "model.bedrock_model_id": self.model.bedrock_model_id,
+            "model.prices": self.model.prices,
             "model.output_burndown": self.model.output_burndown,
         }
         if self.models is not None:
@@ -755,7 +799,7 @@ class SwarmConfig(_Strict):
             if given:
                 raise ValueError(
                     f"{given[0]}: with models, each model gives its own (models.catalog.<name>:"
-                    " model_id, tpm, rpm, output_burndown); leave it out"
+                    " model_id, tpm, rpm, output_burndown, prices); leave it out"
                 )
             return
         for key in ("quota_tpm", "model.bedrock_model_id"):
@@ -776,6 +820,7 @@ class SwarmConfig(_Strict):
             tpm=self.quota_tpm,
             rpm=self.quota_rpm,
             output_burndown=self.model.output_burndown,
+            prices=self.model.prices,
         )
         return ModelsConfig(default=LEGACY_MODEL_NAME, catalog={LEGACY_MODEL_NAME: one})
 
@@ -790,6 +835,16 @@ class SwarmConfig(_Strict):
             output_burndown=entry.burndown,
             rpm=entry.rpm,
         )
+
+    def prices_env(self) -> str:
+        """:data:`swarm.contract.MODEL_PRICES`: each registered model's prices by its name;
+        empty when no model has any."""
+        table = {
+            name: prices
+            for name, entry in self.registry.catalog.items()
+            if (prices := entry.parsed_prices) is not None
+        }
+        return prices_table_to_env(table) if table else ""
 
     def models_value(self) -> str:
         """:data:`swarm.contract.MODELS`: the registry as the functions read it, compact JSON."""
@@ -1405,6 +1460,12 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             across = ("tools", "tenants.", "quota_tpm", "quota_rpm", "model")
             if key == "(context)" and colon and head.startswith(across):
                 key, message = head, rest  # a check across keys that names the key at fault
+            elif colon and head.startswith(f"{key}."):
+                key, message = head, rest  # a check of a block that names its field
+            elif colon and "." in head and f".{key}".endswith(f".{head.split('.')[0]}"):
+                # a block's check that names its field from the block's own name (a model's
+                # prices: models.catalog.<name>.prices + prices.input)
+                key, message = key[: len(key) - len(head.split(".")[0])] + head, rest
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")
             elif isinstance(item.get("input"), dict):

@@ -178,6 +178,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.UPLOAD_URL_SECONDS: str(config.uploads.url_seconds),
         env.UNITS_PER_CHILD: str(config.fanout.units_per_child),
         env.MODEL_ADAPTER: config.model.adapter,
+        env.MODEL_PRICES: config.prices_env(),
         env.BEDROCK_READ_TIMEOUT_SECONDS: str(config.model.bedrock.read_timeout_seconds),
         env.SIM_MODEL_QUOTA_TPM: str(config.model.simulated.quota_tpm),
         env.SIM_MODEL_FAILURE_RATE: str(config.model.simulated.failure_rate),

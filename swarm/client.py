@@ -21,6 +21,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from email.message import Message
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,28 @@ CREDENTIALS_HINT = (
     "refresh or configure your AWS credentials (`aws sso login`, `aws configure`, or "
     "AWS_PROFILE) and try again"
 )
+
+
+def json_body(doc: Any) -> bytes:
+    """``doc`` as a request body; a Decimal (a dollar amount) is written as the exact JSON number
+    it holds, never through a float."""
+    exact: dict[str, str] = {}
+
+    def mark(value: Any) -> Any:
+        if isinstance(value, Decimal):
+            token = f"\u0000decimal{len(exact)}\u0000"
+            exact[token] = format(value, "f")
+            return token
+        if isinstance(value, dict):
+            return {k: mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v) for v in value]
+        return value
+
+    text = json.dumps(mark(doc))
+    for token, number in exact.items():
+        text = text.replace(json.dumps(token), number)
+    return text.encode()
 
 
 class ApiError(SwarmError):
@@ -278,7 +301,7 @@ class Client:
         how to see whether a request that changes something was applied), :class:`ApiError`
         (an HTTP error status), or a SwarmError for a 2xx answer that is not JSON."""
         url = self.target.api_url.rstrip("/") + path
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else json_body(body)
         hdrs = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
         hdrs = self.sign(method, url, data, hdrs, operator=operator)  # SigV4, here and on AWS
         req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
@@ -493,10 +516,15 @@ class Client:
             )
         return raw
 
-    def resume(self, batch_id: str, top_up: int) -> Any:
+    def resume(self, batch_id: str, top_up: int | None, top_up_usd: Decimal | None = None) -> Any:
+        """Top up a batch's budget: ``top_up`` tokens, or ``top_up_usd`` dollars for a budget
+        in dollars (an exact Decimal, sent as a JSON number)."""
         path = f"/batches/{_segment(batch_id)}/resume"
         check = f"see `swarm status {batch_id}` before resuming again (each resume tops up)"
-        return self.request("POST", path, {"top_up": top_up}, check=check)[1]
+        body: dict[str, Any] = {"top_up": top_up} if top_up_usd is None else {}
+        if top_up_usd is not None:
+            body["top_up_usd"] = top_up_usd
+        return self.request("POST", path, body, check=check)[1]
 
     def upload(self, data: bytes) -> str:
         """Upload a manifest (``data``: a JSON array of units) through ``POST /uploads``: ask

@@ -227,6 +227,13 @@ GOVERNOR_CAPACITY: Final = "GOVERNOR_CAPACITY"  # tokens; empty = one minute of 
 GOVERNOR_MAX_WAIT_SECONDS: Final = "GOVERNOR_MAX_WAIT_SECONDS"  # worker's bounded wait
 
 
+#: the models' prices (cdk.json models.catalog.<name>.prices, validated at synth): JSON, a
+#: model name (of the registry) to its
+#: prices in whole micro-dollars per million tokens (swarm.core.pricing); empty = none, then
+#: spend is in tokens only and a budget in dollars is refused
+MODEL_PRICES: Final = "MODEL_PRICES"
+
+
 MAX_ATTEMPTS: Final = "MAX_ATTEMPTS"
 
 
@@ -407,6 +414,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         UNITS_PER_CHILD,
         BUNDLE_UNITS,  # the lanes' depths are messages: units at most this many times them
         TOOL_GRANTS,  # a unit's tools must be registered and granted to its tenant
+        MODEL_PRICES,  # a unit's projected cost at its model's prices, a budget in dollars
     ),
     "fanout": (
         *_COMMON,
@@ -432,6 +440,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         LEASE_SECONDS,
         *_BUNDLES,  # it requeues units in bundles too
         *_MODEL,
+        MODEL_PRICES,  # each attempt's usage is priced at its settlement
         TOOL_REGISTRY,  # the tools its units may call, and their functions
     ),
     "dlq": (
@@ -471,6 +480,7 @@ OPTIONAL_VARS: Final = frozenset(
     {
         GOVERNOR_CAPACITY,
         BEDROCK_READ_TIMEOUT_SECONDS,
+        MODEL_PRICES,
         TENANT_LIMITS,
         TOOL_REGISTRY,
         TOOL_GRANTS,

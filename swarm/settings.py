@@ -45,6 +45,7 @@ from swarm.contract import (
     MAX_BUNDLE_UNITS,
     MAX_UNITS_PER_CHILD,
     MODEL_ADAPTER,
+    MODEL_PRICES,
     MODELS,
     OPERATOR_PRINCIPAL_PREFIX,
     OPTIONAL_VARS,
@@ -76,7 +77,9 @@ from swarm.contract import (
     WORKER_MAPPING_ID_NORMAL,
     FunctionName,
 )
+from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
+from swarm.core.pricing import Prices, prices_table_from_env
 from swarm.core.records import LANES, Lane
 from swarm.core.tenancy import TenantLimits, TenantPolicy
 
@@ -272,6 +275,27 @@ class ToolGrantsSettings(_Model):
     tool_grants: str | None = Field(default=None, alias=TOOL_GRANTS)
 
 
+class PricesSettings(_Model):
+    """The models' prices (cdk.json ``models.catalog.<name>.prices``, validated at synth): a
+    model name to its prices, read by :meth:`prices_table` (swarm.wiring reads it in one
+    place)."""
+
+    model_prices: str | None = Field(default=None, alias=MODEL_PRICES)
+
+    @model_validator(mode="after")
+    def _prices_parse(self) -> Self:
+        try:
+            self.prices_table()
+        except (ValueError, KeyError, TypeError, InvalidInput) as e:
+            raise PydanticCustomError(
+                "model_prices", f"{MODEL_PRICES} is not a price table: {e}"
+            ) from None
+        return self
+
+    def prices_table(self) -> dict[str, Prices]:
+        return prices_table_from_env(self.model_prices)
+
+
 class Settings(_Model):
     """What every function receives; the base of the seven functions' models.
 
@@ -334,6 +358,7 @@ class ApiSettings(
     AttemptSettings,
     BundleUnitsSettings,
     ToolGrantsSettings,
+    PricesSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
@@ -384,6 +409,7 @@ class WorkerSettings(
     LeaseSettings,
     BundleSettings,
     ModelSettings,
+    PricesSettings,
     ToolRegistrySettings,
 ):
     """The worker: it draws from the governor, for up to its bounded wait, and calls the model."""

@@ -46,6 +46,7 @@ from swarm.core.ports import (
     TenantBindings,
     TicketBooker,
 )
+from swarm.core.pricing import Prices
 from swarm.core.records import LANES
 from swarm.core.routes import ModelRoute, ModelRoutes
 from swarm.service.batches import Batches, BatchesConfig
@@ -69,6 +70,7 @@ from swarm.settings import (
     LedgerSettings,
     ModelsDoc,
     ModelSettings,
+    PricesSettings,
     QueueSettings,
     Settings,
     SettingsError,
@@ -235,6 +237,12 @@ class Wiring:
             wiring.shared_model = host.model_plane()
         return wiring
 
+    def prices(self) -> dict[str, Prices]:
+        """Each model's prices by its registry name: the ONE place they are read
+        (MODEL_PRICES, from cdk.json models.catalog.<name>.prices). A model without any is
+        not in it (its spend in tokens only)."""
+        return self.settings_as(PricesSettings).prices_table()
+
     # -- ports
     def ledger(self) -> Ledger:
         from swarm.adapters.dynamodb_ledger import DynamoDBLedger
@@ -274,13 +282,18 @@ class Wiring:
         return self.dynamodb_governor(read_only=read_only)
 
     def model_routes(self, *, read_only: bool = False) -> ModelRoutes:
-        """Every model of the registry with its Bedrock id and its own bucket."""
+        """Every model of the registry with its Bedrock id, its own bucket and its prices."""
         models = self.settings_as(GovernorSettings).models
+        # the API and the workers price units; the fan-out books places only
+        prices = self.prices() if isinstance(self.settings, PricesSettings) else {}
         return ModelRoutes(
             models.default,
             {
                 name: ModelRoute(
-                    name, entry.model_id, self.dynamodb_governor(name, read_only=read_only)
+                    name,
+                    entry.model_id,
+                    self.dynamodb_governor(name, read_only=read_only),
+                    prices.get(name),
                 )
                 for name, entry in models.catalog.items()
             },

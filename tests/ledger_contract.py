@@ -8,6 +8,7 @@ requires identical answers and identical books after every step.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import sys
 from dataclasses import replace
@@ -19,6 +20,7 @@ from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryLedger
 from swarm.core.ports import ClaimedSettlement, Ledger
+from swarm.core.pricing import Priced, Prices, Usage, cost_micro, priced
 from swarm.core.records import Lane, Reservation, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.tenancy import HOLD_WINDOW_S
 
@@ -36,18 +38,46 @@ def spec(
     )
 
 
+#: the prices of the money scenarios: $0.80 / $4.00 / $0.08 / $1.00 per million tokens
+PRICES = Prices(dt.date(2026, 12, 6), 800_000, 4_000_000, 80_000, 1_000_000)
+#: another deploy's prices (settled after it: the attempts record these)
+DEARER = Prices(dt.date(2027, 1, 1), 1_000_000, 5_000_000, 100_000, 1_250_000)
+
+
+def usd_spec(
+    run_id: str = "run-1", units: int = 4, micro: int = 1_000, budget: int = 2_500
+) -> RunSpec:
+    """A run whose budget is ``budget`` micro-dollars, each unit projected at 100 tokens and
+    ``micro`` micro-dollars."""
+    return RunSpec(
+        run_id=run_id,
+        tenant="tenant-a",
+        lane=Lane.NORMAL,
+        budget=budget,
+        units=tuple(UnitSpec(f"u{i}", 100, micro) for i in range(units)),
+        max_attempts=3,
+        usd=True,
+        prices=PRICES,
+    )
+
+
 def balanced(ledger: Ledger, run_id: str) -> None:
-    """The books agree with the units and the attempts (the invariants of the design sketch)."""
+    """The books agree with the units and the attempts (the invariants of the design sketch),
+    in tokens and in micro-dollars: spent is exactly the sum of every attempt's bill."""
     run = ledger.run(run_id)
     units = ledger.units(run_id)
     attempts = ledger.attempts(run_id)
     assert run.spent == sum(u.spent for u in units)
+    assert run.spent_micro == sum(u.spent_micro for u in units)
     if all(u.turns == 0 for u in units):
         assert run.spent == sum(a.tokens for a in attempts)
+        assert run.spent_micro == sum(a.cost_micro for a in attempts)
     else:  # an agent loop's turns are spent as they settle, its attempt's record bills them
         # once it settles (a paused or released loop's turns are in its unit's spent only)
         in_flight = sum(u.reservation.used for u in units if u.reservation)
         assert sum(a.tokens for a in attempts) + in_flight <= run.spent
+        in_flight_micro = sum(u.reservation.used_micro for u in units if u.reservation)
+        assert sum(a.cost_micro for a in attempts) + in_flight_micro <= run.spent_micro
     assert run.reserved == sum(u.reservation.held for u in units if u.reservation)
     assert run.in_flight == sum(1 for u in units if u.state is UnitState.IN_FLIGHT)
     assert run.completed == sum(1 for u in units if u.state is UnitState.COMPLETED)
@@ -1053,6 +1083,145 @@ class LedgerContract:
         assert ledger.run("run-1").spent == 0
         balanced(ledger, "run-1")
 
+    # -- money: a budget in dollars (docs/ledger.md, "Money")
+    def test_a_budget_in_dollars_admits_exhausts_and_resumes_as_tokens_do(
+        self, ledger: Ledger
+    ) -> None:
+        # Given a run of 3 units projected at 1,000 micro-dollars each, a budget of 2,500
+        ledger.open_run(usd_spec(units=3), now=0.0)
+        # When two are admitted, the third does not fit what is left: exhaustion begins
+        assert ledger.admit("run-1", "u0", 0, now=1.0).admitted
+        assert ledger.admit("run-1", "u1", 0, now=1.0).admitted
+        refused = ledger.admit("run-1", "u2", 0, now=1.0)
+        assert (refused.admitted, refused.reason) == (False, "budget")
+        run = ledger.run("run-1")
+        assert (run.state, run.reserved, run.available) == (RunState.EXHAUSTING, 2_000, 500)
+        # the reservations are in micro-dollars
+        u0 = ledger.unit("run-1", "u0").reservation
+        assert u0 is not None and (u0.projected, u0.usd) == (1_000, True)
+        # and settlement bills the priced usage, in tokens and dollars, releasing the projection
+        usage = Usage(input=200, output=100, cache_read=300, cache_write=50)  # 660 micro-dollars
+        assert cost_micro(usage, PRICES) == 160 + 400 + 24 + 50 == 634
+        first = ledger.settle("run-1", "u0", 0, 650, True, 2.0, priced=priced(usage, PRICES))
+        assert (first.attempt.tokens, first.attempt.cost_micro) == (650, 634)
+        assert first.attempt.prices == PRICES
+        ledger.settle("run-1", "u1", 0, 700, True, 3.0, priced=Priced(900, PRICES))
+        run = ledger.run("run-1")
+        assert (run.state, run.spent, run.spent_micro, run.reserved) == (
+            RunState.EXHAUSTED, 1_350, 1_534, 0,
+        )  # fmt: skip
+        assert run.available == 2_500 - 1_534
+        assert remainder_of(ledger, "run-1") == ["u2"]
+        # When topped up by 300 micro-dollars (966 + 300 >= 1,000)
+        top = ledger.top_up("run-1", 300, now=4.0)
+        assert top.requeue == ("u2",) and top.run.budget == 2_800
+        assert ledger.admit("run-1", "u2", 0, now=5.0).admitted
+        ledger.settle("run-1", "u2", 0, 90, True, 6.0, priced=Priced(999, PRICES))
+        # Then it completes with books exact in both
+        run = ledger.run("run-1")
+        assert (run.state, run.spent, run.spent_micro) == (RunState.COMPLETED, 1_440, 2_533)
+        balanced(ledger, "run-1")
+
+    def test_a_top_up_in_dollars_is_whole_positive_micro_dollars(self, ledger: Ledger) -> None:
+        ledger.open_run(usd_spec(units=2, budget=500), now=0.0)
+        assert not ledger.admit("run-1", "u0", 0, now=1.0).admitted
+        with pytest.raises(InvalidInput) as e:
+            ledger.top_up("run-1", 0, now=2.0)
+        assert e.value.field == "top_up_usd"
+        with pytest.raises(InvalidInput) as e:
+            ledger.top_up("run-1", 600, now=2.0, max_budget=1_000)
+        assert e.value.field == "top_up_usd" and "at most 500" in e.value.message
+
+    def test_each_attempt_keeps_the_prices_it_was_settled_at(self, ledger: Ledger) -> None:
+        # Given a run in tokens whose attempts are priced too (spend shown in both)
+        ledger.open_run(spec(units=3, tokens=100, budget=1_000), now=0.0)
+        for uid in ("u0", "u1", "u2"):
+            ledger.admit("run-1", uid, 0, now=0.0)
+        usage = Usage(input=60, output=20)
+        # When a deploy changes the prices between two settlements
+        ledger.settle("run-1", "u0", 0, 80, True, 1.0, priced=priced(usage, PRICES))
+        ledger.settle("run-1", "u1", 0, 80, False, 2.0, priced=priced(usage, DEARER))
+        # Then each attempt records its own, and a repeat at other prices changes nothing
+        again = ledger.settle("run-1", "u0", 0, 80, True, 3.0, priced=priced(usage, DEARER))
+        assert again.duplicate and again.attempt.prices == PRICES
+        ledger.settle("run-1", "u2", 0, 50, True, 4.0)  # unpriced: 0, no prices
+        kept = {a.unit_id: (a.cost_micro, a.prices) for a in ledger.attempts("run-1")}
+        assert kept == {"u0": (128, PRICES), "u1": (160, DEARER), "u2": (0, None)}
+        run = ledger.run("run-1")
+        # the budget is in tokens: the money is shown, never counted against it
+        assert (run.spent, run.spent_micro, run.available) == (210, 288, 1_000 - 210)
+        balanced(ledger, "run-1")
+
+    def test_a_lost_attempt_in_dollars_is_billed_its_projection_once(self, ledger: Ledger) -> None:
+        ledger.open_run(usd_spec(units=2, budget=5_000), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0, lease_s=1_000)
+        assert ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30).claimed
+        # When its worker dies and the next delivery reclaims it
+        lost = ledger.reclaim_unit("run-1", "u0", now=40.0)
+        # Then it is billed its projected tokens and cost, at the submit's prices
+        assert lost is not None and lost.attempt.reclaimed
+        assert (lost.attempt.tokens, lost.attempt.cost_micro, lost.attempt.prices) == (
+            100, 1_000, PRICES,
+        )  # fmt: skip
+        # and the slow worker's own settlement is a duplicate: counted once
+        late = ledger.settle("run-1", "u0", 0, 40, True, 41.0, priced=Priced(300, PRICES))
+        assert late.duplicate
+        # a dead letter of a claimed attempt settles it as lost the same way
+        ledger.admit("run-1", "u1", 0, now=42.0)
+        ledger.claim("run-1", "u1", 0, now=42.0, lease_s=30)
+        ledger.dead_letter("run-1", "u1", now=43.0)
+        run = ledger.run("run-1")
+        assert (run.spent, run.spent_micro, run.reserved) == (200, 2_000, 0)
+        balanced(ledger, "run-1")
+
+    def test_claimed_attempts_settled_together_keep_their_money(self, ledger: Ledger) -> None:
+        reference = InMemoryLedger()
+        for led in (ledger, reference):
+            led.open_run(usd_spec(units=4, budget=10_000), now=0.0)
+            handed = []
+            for i in range(3):
+                led.admit("run-1", f"u{i}", 0, now=0.0)
+                claim = led.claim_queued("run-1", f"u{i}", 0, now=1.0, lease_s=30)
+                assert claim is not None
+                money = Priced(100 * (i + 1), PRICES)
+                handed.append(ClaimedSettlement(claim.unit, 0, 50, i != 1, 2.0, priced=money))
+            if led is ledger:
+                assert ledger.settle_claimed_many(handed) == [
+                    Fate.COMPLETED, Fate.RETRY, Fate.COMPLETED,
+                ]  # fmt: skip
+            else:
+                for c in handed:
+                    reference.settle_claimed(
+                        c.claimed, c.attempt, c.tokens, c.succeeded, c.now, priced=c.priced
+                    )
+            # settled again (a duplicate delivery's): nothing
+            assert led.settle_claimed_many(handed) == [None, None, None]
+        assert ledger.run("run-1") == reference.run("run-1")
+        assert ledger.run("run-1").spent_micro == 600
+        assert ledger.units("run-1") == reference.units("run-1")
+        balanced(ledger, "run-1")
+
+    def test_a_loops_turns_in_dollars_are_priced_as_they_settle(self, ledger: Ledger) -> None:
+        ledger.open_run(usd_spec(units=2, micro=1_000, budget=5_000), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        # When two turns settle, priced, the second past what the reservation holds
+        assert ledger.settle_turn("run-1", "u0", 0, 1, 30, 2.0, priced=Priced(700, PRICES)).settled
+        run = ledger.run("run-1")
+        assert (run.spent, run.spent_micro, run.reserved) == (30, 700, 300)
+        assert ledger.settle_turn("run-1", "u0", 0, 2, 40, 3.0, priced=Priced(500, PRICES)).settled
+        run = ledger.run("run-1")
+        assert (run.spent_micro, run.reserved, run.available) == (1_200, 0, 3_800)
+        # a turn settled again changes nothing
+        assert not ledger.settle_turn(
+            "run-1", "u0", 0, 2, 40, 4.0, priced=Priced(9, PRICES)
+        ).settled
+        # Then the attempt's record bills every turn, in tokens and dollars
+        done = ledger.settle("run-1", "u0", 0, 0, True, 5.0, priced=Priced(0, DEARER))
+        assert (done.attempt.tokens, done.attempt.cost_micro) == (70, 1_200)
+        assert ledger.run("run-1").spent_micro == 1_200
+        balanced(ledger, "run-1")
+
     # -- the reference, differentially
     @pytest.mark.parametrize("seed", range(6))
     def test_random_operations_match_the_in_memory_reference(
@@ -1073,17 +1242,18 @@ AGENT_UNITS = ("u0", "u1", "u2")
 
 def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) -> Any:
     lease, tokens, ok = args
+    money = Priced(3 * tokens, PRICES)  # every settlement priced: its cost kept exactly too
     if op == "admit":
         return led.admit("run-1", uid, attempt, now, lease)
     if op == "settle":
-        return led.settle("run-1", uid, attempt, tokens, ok, now)
+        return led.settle("run-1", uid, attempt, tokens, ok, now, priced=money)
     agent = uid in AGENT_UNITS  # claimed as agent loops
     if op == "claim":
         return led.claim("run-1", uid, attempt, now, lease, loop=agent)
     if op == "quick":
         return led.claim_queued("run-1", uid, attempt, now, lease, loop=agent)
     if op == "fast":  # settled from the unit as it stands (the claim's answer, if claimed)
-        return led.settle_claimed(led.unit("run-1", uid), attempt, tokens, ok, now)
+        return led.settle_claimed(led.unit("run-1", uid), attempt, tokens, ok, now, priced=money)
     if op == "unclaim":
         return led.unclaim("run-1", uid, attempt, now, lease)
     if op == "reclaim":
@@ -1097,7 +1267,8 @@ def _apply(led: Ledger, op: str, uid: str, attempt: int, now: float, args: Any) 
     if op == "turn":  # its next turn, or (not ok) the last one again: a duplicate
         turn = max(1, led.unit("run-1", uid).turns + (1 if ok else 0))
         seq = len(led.read_log("run-1", uid))
-        return led.settle_turn("run-1", uid, attempt, turn, tokens, now, [(seq, {"turn": turn})])
+        events = [(seq, {"turn": turn})]
+        return led.settle_turn("run-1", uid, attempt, turn, tokens, now, events, priced=money)
     if op == "pause":
         return led.pause("run-1", uid, attempt, now)
     return led.top_up("run-1", 400, now)
@@ -1127,6 +1298,11 @@ def replay(ledger: Ledger, seed: int, steps: int, ops: tuple[str, ...] = OPS) ->
     reference = InMemoryLedger()
     budget = rng.choice([300, 600, 1_200]) * (4 if ops is LOOP_OPS else 1)  # loops: many turns
     s = spec(units=6, tokens=100, budget=budget, attempts=rng.randint(1, 3))
+    if seed % 2:  # in dollars: each unit projected at 250 micro-dollars, costs 3 per token
+        s = replace(
+            usd_spec(units=6, micro=250, budget=budget * 2),
+            max_attempts=s.max_attempts,
+        )
     assert ledger.open_run(s, now=0.0) == reference.open_run(s, now=0.0)
     now = 0.0
     for _ in range(steps):

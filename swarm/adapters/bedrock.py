@@ -17,7 +17,8 @@ answer fails the attempt without calling the model: 0 tokens, an ``InputExceedsR
 error naming both numbers. A provider that still bills past the reservation (its count and
 CountTokens disagree) is reported as billed: the ledger settles what was billed.
 
-Billed tokens come from the response's ``usage`` (input + output). A ``ThrottlingException`` (or
+Billed tokens come from the response's ``usage`` (input + output, and the prompt cache's reads and
+writes, reported apart and priced apart: swarm.core.pricing). A ``ThrottlingException`` (or
 ``ServiceQuotaExceededException``) becomes :class:`ModelThrottled`, which the worker reports to the
 governor (multiplicative decrease) before handing the attempt back unstarted. Any other error of
 the model (validation, model error) is a failed attempt: it is settled with the tokens the
@@ -182,8 +183,14 @@ class BedrockModelPlane:
         usage = response.get("usage", {})
         input_tokens = int(usage.get("inputTokens", 0))
         output_tokens = int(usage.get("outputTokens", 0))
+        # the prompt cache's tokens are reported apart from inputTokens (and priced apart:
+        # swarm.core.pricing); absent when the request used no cache point
+        cache_read = int(usage.get("cacheReadInputTokens", 0) or 0)
+        cache_write = int(usage.get("cacheWriteInputTokens", 0) or 0)
         # as billed, even past the reservation: the ledger settles what the provider counted
-        tokens = int(usage.get("totalTokens", 0)) or input_tokens + output_tokens
+        tokens = int(usage.get("totalTokens", 0)) or (
+            input_tokens + output_tokens + cache_read + cache_write
+        )
         blocks = response.get("output", {}).get("message", {}).get("content", [])
         text = "".join(block.get("text", "") for block in blocks if isinstance(block, dict))
         stop = str(response.get("stopReason", "end_turn"))
@@ -197,6 +204,8 @@ class BedrockModelPlane:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             model_id=self.model_id,
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
         )
 
     def converse(self, call: ConverseCall) -> Mapping[str, Any]:

@@ -17,6 +17,7 @@ from swarm.adapters.dynamodb_watch import WATCH_NAMES, WATCH_SET, watch_values
 from swarm.contract import LEASE_EXPIRY
 from swarm.core.codec import spec_from_doc, spec_to_doc
 from swarm.core.ledger import Fate, log_sort_key
+from swarm.core.pricing import Prices
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -35,7 +36,7 @@ BOOKS = "books"
 #: the books' counters, changed by ADD; ``available`` and ``outstanding`` are derived from them
 COUNTERS = (
     "budget", "spent", "reserved", "attempts", "retries", "completed", "dead_lettered",
-    "remainder", "in_flight", "exhaustions", "turns", "tool_calls",
+    "remainder", "in_flight", "exhaustions", "turns", "tool_calls", "spent_micro",
 )  # fmt: skip
 
 #: a unit's reservation, set and removed together (:func:`unit_update`). ``res_lease`` is also
@@ -51,9 +52,17 @@ SCAN_AT = "scan_at"
 #: (Reservation.used): only on a loop's
 RES_LOOP = "res_loop"
 RES_USED = "res_used"
+#: a loop's turns' cost in micro-dollars (Reservation.used_micro), and a reservation in
+#: micro-dollars (Reservation.usd: its run's budget is in dollars); absent: 0, False
+RES_USED_MICRO = "res_used_micro"
+RES_USD = "res_usd"
 RESERVATION_ATTRIBUTES = (
     "res_attempt", "res_projected", LEASE_EXPIRY, "res_claimed", CLAIM_LEASE, RES_LOOP, RES_USED,
+    RES_USED_MICRO, RES_USD,
 )  # fmt: skip
+#: a unit's projected cost per attempt and its settled cost, in micro-dollars (absent: 0)
+PROJECTED_MICRO = "projected_micro"
+SPENT_MICRO = "spent_micro"
 #: a unit's model turns settled (UnitRecord.turns; absent: 0) and where its event log is kept
 #: (UnitRecord.log_key: the log items' partition key), both written by ``settle_turn``
 TURNS = "turns"
@@ -198,6 +207,10 @@ def unit_item(unit: UnitRecord, index: int | None = None) -> Item:
         "spent": whole(unit.spent),
         "drain_epoch": whole(unit.drain_epoch),
     }
+    if unit.projected_micro:
+        item[PROJECTED_MICRO] = whole(unit.projected_micro)
+    if unit.spent_micro:
+        item[SPENT_MICRO] = whole(unit.spent_micro)
     if index is not None:
         item["idx"] = whole(index)
     return item
@@ -226,6 +239,8 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
             sweep_at=None if until is None else (math.inf if lease is None else lease),
             loop=flag_of(item, RES_LOOP),
             used=whole_of(item, RES_USED),
+            used_micro=whole_of(item, RES_USED_MICRO),
+            usd=flag_of(item, RES_USD),
         )
     return UnitRecord(
         run_id=run_id,
@@ -239,6 +254,8 @@ def unit_from(run_id: str, item: Mapping[str, Any]) -> UnitRecord:
         outcome_key=item[OUTCOME_KEY]["S"] if OUTCOME_KEY in item else None,
         turns=whole_of(item, TURNS),
         log_key=item[LOG]["S"] if LOG in item else None,
+        projected_micro=whole_of(item, PROJECTED_MICRO),
+        spent_micro=whole_of(item, SPENT_MICRO),
     )
 
 
@@ -248,16 +265,25 @@ def attempt_attribute(attempt: int) -> str:
 
 
 def attempt_value(record: AttemptRecord, fate: Fate) -> dict[str, Any]:
-    """A settled attempt, as the map its unit item keeps (:func:`attempt_attribute`)."""
-    return {
-        "M": {
-            "tokens": whole(record.tokens),
-            "succeeded": flag(record.succeeded),
-            "settled_at": real(record.settled_at),
-            "reclaimed": flag(record.reclaimed),
-            "fate": string(fate.value),
-        }
+    """A settled attempt, as the map its unit item keeps (:func:`attempt_attribute`): with its
+    cost in micro-dollars and the prices it was settled at, when it was priced."""
+    doc: Item = {
+        "tokens": whole(record.tokens),
+        "succeeded": flag(record.succeeded),
+        "settled_at": real(record.settled_at),
+        "reclaimed": flag(record.reclaimed),
+        "fate": string(fate.value),
     }
+    if record.prices is not None:
+        doc["cost_micro"] = whole(record.cost_micro)
+        prices = record.prices.to_doc()
+        doc["prices"] = {
+            "M": {
+                name: string(value) if name == "as_of" else whole(value)
+                for name, value in prices.items()
+            }
+        }
+    return {"M": doc}
 
 
 def attempts_of(run_id: str, item: Mapping[str, Any]) -> dict[int, tuple[AttemptRecord, Fate]]:
@@ -277,9 +303,18 @@ def attempts_of(run_id: str, item: Mapping[str, Any]) -> dict[int, tuple[Attempt
             succeeded=flag_of(doc, "succeeded"),
             settled_at=float(doc["settled_at"]["N"]),
             reclaimed=flag_of(doc, "reclaimed"),
+            cost_micro=whole_of(doc, "cost_micro"),
+            prices=_prices_of(doc),
         )
         found[attempt] = (record, Fate(doc["fate"]["S"]))
     return found
+
+
+def _prices_of(doc: Mapping[str, Any]) -> Prices | None:
+    """The prices a settled attempt's map keeps (None: it was not priced)."""
+    if "prices" not in doc:
+        return None
+    return Prices.from_doc({name: next(iter(v.values())) for name, v in doc["prices"]["M"].items()})
 
 
 def attempt_from(run_id: str, item: Mapping[str, Any]) -> tuple[AttemptRecord, Fate]:
@@ -494,6 +529,9 @@ def unit_update(
             values[":old_ru"] = real(old_res.lease_expires)
     sets = ["#state = :state", "attempts = :attempts", "spent = :spent", "drain_epoch = :de"]
     removes: tuple[str, ...] = ()
+    if new.spent_micro != old.spent_micro:
+        sets.append(f"{SPENT_MICRO} = :spent_micro")
+        values[":spent_micro"] = whole(new.spent_micro)
     if new.outcome_key is not None:
         sets.append(f"{OUTCOME_KEY} = :ok")
         values[":ok"] = string(new.outcome_key)
@@ -525,8 +563,14 @@ def unit_update(
         if res.loop:
             sets += [f"{RES_LOOP} = :rloop", f"{RES_USED} = :rused"]
             values.update({":rloop": flag(True), ":rused": whole(res.used)})
+            if res.used_micro:
+                sets.append(f"{RES_USED_MICRO} = :rumicro")
+                values[":rumicro"] = whole(res.used_micro)
         elif old_res is not None and old_res.loop:
-            removes += (RES_LOOP, RES_USED)
+            removes += (RES_LOOP, RES_USED, RES_USED_MICRO)
+        if res.usd:
+            sets.append(f"{RES_USD} = :rusd")
+            values[":rusd"] = flag(True)
     elif old_res is not None:
         removes += RESERVATION_ATTRIBUTES
     if settled is not None:

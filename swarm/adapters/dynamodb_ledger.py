@@ -61,12 +61,14 @@ from swarm.core.ledger import (
     encode_events,
     fresh_records,
     log_key,
+    lost_bill,
     numbered,
     reclaim_in_turn,
     scan_leases,
     tool_calls_in,
 )
 from swarm.core.ports import ClaimedSettlement, TenantQueued, UnitsPage
+from swarm.core.pricing import Priced
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -546,7 +548,13 @@ class DynamoDBLedger:
                 {
                     "PutRequest": {
                         "Item": items.unit_item(
-                            UnitRecord(spec.run_id, u.unit_id, u.projected_tokens), cursor + i
+                            UnitRecord(
+                                spec.run_id,
+                                u.unit_id,
+                                u.projected_tokens,
+                                projected_micro=u.projected_micro,
+                            ),
+                            cursor + i,
                         )
                     }
                 }
@@ -615,7 +623,7 @@ class DynamoDBLedger:
             )
             if new_run == run and new_unit == unit:
                 return admission  # nothing to write: already admitted, terminal, closed, ...
-            projected = unit.projected_tokens
+            projected = unit.projected_in(run.spec.usd)  # the budget's unit
             if admission.admitted:
                 extra = [("available", ">=", projected)]
             elif run.state is RunState.OPEN:
@@ -696,7 +704,7 @@ class DynamoDBLedger:
             if not admission.admitted:
                 break  # a refusal that writes has conditions of its own: admit() writes it
             writes.append(items.unit_update(self.table_name, unit, new_unit))
-            reserving += unit.projected_tokens
+            reserving += unit.projected_in(run.spec.usd)
             run = new_run
             decided.append(admission)
         if writes:
@@ -719,6 +727,7 @@ class DynamoDBLedger:
         outcome_key: str | None = None,
         *,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Settlement:
         settlement = self._settle(
             run_id,
@@ -730,6 +739,7 @@ class DynamoDBLedger:
             reclaimed=False,
             key=outcome_key,
             retry=retry,
+            priced=priced,
         )
         assert settlement is not None  # only a reclaim (``expect``) can give up
         return settlement
@@ -745,6 +755,7 @@ class DynamoDBLedger:
         now: float,
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
         known: UnitRecord | None = None,
+        priced: Priced | None = None,
     ) -> TurnSettlement:
         """With ``known`` (the unit as this worker's last write left it), nearly always ONE
         TransactWriteItems and no read: the turn decided on it and a stand-in of the books
@@ -776,7 +787,7 @@ class DynamoDBLedger:
             stand_in = stand_in.with_(reserved=held, in_flight=1)
             try:
                 after, new_unit, settled = decide_turn(
-                    stand_in, known, attempt, turn, tokens, now, tool_calls_in(events)
+                    stand_in, known, attempt, turn, tokens, now, tool_calls_in(events), priced
                 )
             except Conflict:
                 settled = None
@@ -795,7 +806,7 @@ class DynamoDBLedger:
         def step() -> TurnSettlement | _Write[TurnSettlement]:
             run, unit = self._read_run_unit(run_id, unit_id)
             new_run, new_unit, settled = decide_turn(
-                run, unit, attempt, turn, tokens, now, tool_calls_in(events)
+                run, unit, attempt, turn, tokens, now, tool_calls_in(events), priced
             )
             if not settled.settled:
                 return TurnSettlement(
@@ -897,10 +908,12 @@ class DynamoDBLedger:
         expect: Reservation | None = None,
         key: str | None = None,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Settlement | None:
         """Settle once. With ``expect`` (a reclaim), only that exact reservation is settled:
         None if it changed meanwhile (e.g. the worker unclaimed it with a fresh lease).
-        ``key``: where the attempt's outcome is kept."""
+        ``key``: where the attempt's outcome is kept. ``reclaimed``: settled as lost, billed
+        its projection (``lost_bill``: ``tokens`` and ``priced`` are not used)."""
 
         def duplicate(codes: list[str | None]) -> Settlement | _Again:
             # the unit's update (the first item) failed: settled already?
@@ -923,16 +936,18 @@ class DynamoDBLedger:
                     return found
             if expect is not None and reservation != expect:
                 return None
+            billed, money = lost_bill(run, unit) if reclaimed else (tokens, priced)
             new_run, new_unit, settlement = decide_settlement(
                 run,
                 unit,
                 attempt,
-                tokens,
+                billed,
                 succeeded,
                 now,
                 reclaimed=reclaimed,
                 outcome_key=key,
                 retry=retry,
+                priced=money,
             )
             settled = (settlement.attempt, settlement.fate)
             writes = [
@@ -955,8 +970,11 @@ class DynamoDBLedger:
         outcome_key: str | None = None,
         *,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Fate | None:
-        one = ClaimedSettlement(claimed, attempt, tokens, succeeded, now, outcome_key, retry)
+        one = ClaimedSettlement(
+            claimed, attempt, tokens, succeeded, now, outcome_key, retry, priced
+        )
         return self.settle_claimed_many([one])[0]
 
     def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
@@ -976,7 +994,15 @@ class DynamoDBLedger:
                 continue  # one write per item, and a transaction's limit: left to settle alone
             spec = self._spec(run_id)  # immutable, read once per client
             decided = decide_claimed_settlement(
-                spec, s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key, s.retry
+                spec,
+                s.claimed,
+                s.attempt,
+                s.tokens,
+                s.succeeded,
+                s.now,
+                s.outcome_key,
+                s.retry,
+                s.priced,
             )
             if decided is None:
                 continue
@@ -1100,8 +1126,9 @@ class DynamoDBLedger:
     def _settle_lost(
         self, run_id: str, unit_id: str, res: Reservation, now: float
     ) -> Settlement | None:
-        """Settle the claimed attempt holding ``res`` as failed, charging its projected tokens;
-        None if that reservation changed meanwhile."""
+        """Settle the claimed attempt holding ``res`` as failed, charging its projection (its
+        tokens, and its cost at the submit's prices: ``lost_bill``); None if that reservation
+        changed meanwhile."""
         return self._settle(
             run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True, expect=res
         )

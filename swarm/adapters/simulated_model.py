@@ -19,6 +19,12 @@ token of answer), fails the attempt at no cost without a call; the answer is bou
 reservation minus the input and by the request's own ``maxTokens``. A plain string is taken as
 it is, even empty (the simulator and the in-memory tests run units without prompts; the API
 refuses empty ones on every plane).
+
+The prompt cache (``cache_share``, 0 by default: no cache tokens, every figure as before): a
+share of each call's input tokens is its cacheable prefix. The first answered call of a prompt
+(its :func:`prompt_digest`) writes it to the cache (``cacheWriteInputTokens``), every later one
+reads it (``cacheReadInputTokens``); ``inputTokens`` is the rest, as Bedrock reports them apart.
+The billed total does not change, only its kinds (and so its price: swarm.core.pricing).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import math
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -49,6 +56,8 @@ MODEL_ID: Final = "simulated"
 BYTES_PER_INPUT_TOKEN: Final = 4
 #: the first characters of the last user text an answer quotes
 ANSWER_QUOTES_CHARS: Final = 60
+#: the prompts the simulated cache remembers, the least recently used forgotten first
+CACHE_PROMPTS: Final = 100_000
 
 
 def answered_by(model_id: str | None) -> str:
@@ -96,6 +105,20 @@ def simulated_output(prompt: prompts.Prompt, unit_id: str, attempt: int) -> str:
     return f"answer to {unit_id} (attempt {attempt}), prompt {digest}: {last[:ANSWER_QUOTES_CHARS]}"
 
 
+def prompt_digest(prompt: prompts.Prompt) -> str:
+    """What identifies a prompt to the simulated cache: the SHA-256 of its canonical JSON."""
+    return hashlib.sha256(
+        json.dumps(prompt, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def cache_split(input_tokens: int, share: float, cached: bool) -> tuple[int, int, int]:
+    """A call's input tokens as (input, cache read, cache write): ``share`` of them (rounded
+    down) are the cacheable prefix, read when the prompt is ``cached`` already, else written."""
+    prefix = math.floor(input_tokens * share)
+    return input_tokens - prefix, prefix if cached else 0, 0 if cached else prefix
+
+
 def _last_user_text(request: dict[str, Any]) -> str:
     users = [m for m in request.get("messages") or [] if m.get("role") == "user"]
     blocks = (users[-1].get("content") or []) if users else []
@@ -119,6 +142,8 @@ class ModelCall:
     stop_reason: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,12 +179,18 @@ class SimulatedModelPlane:
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
         quotas: Mapping[str, int] | None = None,
+        cache_share: float = 0.0,
     ) -> None:
         """``quota_tpm``: the quota of the calls that name no model (and of any model id
         ``quotas`` does not list); ``quotas``: each other model id's own quota (Bedrock's
         quotas are per model), a bucket of its own that storms do not touch."""
         if not 0 <= failure_rate < 1:
             raise InvalidInput("SIM_MODEL_FAILURE_RATE", f"must be in [0, 1), got {failure_rate}")
+        if not 0 <= cache_share <= 1:
+            raise InvalidInput("cache_share", f"must be in [0, 1], got {cache_share}")
+        #: the share of a call's input its cacheable prefix is (the module's docstring)
+        self.cache_share = cache_share
+        self._cached: OrderedDict[str, None] = OrderedDict()
         self.quota_tpm = quota_tpm
         self.failure_rate = failure_rate
         self.seed = seed
@@ -304,6 +335,7 @@ class SimulatedModelPlane:
         )
         failed = attempt_fails(self.seed, r.unit_id, r.attempt, self.failure_rate)
         truncated = cap is not None and tokens >= cap
+        digest = prompt_digest(prompt) if self.cache_share else ""
         output = "" if failed else simulated_output(prompt, r.unit_id, r.attempt)
         stop = "" if failed else "max_tokens" if truncated else "end_turn"
         now = self._clock()
@@ -311,6 +343,14 @@ class SimulatedModelPlane:
             self._end_storm(now)
             refused = self._take(r.model_id, tokens, now)
             answered = refused is None
+            fresh, read, written = cache_split(
+                input_tokens, self.cache_share, digest in self._cached
+            )
+            if answered and digest:
+                self._cached[digest] = None
+                self._cached.move_to_end(digest)
+                while len(self._cached) > CACHE_PROMPTS:
+                    self._cached.popitem(last=False)
             self._record(
                 ModelCall(
                     r.run_id,
@@ -324,8 +364,10 @@ class SimulatedModelPlane:
                     truncated and answered,
                     output=output if answered else "",
                     stop_reason=stop if answered else "",
-                    input_tokens=input_tokens if answered else 0,
+                    input_tokens=fresh if answered else 0,
                     output_tokens=tokens - input_tokens if answered else 0,
+                    cache_read_tokens=read if answered else 0,
+                    cache_write_tokens=written if answered else 0,
                 )
             )
             if refused is not None:
@@ -338,7 +380,9 @@ class SimulatedModelPlane:
             output=output,
             error="simulated failure" if failed else "",
             stop_reason=stop,
-            input_tokens=input_tokens,
+            input_tokens=fresh,
             output_tokens=tokens - input_tokens,
             model_id=answered_by(r.model_id),
+            cache_read_tokens=read,
+            cache_write_tokens=written,
         )

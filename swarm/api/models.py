@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -23,6 +25,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     field_validator,
     model_validator,
@@ -32,6 +35,7 @@ from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypedDict
 
 from swarm.core import agent, prompts
+from swarm.core.pricing import USD_PLACES
 from swarm.core.records import ID_PATTERN, Lane, RunState, UnitState
 
 #: Lambda's synchronous invocation payload (the whole API Gateway event): "6 MB", 6 MiB exactly
@@ -87,6 +91,25 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 #: the most tokens a batch's budget may hold: a deployment's ``budget.max_tokens`` is at most
 #: this (infra.config), and the API refuses a budget or a top-up past the deployment's own
 MAX_BUDGET_TOKENS = 1_000_000_000
+#: the most US dollars a batch's budget may hold (budget_usd, after every top_up_usd)
+MAX_BUDGET_USD = 1_000_000
+
+
+def _a_number(value: Any) -> Any:
+    """A dollar amount is a JSON number: not a string, not a boolean (as the gateway's model)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise ValueError(f"must be a number of US dollars, got {value!r}")
+    return value
+
+
+#: US dollars as a JSON number, > 0, at most 6 decimal places (whole micro-dollars), kept as an
+#: exact Decimal (swarm.core.pricing parses it to micro-dollars; money is never a float there)
+UsdAmount = Annotated[
+    Decimal,
+    BeforeValidator(_a_number),
+    Field(gt=0, le=MAX_BUDGET_USD, decimal_places=USD_PLACES),
+    WithJsonSchema({"type": "number", "minimum": 10**-USD_PLACES, "maximum": MAX_BUDGET_USD}),
+]
 UPLOADS_PREFIX = "manifests/uploads/"
 #: every batch id starts with this (swarm.service.batches.batch_id_for): the API's own manifests
 #: are manifests/b-.../, never under UPLOADS_PREFIX (infra grants each prefix its own writes)
@@ -442,6 +465,18 @@ class BatchSubmission(BaseModel):
             "naming budget"
         ),
     )
+    budget_usd: UsdAmount | None = Field(
+        default=None,
+        description=(
+            "the budget in US dollars instead of tokens (a number > 0 with at "
+            f"most {USD_PLACES} decimal places, at most {MAX_BUDGET_USD:,}): admission reserves "
+            "each attempt's most expensive cost at the model's prices and settlement bills "
+            "what the model reports (input, output, cache reads and writes at their own rates). "
+            "Give budget or budget_usd, not both (a 400 naming both); a deployment without "
+            "prices (cdk.json model.prices), or a tenant whose cap is in tokens "
+            "(max_budget_per_batch), refuses it with a 400 naming budget_usd"
+        ),
+    )
     max_attempts: StrictInt | None = Field(
         default=None,
         ge=1,
@@ -466,19 +501,45 @@ class BatchSubmission(BaseModel):
 
 
 class BatchResume(BaseModel):
-    """A top-up of the batch's budget; the remainder is requeued."""
+    """A top-up of the batch's budget, in its budget's unit: ``top_up`` (tokens) for a budget in
+    tokens, ``top_up_usd`` for one in dollars; the remainder is requeued."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["top_up"], "properties": {"top_up": {"type": "integer"}}},
+                {"required": ["top_up_usd"], "properties": {"top_up_usd": {"type": "number"}}},
+            ]
+        },
+    )
 
-    top_up: StrictInt = Field(
+    top_up: StrictInt | None = Field(
+        default=None,
         ge=1,
         le=MAX_BUDGET_TOKENS,
         description=(
-            "tokens added to the budget: the budget after it is at most the tenant's "
+            "tokens added to a budget in tokens: the budget after it is at most the tenant's "
             "max_budget_per_batch (cdk.json tenants) and the deployment's maximum (a 400 naming "
             "top_up says how much may be added)"
         ),
     )
+    top_up_usd: UsdAmount | None = Field(
+        default=None,
+        description=(
+            "US dollars added to a budget in dollars (budget_usd), at most "
+            f"{USD_PLACES} decimal places; the budget after it is at most {MAX_BUDGET_USD:,}"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def one_amount(self) -> BatchResume:
+        if (self.top_up is None) == (self.top_up_usd is None):
+            raise ValueError(
+                "give top_up (tokens, for a budget in tokens) or top_up_usd (US dollars, for a "
+                "budget in dollars): exactly one"
+            )
+        return self
 
 
 class UploadRequest(BaseModel):
@@ -518,12 +579,28 @@ class UnitCounts(BaseModel):
 
 
 class TokenBook(BaseModel):
-    """The batch's tokens: its budget, what was billed, what admitted units hold."""
+    """The batch's tokens: its budget, what was billed, what admitted units hold (for a budget
+    in dollars, ``budget``, ``reserved`` and ``available`` are in ``usd``; here ``spent`` only)."""
 
-    budget: int
+    budget: int | SkipJsonSchema[None] = Field(
+        default=None, description="a budget in tokens: absent for a budget in dollars"
+    )
     spent: int
-    reserved: int
-    available: int
+    reserved: int | SkipJsonSchema[None] = None
+    available: int | SkipJsonSchema[None] = None
+
+
+class MoneyBook(BaseModel):
+    """The batch's money, exact decimal US dollars (kept as whole micro-dollars): what was billed
+    at the prices of each attempt's settlement and, for a budget in dollars, its budget, what
+    admitted units hold and what is left."""
+
+    spent: str = Field(description="every settled attempt's and turn's priced usage, in dollars")
+    budget: str | SkipJsonSchema[None] = Field(
+        default=None, description="a budget in dollars: absent for a budget in tokens"
+    )
+    reserved: str | SkipJsonSchema[None] = None
+    available: str | SkipJsonSchema[None] = None
 
 
 class AgentTotals(BaseModel):
@@ -545,6 +622,13 @@ class BatchStatus(BaseModel):
     attempts: int
     retries: int
     tokens: TokenBook
+    usd: MoneyBook | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "spend in dollars: present when the deployment prices its model (cdk.json "
+            "model.prices) or the budget is in dollars"
+        ),
+    )
     elapsed_s: float
     healthy_line: str
     agent: AgentTotals | SkipJsonSchema[None] = Field(
@@ -603,6 +687,13 @@ class UnitResult(BaseModel):
     state: UnitState
     attempts: int = Field(description="attempts settled")
     tokens: int = Field(description="tokens billed over every attempt")
+    usd: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "US dollars billed over every attempt, exact decimal text (whole micro-dollars): "
+            "present when its attempts were priced (cdk.json model.prices)"
+        ),
+    )
     attempt: int | SkipJsonSchema[None] = Field(
         default=None, description="the last settled attempt (numbered from 0); absent before one"
     )

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -26,6 +27,7 @@ from swarm.api.models import (
 from swarm.cli.argtypes import positive_int
 from swarm.client import Client, NoAnswer, Unreachable, target_from_args
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.pricing import parse_usd
 from swarm.sim.models import Mix, parse_mix
 
 TERMINAL = ("completed", "exhausted")
@@ -87,12 +89,19 @@ def progress_line(doc: dict[str, Any], width: int = 30) -> str:
     done = counts["completed"] + counts["dead_lettered"]
     filled = int(width * done / total)
     bar = "#" * filled + "." * (width - filled)
-    spent, budget = tokens["spent"], tokens["budget"]
-    share = f" ({spent / budget:.0%})" if budget else ""
+    money = doc.get("usd") or {}
+    spent, budget = tokens["spent"], tokens.get("budget")
+    if budget is None and "budget" in money:  # a budget in dollars (exact decimal texts)
+        share = f" ({Decimal(money['spent']) / Decimal(money['budget']):.0%})"
+        spend = f"${money['spent']} of ${money['budget']}{share}, {_tokens(spent)} tokens"
+    else:
+        share = f" ({spent / budget:.0%})" if budget else ""
+        spend = f"{_tokens(spent)} of {_tokens(budget or 0)} tokens{share}"
+        if "spent" in money:
+            spend += f", ${money['spent']}"
     line = (
         f"[{bar}] {done:>{len(str(total))}}/{total} done | {counts['running']} running | "
-        f"{counts['queued']} queued | {counts['pending']} waiting | "
-        f"{_tokens(spent)} of {_tokens(budget)} tokens{share}"
+        f"{counts['queued']} queued | {counts['pending']} waiting | {spend}"
     )
     if counts["remainder"]:
         line += f" | remainder {counts['remainder']}"
@@ -306,6 +315,15 @@ def with_models(units: list[dict[str, Any]], mix: Mix, seed: int) -> list[dict[s
     return named
 
 
+def usd_amount(text: str) -> Decimal:
+    """A CLI dollar amount: > 0, at most 6 decimal places (whole micro-dollars), kept exact."""
+    try:
+        parse_usd(text, "DOLLARS", positive=True)
+    except InvalidInput as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    return Decimal(text)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     given = [args.file is not None, args.generate is not None, args.bfcl is not None]
     if sum(given) != 1:
@@ -334,8 +352,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["units"] = with_models(body["units"], parse_mix(args.mix, None), args.seed)
     if args.lane:
         body["lane"] = args.lane
+    if args.budget is not None and args.budget_usd is not None:
+        raise InvalidInput("--budget-usd", "give --budget (tokens) or --budget-usd, not both")
     if args.budget is not None:
         body["budget"] = args.budget
+    if args.budget_usd is not None:
+        body.pop("budget", None)
+        body["budget_usd"] = args.budget_usd
     client = client_of(args)
     log = sys.stderr if args.json else sys.stdout  # --json: stdout is only the JSON
     if args.upload:
@@ -357,9 +380,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json and not args.watch:
         print(json.dumps(doc, indent=2))
         return 0
+    budget = doc["tokens"].get("budget")
     print(
         f"batch {doc['batch_id']}: {doc['units']} units on the {doc['lane']} lane, "
-        f"budget {doc['tokens']['budget']:,} tokens",
+        + (
+            f"budget {budget:,} tokens" if budget is not None else f"budget ${doc['usd']['budget']}"
+        ),
         file=log,
     )
     if args.watch:
@@ -397,11 +423,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     client = client_of(args)
-    doc = client.resume(args.batch, args.top_up)
-    print(
-        f"batch {args.batch}: topped up by {args.top_up:,} tokens, "
-        f"{doc['requeued']} remainder units requeued"
-    )
+    doc = client.resume(args.batch, args.top_up, args.top_up_usd)
+    amount = f"${args.top_up_usd}" if args.top_up is None else f"{args.top_up:,} tokens"
+    print(f"batch {args.batch}: topped up by {amount}, {doc['requeued']} remainder units requeued")
     if args.watch:
         print(watch(client, args.batch)["healthy_line"])
     return 0
@@ -569,6 +593,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--lane", choices=["high", "normal", "low"], help="priority lane")
     p.add_argument("--budget", type=positive_int, help="token budget")
     p.add_argument(
+        "--budget-usd",
+        type=usd_amount,
+        metavar="DOLLARS",
+        help="a budget in US dollars instead (at most 6 decimal places; needs model.prices)",
+    )
+    p.add_argument(
         "--idempotency-key",
         metavar="KEY",
         help="a submit repeated with this key and body is the same batch (default: a new key "
@@ -604,7 +634,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("resume", help="top up an exhausted batch and run its remainder")
     p.add_argument("batch", metavar="BATCH")
-    p.add_argument("--top-up", type=positive_int, required=True, metavar="TOKENS")
+    amount = p.add_mutually_exclusive_group(required=True)
+    amount.add_argument(
+        "--top-up", type=positive_int, metavar="TOKENS", help="for a budget in tokens"
+    )
+    amount.add_argument(
+        "--top-up-usd",
+        type=usd_amount,
+        metavar="DOLLARS",
+        help="for a budget in dollars (at most 6 decimal places)",
+    )
     p.add_argument("--watch", action="store_true")
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_resume))

@@ -39,6 +39,7 @@ from typing import Any, Final
 from swarm.core import prompts
 from swarm.core.burndown import turn_draw
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.pricing import Usage
 
 #: a tool's name and a toolUseId: Converse's pattern and length (1 to 64 characters)
 NAME_PATTERN: Final = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -405,6 +406,9 @@ class SettleTurn:
     drawn: int
     lost: bool
     refused: str = ""
+    #: the usage the model reported for it, by kind (what it is priced by); None: none was
+    #: recorded (a lost turn, priced at ``billed`` as output, the dearest kind)
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True)
@@ -762,7 +766,13 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
         pending = [u for u in turn.tool_uses if u["toolUseId"] not in turn.results]
         if pending and _runs_tools(turn):
             return RunTools(turn.n, tuple(_tool_call(spec, turn.n, use) for use in pending))
-        return SettleTurn(turn.n, billed_of(turn.usage), turn.drawn, lost=False)
+        return SettleTurn(
+            turn.n,
+            billed_of(turn.usage),
+            turn.drawn,
+            lost=False,
+            usage=Usage.of_converse(turn.usage),
+        )
     answer = final_answer(state)
     if turn is not None and turn.message is not None:
         reason = turn.stop_reason

@@ -9,6 +9,7 @@ from typing import Any
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import BucketState, ticket_from_doc, ticket_to_doc
 from swarm.core.lanes import QueuedUnit
+from swarm.core.pricing import Prices
 from swarm.core.prompts import from_json
 from swarm.core.records import (
     AttemptRecord,
@@ -38,14 +39,24 @@ def spec_to_doc(spec: RunSpec) -> Doc:
         "projected_total": spec.projected_total,
         "digest": spec.digest,
     }
+    if spec.usd:
+        doc["usd"] = True
+    if spec.prices is not None:
+        doc["prices"] = spec.prices.to_doc()
     if spec.units:
-        doc["units"] = [[u.unit_id, u.projected_tokens] for u in spec.units]
+        doc["units"] = [
+            [u.unit_id, u.projected_tokens, *([u.projected_micro] if u.projected_micro else [])]
+            for u in spec.units
+        ]
     return doc
 
 
 def spec_from_doc(doc: Doc) -> RunSpec:
     """A spec with its unit list when the document has one, else its summary."""
-    units = tuple(UnitSpec(str(uid), int(tokens)) for uid, tokens in doc.get("units") or ())
+    units = tuple(
+        UnitSpec(str(u[0]), int(u[1]), int(u[2]) if len(u) > 2 else 0)
+        for u in doc.get("units") or ()
+    )
     spec = RunSpec(
         run_id=doc["run_id"],
         tenant=doc["tenant"],
@@ -56,6 +67,8 @@ def spec_from_doc(doc: Doc) -> RunSpec:
         units_total=int(doc.get("units_total", -1)),
         projected_total=int(doc.get("projected_total", -1)),
         digest=str(doc.get("digest", "")),
+        usd=bool(doc.get("usd", False)),
+        prices=None if doc.get("prices") is None else Prices.from_doc(doc["prices"]),
     )
     if units and doc.get("digest") not in (None, spec.digest):
         raise InvalidInput("units", f"run {spec.run_id!r}: the unit list does not match its digest")
@@ -64,7 +77,7 @@ def spec_from_doc(doc: Doc) -> RunSpec:
 
 _RUN_COUNTERS = (
     "spent", "reserved", "attempts", "retries", "completed", "dead_lettered", "remainder",
-    "in_flight", "budget", "exhaustions", "turns", "tool_calls",
+    "in_flight", "budget", "exhaustions", "turns", "tool_calls", "spent_micro",
 )  # fmt: skip
 
 
@@ -98,6 +111,8 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
         "state": unit.state.value,
         "attempts": unit.attempts,
         "spent": unit.spent,
+        "projected_micro": unit.projected_micro,
+        "spent_micro": unit.spent_micro,
         "drain_epoch": unit.drain_epoch,
         "turns": unit.turns,
         "log_key": unit.log_key,
@@ -111,6 +126,8 @@ def unit_to_doc(unit: UnitRecord) -> Doc:
             "sweep_at": res.sweep_at,
             "loop": res.loop,
             "used": res.used,
+            "used_micro": res.used_micro,
+            "usd": res.usd,
         },
     }
 
@@ -124,6 +141,8 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
         state=UnitState(doc["state"]),
         attempts=int(doc["attempts"]),
         spent=int(doc["spent"]),
+        projected_micro=int(doc.get("projected_micro", 0)),
+        spent_micro=int(doc.get("spent_micro", 0)),
         drain_epoch=int(doc["drain_epoch"]),
         turns=int(doc.get("turns", 0)),
         log_key=doc.get("log_key"),
@@ -137,6 +156,8 @@ def unit_from_doc(doc: Doc) -> UnitRecord:
             None if res.get("sweep_at") is None else float(res["sweep_at"]),
             loop=bool(res.get("loop", False)),
             used=int(res.get("used", 0)),
+            used_micro=int(res.get("used_micro", 0)),
+            usd=bool(res.get("usd", False)),
         ),
     )
 
@@ -150,6 +171,8 @@ def attempt_to_doc(a: AttemptRecord) -> Doc:
         "succeeded": a.succeeded,
         "settled_at": a.settled_at,
         "reclaimed": a.reclaimed,
+        "cost_micro": a.cost_micro,
+        "prices": None if a.prices is None else a.prices.to_doc(),
     }
 
 
@@ -162,6 +185,8 @@ def attempt_from_doc(doc: Doc) -> AttemptRecord:
         succeeded=bool(doc["succeeded"]),
         settled_at=float(doc["settled_at"]),
         reclaimed=bool(doc.get("reclaimed", False)),
+        cost_micro=int(doc.get("cost_micro", 0)),
+        prices=None if doc.get("prices") is None else Prices.from_doc(doc["prices"]),
     )
 
 

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from swarm.core.errors import Conflict, InvalidInput
+from swarm.core.pricing import Priced
 from swarm.core.records import (
     AttemptRecord,
     Reservation,
@@ -166,8 +167,9 @@ def decide_admission(
     if run.state is RunState.EXHAUSTING and not owed_drain_retry(run, unit):
         return refuse("exhausting", run, unit)
 
-    projected = unit.projected_tokens
-    if run.spent + run.reserved + projected > run.budget:
+    # in the budget's unit: tokens, or micro-dollars (a budget in dollars: docs/ledger.md)
+    projected = unit.projected_in(run.spec.usd)
+    if run.charged + run.reserved + projected > run.budget:
         if run.state is RunState.OPEN:
             # Exhaustion begins: every waiting unit (this one included) joins the remainder.
             run = run.with_(
@@ -187,6 +189,7 @@ def decide_admission(
             projected=projected,
             lease_expires=lease,
             sweep_at=math.inf if by_scan else None,
+            usd=run.spec.usd,
         ),
     )
     run = run.with_(reserved=run.reserved + projected, in_flight=run.in_flight + 1)
@@ -244,12 +247,15 @@ def decide_settlement(
     reclaimed: bool = False,
     outcome_key: str | None = None,
     retry: bool = True,
+    priced: Priced | None = None,
 ) -> tuple[RunRecord, UnitRecord, Settlement]:
-    """Settle a first (never a repeated) settlement of an admitted attempt; ``outcome_key``:
-    where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`). ``retry`` False: a
-    failed attempt ends the unit dead-lettered whatever attempts it has left (a model that
-    refused: its guardrail or content filter). For an agent loop's reservation, ``tokens`` is
-    what is billed beyond the turns settled against it (:func:`decide_turn`)."""
+    """Settle a first (never a repeated) settlement of an admitted attempt; ``priced``: the
+    cost of the usage ``tokens`` bills and the prices it was priced at (None: unpriced, 0);
+    ``outcome_key``: where the attempt's outcome is kept (:attr:`UnitRecord.outcome_key`).
+    ``retry`` False: a failed attempt ends the unit dead-lettered whatever attempts it has left
+    (a model that refused: its guardrail or content filter). For an agent loop's reservation,
+    ``tokens`` (and ``priced``) is what is billed beyond the turns settled against it
+    (:func:`decide_turn`)."""
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
         raise InvalidInput("tokens", f"must be a whole number >= 0, got {tokens!r}")
     reservation = unit.reservation
@@ -261,20 +267,34 @@ def decide_settlement(
         raise Conflict(
             f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) holds no reservation"
         )
+    cost = 0 if priced is None else priced.cost_micro
     # a loop's turns were settled against its reservation already (settle_turn): ``tokens``
     # is what is billed beyond them, and the attempt's bill is both
     record = AttemptRecord(
-        run.run_id, unit.unit_id, attempt, reservation.used + tokens, succeeded, now, reclaimed
+        run.run_id,
+        unit.unit_id,
+        attempt,
+        reservation.used + tokens,
+        succeeded,
+        now,
+        reclaimed,
+        cost_micro=reservation.used_micro + cost,
+        prices=None if priced is None else priced.prices,
     )
     attempts = unit.attempts + 1
     run = run.with_(
         spent=run.spent + tokens,
+        spent_micro=run.spent_micro + cost,
         reserved=run.reserved - reservation.held,
         in_flight=run.in_flight - 1,
         attempts=run.attempts + 1,
     )
     unit = unit.with_(
-        attempts=attempts, spent=unit.spent + tokens, reservation=None, outcome_key=outcome_key
+        attempts=attempts,
+        spent=unit.spent + tokens,
+        spent_micro=unit.spent_micro + cost,
+        reservation=None,
+        outcome_key=outcome_key,
     )
     if succeeded:
         fate = Fate.COMPLETED
@@ -302,6 +322,7 @@ def decide_claimed_settlement(
     now: float,
     outcome_key: str | None = None,
     retry: bool = True,
+    priced: Priced | None = None,
 ) -> tuple[RunRecord, RunRecord, UnitRecord, Settlement] | None:
     """The settlement of the attempt a worker claimed, decided on the unit its claim wrote and
     without the books: on an open run, an attempt's fate and the books' changes do not depend
@@ -319,7 +340,15 @@ def decide_claimed_settlement(
         return None
     stand_in = RunRecord(spec, reserved=res.held, in_flight=1)
     after, unit, settlement = decide_settlement(
-        stand_in, claimed, attempt, tokens, succeeded, now, outcome_key=outcome_key, retry=retry
+        stand_in,
+        claimed,
+        attempt,
+        tokens,
+        succeeded,
+        now,
+        outcome_key=outcome_key,
+        retry=retry,
+        priced=priced,
     )
     if after.state.closed:
         return None
@@ -401,6 +430,7 @@ def decide_turn(
     tokens: int,
     now: float,
     tool_calls: int = 0,
+    priced: Priced | None = None,
 ) -> tuple[RunRecord, UnitRecord, TurnSettlement]:
     """Settle model turn ``turn`` of an agent loop's attempt ``attempt`` (``Ledger.settle_turn``):
     its billed ``tokens`` spent now, released from the reservation as far as it still holds
@@ -429,15 +459,18 @@ def decide_turn(
             f"unit {unit.unit_id} (run {run.run_id}) has settled {unit.turns} turns: turn "
             f"{turn} cannot be settled before turn {unit.turns + 1}"
         )
-    released = min(tokens, res.held)
+    cost = 0 if priced is None else priced.cost_micro
+    released = min(cost if res.usd else tokens, res.held)
     unit = unit.with_(
         turns=turn,
         spent=unit.spent + tokens,
-        reservation=replace(res, used=res.used + tokens),
+        spent_micro=unit.spent_micro + cost,
+        reservation=replace(res, used=res.used + tokens, used_micro=res.used_micro + cost),
         log_key=unit.log_key or log_key(run.run_id, unit.unit_id),
     )
     run = run.with_(
         spent=run.spent + tokens,
+        spent_micro=run.spent_micro + cost,
         reserved=run.reserved - released,
         turns=run.turns + 1,
         tool_calls=run.tool_calls + tool_calls,
@@ -556,17 +589,19 @@ def decide_dead_letter(
 def decide_top_up(
     run: RunRecord, amount: int, now: float, max_budget: int | None = None
 ) -> RunRecord:
-    """Add ``amount`` tokens to the run's budget (reopening an exhausted run). ``max_budget``: the
-    deployment's ceiling on a run's total budget, after any number of top-ups."""
+    """Add ``amount`` to the run's budget (reopening an exhausted run), in its budget's unit:
+    tokens, or micro-dollars for a budget in dollars. ``max_budget``: the deployment's ceiling
+    on a run's total budget, after any number of top-ups."""
+    name, what = ("top_up_usd", "micro-dollars") if run.spec.usd else ("top_up", "tokens")
     if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-        raise InvalidInput("top_up", f"must be a positive whole number of tokens, got {amount!r}")
+        raise InvalidInput(name, f"must be a positive whole number of {what}, got {amount!r}")
     if run.state is RunState.COMPLETED:
         raise Conflict(f"run {run.run_id} is completed: there is nothing to resume")
     if max_budget is not None and run.budget + amount > max_budget:
         room = max(0, max_budget - run.budget)
         raise InvalidInput(
-            "top_up",
-            f"the budget would be {run.budget + amount:,} tokens, above this deployment's "
+            name,
+            f"the budget would be {run.budget + amount:,} {what}, above this deployment's "
             f"maximum of {max_budget:,} for a batch: top up at most {room:,}",
         )
     run = run.with_(budget=run.budget + amount)
@@ -577,8 +612,18 @@ def decide_top_up(
 
 def fresh_records(spec: RunSpec, now: float) -> tuple[RunRecord, list[UnitRecord]]:
     run = RunRecord(spec=spec, opened_at=now)
-    units = [UnitRecord(spec.run_id, u.unit_id, u.projected_tokens) for u in spec.units]
+    units = [
+        UnitRecord(spec.run_id, u.unit_id, u.projected_tokens, projected_micro=u.projected_micro)
+        for u in spec.units
+    ]
     return _close_if_done(run, now), units
+
+
+def lost_bill(run: RunRecord, unit: UnitRecord) -> tuple[int, Priced | None]:
+    """What an attempt settled as lost (its worker died holding it) is billed: its projected
+    tokens, and its projected cost at the prices it was projected at (the submit's)."""
+    prices = run.spec.prices
+    return unit.projected_tokens, None if prices is None else Priced(unit.projected_micro, prices)
 
 
 # ---------------------------------------------------------------- the port

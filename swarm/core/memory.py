@@ -50,6 +50,7 @@ from swarm.core.ledger import (
     encode_events,
     fresh_records,
     log_key,
+    lost_bill,
     numbered,
     reclaim_in_turn,
     scan_leases,
@@ -70,6 +71,7 @@ from swarm.core.ports import (
     tally,
     upload_headers,
 )
+from swarm.core.pricing import Priced
 from swarm.core.records import (
     LANES,
     AttemptRecord,
@@ -218,7 +220,9 @@ class InMemoryLedger:
         stop = min(spec.units_total, cursor + limit)
         while cursor < stop and keep_going():
             for u in spec.units[cursor : min(stop, cursor + 25)]:
-                written[u.unit_id] = UnitRecord(spec.run_id, u.unit_id, u.projected_tokens)
+                written[u.unit_id] = UnitRecord(
+                    spec.run_id, u.unit_id, u.projected_tokens, projected_micro=u.projected_micro
+                )
                 cursor += 1
         if cursor < spec.units_total:
             return cursor
@@ -268,6 +272,7 @@ class InMemoryLedger:
         outcome_key: str | None = None,
         *,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Settlement:
         return self._settle(
             run_id,
@@ -279,6 +284,7 @@ class InMemoryLedger:
             reclaimed=False,
             key=outcome_key,
             retry=retry,
+            priced=priced,
         )
 
     def settle_turn(
@@ -291,12 +297,13 @@ class InMemoryLedger:
         now: float,
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
         known: UnitRecord | None = None,  # the DynamoDB ledger's hint; nothing to save here
+        priced: Priced | None = None,
     ) -> TurnSettlement:
         key = log_key(run_id, unit_id)
         encoded = encode_events(key, events, MAX_TURN_EVENTS)
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
         new_run, new_unit, settled = decide_turn(
-            run, unit, attempt, turn, tokens, now, tool_calls_in(events)
+            run, unit, attempt, turn, tokens, now, tool_calls_in(events), priced
         )
         if not settled.settled:
             return TurnSettlement(False, run.state, unit.with_(state=effective_state(run, unit)))
@@ -338,6 +345,7 @@ class InMemoryLedger:
         outcome_key: str | None = None,
         *,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Fate | None:
         # the DynamoDB write's conditions: the unit exactly as claimed, the attempt unsettled,
         # the run open and, for a unit that ends, not its last outstanding one
@@ -349,21 +357,36 @@ class InMemoryLedger:
         if (run_id, unit_id, attempt) in self._attempts:
             return None
         decided = decide_claimed_settlement(
-            run.spec, claimed, attempt, tokens, succeeded, now, retry=retry
+            run.spec, claimed, attempt, tokens, succeeded, now, retry=retry, priced=priced
         )
         if decided is None:
             return None
         if decided[3].fate is not Fate.RETRY and run.outstanding <= 1:
             return None  # it would close the run: the books decide (settle)
         settled = self.settle(
-            run_id, unit_id, attempt, tokens, succeeded, now, outcome_key, retry=retry
+            run_id,
+            unit_id,
+            attempt,
+            tokens,
+            succeeded,
+            now,
+            outcome_key,
+            retry=retry,
+            priced=priced,
         )
         return settled.fate
 
     def settle_claimed_many(self, settlements: Sequence[ClaimedSettlement]) -> list[Fate | None]:
         return [
             self.settle_claimed(
-                s.claimed, s.attempt, s.tokens, s.succeeded, s.now, s.outcome_key, retry=s.retry
+                s.claimed,
+                s.attempt,
+                s.tokens,
+                s.succeeded,
+                s.now,
+                s.outcome_key,
+                retry=s.retry,
+                priced=s.priced,
             )
             for s in settlements
         ]
@@ -453,16 +476,14 @@ class InMemoryLedger:
         if not res.claimed or res.loop:  # a loop's attempt is never lost: its log tells
             self._runs[run_id], self._units[run_id][unit_id] = decide_release(run, unit, now)
             return None
-        return self._settle(run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True)
+        return self._settle_lost(run, unit, now)
 
     def dead_letter(self, run_id: str, unit_id: str, now: float) -> UnitRecord:
         unit = self._raw_unit(run_id, unit_id)
         res = unit.reservation
         if res is not None:
             if res.claimed and not res.loop:
-                self._settle(
-                    run_id, unit_id, res.attempt, res.projected, False, now, reclaimed=True
-                )
+                self._settle_lost(self.run(run_id), unit, now)
             else:
                 self._runs[run_id], self._units[run_id][unit_id] = decide_release(
                     self.run(run_id), unit, now
@@ -519,6 +540,22 @@ class InMemoryLedger:
         except KeyError:
             raise NotFound(f"run {run_id!r} has no unit {unit_id!r}") from None
 
+    def _settle_lost(self, run: RunRecord, unit: UnitRecord, now: float) -> Settlement:
+        """Settle the claimed attempt the unit holds as lost: its projection billed
+        (:func:`swarm.core.ledger.lost_bill`)."""
+        assert unit.reservation is not None
+        tokens, priced = lost_bill(run, unit)
+        return self._settle(
+            run.run_id,
+            unit.unit_id,
+            unit.reservation.attempt,
+            tokens,
+            False,
+            now,
+            reclaimed=True,
+            priced=priced,
+        )
+
     def _settle(
         self,
         run_id: str,
@@ -531,6 +568,7 @@ class InMemoryLedger:
         reclaimed: bool,
         key: str | None = None,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Settlement:
         settled = (run_id, unit_id, attempt)
         first = self._attempts.get(settled)
@@ -549,6 +587,7 @@ class InMemoryLedger:
             reclaimed=reclaimed,
             outcome_key=key,
             retry=retry,
+            priced=priced,
         )
         self._runs[run_id] = run
         self._units[run_id][unit_id] = unit

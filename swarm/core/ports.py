@@ -26,6 +26,7 @@ from swarm.core.ledger import (
     TopUp,
     TurnSettlement,
 )
+from swarm.core.pricing import Priced, Usage
 from swarm.core.prompts import Prompt
 from swarm.core.records import AttemptRecord, Lane, RunRecord, RunSpec, RunState, UnitRecord
 from swarm.core.results import AttemptOutcome, FileLines, always
@@ -56,6 +57,21 @@ class ModelResult:
     input_tokens: int = 0  # the provider's usage, when it reports it
     output_tokens: int = 0
     model_id: str = ""  # the model that answered
+    #: the input tokens read from and written to the prompt cache (Converse's
+    #: cacheReadInputTokens, cacheWriteInputTokens: apart from input_tokens)
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def usage(self) -> Usage:
+        """The usage the call is priced by (swarm.core.pricing): each kind of token as the
+        provider reported it; a call that reported none but billed tokens (an answer lost in
+        transit, billed at its cap) counts them as output, the dearest kind."""
+        reported = Usage(
+            self.input_tokens, self.output_tokens, self.cache_read_tokens, self.cache_write_tokens
+        )
+        if reported.tokens == 0 and self.tokens > 0:
+            return Usage(output=self.tokens)
+        return reported
 
 
 class ModelThrottled(SwarmError):
@@ -194,6 +210,8 @@ class ClaimedSettlement:
     outcome_key: str | None = None
     #: False: a failed attempt ends the unit dead-lettered, not retried (Ledger.settle)
     retry: bool = True
+    #: its usage priced (Ledger.settle's ``priced``)
+    priced: Priced | None = None
 
 
 class Ledger(Protocol):
@@ -301,8 +319,11 @@ class Ledger(Protocol):
         outcome_key: str | None = None,
         *,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Settlement:
         """Settle the attempt once (a repeat answers the first settlement, ``duplicate``);
+        ``priced``: the money ``tokens`` cost and the prices it was priced at, spent and kept
+        with the attempt (None: unpriced, 0);
         ``outcome_key``: where its outcome is kept, the unit's from now on. ``retry`` False: a
         failed attempt ends the unit dead-lettered, whatever attempts it has left (a model that
         refused). An agent loop's attempt (claimed with ``loop``): ``tokens`` is what is billed
@@ -320,6 +341,7 @@ class Ledger(Protocol):
         now: float,
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
         known: UnitRecord | None = None,
+        priced: Priced | None = None,
     ) -> TurnSettlement:
         """Settle model turn ``turn`` of an agent loop's attempt (claimed with ``loop``), once,
         with the log events ``events`` (``(seq, event)``, each only if its seq is free), in one
@@ -364,6 +386,7 @@ class Ledger(Protocol):
         outcome_key: str | None = None,
         *,
         retry: bool = True,
+        priced: Priced | None = None,
     ) -> Fate | None:
         """Settle the attempt a worker claimed without reading first: ``claimed`` is the unit
         its claim wrote (:class:`Claim`'s ``unit``). One write, which holds only if the unit is

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from swarm.core.errors import InvalidInput
+from swarm.core.pricing import Prices
 
 #: A run or unit id (and a batch id in the API): the one pattern, used by the API's
 #: models, its OpenAPI document and API Gateway's request models too.
@@ -77,10 +78,12 @@ LANES: tuple[Lane, ...] = _LANE_ORDER
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """One unit of work as submitted: its id and projected token cost."""
+    """One unit of work as submitted: its id and projected token cost, and that cost in
+    micro-dollars at the deployment's prices when it was submitted (0: no prices)."""
 
     unit_id: str
     projected_tokens: int
+    projected_micro: int = 0
 
     def __post_init__(self) -> None:
         check_id("unit_id", self.unit_id)
@@ -89,6 +92,11 @@ class UnitSpec:
                 f"units[{self.unit_id}].projected_tokens",
                 f"must be a positive whole number of tokens, got {self.projected_tokens!r}",
             )
+        if not isinstance(self.projected_micro, int) or self.projected_micro < 0:
+            raise InvalidInput(
+                f"units[{self.unit_id}].projected_micro",
+                f"must be whole micro-dollars >= 0, got {self.projected_micro!r}",
+            )
 
 
 def units_digest(units: tuple[UnitSpec, ...]) -> str:
@@ -96,6 +104,8 @@ def units_digest(units: tuple[UnitSpec, ...]) -> str:
     holding it: compared by an idempotent replay of the submit."""
     h = hashlib.sha256()
     for u in units:
+        # not its projected cost: that follows the prices of the day (a replay after a deploy
+        # that changed them is the same batch)
         h.update(f"{u.unit_id}\0{u.projected_tokens}\n".encode())
     return h.hexdigest()
 
@@ -119,6 +129,13 @@ class RunSpec:
     units_total: int = -1  # len(units), or as stored when the list is not held
     projected_total: int = -1  # the units' projected tokens in all
     digest: str = ""  # units_digest(units)
+    #: the budget is in micro-dollars (``budget_usd``), not tokens: ``budget``, the books'
+    #: ``budget`` and ``reserved`` and every reservation are then micro-dollars (docs/ledger.md,
+    #: "Money")
+    usd: bool = False
+    #: the prices the units' ``projected_micro`` were projected at (the submit's): an attempt
+    #: settled as lost is billed its projection at these prices. None: the deployment had none
+    prices: Prices | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_id("run_id", self.run_id)
@@ -126,6 +143,10 @@ class RunSpec:
         if not isinstance(self.budget, int) or self.budget < 0:
             raise InvalidInput(
                 "budget", f"must be a whole number of tokens >= 0, got {self.budget!r}"
+            )
+        if self.usd and self.prices is None:
+            raise InvalidInput(
+                "budget_usd", "a budget in dollars needs the deployment's prices (model.prices)"
             )
         if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 100:
             raise InvalidInput("max_attempts", f"must be 1..100, got {self.max_attempts!r}")
@@ -204,12 +225,17 @@ class Reservation:
     loop: bool = False
     #: the tokens of the turns settled against this reservation
     used: int = 0
+    #: their cost in micro-dollars
+    used_micro: int = 0
+    #: ``projected`` is micro-dollars (its run's budget is in dollars: ``RunSpec.usd``)
+    usd: bool = False
 
     @property
     def held(self) -> int:
         """What the reservation holds in the run's ``reserved``: its projection less the turns
-        settled against it, never below 0 (a turn beyond it was an overrun, billed as spent)."""
-        return max(0, self.projected - self.used)
+        settled against it (in the run's budget's unit), never below 0 (a turn beyond it was an
+        overrun, billed as spent)."""
+        return max(0, self.projected - (self.used_micro if self.usd else self.used))
 
     @property
     def swept_from(self) -> float:
@@ -238,6 +264,14 @@ class UnitRecord:
     turns: int = 0
     #: where the unit's event log is kept (``Ledger.read_log``): set by its first settled turn
     log_key: str | None = None
+    #: the unit's projected cost per attempt in micro-dollars (``UnitSpec.projected_micro``)
+    projected_micro: int = 0
+    #: micro-dollars settled over every attempt of this unit
+    spent_micro: int = 0
+
+    def projected_in(self, usd: bool) -> int:
+        """What an attempt reserves in a run's budget's unit: micro-dollars or tokens."""
+        return self.projected_micro if usd else self.projected_tokens
 
     def with_(self, **changes: object) -> UnitRecord:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -266,6 +300,7 @@ class RunRecord:
     exhaustions: int = 0  # how many times the budget ran out (the current drain's epoch)
     turns: int = 0  # agent units' model turns settled (Ledger.settle_turn)
     tool_calls: int = 0  # the tool calls those turns made
+    spent_micro: int = 0  # micro-dollars settled (every attempt's and turn's priced usage)
     budget: int = field(default=-1)  # the spec's budget plus every top-up
     opened_at: float = 0.0
     closed_at: float | None = None
@@ -298,8 +333,13 @@ class RunRecord:
         return self.outstanding - self.in_flight
 
     @property
+    def charged(self) -> int:
+        """What was settled, in the budget's unit: micro-dollars (``spec.usd``) or tokens."""
+        return self.spent_micro if self.spec.usd else self.spent
+
+    @property
     def available(self) -> int:
-        return self.budget - self.spent - self.reserved
+        return self.budget - self.charged - self.reserved
 
     def with_(self, **changes: object) -> RunRecord:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -316,3 +356,5 @@ class AttemptRecord:
     succeeded: bool
     settled_at: float
     reclaimed: bool = False  # settled by lease expiry (the worker died holding it)
+    cost_micro: int = 0  # its usage priced, in micro-dollars (0: no prices)
+    prices: Prices | None = None  # the prices it was settled at

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from swarm.core.pricing import usd
 from swarm.core.records import UnitRecord, UnitState
 
 if TYPE_CHECKING:  # ports imports this module
@@ -198,6 +199,8 @@ def unit_result(unit: UnitRecord, outcome: AttemptOutcome | None) -> dict[str, A
         "attempts": unit.attempts,
         "tokens": unit.spent,
     }
+    if unit.spent_micro:  # its attempts were priced (docs/ledger.md, "Money")
+        doc["usd"] = usd(unit.spent_micro)
     attempt = last_attempt(unit)
     if attempt is None:
         return doc

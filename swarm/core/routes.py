@@ -15,6 +15,7 @@ from typing import Any
 
 from swarm.core.errors import InvalidInput
 from swarm.core.ports import Governor
+from swarm.core.pricing import Prices
 from swarm.core.prompts import MODEL_FIELD, unit_model
 
 
@@ -27,6 +28,9 @@ class ModelRoute:
     #: the plane's own (a plane of one model: the simulator, tests)
     model_id: str | None
     governor: Governor
+    #: its prices (cdk.json models.catalog.<name>.prices): its units' projected costs and each
+    #: attempt's priced usage. None: unpriced (spend in tokens only)
+    prices: Prices | None = None
 
 
 @dataclass(frozen=True)
@@ -41,9 +45,11 @@ class ModelRoutes:
             raise ValueError(f"the default model {self.default!r} is not among the routes")
 
     @classmethod
-    def single(cls, governor: Governor, name: str = "default") -> ModelRoutes:
+    def single(
+        cls, governor: Governor, prices: Prices | None = None, name: str = "default"
+    ) -> ModelRoutes:
         """One model, answered by the plane's own model: a deployment before the registry."""
-        return cls(name, {name: ModelRoute(name, None, governor)})
+        return cls(name, {name: ModelRoute(name, None, governor, prices)})
 
     @property
     def names(self) -> list[str]:

@@ -72,6 +72,9 @@ class LocalOptions:
     map_concurrency: int = 10
     failure_rate: float | None = None  # None: cdk.json's
     model_seed: int | None = None  # the simulated model's seed; None: cdk.json's
+    #: the simulated model's prompt cache: the share of a call's input that is its cacheable
+    #: prefix (swarm.adapters.simulated_model; 0: no cache tokens)
+    cache_share: float = 0.0
 
     def context(self) -> dict[str, Any]:
         from infra.context import cdk_json_context

@@ -284,6 +284,7 @@ class LocalStack:
             seed=int(worker_env["SIM_MODEL_SEED"]),
             seconds_per_1k_tokens=self.options.seconds_per_1k_tokens,
             quotas=simulated_quotas(ModelsDoc.model_validate_json(worker_env["MODELS"])),
+            cache_share=self.options.cache_share,
         )
         self.model = local_functions.FaultyModelPlane(plane)
         self.host = local_functions.FunctionHost(

@@ -64,6 +64,7 @@ from swarm.core.ports import (
     ModelThrottled,
     requeue_delay,
 )
+from swarm.core.pricing import Prices, Usage, priced
 from swarm.core.records import RunState, UnitRecord
 from swarm.core.results import AttemptOutcome
 from swarm.core.routes import ModelRoute
@@ -148,6 +149,11 @@ class AgentLoop:
         return self.worker.ledger
 
     @property
+    def _prices(self) -> Prices | None:
+        """The unit's model's prices: each turn's usage is priced at them as it settles."""
+        return self.worker.prices if self.route is None else self.route.prices
+
+    @property
     def _governor(self) -> Governor:
         """The unit's model's governor: each turn draws from it and is trued up to it."""
         return self.worker.governor if self.route is None else self.route.governor
@@ -219,7 +225,7 @@ class AgentLoop:
                 events.append(agent.turn_started(after, self._now()))
             else:
                 wait = started
-        result = self._settle_turn(step.turn, step.billed, events)
+        result = self._settle_turn(step.turn, step.billed, events, step.usage)
         if result is None:  # another worker moved the log: this delivery is superseded
             if grant is not None:
                 self._governor.true_up(grant, 0, self._now())
@@ -236,11 +242,16 @@ class AgentLoop:
             return self._pause()
         return None if wait is None else self._back(wait)  # handed back once the turn is settled
 
-    def _settle_turn(self, turn: int, tokens: int, events: Sequence[Event]) -> Any:
+    def _settle_turn(
+        self, turn: int, tokens: int, events: Sequence[Event], usage: Usage | None = None
+    ) -> Any:
         """The ledger's settlement of ``turn`` with ``events`` appended in the same write; None
-        when another worker settled it or moved the log (this one is a zombie)."""
+        when another worker settled it or moved the log (this one is a zombie). ``usage``: the
+        model's, by kind, which the turn is priced by (None: ``tokens`` priced as output, the
+        dearest kind: a turn lost at its draw)."""
         item = self.item
         seq = len(self.log)
+        money = priced(Usage(output=tokens) if usage is None else usage, self._prices)
         try:
             result = self._ledger.settle_turn(
                 item.run_id,
@@ -251,6 +262,7 @@ class AgentLoop:
                 self._now(),
                 events=[(seq + i, e) for i, e in enumerate(events)],
                 known=self.unit,
+                priced=money,
             )
         except Contended:
             return None
@@ -464,18 +476,35 @@ class AgentLoop:
             + usage["cacheReadInputTokens"]
             + usage["cacheWriteInputTokens"],
             output_tokens=usage["outputTokens"],
-            model_id=getattr(w.model, "model_id", ""),
+            # the unit's model's id (a plane of one model: its own)
+            model_id=str(
+                (self.route.model_id if self.route is not None else None)
+                or getattr(w.model, "model_id", "")
+            ),
             recorded_at=now,
             agent=agent_summary(summary, step),
         )
         key = keep_outcome(w.results, outcome)
+        # nothing beyond its settled turns (each priced at its own settlement): the attempt
+        # records the prices of this one
+        money = priced(Usage(), self._prices)
         fate = settle_claimed(
             w.ledger,
-            ClaimedSettlement(self.unit, self.attempt, 0, succeeded, now, key, retry=False),
+            ClaimedSettlement(
+                self.unit, self.attempt, 0, succeeded, now, key, retry=False, priced=money
+            ),
         )
         if fate is None:
             settlement = w.ledger.settle(
-                item.run_id, item.unit_id, self.attempt, 0, succeeded, now, key, retry=False
+                item.run_id,
+                item.unit_id,
+                self.attempt,
+                0,
+                succeeded,
+                now,
+                key,
+                retry=False,
+                priced=money,
             )
             fate = settlement.fate
             if not settlement.duplicate and settlement.run.state.closed:

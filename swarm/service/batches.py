@@ -26,17 +26,20 @@ from typing import Any
 
 from swarm.api.models import (
     BATCH_ID_PREFIX,
+    MAX_BUDGET_USD,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_MANIFEST_BYTES,
     MAX_MAP_ITEM_BYTES,
     MAX_REMAINDER_LISTED,
     AgentTotals,
+    BatchResume,
     BatchStatus,
     BatchSubmission,
     Fleet,
     GovernorState,
     LaneDepthView,
     ModelState,
+    MoneyBook,
     RequestBucketState,
     TokenBook,
     Unit,
@@ -53,7 +56,7 @@ from swarm.core.backpressure import (
     shed_decision,
     tenant_shed,
 )
-from swarm.core.burndown import unit_draw
+from swarm.core.burndown import asked_output, call_output_bound, unit_draw
 from swarm.core.codec import spec_to_doc
 from swarm.core.errors import (
     Conflict,
@@ -76,6 +79,7 @@ from swarm.core.ports import (
     RunningUnits,
     RunningWork,
 )
+from swarm.core.pricing import MICRO, Prices, parse_usd, unit_cost_bound, usd
 from swarm.core.prompts import Prompt
 from swarm.core.records import (
     Lane,
@@ -152,9 +156,10 @@ class UnitInput:
 @dataclass(frozen=True)
 class SubmitRequest:
     lane: Lane
-    budget: int
+    budget: int  # tokens, or micro-dollars when ``usd``
     max_attempts: int
     units: Sequence[UnitInput]
+    usd: bool = False  # the budget is in micro-dollars (budget_usd)
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,9 @@ class BatchesConfig:
     tools: Mapping[str, Tool] = field(default_factory=dict)
     #: the tools a tenant may use (cdk.json ``tenants``' ``tools``: the defaults, or its own)
     allowed_tools: Callable[[str], frozenset[str]] = lambda tenant: frozenset()
+    #: the one model's prices, without ``models`` (cdk.json ``model.prices``): each unit's
+    #: projected cost, and budgets in dollars. None: spend in tokens only, budget_usd refused
+    prices: Prices | None = None
 
 
 def manifest_key(run_id: str, part: str = "units") -> str:
@@ -339,7 +347,7 @@ class Batches:
         """The model ``unit`` (at ``field``, e.g. ``units[3]``) names, or the default; a 400
         naming ``<field>.input.model`` for a model not registered or not the tenant's."""
         if self.models is None:
-            return ModelRoute("default", None, self.governor)
+            return ModelRoute("default", None, self.governor, self.config.prices)
         allowed = self.config.tenants.of(tenant).models
         return self.models.check(unit.input, allowed, f"{field}.input")
 
@@ -360,16 +368,70 @@ class Batches:
             units = self._upload(tenant, body.manifest.key)
         else:
             units = body.units or []  # the model requires exactly one of the two
+        usd_budget = None
+        if body.budget_usd is not None:
+            if body.budget is not None:
+                raise InvalidInput(
+                    "budget, budget_usd",
+                    "give the budget in tokens (budget) or in US dollars (budget_usd), not both",
+                )
+            usd_budget = parse_usd(body.budget_usd, "budget_usd", positive=True)
         request = SubmitRequest(
             lane=body.lane,
-            budget=self.config.default_budget if body.budget is None else body.budget,
+            budget=(
+                usd_budget
+                if usd_budget is not None
+                else self.config.default_budget
+                if body.budget is None
+                else body.budget
+            ),
             max_attempts=(
                 self.config.default_attempts if body.max_attempts is None else body.max_attempts
             ),
             units=[UnitInput(u.unit_id, u.projected_tokens, u.prompt()) for u in units],
+            usd=usd_budget is not None,
         )
         self._check_agents(tenant, request.units, "manifest.units" if body.manifest else "units")
         return self.submit(tenant, request, idempotency_key, now)
+
+    def _check_usd_budget(
+        self, tenant: str, budget_micro: int, routes: Sequence[ModelRoute]
+    ) -> None:
+        """A budget in dollars needs every unit's model's prices (a 400 naming the first unit
+        whose model has none), and a tenant whose cap is in tokens cannot pass it in dollars
+        (400s naming budget_usd)."""
+        for index, route in enumerate(routes):
+            if route.prices is None:
+                raise InvalidInput(
+                    "budget_usd",
+                    f"units[{index}]'s model {route.name!r} has no prices (cdk.json "
+                    f"models.catalog.{route.name}.prices): give budget in tokens",
+                )
+        cap = self.config.tenants.of(tenant).max_budget_per_batch
+        if cap is not None:
+            raise InvalidInput(
+                "budget_usd",
+                f"tenant {tenant!r}'s budget per batch is capped in tokens "
+                f"(max_budget_per_batch {cap:,}): give budget in tokens",
+            )
+        if budget_micro > MAX_BUDGET_USD * MICRO:
+            raise InvalidInput(
+                "budget_usd", f"${usd(budget_micro)} is above the maximum of ${MAX_BUDGET_USD:,}"
+            )
+
+    def _projected_micro(self, unit: UnitInput, prices: Prices | None) -> int:
+        """The most one attempt of ``unit`` can cost at its model's ``prices`` (0: no prices):
+        its projected tokens, at most its ``maxTokens`` of them output (none asked, or an agent
+        unit's loop: any split). Not Bedrock's adapter's cap on the answer: a model plane
+        without it (the simulated one) would bill past the projection, and a budget in dollars
+        must never be overrun."""
+        if prices is None:
+            return 0
+        tokens = unit.projected_tokens
+        if agent.is_agent_input(unit.input):
+            return unit_cost_bound(tokens, tokens, prices)
+        bound = call_output_bound(tokens, asked_output(unit.input))
+        return unit_cost_bound(tokens, bound, prices)
 
     def _check_agents(self, tenant: str, units: Sequence[UnitInput], field: str) -> None:
         """Every agent unit's input against the tool registry and the tenant's tools (a 400
@@ -427,16 +489,21 @@ class Batches:
     def submit(
         self, tenant: str, request: SubmitRequest, idempotency_key: str | None, now: float
     ) -> Submitted:
-        if request.budget > self.config.max_budget:
+        limits = self.config.tenants.of(tenant)
+        # each unit's model (a 400 naming units[i].input.model: not registered, not the tenant's)
+        routes = [self._route(tenant, u, f"units[{i}]") for i, u in enumerate(request.units)]
+        if request.usd:
+            self._check_usd_budget(tenant, request.budget, routes)
+        elif request.budget > self.config.max_budget:
             raise InvalidInput(
                 "budget",
                 f"{request.budget:,} is above this deployment's maximum of "
                 f"{self.config.max_budget:,} tokens",
             )
         # the tenant's own limits (swarm.core.tenancy), validated like the rest of the body
-        limits = self.config.tenants.of(tenant)
         check_lane(tenant, limits, request.lane)
-        check_budget(tenant, limits, request.budget)
+        if not request.usd:
+            check_budget(tenant, limits, request.budget)
         check_batch_size(tenant, limits, len(request.units))
         run_id = batch_id_for(tenant, idempotency_key)
         spec = RunSpec(
@@ -444,16 +511,23 @@ class Batches:
             tenant=tenant,
             lane=request.lane,
             budget=request.budget,
-            units=tuple(UnitSpec(u.unit_id, u.projected_tokens) for u in request.units),
+            units=tuple(
+                UnitSpec(u.unit_id, u.projected_tokens, self._projected_micro(u, route.prices))
+                for u, route in zip(request.units, routes, strict=True)
+            ),
             max_attempts=request.max_attempts,
+            usd=request.usd,
+            # what a lost attempt's record names as its prices (its cost is its own unit's
+            # projection, at its own model's): the first unit's model's
+            prices=next((r.prices for r in routes if r.prices is not None), None),
         )
         # a unit the governor can never grant would retry until its dead letter (an agent
         # unit draws turn by turn: its first turn's draw; a later turn too large for the bucket
         # stops it limit_tokens, swarm.core.agent.AgentSpec.max_draw)
         # (in quota tokens: the output bound counted at the model's burndown, docs/governor.md)
         # (each against its model's bucket: a model the tenant may not use is a 400 here)
-        for index, u in enumerate(request.units):
-            config = self._route(tenant, u, f"units[{index}]").governor.config
+        for index, (u, route) in enumerate(zip(request.units, routes, strict=True)):
+            config = route.governor.config
             burndown = config.output_burndown
             amount = u.projected_tokens
             if agent.is_agent_input(u.input):
@@ -602,11 +676,27 @@ class Batches:
             ),
             attempts=run.attempts,
             retries=run.retries,
-            tokens=TokenBook(
-                budget=run.budget,
-                spent=run.spent,
-                reserved=run.reserved,
-                available=run.available,
+            tokens=(
+                TokenBook(spent=run.spent)
+                if run.spec.usd
+                else TokenBook(
+                    budget=run.budget,
+                    spent=run.spent,
+                    reserved=run.reserved,
+                    available=run.available,
+                )
+            ),
+            usd=(
+                MoneyBook(
+                    spent=usd(run.spent_micro),
+                    budget=usd(run.budget),
+                    reserved=usd(run.reserved),
+                    available=usd(run.available),
+                )
+                if run.spec.usd
+                else MoneyBook(spent=usd(run.spent_micro))
+                if run.spec.prices is not None or run.spent_micro
+                else None
             ),
             elapsed_s=round(elapsed, 3),
             healthy_line=healthy_line(run, elapsed),
@@ -617,7 +707,35 @@ class Batches:
 
     # ------------------------------------------------------------------ resume
 
+    def resume_body(
+        self, tenant: str, run_id: str, body: BatchResume, now: float
+    ) -> dict[str, Any]:
+        """``POST /batches/{id}/resume``: ``top_up`` (tokens) for a budget in tokens,
+        ``top_up_usd`` for one in dollars (400s naming the field otherwise)."""
+        run = self.run_for(tenant, run_id)
+        if body.top_up is not None and body.top_up_usd is not None:
+            raise InvalidInput(
+                "top_up, top_up_usd", "give top_up (tokens) or top_up_usd (dollars), not both"
+            )
+        if run.spec.usd:
+            if body.top_up_usd is None:
+                raise InvalidInput(
+                    "top_up_usd" if body.top_up is None else "top_up",
+                    f"batch {run_id}'s budget is in dollars: give top_up_usd",
+                )
+            amount = parse_usd(body.top_up_usd, "top_up_usd", positive=True)
+        else:
+            if body.top_up is None:
+                raise InvalidInput(
+                    "top_up" if body.top_up_usd is None else "top_up_usd",
+                    f"batch {run_id}'s budget is in tokens: give top_up",
+                )
+            amount = body.top_up
+        return self.resume(tenant, run_id, amount, now)
+
     def resume(self, tenant: str, run_id: str, top_up: int, now: float) -> dict[str, Any]:
+        """A top-up of ``top_up`` in the budget's unit: tokens, or micro-dollars for a budget
+        in dollars."""
         run = self.run_for(tenant, run_id)
         if run.state is RunState.COMPLETED:
             raise Conflict(f"batch {run_id} is completed: there is nothing to resume")
@@ -644,6 +762,8 @@ class Batches:
         limits = self.config.tenants.of(tenant)
         cap = limits.max_budget_per_batch
         ceiling = self.config.max_budget if cap is None else min(cap, self.config.max_budget)
+        if run.spec.usd:  # a tenant with a cap in tokens has no budget in dollars
+            ceiling = MAX_BUDGET_USD * MICRO
         # the remainder the resume queues again, within the tenant's queue cap (429), held last
         # and only for a top-up the ledger will take: a refused resume writes nothing
         valid = type(top_up) is int and 0 < top_up <= ceiling - run.budget
@@ -681,6 +801,8 @@ class Batches:
         limits = self.config.tenants.of(tenant)
         check_lane(tenant, limits, run.spec.lane)
         cap = limits.max_budget_per_batch
+        if run.spec.usd:
+            return  # its ceiling is the dollars' (resume); a capped tenant has none in dollars
         if isinstance(top_up, int) and top_up > 0:  # else the ledger's own 400 on top_up
             room = 0 if cap is None else max(0, cap - run.budget)
             check_budget(tenant, limits, run.budget + top_up, "top_up", room)

@@ -174,6 +174,9 @@ class Finalizer:
                     "healthy_line": healthy_line(run, elapsed),
                     "spent": run.spent,
                     "budget": run.budget,
+                    # money in whole micro-dollars; "usd": the budget is in them too
+                    "spent_micro": run.spent_micro,
+                    "usd": run.spec.usd,
                     "units": {
                         u.unit_id: {
                             "state": u.state.value,
@@ -197,6 +200,8 @@ class Finalizer:
                     "remainder": run.remainder,
                     "spent": run.spent,
                     "budget": run.budget,
+                    "spent_micro": run.spent_micro,
+                    "usd": run.spec.usd,
                     "retries": run.retries,
                     "elapsed_s": elapsed,
                     "healthy_line": healthy_line(run, elapsed),

@@ -189,5 +189,12 @@ def settle_claimed(ledger: Ledger, claimed: ClaimedSettlement) -> Fate | None:
         # the write of them all failed: alone, as before
     c = claimed
     return ledger.settle_claimed(
-        c.claimed, c.attempt, c.tokens, c.succeeded, c.now, c.outcome_key, retry=c.retry
+        c.claimed,
+        c.attempt,
+        c.tokens,
+        c.succeeded,
+        c.now,
+        c.outcome_key,
+        retry=c.retry,
+        priced=c.priced,
     )

@@ -55,6 +55,7 @@ from swarm.core.ports import (
     ToolRunner,
     requeue_delay,
 )
+from swarm.core.pricing import Prices, priced
 from swarm.core.records import Lane, Reservation, UnitState
 from swarm.core.results import outcome_of
 from swarm.core.routes import ModelRoute, ModelRoutes
@@ -177,15 +178,19 @@ class Worker:
     tools: ToolRunner | None = None
     #: fault injection (the local stack): True to kill the worker at this point of a turn
     kill: KillHook | None = None
-    #: the registry's models: a unit draws from its model's governor and calls its model (each
-    #: route's governor books tickets: a TicketBooker). None: one model, ``governor``
+    #: the registry's models: a unit draws from its model's governor, calls its model and is
+    #: priced at its model's prices (each route's governor books tickets: a TicketBooker).
+    #: None: one model, ``governor`` and ``prices``
     models: ModelRoutes | None = None
+    #: the one model's prices, without ``models``: each attempt's usage is priced at its
+    #: settlement (None: unpriced)
+    prices: Prices | None = None
 
     def route(self, item: QueuedUnit) -> ModelRoute:
         """The model ``item`` names (or the default), with its governor; InvalidInput when this
         deployment's registry has no such model."""
         if self.models is None:
-            return ModelRoute("default", None, self.governor)
+            return ModelRoute("default", None, self.governor, self.prices)
         return self.models.of(item.input)
 
     def quota_draw(self, item: QueuedUnit, governor: Governor | None = None) -> int:
@@ -338,7 +343,7 @@ class Worker:
         try:
             route = self.route(item)
         except InvalidInput as e:  # accepted under another registry: its attempts fail unbilled
-            route, unknown = ModelRoute("default", None, self.governor), e
+            route, unknown = ModelRoute("default", None, self.governor, None), e
         governor = route.governor
         # Tokens first: under a queue most tries are refused (the unit goes back until its
         # tokens are there), and such a try then costs the governor's request alone, no ledger
@@ -404,14 +409,16 @@ class Worker:
                 lost_attempt_tokens=lost_tokens,
             )
         attempt = res.attempt
-        # the reservation caps what the attempt may bill: settlement can never exceed it
+        # the reservation caps what the attempt may bill: settlement can never exceed it (a
+        # reservation in micro-dollars holds the unit's projected tokens' cost: those tokens)
+        cap = item.tokens if res.usd else res.projected
         request = ModelRequest(
             item.run_id,
             item.unit_id,
             attempt,
-            res.projected,
+            cap,
             item.input,
-            max_tokens=res.projected,
+            max_tokens=cap,
             model_id=route.model_id,
         )
         try:
@@ -438,10 +445,13 @@ class Worker:
         # from the unit the claim wrote, one write (with the invocation's other units': swarm.
         # service.pages); if anything changed it since (or this is the run's last unit, or the
         # run is exhausting), read and decide
+        # its usage priced at the prices of this settlement (a deploy's new prices apply to the
+        # attempts settled after it)
+        money = priced(result.usage(), route.prices)
         fate = settle_claimed(
             self.ledger,
             ClaimedSettlement(
-                claim.unit, attempt, result.tokens, result.succeeded, self.now(), key
+                claim.unit, attempt, result.tokens, result.succeeded, self.now(), key, priced=money
             ),
         )
         duplicate = False
@@ -454,6 +464,7 @@ class Worker:
                 result.succeeded,
                 self.now(),
                 key,
+                priced=money,
             )
             fate, duplicate = settlement.fate, settlement.duplicate
             # the write that closes a run is settle()'s (settle_claimed never ends a run)

@@ -13,9 +13,15 @@ comes back after the lanes' visibility timeout (the local lease, 144 s): ~150 s 
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from typing import Any
 
+import pytest
+
+from infra.context import cdk_json_context
+from swarm.core.burndown import asked_output, call_output_bound
 from swarm.core.codec import parse_message
+from swarm.core.pricing import Prices, Usage, cost_micro, unit_cost_bound, usd
 from tests.e2e.conftest import (
     TERMINAL,
     Stack,
@@ -29,8 +35,48 @@ from tests.e2e.conftest import (
     wait_for,
 )
 
+#: the default model's prices (cdk.json models.catalog.haiku.prices): a budget in dollars is
+#: priced by them
+PRICES = Prices.parse(cdk_json_context()["models"]["catalog"]["haiku"]["prices"])
+#: every scenario that checks books runs with a budget in tokens and one in dollars
+CURRENCIES = pytest.mark.parametrize("currency", ["tokens", "usd"])
 
-def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack) -> None:
+
+def budget(currency: str, tokens: int, dollars: str) -> dict[str, Any]:
+    return {"budget": tokens} if currency == "tokens" else {"budget_usd": Decimal(dollars)}
+
+
+def call_cost(call: dict[str, Any]) -> int:
+    """What one call in the simulated model's log costs at the deployment's prices."""
+    usage = Usage(
+        call["input_tokens"],
+        call["output_tokens"],
+        call.get("cache_read_tokens", 0),
+        call.get("cache_write_tokens", 0),
+    )
+    return cost_micro(usage, PRICES)
+
+
+def billed_micro(seen: dict[str, Any]) -> int:
+    """What the model's log of a batch's calls costs, each call rounded up once."""
+    return sum(call_cost(c) for c in seen["log"] if not c["throttled"])
+
+
+def projected_micro(unit: dict[str, Any]) -> int:
+    tokens = int(unit["projected_tokens"])
+    return unit_cost_bound(tokens, call_output_bound(tokens, asked_output(unit["input"])), PRICES)
+
+
+def assert_money(final: dict[str, Any], results: dict[str, Any], expected: int) -> None:
+    """The books in dollars: the results summary and the status agree, to the micro-dollar."""
+    assert results["spent_micro"] == expected
+    assert final["usd"]["spent"] == usd(expected)
+
+
+@CURRENCIES
+def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(
+    stack: Stack, currency: str
+) -> None:
     # Given 40 small units, one that fails once and one that fails every attempt (found from the
     # model's seed), submitted under a known batch id
     model = stack.model()
@@ -50,7 +96,7 @@ def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack)
 
     # When it is submitted through the HTTP API
     key = fresh_key("books")
-    doc = client.submit({"units": batch, "budget": 6_000_000}, idempotency_key=key)
+    doc = client.submit({"units": batch, **budget(currency, 6_000_000, "100")}, idempotency_key=key)
     assert doc["batch_id"] == batch_id("e2e-batch", key)
     final = wait_for(client, doc["batch_id"], timeout_s=180)
 
@@ -72,12 +118,19 @@ def test_a_batch_completes_with_exact_books_and_no_fleet_throttles(stack: Stack)
     assert seen["tokens_billed"] == results["spent"]
     assert seen["calls"] == final["attempts"] == sum(books.attempts.values())
     assert seen["throttles"] == 0
+    # and in dollars: every attempt's usage priced, exactly, whatever the budget's unit
+    assert_money(final, results, billed_micro(seen))
+    assert results["usd"] is (currency == "usd")
 
 
-def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
+@CURRENCIES
+def test_budget_exhaustion_then_resume_after_top_up(stack: Stack, currency: str) -> None:
     client = stack.client("e2e-budget")
-    # Given 20 units of 10,000 tokens and a budget for about half of them
-    body = {"units": units(20, "b", lambda i: 10_000), "budget": 105_000}
+    # Given 20 units of 10,000 tokens and a budget for about half of them (in dollars: each
+    # may answer with all its tokens, $0.04 at $4.00 per million)
+    batch = units(20, "b", lambda i: 10_000)
+    assert {projected_micro(u) for u in batch} == {40_000}
+    body = {"units": batch, **budget(currency, 105_000, "0.42")}
     doc = client.submit(body)
 
     # When it runs out of budget
@@ -90,7 +143,11 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
     assert counts["completed"] + counts["dead_lettered"] + counts["remainder"] == 20
     assert len(first["remainder"]) == counts["remainder"]
     # real (billed) tokens, not projections, stayed within the budget
-    assert first["tokens"]["spent"] <= 105_000
+    if currency == "tokens":
+        assert first["tokens"]["spent"] <= 105_000
+    else:
+        assert Decimal(first["usd"]["spent"]) <= Decimal("0.42")
+        assert first["usd"]["budget"] == "0.420000"
     assert stack.model(doc["batch_id"])["tokens_billed"] == first["tokens"]["spent"]
     closed = stack.results(doc["batch_id"], "exhausted")
     done_then = {k: u for k, u in closed["units"].items() if u["state"] == "completed"}
@@ -98,8 +155,13 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
         first["remainder"]
     )
 
+    assert_money(first, closed, billed_micro(stack.model(doc["batch_id"])))
     # When topped up and resumed
-    resumed = client.resume(doc["batch_id"], 400_000)
+    if currency == "tokens":
+        resumed = client.resume(doc["batch_id"], 400_000)
+    else:
+        resumed = client.resume(doc["batch_id"], None, Decimal("1.6"))
+        assert resumed["usd"]["budget"] == "2.020000"
     assert resumed["requeued"] == counts["remainder"]
     final = wait_for(client, doc["batch_id"], timeout_s=120)
 
@@ -112,15 +174,17 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack) -> None:
         assert results["units"][unit_id]["tokens"] == before["tokens"], unit_id
     assert_books(expected_books(stack.model(), body["units"]), results)
     assert stack.model(doc["batch_id"])["tokens_billed"] == results["spent"]
+    assert_money(final, results, billed_micro(stack.model(doc["batch_id"])))
 
 
+@CURRENCIES
 def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
-    stack: Stack,
+    stack: Stack, currency: str
 ) -> None:
     client = stack.client("e2e-crash")
     batch = units(4, "c")
     victim = batch[1]
-    key = fresh_key("crash")
+    key = fresh_key(f"crash-{currency}")
     # Given the worker that calls the model for one unit of this batch dies before it can
     # settle (the model billed the call)
     armed = {
@@ -131,7 +195,7 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     stack.local("POST", "/_local/faults", armed)
 
     # When the batch runs
-    doc = client.submit({"units": batch, "budget": 1_000_000}, idempotency_key=key)
+    doc = client.submit({"units": batch, **budget(currency, 1_000_000, "10")}, idempotency_key=key)
     final = wait_for(client, doc["batch_id"], timeout_s=600)
 
     # Then the crash happened, the message came back after its visibility timeout, and the
@@ -147,6 +211,9 @@ def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     lost = next(c for c in seen["log"] if c["unit_id"] == victim["unit_id"] and c["attempt"] == 0)
     # the lost attempt is settled at its reservation; the model billed what it used
     assert results["spent"] - seen["tokens_billed"] == victim["projected_tokens"] - lost["tokens"]
+    # in dollars alike: the lost attempt at its projected cost, the others as the model billed
+    lost_gap = projected_micro(victim) - call_cost(lost)
+    assert_money(final, results, billed_micro(seen) + lost_gap)
 
 
 def test_a_message_sqs_gives_up_on_ends_its_unit_as_dead_lettered_and_the_run_closes(

@@ -50,7 +50,7 @@ SETTLE_S = 60.0  # polling for a state the stack reaches by itself (measured: < 
 BATCH_LINE = re.compile(r"^batch (b-[0-9a-f]{24}): ")
 HEALTHY = re.compile(
     r"^run\.(completed|exhausted): completed (\d+)/(\d+) in [\d,]+s \| spent [\d,]+ of [\d,]+ "
-    r"tokens \([\d.]+%\) \| retries \d+ \| dead-lettered \d+"
+    r"tokens \([\d.]+%\), \$\d+\.\d{6} \| retries \d+ \| dead-lettered \d+"
 )
 
 
@@ -635,7 +635,9 @@ def test_unusable_units_files_are_one_line_errors(here: Path) -> None:
         (["submit", "--generate", "2", "--agent", "--turns", "0"], "argument --turns: '0'"),
         (["submit", "--bfcl", "multi_turn_zero"], "argument --bfcl: invalid choice"),
         (["status"], "the following arguments are required: BATCH"),
-        (["resume", "b-1"], "the following arguments are required: --top-up"),
+        (["resume", "b-1"], "one of the arguments --top-up --top-up-usd is required"),
+        (["resume", "b-1", "--top-up", "5", "--top-up-usd", "1"], "not allowed with argument"),
+        (["resume", "b-1", "--top-up-usd", "0.1234567"], "more than 6 decimal places"),
         (["resume", "b-1", "--top-up", "0"], "argument --top-up: 0 is out of range"),
         (["resume", "b-1", "--top-up", "lots"], "argument --top-up: 'lots' is not a whole number"),
         (["drain", "sideways"], "argument action: invalid choice: 'sideways'"),

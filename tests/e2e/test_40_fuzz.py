@@ -18,8 +18,9 @@ the refusals of unsigned and foreign-signed requests the whole stack's footprint
 manifests, every ledger item, the queues' depths, the executions) is the same before and after.
 
 Two hooks change valid requests only (:func:`map_case`: Converse turns put in the documented
-order, budgets and top-ups cut to :data:`FUZZ_BUDGET`), and a granted upload is made
-(:func:`after_call`), so that sequences reach real batches and the batches created stay small.
+order, budgets and top-ups cut to :data:`FUZZ_BUDGET` or :data:`FUZZ_BUDGET_USD`), and a
+granted upload is made (:func:`after_call`), so that sequences reach real batches and the batches
+created stay small.
 
 The module is ``exclusive``: it runs alone after the concurrent scenarios, so the API function's
 calls while a request is served are that request's, and the footprint moves only with it.
@@ -94,6 +95,11 @@ STATED_IN_WORDS = {
     r"units\[\d+\]\.input\.toolChoice(\.tool)?": "one of the unit's tools, and only with tools",
     r"units\[\d+\]\.input\.toolChoice": "one the deployment's model takes",
     r"top_up": "the budget after it is at most the tenant's max_budget_per_batch",
+    # a budget in dollars: whole micro-dollars, one of budget and budget_usd, and a top-up in
+    # the budget's own unit (top_up for tokens, top_up_usd for dollars)
+    r"budget_usd": "at most 6 decimal places",
+    r"budget, budget_usd": "Give budget or budget_usd, not both",
+    r"top_up_usd": "US dollars added to a budget in dollars",
     r"next_token": "the previous page's next_token",  # a token the API gave
 }
 
@@ -153,6 +159,8 @@ schema = schemathesis.openapi.from_path(
 #: the tokens a batch the fuzzer creates may spend (its budget, each top-up): the batches stay
 #: small, done in seconds, whatever the budget generated (a budget is valid up to 10^9)
 FUZZ_BUDGET = 20_000
+#: the same in dollars (budget_usd, top_up_usd): 20,000 output tokens at $4.00 per million
+FUZZ_BUDGET_USD = 0.08
 
 
 @schema.hook
@@ -166,10 +174,15 @@ def map_case(context: Any, case: Any) -> Any:
     if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
         return case
     if case.operation.label == "POST /batches/{batch_id}/resume":
-        case.body["top_up"] = min(case.body["top_up"], FUZZ_BUDGET)
+        for name, most in (("top_up", FUZZ_BUDGET), ("top_up_usd", FUZZ_BUDGET_USD)):
+            if isinstance(case.body.get(name), int | float):
+                case.body[name] = min(case.body[name], most)
     if case.operation.label != "POST /batches":
         return case
-    case.body["budget"] = min(case.body.get("budget") or FUZZ_BUDGET, FUZZ_BUDGET)
+    if isinstance(case.body.get("budget_usd"), int | float):
+        case.body["budget_usd"] = min(case.body["budget_usd"], FUZZ_BUDGET_USD)
+    if case.body.get("budget_usd") is None:
+        case.body["budget"] = min(case.body.get("budget") or FUZZ_BUDGET, FUZZ_BUDGET)
     for unit in case.body.get("units") or []:
         request = unit.get("input") if isinstance(unit, dict) else None
         messages = request.get("messages") if isinstance(request, dict) else None

@@ -15,10 +15,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
+import pytest
+
+from infra.context import cdk_json_context
 from swarm.cli.ops import generated_agent_units
 from swarm.client import ApiError, Client
+from swarm.core.pricing import Prices, Usage, cost_micro, unit_cost_bound, usd, usd_decimal
 from tests.e2e.conftest import Stack, fresh_batch, wait_for
 
 UNITS, TURNS, ADMITTED = 8, 6, 3
@@ -27,18 +32,29 @@ TOOLS = ("calculator", "notes_write", "notes_read")
 RUN_S = 300.0
 
 
+#: the default model's prices (cdk.json models.catalog.haiku.prices): a budget in dollars is
+#: priced by them
+PRICES = Prices.parse(cdk_json_context()["models"]["catalog"]["haiku"]["prices"])
+
+
+@pytest.mark.parametrize("currency", ["tokens", "usd"])
 def test_an_exhausted_agent_batch_pauses_its_loops_and_a_top_up_continues_them_from_their_logs(
-    stack: Stack,
+    stack: Stack, currency: str
 ) -> None:
-    _, client, key, bid = fresh_batch(stack, "agents-b", "agents-budget")
+    _, client, key, bid = fresh_batch(stack, "agents-b", f"agents-budget-{currency}")
     units = generated_agent_units(UNITS, seed=46, turns=(TURNS, TURNS), tools=TOOLS)
     [cap] = {u["projected_tokens"] for u in units}
-    # Given a budget for three loops' caps (admission reserves a loop's whole cap), and the
-    # batch's model calls held: the admitted loops wait in their first turn
-    budget = ADMITTED * cap + cap // 2
+    # Given a budget for three loops' caps (admission reserves a loop's whole cap: in dollars,
+    # its tokens at the dearest rate), and the batch's model calls held: the admitted loops
+    # wait in their first turn
+    if currency == "tokens":
+        body: dict[str, Any] = {"budget": ADMITTED * cap + cap // 2}
+    else:
+        cost = unit_cost_bound(cap, cap, PRICES)
+        body = {"budget_usd": usd_decimal(ADMITTED * cost + cost // 2)}
     stack.local("POST", "/_local/faults", {"batch_id": bid, "hold": True})
     try:
-        doc = client.submit({"units": units, "budget": budget}, idempotency_key=key)
+        doc = client.submit({"units": units, **body}, idempotency_key=key)
         assert doc["batch_id"] == bid
         # When the fan-out's fourth admission finds no budget: the batch is exhausting, and
         # the three admitted loops are in their first model call
@@ -52,7 +68,10 @@ def test_an_exhausted_agent_batch_pauses_its_loops_and_a_top_up_continues_them_f
     assert first["state"] == "exhausted", first
     assert first["counts"]["remainder"] == UNITS and first["counts"]["completed"] == 0, first
     assert sorted(first["remainder"]) == sorted(u["unit_id"] for u in units)
-    assert first["tokens"]["reserved"] == 0, first
+    if currency == "tokens":
+        assert first["tokens"]["reserved"] == 0, first
+    else:
+        assert first["usd"]["reserved"] == "0.000000", first
     # and the admitted loops stopped at a turn boundary, their transcripts kept: their first
     # turn answered (a later one too if a held call outwaited the hold's bound), its tools'
     # results recorded and settled; a turn started with that settlement was settled at 0 as
@@ -75,11 +94,15 @@ def test_an_exhausted_agent_batch_pauses_its_loops_and_a_top_up_continues_them_f
     # model counted, once; the model was asked each recorded turn once
     calls = _calls(stack, bid)
     _assert_books(first, before, calls)
+    _assert_money(first, before)
     assert stack.model(bid)["tokens_billed"] == first["tokens"]["spent"]  # the model's own count
     assert first["agent"]["turns"] == sum(len(t["turns"]) for t in before.values())
 
     # When the batch is topped up and resumed
-    resumed = client.resume(bid, UNITS * cap)
+    if currency == "tokens":
+        resumed = client.resume(bid, UNITS * cap)
+    else:
+        resumed = client.resume(bid, None, usd_decimal(UNITS * unit_cost_bound(cap, cap, PRICES)))
     assert resumed["requeued"] == UNITS, resumed
     final = wait_for(client, bid, timeout_s=RUN_S, interval_s=1.0)
 
@@ -110,6 +133,7 @@ def test_an_exhausted_agent_batch_pauses_its_loops_and_a_top_up_continues_them_f
     assert new_calls == UNITS * TURNS - answered_before
     # and the books are exact again
     _assert_books(final, after, calls_after)
+    _assert_money(final, after)
     assert stack.model(bid)["tokens_billed"] == final["tokens"]["spent"]
     assert final["agent"]["turns"] == sum(len(t["turns"]) for t in after.values())
     results = _results(client, bid)
@@ -138,6 +162,17 @@ def _assert_books(
                 assert calls[(unit_id, turn["turn"])] == 0, (unit_id, turn["turn"])
     answered = sum(1 for turn in turns if turn["message"] is not None)
     assert sum(calls.values()) == answered
+
+
+def _assert_money(status: dict[str, Any], transcripts: dict[str, dict[str, Any]]) -> None:
+    """Spent in dollars is every turn's usage priced at the deployment's prices, each turn
+    rounded up once (a turn never called costs nothing)."""
+    turns = [turn for t in transcripts.values() for turn in t["turns"]]
+    priced = sum(
+        cost_micro(Usage.of_converse(turn["usage"]), PRICES) for turn in turns if turn["usage"]
+    )
+    assert status["usd"]["spent"] == usd(priced), status
+    assert Decimal(status["usd"]["spent"]) > 0
 
 
 def _calls(stack: Stack, bid: str) -> Counter[tuple[str, int]]:

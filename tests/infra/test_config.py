@@ -19,6 +19,7 @@ from infra.context import cdk_json_context
 from swarm.adapters.bedrock import DEFAULT_READ_TIMEOUT_S
 from swarm.api.models import MAX_MANIFEST_UNITS
 from swarm.core.errors import InvalidInput
+from swarm.core.pricing import prices_table_from_env
 from swarm.core.records import LANES, Lane
 from swarm.core.tenancy import TenantLimits, check_batch_size
 from swarm.sim.engine import FleetConfig
@@ -38,6 +39,7 @@ def _context(**overrides: Any) -> dict[str, Any]:
     legacy = {"quota_tpm", "quota_rpm"} & set(overrides) or {
         "bedrock_model_id",
         "output_burndown",
+        "prices",
     } & set(model)
     if legacy and "models" not in overrides:
         # null: over cdk.json's too, when the test synthesizes an app (its context is merged)
@@ -1013,6 +1015,63 @@ def test_a_bad_output_burndown_is_refused_naming_the_key(value: Any, allowed: st
     with pytest.raises(ConfigError) as error:
         load_config(_context(model=_model(output_burndown=value)))
     assert "model.output_burndown" in str(error.value) and allowed in str(error.value)
+
+
+# -- prices: dollars per million tokens, dated, per model (docs/ledger.md, "Money") --
+
+
+def test_the_shipped_prices_reach_the_api_and_the_worker_as_micro_dollars() -> None:
+    from infra.stack import _static_environment
+
+    config = load_config(cdk_json_context())
+    haiku = config.registry.catalog["haiku"].parsed_prices
+    sonnet = config.registry.catalog["sonnet"].parsed_prices
+    assert haiku is not None and haiku.as_of.isoformat() == "2026-12-06"
+    assert sonnet is not None and sonnet.as_of.isoformat() == "2026-12-06"
+    # Claude 3.5 Haiku on Bedrock: $0.80 in, $4.00 out, $0.08 cache reads, $1.00 cache writes
+    assert (haiku.input, haiku.output, haiku.cache_read, haiku.cache_write) == (
+        800_000, 4_000_000, 80_000, 1_000_000,
+    )  # fmt: skip
+    # Claude Sonnet 4: $3.00 in, $15.00 out, $0.30 cache reads, $3.75 cache writes
+    assert (sonnet.input, sonnet.output, sonnet.cache_read, sonnet.cache_write) == (
+        3_000_000, 15_000_000, 300_000, 3_750_000,
+    )  # fmt: skip
+    for function in ("api", "worker"):
+        table = prices_table_from_env(_static_environment(config, function)["MODEL_PRICES"])
+        assert table == {"haiku": haiku, "sonnet": sonnet}  # by the registry's names
+    # a deployment without prices: none, and budgets in dollars are refused
+    catalog = {
+        name: {k: v for k, v in entry.items() if k != "prices"}
+        for name, entry in cdk_json_context()["models"]["catalog"].items()
+    }
+    bare = load_config(_context(models={**cdk_json_context()["models"], "catalog": catalog}))
+    assert bare.prices_env() == ""
+
+
+@pytest.mark.parametrize(
+    ("prices", "key", "says"),
+    [
+        ({"input": 0.1234567}, "model.prices.input", "more than 6 decimal places"),
+        ({"output": -1}, "model.prices.output", ">= 0"),
+        ({"as_of": "yesterday"}, "model.prices.as_of", "YYYY-MM-DD"),
+        ({"currency": "EUR"}, "model.prices.currency", "is not a price"),
+        ({"cache_write": None}, "model.prices.cache_write", "a dollar amount"),
+    ],
+)
+def test_bad_prices_are_refused_at_synth_naming_the_key(
+    prices: dict[str, Any], key: str, says: str
+) -> None:
+    shipped = cdk_json_context()["models"]["catalog"]["haiku"]["prices"]
+    # one model without the registry: model.prices
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(model=_model(prices={**shipped, **prices})))
+    assert f"context key '{key}'" in str(error.value) and says in str(error.value)
+    # a model of the registry: models.catalog.<name>.prices
+    haiku = {**cdk_json_context()["models"]["catalog"]["haiku"], "prices": {**shipped, **prices}}
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(models=_models(haiku=haiku)))
+    key = key.replace("model.", "models.catalog.haiku.")
+    assert f"context key '{key}'" in str(error.value) and says in str(error.value), error.value
 
 
 def test_every_function_of_the_governor_gets_every_models_quota(prod_synth: Synthesized) -> None:

@@ -155,6 +155,9 @@ VALID_SUBMISSIONS = [
     {"units": [unit()], "budget": None, "max_attempts": None, "manifest": None},
     {"manifest": {"key": "manifests/uploads/acme/u.json"}, "units": None},
     {"manifest": {"key": "k"}},  # the tenant's prefix is the service's check (400 too)
+    {"units": [unit()], "budget_usd": 12.5},
+    {"units": [unit()], "budget_usd": 0.000001},
+    {"units": [unit()], "budget_usd": 1_000_000},
 ]
 
 #: Refused by both the gateway and the handler (the gateway answers 400 first on AWS).
@@ -194,6 +197,13 @@ INVALID_FOR_BOTH = [
     {"units": None, "manifest": None},
     # over the document's ceiling, whatever the deployment's own maximum
     {"units": [unit()], "budget": MAX_BUDGET_TOKENS + 1},
+    # dollars: a number > 0 of at most 6 decimal places, at most the document's ceiling
+    {"units": [unit()], "budget_usd": 0},
+    {"units": [unit()], "budget_usd": -1.5},
+    {"units": [unit()], "budget_usd": "12.50"},
+    {"units": [unit()], "budget_usd": True},
+    {"units": [unit()], "budget_usd": 0.0000001},
+    {"units": [unit()], "budget_usd": 1_000_000.5},
     *({"units": [unit(), {**unit("u2"), "input": request}]} for request in INVALID_REQUESTS),
 ]
 
@@ -280,6 +290,15 @@ def test_too_many_inline_units_reach_the_handler_for_its_413() -> None:
         ({"top_up": 1.0}, False),
         ({}, False),
         ({"top_up": 1, "budget": 2}, False),
+        ({"top_up_usd": 0.000001}, True),
+        ({"top_up_usd": 12.5}, True),
+        ({"top_up_usd": 1_000_000}, True),
+        ({"top_up_usd": 1_000_000.5}, False),
+        ({"top_up_usd": 0}, False),
+        ({"top_up_usd": "12.50"}, False),
+        ({"top_up": 1, "top_up_usd": 1.5}, False),
+        ({"top_up": 1, "top_up_usd": None}, True),
+        ({"top_up": None, "top_up_usd": 1.5}, True),
     ],
 )
 def test_the_resume_model_is_the_same_on_both_sides(body: Any, valid: bool) -> None:

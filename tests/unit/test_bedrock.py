@@ -29,6 +29,7 @@ from swarm.adapters.bedrock import (
 from swarm.adapters.routed_model import RoutedModelPlane
 from swarm.contract import BEDROCK_COUNT_CONNECT_TIMEOUT_S, BEDROCK_COUNT_READ_TIMEOUT_S
 from swarm.core.ports import ModelRequest, ModelThrottled
+from swarm.core.pricing import Prices, Usage, cost_micro
 from swarm.core.prompts import converse_request
 from swarm.wiring import Wiring
 
@@ -117,6 +118,33 @@ def test_the_result_carries_the_answer_and_the_providers_usage() -> None:
         300,
     )
     assert result.model_id == MODEL and result.error == ""
+
+
+def test_the_prompt_caches_tokens_are_read_apart_and_priced_at_their_own_rates() -> None:
+    model, stub = plane()
+    response = converse_response(usage=(200, 300))
+    # Converse reports the cache's reads and writes apart from inputTokens (the botocore stub
+    # checks this response against the service's own model: the field names are Bedrock's)
+    response["usage"] = {
+        "inputTokens": 200,
+        "outputTokens": 300,
+        "totalTokens": 1_500,
+        "cacheReadInputTokens": 900,
+        "cacheWriteInputTokens": 100,
+    }
+    stub.add_response("converse", response)
+    with stub:
+        result = model.invoke(REQUEST)
+    assert (result.input_tokens, result.output_tokens) == (200, 300)
+    assert (result.cache_read_tokens, result.cache_write_tokens) == (900, 100)
+    assert result.tokens == 1_500
+    assert result.usage() == Usage(200, 300, 900, 100)
+    prices = Prices.parse(
+        {"as_of": "2026-12-06", "input": 0.8, "output": 4, "cache_read": 0.08,
+         "cache_write": 1}
+    )  # fmt: skip
+    # 160 + 1,200 + 72 + 100 micro-dollars
+    assert cost_micro(result.usage(), prices) == 1_532
 
 
 def test_a_throttle_becomes_model_throttled() -> None:

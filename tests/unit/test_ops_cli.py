@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from swarm.cli.ops import generated_units, progress_line
-from swarm.client import Target
+from swarm.cli.ops import generated_units, progress_line, usd_amount
+from swarm.client import Target, json_body
 from swarm.core.errors import InvalidInput
 
 
@@ -32,6 +34,34 @@ def test_progress_line_shows_completion_flight_queue_and_spend() -> None:
     line = progress_line(status(100, 0, 50, 250, 1_200_000), width=20)
     assert line.startswith("[#####...............] 100/400 done")
     assert "0 running | 50 queued | 250 waiting | 1.20M of 6.00M tokens (20%)" in line
+
+
+def test_progress_line_shows_spend_in_dollars_too() -> None:
+    priced = {**status(100, 0, 50, 250, 1_200_000), "usd": {"spent": "1.234567"}}
+    assert progress_line(priced).endswith("1.20M of 6.00M tokens (20%), $1.234567")
+    in_dollars = {
+        **status(100, 0, 50, 250, 1_200_000),
+        "tokens": {"spent": 1_200_000},
+        "usd": {"spent": "1.250000", "budget": "5.000000", "reserved": "0.5",
+                "available": "3.25"},
+    }  # fmt: skip
+    assert progress_line(in_dollars).endswith("$1.250000 of $5.000000 (25%), 1.20M tokens")
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"), [("1.5", True), ("0.000001", True), ("0", False), ("1.0000001", False)]
+)
+def test_dollar_amounts_on_the_command_line_are_exact(text: str, ok: bool) -> None:
+    if ok:
+        assert usd_amount(text) == Decimal(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            usd_amount(text)
+
+
+def test_a_dollar_amount_is_sent_as_the_exact_json_number() -> None:
+    body = json_body({"top_up_usd": Decimal("0.100000"), "x": [Decimal("12.5")]})
+    assert body == b'{"top_up_usd": 0.100000, "x": [12.5]}'
 
 
 def test_progress_line_of_a_batch_being_opened_shows_the_units_written() -> None:

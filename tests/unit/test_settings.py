@@ -10,6 +10,7 @@ import pytest
 
 from swarm import contract as env
 from swarm.contract import FUNCTION_ENV, FUNCTIONS, OPTIONAL_VARS, FunctionName
+from swarm.core.pricing import Prices, prices_table_to_env
 from swarm.core.records import Lane
 from swarm.core.tenancy import TenantLimits, TenantPolicy
 from swarm.settings import (
@@ -210,3 +211,20 @@ def test_a_models_rpm_reaches_its_governors_config_and_its_buckets_name() -> Non
     models["catalog"]["haiku"]["rpm"] = 0
     with pytest.raises(SettingsError, match=r"MODELS.*rpm.*greater than or equal to 1"):
         Settings.from_env(environment("worker") | {env.MODELS: json.dumps(models)})
+
+
+def test_the_prices_reach_the_wiring_in_one_place_and_a_bad_table_is_named() -> None:
+    prices = Prices.parse(
+        {"as_of": "2026-12-06", "input": 0.8, "output": 4, "cache_read": 0.08, "cache_write": 1}
+    )
+    table = prices_table_to_env({"sonnet": prices})
+    for function in ("worker", "api"):
+        settings = Settings.from_env(environment(function) | {env.MODEL_PRICES: table})
+        assert Wiring(settings, lambda service: object()).prices() == {"sonnet": prices}
+    # empty: no model has prices (spend in tokens only)
+    assert _wiring("worker").prices() == {}
+    # a function without prices in its environment is told so
+    with pytest.raises(SettingsError, match="MODEL_PRICES"):
+        _wiring("fanout").prices()
+    with pytest.raises(SettingsError, match="MODEL_PRICES is not a price table"):
+        Settings.from_env(environment("worker") | {env.MODEL_PRICES: '{"default": {"input": 1}}'})

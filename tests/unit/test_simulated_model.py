@@ -14,6 +14,7 @@ from swarm.adapters.simulated_model import (
     simulated_output,
     simulated_usage,
 )
+from swarm.core.errors import InvalidInput
 from swarm.core.ports import ModelRequest, ModelThrottled
 from swarm.core.prompts import Prompt
 
@@ -180,3 +181,51 @@ def test_the_call_log_keeps_what_the_model_returned() -> None:
         for i, r in enumerate(results)
         if r.succeeded
     )
+
+
+def test_without_a_cache_share_no_cache_tokens_are_reported() -> None:
+    plane = SimulatedModelPlane(10**9, seed=1)
+    results = [plane.invoke(ModelRequest("run-1", f"u-{i}", 0, 10_000, "same")) for i in range(5)]
+    assert all((r.cache_read_tokens, r.cache_write_tokens) == (0, 0) for r in results)
+    assert all(r.input_tokens == simulated_input_tokens("same") for r in results)
+
+
+def test_a_repeated_prompt_writes_its_prefix_to_the_cache_once_then_reads_it() -> None:
+    # Given a plane whose prompts are half cacheable prefix
+    plane = SimulatedModelPlane(10**9, seed=1, cache_share=0.5)
+    prompt = "p" * 400  # 100 input tokens
+    same = [plane.invoke(ModelRequest("run-1", f"u-{i}", 0, 10_000, prompt)) for i in range(3)]
+    other = plane.invoke(ModelRequest("run-1", "u-9", 0, 10_000, "q" * 40))
+    # Then the first call of a prompt writes 50 tokens, each later one reads them, and the
+    # rest is input: the billed total is what it was without a cache, only its kinds differ
+    kinds = [(r.input_tokens, r.cache_read_tokens, r.cache_write_tokens) for r in same]
+    assert kinds == [(50, 0, 50), (50, 50, 0), (50, 50, 0)]
+    assert (other.input_tokens, other.cache_read_tokens, other.cache_write_tokens) == (5, 0, 5)
+    plain = SimulatedModelPlane(10**9, seed=1)
+    assert [r.tokens for r in same] == [
+        plain.invoke(ModelRequest("run-1", f"u-{i}", 0, 10_000, prompt)).tokens for i in range(3)
+    ]
+    for r in same:
+        assert r.usage().tokens == r.tokens
+    # and the log keeps them as the results do
+    log = plane.log("run-1")
+    assert [(c.cache_read_tokens, c.cache_write_tokens) for c in log[:3]] == [
+        (0, 50), (50, 0), (50, 0),
+    ]  # fmt: skip
+
+
+def test_a_throttled_call_caches_nothing() -> None:
+    clock = Clock()
+    plane = SimulatedModelPlane(10**9, seed=3, clock=clock, cache_share=1.0)
+    plane.storm(60, until=clock.t + 10)  # a bystander takes the quota for a while
+    with pytest.raises(ModelThrottled):
+        plane.invoke(ModelRequest("run-1", "u-1", 0, 10_000, "p" * 400))
+    clock.t += 100
+    # the prompt's first answered call writes its prefix: the throttled one wrote nothing
+    first = plane.invoke(ModelRequest("run-1", "u-1", 0, 10_000, "p" * 400))
+    assert (first.cache_read_tokens, first.cache_write_tokens) == (0, 100)
+
+
+def test_a_cache_share_outside_0_to_1_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="cache_share"):
+        SimulatedModelPlane(10**9, cache_share=1.5)
