@@ -33,13 +33,12 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 from swarm.core.burndown import call_draw, check_burndown, documented_burndown
 from swarm.core.errors import InvalidInput
+from swarm.core.pricing import Prices, Usage, cost_micro
 
 #: micro-dollars in a dollar: prices and costs are whole micro-dollars
 MICRO = 1_000_000
@@ -48,33 +47,7 @@ PER_TOKENS = 1_000_000
 #: the share of a one-call unit's tokens that is output when ``--output-share`` is not given
 DEFAULT_OUTPUT_SHARE = 0.2
 
-PRICE_KINDS = ("input", "output", "cache_read", "cache_write")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def micro_usd(value: Any, field: str) -> int:
-    """A price in dollars (a JSON number or a decimal string, at most 6 decimal places, >= 0)
-    as whole micro-dollars."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise InvalidInput(field, f"must be a price in US dollars (a number), got {value!r}")
-    try:
-        amount = Decimal(str(value))
-    except InvalidOperation:
-        raise InvalidInput(field, f"must be a price in US dollars, got {value!r}") from None
-    if not amount.is_finite() or amount < 0:
-        raise InvalidInput(field, f"must be a price >= 0 in US dollars, got {value!r}")
-    micros = amount * MICRO
-    if micros != micros.to_integral_value():
-        raise InvalidInput(field, f"has more than 6 decimal places: {value!r}")
-    return int(micros)
-
-
-def _is_date(text: str) -> bool:
-    try:
-        date.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
 
 
 def dollars(micros: int) -> str:
@@ -84,49 +57,6 @@ def dollars(micros: int) -> str:
     digits = f"{frac:06d}".rstrip("0")
     digits = digits + "0" * max(0, 2 - len(digits))
     return f"{sign}${whole:,}.{digits}"
-
-
-@dataclass(frozen=True)
-class Prices:
-    """A model's prices, in micro-dollars per million tokens, and the date they were read."""
-
-    as_of: str
-    input: int
-    output: int
-    cache_read: int
-    cache_write: int
-
-    @classmethod
-    def parse(cls, doc: Any, field: str) -> Prices:
-        if not isinstance(doc, Mapping):
-            raise InvalidInput(
-                field, f"must be an object of prices per million tokens, got {doc!r}"
-            )
-        unknown = sorted(set(doc) - {"as_of", *PRICE_KINDS})
-        if unknown:
-            raise InvalidInput(
-                f"{field}.{unknown[0]}",
-                f"is not a price: give as_of and {', '.join(PRICE_KINDS)}",
-            )
-        as_of = doc.get("as_of")
-        if not isinstance(as_of, str) or not _is_date(as_of):
-            raise InvalidInput(
-                f"{field}.as_of", 'must be the date the prices were read, e.g. "2026-12-01"'
-            )
-        values: dict[str, int] = {}
-        for kind in PRICE_KINDS:
-            if kind not in doc:
-                raise InvalidInput(
-                    f"{field}.{kind}", "is missing: give the price in US dollars per million tokens"
-                )
-            values[kind] = micro_usd(doc[kind], f"{field}.{kind}")
-        return cls(as_of=as_of, **values)
-
-    def cost_micro_usd(self, input_tokens: int, output_tokens: int) -> int:
-        """What ``input_tokens`` read and ``output_tokens`` written cost, in micro-dollars,
-        rounded up (a fraction of a micro-dollar is one)."""
-        exact = input_tokens * self.input + output_tokens * self.output
-        return -(-exact // PER_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -391,6 +321,6 @@ class Models:
         if prices is None:
             return None
         return sum(
-            prices.cost_micro_usd(t - self.output_tokens(t), self.output_tokens(t))
+            cost_micro(Usage(input=t - self.output_tokens(t), output=self.output_tokens(t)), prices)
             for t in attempt_tokens
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import date
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.core.errors import InvalidInput
+from swarm.core.pricing import parse_usd
 from swarm.core.scheduling import Schedule, ServiceModel
 from swarm.sim.engine import FleetConfig, ModelSimulation, SimResult, simulate
 from swarm.sim.models import (
@@ -20,7 +22,6 @@ from swarm.sim.models import (
     Models,
     Prices,
     dollars,
-    micro_usd,
     parse_catalog,
     parse_mix,
 )
@@ -113,7 +114,7 @@ def test_the_catalog_takes_cdk_json_models_shape_with_its_defaults() -> None:
         1.0,
         0.9,
     )
-    assert haiku.prices == Prices("2026-12-01", 800_000, 4_000_000, 80_000, 1_000_000)
+    assert haiku.prices == Prices(date(2026, 12, 1), 800_000, 4_000_000, 80_000, 1_000_000)
     # absent: no request bucket, the burndown Bedrock documents for the id, the fleet's share
     assert (sonnet.rpm, sonnet.output_burndown, sonnet.share(0.95), sonnet.prices) == (
         None,
@@ -159,7 +160,7 @@ def test_the_default_must_be_in_the_catalog() -> None:
 
 
 def test_prices_are_exact_micro_dollars() -> None:
-    assert micro_usd(0.8, "p") == 800_000 and micro_usd("0.000001", "p") == 1
+    assert parse_usd(0.8, "p") == 800_000 and parse_usd("0.000001", "p") == 1
     assert dollars(10_914_055) == "$10.914055" and dollars(5_000_000) == "$5.00"
 
 
