@@ -617,7 +617,7 @@ class CatalogModelConfig(_Strict):
     model_id: str = Field(pattern=r"^[a-z0-9.:-]+$")
     tpm: int = Field(ge=1, le=1_000_000_000)
     # requests per minute; null: not governed (tokens only)
-    rpm: int | None = Field(default=None, ge=1, le=10_000_000)
+    rpm: int | None = Field(default=None, ge=1, le=10_000_000, strict=True)
     # quota tokens one output token counts as; null: what Bedrock documents for the model id's
     # family (swarm.core.burndown)
     output_burndown: float | None = Field(default=None, ge=1, le=100, allow_inf_nan=False)
@@ -919,7 +919,7 @@ class SwarmConfig(_Strict):
             try:
                 replace(self.governor_config(name), reserves=reserves)
             except InvalidInput as e:
-                raise ValueError(f"{key}={entry.rpm}: {e.message}") from None
+                raise ValueError(f"{key}: {e.message}") from None
 
     def _tenants_fit_the_deployment(self) -> None:
         """A tenant's budget per batch within the deployment's; its guaranteed share within the

@@ -72,6 +72,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.MODELS: '{"default":"m","catalog":{"m":{"model_id":"anthropic.claude-test",'
             '"tpm":300000,"share":0.95,"burndown":1}}}',
             env.GOVERNOR_CAPACITY: "",
+            env.MODEL_PRICES: "",  # no prices
             env.MAX_ATTEMPTS: "3",
             env.DEFAULT_BUDGET_TOKENS: "1000",
             env.MAX_BUDGET_TOKENS: "1000000",
