@@ -211,6 +211,21 @@ def plan_doc(p: Plan) -> dict[str, Any]:
     }
 
 
+def _print_spend(p: Plan | ModelsPlan) -> None:
+    """The plan's expected spend against its budget, and the budget that covers every seed."""
+    f, w = p.fleet, p.workload
+    print(
+        f"expected spend: {p.expected_spend:,.0f} tokens (first attempts plus "
+        f"{p.expected_spend / w.first_attempt_tokens - 1:.1%} of retries); simulated "
+        f"{_tokens(p.outcome.spent, p.seeds)} of the {f.budget:,} budget"
+    )
+    covering = p.budget_covering()
+    if covering and covering <= f.budget:
+        print(f"the budget covers every simulated seed (the most spent was {covering:,})")
+    elif covering:
+        print(f"a budget of {covering:,} tokens covers every simulated seed")
+
+
 def _print_outcome(o: Outcome, p: Plan | ModelsPlan, label: str) -> None:
     r = o.seeded
     ratio = "" if r.floor_ratio is None else f", {r.floor_ratio:.2f}x its floor of"
@@ -272,16 +287,7 @@ def print_plan(p: Plan) -> None:
     _print_outcome(p.outcome, p, "expected makespan")
     if p.fitting is not None:
         _print_outcome(p.fitting, p, f"within the account ({p.fitting.workers} per lane)")
-    print(
-        f"expected spend: {p.expected_spend:,.0f} tokens (first attempts plus "
-        f"{p.expected_spend / w.first_attempt_tokens - 1:.1%} of retries); simulated "
-        f"{_tokens(p.outcome.spent, p.seeds)} of the {f.budget:,} budget"
-    )
-    covering = p.budget_covering()
-    if covering and covering <= f.budget:
-        print(f"the budget covers every simulated seed (the most spent was {covering:,})")
-    elif covering:
-        print(f"a budget of {covering:,} tokens covers every simulated seed")
+    _print_spend(p)
     cost = p.cost(p.outcome.spent.mean)
     if cost is None:
         print("model cost: give --usd-per-mtok (your model's price per million tokens)")
@@ -406,16 +412,7 @@ def print_models_plan(p: ModelsPlan) -> None:
     if p.fitting is not None:
         _print_outcome(p.fitting, p, f"within the account ({p.fitting.workers} per lane)")
         _print_models_outcome(p, p.fitting)
-    print(
-        f"expected spend: {p.expected_spend:,.0f} tokens (first attempts plus "
-        f"{p.expected_spend / w.first_attempt_tokens - 1:.1%} of retries); simulated "
-        f"{_tokens(o.spent, p.seeds)} of the {f.budget:,} budget"
-    )
-    covering = p.budget_covering()
-    if covering and covering <= f.budget:
-        print(f"the budget covers every simulated seed (the most spent was {covering:,})")
-    elif covering:
-        print(f"a budget of {covering:,} tokens covers every simulated seed")
+    _print_spend(p)
     cost = p.cost_micro_usd()
     if cost is None or p.costs is None:
         print(f"cost: unknown (no prices in the catalog for {', '.join(p.unpriced())})")
