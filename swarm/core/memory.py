@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -597,16 +598,23 @@ class InMemoryLedger:
 
 class InMemoryGovernor:
     """One bucket in one process: the simulator's governor and the reference for the adapters.
-    It never books ahead (a ticket presented to it is ignored) and settles a true-up at once."""
+    It never books ahead (a ticket presented to it is ignored) and settles a true-up at once.
+    Thread-safe (a worker runs its batch's units on threads): each operation holds its lock,
+    so two draws never grant from one reading of the bucket."""
 
     def __init__(self, config: GovernorConfig, now: float = 0.0) -> None:
         self.config = config
         self.state = BucketState.fresh(config, now)
         self.history = LevelHistory()  # what bounds a refund (docs/governor.md, "True-up")
+        self._lock = threading.RLock()
 
     def draw(
         self, amount: int, lane: Lane, now: float, ticket: Ticket | None = None, tenant: str = ""
     ) -> Draw:
+        with self._lock:
+            return self._draw(amount, lane, now)
+
+    def _draw(self, amount: int, lane: Lane, now: float) -> Draw:
         before = self.state.available(self.config, now)
         requests = 0 if self.config.rpm is None else 1  # one model call
         self.state, result = self.state.draw(self.config, amount, lane, now, requests)
@@ -624,6 +632,10 @@ class InMemoryGovernor:
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
         """Give back what the model did not use, as far as that is sound; draw what it used
         beyond the grant, into debt if need be."""
+        with self._lock:
+            return self._true_up(grant, used, now)
+
+    def _true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
         level = self.state.available(self.config, now)
         if used > grant.amount:
             self.history.observe(now, level)
@@ -656,10 +668,12 @@ class InMemoryGovernor:
             )
 
     def report_throttle(self, now: float) -> None:
-        self.state = self.state.throttled(self.config, now)
+        with self._lock:
+            self.state = self.state.throttled(self.config, now)
 
     def snapshot(self, now: float) -> GovernorSnapshot:
-        return snapshot_of(self.state, self.config, now)
+        with self._lock:
+            return snapshot_of(self.state, self.config, now)
 
 
 class _Lane:
