@@ -452,11 +452,16 @@ def test_fleet_shows_the_governor_the_lanes_and_the_drain_switch(here: Path) -> 
             r"\d+ throttles, output burndown x[\d.]+$",
             line,
         ), line
-    assert [line.split()[0] for line in lines[2:5]] == ["high", "normal", "low"]
-    for line in lines[2:5]:
+    # Sonnet's request bucket (the shipped rpm) under its line; Haiku has none
+    assert doc["models"]["haiku"]["governor"]["requests"] is None
+    assert re.match(
+        r"^  requests: [\d,]+ of [\d,]+ available, rate [\d.,]+/[\d.,]+ requests/s$", lines[2]
+    ), lines[2]
+    assert [line.split()[0] for line in lines[3:6]] == ["high", "normal", "low"]
+    for line in lines[3:6]:
         assert re.match(r"^  \w+ +visible +\d+  not visible +\d+  delayed +\d+$", line), line
-    assert re.match(r"^draining: (on|off) \| not visible \d+ \| queued \d+$", lines[5]), lines[5]
-    assert len(lines) == 6
+    assert re.match(r"^draining: (on|off) \| not visible \d+ \| queued \d+$", lines[6]), lines[6]
+    assert len(lines) == 7
 
 
 def test_an_operator_rebinds_a_tenant_and_the_tenants_next_call_binds_it_again(
