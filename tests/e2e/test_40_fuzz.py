@@ -94,6 +94,8 @@ STATED_IN_WORDS = {
     r"units\[\d+\]\.input\.tools\[\d+\]": "the batch's tenant may use, each once",
     r"units\[\d+\]\.input\.toolChoice(\.tool)?": "one of the unit's tools, and only with tools",
     r"units\[\d+\]\.input\.toolChoice": "one the deployment's model takes",
+    # the model a unit names: one of the registry's that its tenant may use
+    r"units\[\d+\]\.input\.model": "a 400 names an unknown or forbidden one",
     r"top_up": "the budget after it is at most the tenant's max_budget_per_batch",
     # a budget in dollars: whole micro-dollars, one of budget and budget_usd, and a top-up in
     # the budget's own unit (top_up for tokens, top_up_usd for dollars)
