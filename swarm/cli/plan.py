@@ -9,8 +9,10 @@ docs/planner.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -434,6 +436,17 @@ def print_models_plan(p: ModelsPlan) -> None:
     print(json.dumps(p.cdk_context(), indent=2))
 
 
+@contextlib.contextmanager
+def _naming_the_manifest(args: argparse.Namespace) -> Iterator[None]:
+    """A unit's error from a ``--manifest`` plan names the option and the unit."""
+    try:
+        yield
+    except InvalidInput as e:
+        if args.manifest is None or not e.field.startswith("units["):
+            raise
+        raise InvalidInput(f"--manifest: {e.field}", e.message) from None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     batch: dict[str, Any] = {}
     named: list[str | None] = []
@@ -459,20 +472,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "--usd-per-mtok",
                 "with --models each model's prices come from its catalog entry: leave it out",
             )
-        try:
+        with _naming_the_manifest(args):
             multi = plan_models(
                 workload, fleet, seeds=args.seeds, account_limit=args.account_concurrency_limit
             )
-        except InvalidInput as e:
-            if args.manifest is None or not e.field.startswith("units["):
-                raise
-            raise InvalidInput(f"--manifest: {e.field}", e.message) from None
         if args.json:
             print(json.dumps(models_plan_doc(multi), indent=2))
         else:
             print_models_plan(multi)
         return 0
-    try:
+    with _naming_the_manifest(args):
         result = plan(
             workload,
             fleet,
@@ -480,10 +489,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
             account_limit=args.account_concurrency_limit,
             usd_per_mtok=args.usd_per_mtok,
         )
-    except InvalidInput as e:
-        if args.manifest is None or not e.field.startswith("units["):
-            raise
-        raise InvalidInput(f"--manifest: {e.field}", e.message) from None
     if args.json:
         print(json.dumps(plan_doc(result), indent=2))
     else:
