@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ from infra.timing import (
     parse_definition,
 )
 from infra.tool_sources import SourceError, declared_tools
-from swarm.api.models import MAX_BUDGET_TOKENS
+from swarm.api.models import MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
     BEDROCK_DEFAULT_READ_TIMEOUT_S,
@@ -46,7 +47,7 @@ from swarm.contract import (
 from swarm.core.burndown import documented_burndown
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig
-from swarm.core.pricing import Prices, prices_table_to_env
+from swarm.core.pricing import USD_PLACES, Prices, parse_usd, prices_table_to_env
 from swarm.core.records import LANES, TENANT_PATTERN, Lane
 from swarm.core.scheduling import (
     MAPPING_CONCURRENCY,
@@ -305,6 +306,12 @@ class TenantLimitsConfig(_Strict):
     guaranteed_units: int = Field(ge=0)
     # the most tokens one batch's budget may reach, top-ups included; null: budget.max_tokens
     max_budget_per_batch: int | None = Field(default=None, ge=1)
+    # the most US dollars one batch's budget_usd may reach, top-ups included (at most 6
+    # decimals); null: the API's maximum. Capped in one unit only, a tenant must give its
+    # budgets in that unit
+    max_budget_usd_per_batch: Decimal | None = Field(
+        default=None, gt=0, le=MAX_BUDGET_USD, decimal_places=USD_PLACES
+    )
     # the tools of the registry (``tools``) its units may use
     tools: tuple[str, ...] = ()
     # the models of the registry (``models.catalog``) its units may name (the default among
@@ -324,12 +331,17 @@ class TenantLimitsConfig(_Strict):
         return self
 
     def doc(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "lanes": [lane.value for lane in LANES if lane in self.lanes],
             "max_queued_units": self.max_queued_units,
             "guaranteed_units": self.guaranteed_units,
             "max_budget_per_batch": self.max_budget_per_batch,
-        } | ({} if self.models is None else {"models": list(self.models)})
+        }
+        if self.max_budget_usd_per_batch is not None:
+            doc["max_budget_micro_per_batch"] = parse_usd(self.max_budget_usd_per_batch, "usd")
+        if self.models is not None:
+            doc["models"] = list(self.models)
+        return doc
 
 
 class TenantOverrideConfig(_Strict):
@@ -340,6 +352,9 @@ class TenantOverrideConfig(_Strict):
     max_queued_units: int | None = Field(default=None, ge=1)
     guaranteed_units: int | None = Field(default=None, ge=0)
     max_budget_per_batch: int | None = Field(default=None, ge=1)
+    max_budget_usd_per_batch: Decimal | None = Field(
+        default=None, gt=0, le=MAX_BUDGET_USD, decimal_places=USD_PLACES
+    )
     tools: tuple[str, ...] | None = None
     models: tuple[str, ...] | None = None
 
@@ -922,8 +937,9 @@ class SwarmConfig(_Strict):
                 raise ValueError(f"{key}: {e.message}") from None
 
     def _tenants_fit_the_deployment(self) -> None:
-        """A tenant's budget per batch within the deployment's; its guaranteed share within the
-        lowest lane's ceiling it may use (else the share would be the ceiling's, not its own)."""
+        """A tenant's budget per batch within the deployment's (a cap in dollars only: its
+        models priced); its guaranteed share within the lowest lane's ceiling it may use (else
+        the share would be the ceiling's, not its own)."""
         names = ["defaults", *(f"overrides.{name}" for name in sorted(self.tenants.overrides))]
         for label in names:
             tenant = label.removeprefix("overrides.")
@@ -935,6 +951,23 @@ class SwarmConfig(_Strict):
                     f"{self.budget.max_tokens}: no batch may have more than the deployment's "
                     "maximum"
                 )
+            if limits.max_budget_usd_per_batch is not None and cap is None:
+                # capped in dollars only, its budgets must be in dollars: every model it may
+                # use needs prices, or its units on that model could never be submitted
+                usable = limits.models or tuple(self.registry.catalog)
+                unpriced = [m for m in usable if self.registry.catalog[m].prices is None]
+                if unpriced:
+                    where = (
+                        "model.prices"
+                        if self.models is None
+                        else f"models.catalog.{unpriced[0]}.prices"
+                    )
+                    raise ValueError(
+                        f"tenants.{label}.max_budget_usd_per_batch: the tenant's budgets must be "
+                        f"in dollars (it has no max_budget_per_batch), but model "
+                        f"{unpriced[0]!r} has no prices ({where}): give the model prices, or "
+                        "the tenant a cap in tokens too"
+                    )
             ceilings = [self.lanes.of(lane).shed_depth for lane in limits.lanes]
             if limits.guaranteed_units > min(ceilings):
                 raise ValueError(

@@ -236,6 +236,8 @@ class TenantLimitsDoc(BaseModel):
     max_queued_units: int | None = Field(ge=1)
     guaranteed_units: int = Field(ge=0)
     max_budget_per_batch: int | None = Field(ge=1)
+    #: the cap of a budget in dollars, in micro-dollars (absent: none of the tenant's own)
+    max_budget_micro_per_batch: int | None = Field(default=None, ge=1)
     models: tuple[str, ...] | None = None  # absent: every model of the registry
 
     def limits(self) -> TenantLimits:
@@ -244,6 +246,7 @@ class TenantLimitsDoc(BaseModel):
             max_queued_units=self.max_queued_units,
             guaranteed_units=self.guaranteed_units,
             max_budget_per_batch=self.max_budget_per_batch,
+            max_budget_micro_per_batch=self.max_budget_micro_per_batch,
             models=None if self.models is None else frozenset(self.models),
         )
 

@@ -472,9 +472,10 @@ class BatchSubmission(BaseModel):
             f"most {USD_PLACES} decimal places, at most {MAX_BUDGET_USD:,}): admission reserves "
             "each attempt's most expensive cost at the model's prices and settlement bills "
             "what the model reports (input, output, cache reads and writes at their own rates). "
-            "Give budget or budget_usd, not both (a 400 naming both); a deployment without "
-            "prices (cdk.json model.prices), or a tenant whose cap is in tokens "
-            "(max_budget_per_batch), refuses it with a 400 naming budget_usd"
+            "Give budget or budget_usd, not both (a 400 naming both). At most the tenant's "
+            "max_budget_usd_per_batch (cdk.json tenants); a unit whose model has no prices, or "
+            "a tenant capped in tokens only (max_budget_per_batch), refuses it with a 400 "
+            "naming budget_usd (and a tenant capped in dollars only refuses budget)"
         ),
     )
     max_attempts: StrictInt | None = Field(
@@ -528,7 +529,9 @@ class BatchResume(BaseModel):
         default=None,
         description=(
             "US dollars added to a budget in dollars (budget_usd), at most "
-            f"{USD_PLACES} decimal places; the budget after it is at most {MAX_BUDGET_USD:,}"
+            f"{USD_PLACES} decimal places; the budget after it is at most the tenant's "
+            f"max_budget_usd_per_batch (cdk.json tenants) and {MAX_BUDGET_USD:,} (a 400 naming "
+            "top_up_usd says how much may be added)"
         ),
     )
 

@@ -6,6 +6,11 @@ the tenant (``tenants.overrides.<tenant>``, any subset of the keys):
 - ``lanes``: the lanes the tenant may submit to (anyone else's lane is a 400 naming ``lane``);
 - ``max_budget_per_batch``: the most tokens one of its batches may have as its budget, top-ups
   included (a 400 naming ``budget`` or ``top_up``); None: the deployment's ``budget.max_tokens``;
+- ``max_budget_usd_per_batch`` (here in micro-dollars): the most a budget in dollars may reach,
+  top-ups included (a 400 naming ``budget_usd`` or ``top_up_usd``). A tenant capped in one unit
+  only must give its budgets in that unit: a cap in tokens says nothing of dollars, nor one in
+  dollars of tokens, so a budget in the other unit would be uncapped (a 400 saying which to
+  give);
 - ``max_queued_units``: the most units the tenant may have queued (its open runs' units not yet
   terminal, as the ledger counts them) with a new batch included; past it the submission is
   refused with 429 ``tenant_queue`` and a Retry-After, whatever the other tenants do; None: no
@@ -27,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from swarm.core.errors import InvalidInput
+from swarm.core.pricing import usd
 from swarm.core.records import LANES, Lane
 
 #: how long a submission's hold on its tenant's queue counts (Ledger.hold_queue): longer than the
@@ -44,6 +50,7 @@ class TenantLimits:
     max_queued_units: int | None = None  # None: no cap of its own (the lanes' ceiling only)
     guaranteed_units: int = 0  # queued units never shed for lane depth
     max_budget_per_batch: int | None = None  # None: the deployment's maximum
+    max_budget_micro_per_batch: int | None = None  # in micro-dollars; None: the API's maximum
     models: frozenset[str] | None = None  # the registry's models it may use; None: every one
 
     def allowed_lanes(self) -> list[Lane]:
@@ -106,15 +113,51 @@ def check_lane(tenant: str, limits: TenantLimits, lane: Lane, field_name: str = 
 def check_budget(
     tenant: str, limits: TenantLimits, budget: int, field_name: str = "budget", room: int = 0
 ) -> None:
-    """A batch budget (after a top-up: ``budget`` is the total) above the tenant's per-batch
-    maximum is a 400 naming the field; ``room`` is what the message says may still be added."""
+    """A batch budget in tokens (after a top-up: ``budget`` is the total) above the tenant's
+    per-batch maximum is a 400 naming the field; ``room`` is what the message says may still be
+    added. A tenant capped in dollars only may not give one in tokens (it would be uncapped)."""
     cap = limits.max_budget_per_batch
+    if cap is None and limits.max_budget_micro_per_batch is not None:
+        other = "top_up_usd" if field_name == "top_up" else "budget_usd"
+        raise InvalidInput(
+            field_name,
+            f"tenant {tenant!r}'s budget per batch is capped in dollars "
+            f"(max_budget_usd_per_batch ${usd(limits.max_budget_micro_per_batch)}, cdk.json "
+            f"tenants): give {other}",
+        )
     if cap is not None and budget > cap:
         hint = f": top up at most {room:,}" if field_name == "top_up" else ""
         raise InvalidInput(
             field_name,
             f"the batch's budget would be {budget:,} tokens, above the maximum of {cap:,} per "
             f"batch for tenant {tenant!r} (cdk.json tenants){hint}",
+        )
+
+
+def check_budget_usd(
+    tenant: str,
+    limits: TenantLimits,
+    budget_micro: int,
+    field_name: str = "budget_usd",
+    room_micro: int = 0,
+) -> None:
+    """:func:`check_budget` for a budget in dollars (whole micro-dollars): above the tenant's
+    ``max_budget_usd_per_batch`` is a 400 naming the field; a tenant capped in tokens only may
+    not give one in dollars (it would be uncapped)."""
+    cap = limits.max_budget_micro_per_batch
+    if cap is None and limits.max_budget_per_batch is not None:
+        other = "top_up" if field_name == "top_up_usd" else "budget"
+        raise InvalidInput(
+            field_name,
+            f"tenant {tenant!r}'s budget per batch is capped in tokens (max_budget_per_batch "
+            f"{limits.max_budget_per_batch:,}, cdk.json tenants): give {other} in tokens",
+        )
+    if cap is not None and budget_micro > cap:
+        hint = f": top up at most ${usd(room_micro)}" if field_name == "top_up_usd" else ""
+        raise InvalidInput(
+            field_name,
+            f"the batch's budget would be ${usd(budget_micro)}, above the maximum of "
+            f"${usd(cap)} per batch for tenant {tenant!r} (cdk.json tenants){hint}",
         )
 
 

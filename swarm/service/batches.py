@@ -99,6 +99,7 @@ from swarm.core.tenancy import (
     TenantQueue,
     check_batch_size,
     check_budget,
+    check_budget_usd,
     check_lane,
 )
 from swarm.service.api_models import TooLarge, check_manifest_key, parse_manifest_units
@@ -398,8 +399,8 @@ class Batches:
         self, tenant: str, budget_micro: int, routes: Sequence[ModelRoute]
     ) -> None:
         """A budget in dollars needs every unit's model's prices (a 400 naming the first unit
-        whose model has none), and a tenant whose cap is in tokens cannot pass it in dollars
-        (400s naming budget_usd)."""
+        whose model has none) and stays within the tenant's cap in dollars; a tenant whose cap
+        is in tokens only cannot give one (400s naming budget_usd)."""
         for index, route in enumerate(routes):
             if route.prices is None:
                 raise InvalidInput(
@@ -407,17 +408,11 @@ class Batches:
                     f"units[{index}]'s model {route.name!r} has no prices (cdk.json "
                     f"models.catalog.{route.name}.prices): give budget in tokens",
                 )
-        cap = self.config.tenants.of(tenant).max_budget_per_batch
-        if cap is not None:
-            raise InvalidInput(
-                "budget_usd",
-                f"tenant {tenant!r}'s budget per batch is capped in tokens "
-                f"(max_budget_per_batch {cap:,}): give budget in tokens",
-            )
         if budget_micro > MAX_BUDGET_USD * MICRO:
             raise InvalidInput(
                 "budget_usd", f"${usd(budget_micro)} is above the maximum of ${MAX_BUDGET_USD:,}"
             )
+        check_budget_usd(tenant, self.config.tenants.of(tenant), budget_micro)
 
     def _projected_micro(self, unit: UnitInput, prices: Prices | None) -> int:
         """The most one attempt of ``unit`` can cost at its model's ``prices`` (0: no prices):
@@ -762,8 +757,9 @@ class Batches:
         limits = self.config.tenants.of(tenant)
         cap = limits.max_budget_per_batch
         ceiling = self.config.max_budget if cap is None else min(cap, self.config.max_budget)
-        if run.spec.usd:  # a tenant with a cap in tokens has no budget in dollars
-            ceiling = MAX_BUDGET_USD * MICRO
+        if run.spec.usd:
+            usd_cap = limits.max_budget_micro_per_batch
+            ceiling = MAX_BUDGET_USD * MICRO if usd_cap is None else usd_cap
         # the remainder the resume queues again, within the tenant's queue cap (429), held last
         # and only for a top-up the ledger will take: a refused resume writes nothing
         valid = type(top_up) is int and 0 < top_up <= ceiling - run.budget
@@ -800,10 +796,14 @@ class Batches:
         lanes, and the budget after the top-up within its per-batch maximum (400s)."""
         limits = self.config.tenants.of(tenant)
         check_lane(tenant, limits, run.spec.lane)
-        cap = limits.max_budget_per_batch
+        if not isinstance(top_up, int) or top_up <= 0:
+            return  # the ledger's own 400 on the top-up
         if run.spec.usd:
-            return  # its ceiling is the dollars' (resume); a capped tenant has none in dollars
-        if isinstance(top_up, int) and top_up > 0:  # else the ledger's own 400 on top_up
+            cap = limits.max_budget_micro_per_batch
+            room = 0 if cap is None else max(0, cap - run.budget)
+            check_budget_usd(tenant, limits, run.budget + top_up, "top_up_usd", room)
+        else:
+            cap = limits.max_budget_per_batch
             room = 0 if cap is None else max(0, cap - run.budget)
             check_budget(tenant, limits, run.budget + top_up, "top_up", room)
 

@@ -1208,3 +1208,43 @@ def test_a_bad_rpm_is_refused_naming_the_key(value: Any, says: str) -> None:
         load_config(_context(models=_models(sonnet=sonnet)))
     assert "models.catalog.sonnet.rpm" in str(error.value), str(error.value)
     assert says in str(error.value), str(error.value)
+
+
+def test_a_tenant_cap_in_dollars_reaches_the_api_in_micro_dollars_and_needs_priced_models() -> None:
+    # Given a tenant capped at $12.50 a batch (and no cap in tokens)
+    context = _context(tenants=_tenants({"acme": {"max_budget_usd_per_batch": 12.5}}))
+    # When the context is loaded
+    doc = json.loads(load_config(context).tenants.env_value())
+    # Then the API function's limits carry it exactly, in micro-dollars, for that tenant only
+    assert doc["overrides"]["acme"]["max_budget_micro_per_batch"] == 12_500_000
+    assert "max_budget_micro_per_batch" not in doc["defaults"]
+    # A cap finer than a micro-dollar, or not above 0, fails naming the key
+    for bad in (0.0000001, 0):
+        with pytest.raises(ConfigError) as error:
+            load_config(_context(tenants=_tenants(max_budget_usd_per_batch=bad)))
+        assert "tenants.defaults.max_budget_usd_per_batch" in str(error.value)
+    # Capped in dollars only, its budgets must be in dollars: a model without prices it may
+    # use fails synth, naming the model's prices key
+    catalog = cdk_json_context()["models"]["catalog"]
+    unpriced = {
+        "default": "haiku",
+        "catalog": {
+            **catalog,
+            "sonnet": {k: v for k, v in catalog["sonnet"].items() if k != "prices"},
+        },
+    }
+    with pytest.raises(ConfigError) as error:
+        load_config(_context(models=unpriced, tenants=_tenants(max_budget_usd_per_batch=100)))
+    message = str(error.value)
+    assert "tenants.defaults.max_budget_usd_per_batch" in message, message
+    assert "models.catalog.sonnet.prices" in message, message
+    # ... unless the tenant also has a cap in tokens, or may not use that model
+    load_config(
+        _context(
+            models=unpriced,
+            tenants=_tenants(max_budget_usd_per_batch=100, max_budget_per_batch=10**6),
+        )
+    )
+    load_config(
+        _context(models=unpriced, tenants=_tenants(max_budget_usd_per_batch=100, models=["haiku"]))
+    )

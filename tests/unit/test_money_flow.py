@@ -57,6 +57,37 @@ def modelled_cost(plane: Plane, run_id: str, prices: Prices) -> int:
     )
 
 
+def test_a_tenant_capped_in_dollars_gives_dollar_budgets_within_its_cap_top_ups_included() -> None:
+    cap = TenantLimits(max_budget_micro_per_batch=3_000_000)  # $3 (cdk.json: 3)
+    plane = money_plane(tenants=TenantPolicy(TenantLimits(), {"acme": cap}))
+    # capped in dollars only, a budget in tokens would be uncapped: refused, saying what to give
+    for body in ({"budget": 10**6}, {}):  # no budget: the deployment's default, in tokens
+        with pytest.raises(InvalidInput) as e:
+            submit(plane, n=2, **body)
+        assert e.value.field == "budget" and "give budget_usd" in e.value.message
+    with pytest.raises(InvalidInput) as e:
+        submit(plane, budget_usd=Decimal("3.000001"), n=2)
+    assert e.value.field == "budget_usd" and "above the maximum of $3.000000" in e.value.message
+    assert plane.ledger.records()[0] == []  # nothing written by a refusal
+    run_id = submit(plane, budget_usd=Decimal("2.5"), n=2)
+    with pytest.raises(InvalidInput) as e:
+        plane.batches.resume_body(
+            "acme", run_id, BatchResume(top_up_usd=Decimal("0.6")), plane.clock.now()
+        )
+    assert e.value.field == "top_up_usd" and "top up at most $0.500000" in e.value.message
+    assert plane.ledger.run(run_id).budget == 2_500_000
+    # another tenant, uncapped, is not held to acme's cap
+    submit(plane, "other", budget_usd=5, n=2)
+    # capped in both units: either is taken, each within its own cap
+    both = TenantLimits(max_budget_per_batch=10**6, max_budget_micro_per_batch=3_000_000)
+    plane = money_plane(tenants=TenantPolicy(both))
+    submit(plane, budget=10**6, n=2)
+    submit(plane, budget_usd=3, n=2)
+    with pytest.raises(InvalidInput) as e:
+        submit(plane, budget=10**6 + 1, n=2)
+    assert e.value.field == "budget"
+
+
 def test_a_batch_in_dollars_completes_with_books_exact_in_tokens_and_dollars() -> None:
     plane = money_plane(failure_rate=0.1)
     run_id = submit(plane, budget_usd=5, n=30)
