@@ -5,7 +5,10 @@ sheds with 429 and a Retry-After. A submission to lane L is shed when the work q
 it* (L and every higher lane) is past L's depth limit, or, for every lane but the highest, when the
 governor has reported model throttles within the recent window. Higher lanes have higher limits,
 so they shed last. Retry-After is how long the governed rate (as slowed by throttles) needs to
-drain the work ahead: ``depth x average unit tokens / effective rate``.
+drain the work ahead: ``depth x average unit tokens / effective rate``. With several models
+(cdk.json ``models``), each has its own bucket: a submission answers to the buckets of the models
+its units name (:func:`binding_snapshot`), so a flood of throttles on one model sheds the work
+bound for it, not the work of another.
 
 Per tenant (:mod:`swarm.core.tenancy`): a submission that would take its tenant past its own
 ``max_queued_units`` is shed first (``tenant_queue``, whatever the lanes hold; Retry-After is the
@@ -56,6 +59,21 @@ class Shed:
 def depth_ahead(depths: Mapping[Lane, int], lane: Lane) -> int:
     """Units a new unit on ``lane`` waits behind: its own lane and every higher one."""
     return sum(depths.get(other, 0) for other in LANES if other.rank <= lane.rank)
+
+
+def binding_snapshot(
+    snapshots: Sequence[GovernorSnapshot], now: float, window_s: float
+) -> GovernorSnapshot:
+    """Of the buckets of a submission's models (one each, in any order), the one its
+    backpressure answers to: the one throttled last, if any was within ``window_s`` (its units
+    would wait on that model's throttles), else the one draining slowest (the Retry-After of
+    the work ahead, estimated at the slowest of its models' rates: never too short)."""
+    if not snapshots:
+        raise ValueError("a submission uses at least one model")
+    throttled = [s for s in snapshots if s.throttled_recently(now, window_s)]
+    if throttled:
+        return max(throttled, key=lambda s: s.last_throttle_at or 0.0)
+    return min(snapshots, key=lambda s: s.effective_rate)
 
 
 def retry_after(depth: int, avg_unit_tokens: float, snapshot: GovernorSnapshot) -> int:

@@ -52,6 +52,7 @@ from swarm.core.backpressure import (
     MIN_RETRY_AFTER_S,
     Shed,
     ShedPolicy,
+    binding_snapshot,
     drain_rate,
     shed_decision,
     tenant_shed,
@@ -555,8 +556,12 @@ class Batches:
         # sheds no later than at its depth limit in units (a bundle of fewer sheds sooner)
         per_message = self.config.units_per_message
         depths = {lane: d.queued * per_message for lane, d in self.queue.depths().items()}
-        snapshot = self.governor.snapshot(now)
         policy = self.config.shed_policy
+        # the buckets of the models its units name: one read each (swarm.core.backpressure)
+        governors = {id(route.governor): route.governor for route in routes}.values()
+        snapshot = binding_snapshot(
+            [governor.snapshot(now) for governor in governors], now, policy.throttle_window_s
+        )
 
         def decide(queue: TenantQueue | None) -> Shed | None:
             return shed_decision(policy, spec.lane, depths, snapshot, avg, now, queue)

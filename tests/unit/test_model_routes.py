@@ -17,7 +17,7 @@ from swarm.core.memory import InMemoryGovernor
 from swarm.core.records import Lane, RunState, UnitState
 from swarm.core.routes import ModelRoute, ModelRoutes
 from swarm.core.tenancy import TenantLimits, TenantPolicy
-from swarm.service.batches import SubmitRequest, UnitInput
+from swarm.service.batches import Shedding, SubmitRequest, UnitInput
 from tests.unit.test_service_flow import QUOTA, Plane
 
 HAIKU = "anthropic.claude-3-5-haiku-20241022-v1:0"
@@ -168,3 +168,26 @@ def test_the_simulated_plane_keeps_a_quota_per_model_id() -> None:
     # the default's quota (a request naming no model, or another id) is untouched
     assert plane.invoke(ModelRequest("r", "c", 0, 900, "Hello.")).succeeded
     assert plane.invoke(ModelRequest("r", "d", 0, 900, "Hello.", model_id=HAIKU)).succeeded
+
+
+def test_backpressure_answers_to_the_buckets_of_the_models_a_submission_names() -> None:
+    plane = Plane()
+    governors = two_models(plane)
+    governors["sonnet"].report_throttle(plane.clock.now())  # Bedrock throttled Sonnet just now
+    # work bound for Sonnet (alone, or beside Haiku's) is shed at the front door: its units
+    # would wait on Sonnet's throttles
+    for req in (request("sonnet"), _mixed()):
+        with pytest.raises(Shedding) as e:
+            submit(plane, req)
+        assert e.value.shed.reason == "throttling"
+    # work bound for Haiku alone is not: Haiku's bucket was never throttled
+    submit(plane, request("haiku"))
+    submit(plane, request(None))  # the default, Haiku
+
+
+def _mixed() -> SubmitRequest:
+    req = request("haiku", n=2)
+    sonnet = request("sonnet").units[0]
+    return SubmitRequest(
+        req.lane, req.budget, req.max_attempts, [*req.units, UnitInput("s0", 20_000, sonnet.input)]
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.core.backpressure import ShedPolicy, shed_decision, tenant_shed
+from swarm.core.backpressure import ShedPolicy, binding_snapshot, shed_decision, tenant_shed
 from swarm.core.errors import InvalidInput
 from swarm.core.governor import GovernorConfig, GovernorSnapshot
 from swarm.core.memory import InMemoryGovernor
@@ -132,3 +132,22 @@ def test_a_tenant_without_a_cap_is_never_shed_for_its_own_queue() -> None:
     # When it submits
     # Then only the lanes' ceiling could refuse it, and they are not past it
     assert shed_decision(POLICY, Lane.HIGH, {}, snapshot(), 10_000, NOW, tenant) is None
+
+
+def test_a_submission_of_several_models_answers_to_the_throttled_or_the_slowest_bucket() -> None:
+    fast = InMemoryGovernor(GovernorConfig(600_000, 0.95), now=NOW)
+    slow = InMemoryGovernor(GovernorConfig(60_000, 0.95), now=NOW)
+    # none throttled: the Retry-After of the work ahead is estimated at the slowest rate
+    picked = binding_snapshot([fast.snapshot(NOW), slow.snapshot(NOW)], NOW, 60.0)
+    assert picked == slow.snapshot(NOW)
+    shed = shed_decision(POLICY, Lane.LOW, {Lane.LOW: 100}, picked, 10_000, NOW)
+    alone = shed_decision(POLICY, Lane.LOW, {Lane.LOW: 100}, fast.snapshot(NOW), 10_000, NOW)
+    assert shed is not None and alone is not None
+    assert shed.retry_after_s > alone.retry_after_s
+    # one throttled within the window: that one, whatever the rates
+    fast.report_throttle(NOW - 5)
+    picked = binding_snapshot([slow.snapshot(NOW), fast.snapshot(NOW)], NOW, 60.0)
+    assert picked.last_throttle_at == NOW - 5
+    # ... and not once the window has passed
+    later = [fast.snapshot(NOW), slow.snapshot(NOW)]
+    assert binding_snapshot(later, NOW + 100, 60.0) == later[1]
