@@ -769,6 +769,60 @@ class Transcript(BaseModel):
     )
 
 
+class ApprovalDecision(BaseModel):
+    """A person's decision on one gated tool call (docs/agents.md, "Human gates")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"] = Field(
+        description="approve: the tool runs (once); reject: the model gets an error result "
+        "carrying the reason, and its loop goes on"
+    )
+    reason: str = Field(
+        default="",
+        max_length=1000,
+        description="why (required to reject: the model reads it); kept in the transcript",
+    )
+
+
+class WaitingCall(BaseModel):
+    """One tool call that waits for a decision."""
+
+    unit_id: str
+    toolUseId: str = Field(description="the call's id, as the model gave it")
+    tool: str
+    input: Any = Field(description="the input the model gave the tool")
+    turn: int
+    requested_at: float = Field(description="when the call started waiting (epoch seconds)")
+    waited_s: float = Field(description="how long it has waited so far")
+
+
+class Approvals(BaseModel):
+    """A batch's tool calls that wait for a decision, the longest waiting first."""
+
+    batch_id: str
+    waiting: list[WaitingCall]
+
+
+class Decided(BaseModel):
+    """The decision recorded on a call (this one, or the same one recorded before)."""
+
+    batch_id: str
+    unit_id: str
+    toolUseId: str
+    tool: str
+    decision: Literal["approve", "reject"]
+    reason: str
+    decided_by: str = Field(description="the deciding principal's ARN (or the timeout's name)")
+    decided_at: float
+    waited_s: float = Field(description="how long the call waited for the decision")
+    recorded: bool = Field(description="false: the same decision was recorded before")
+    unit_state: str = Field(
+        description="the unit after it: awaiting_approval (others of its calls wait), "
+        "in_flight (back in its lane) or remainder (its batch's budget ran out: a resume runs it)"
+    )
+
+
 class ResultsDownload(BaseModel):
     """The whole results file of a closed batch (JSON lines, one unit per line, the fields of
     a unit's result)."""

@@ -20,7 +20,7 @@ no message and no worker. This module is the other side:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,35 +35,8 @@ log = logging.getLogger(__name__)
 
 #: who decides a call nobody decided in time (the ``by`` of its ``approval_decided``)
 TIMEOUT_DECIDER: Final = "swarm:approvals-timeout"
-#: the longest reason kept with a decision (characters)
-MAX_REASON: Final = 1000
 #: how many times a decision is tried again when another decision moved the log meanwhile
 _TRIES: Final = 4
-
-
-def parse_decision(body: Any) -> tuple[str, str]:
-    """``{"decision": "approve" | "reject", "reason": str}`` as (decision, reason); InvalidInput
-    naming the field. A rejection needs a reason (the model reads it); an approval's is
-    optional."""
-    if not isinstance(body, Mapping):
-        raise InvalidInput(
-            "body", 'must be a JSON object: {"decision": "approve", "reason": "..."}'
-        )
-    unknown = sorted(set(body) - {"decision", "reason"})
-    if unknown:
-        raise InvalidInput(unknown[0], "is not a field of a decision; give decision and reason")
-    decision = body.get("decision")
-    if decision not in agent.DECISIONS:
-        raise InvalidInput("decision", f'must be "approve" or "reject", got {decision!r}')
-    reason = body.get("reason", "")
-    if not isinstance(reason, str):
-        raise InvalidInput("reason", "must be a text: why the call is approved or rejected")
-    reason = reason.strip()
-    if len(reason) > MAX_REASON:
-        raise InvalidInput("reason", f"is {len(reason):,} characters; at most {MAX_REASON:,}")
-    if decision == "reject" and not reason:
-        raise InvalidInput("reason", "a rejection needs a reason: the model reads it")
-    return str(decision), reason
 
 
 @dataclass(frozen=True)
