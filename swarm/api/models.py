@@ -576,6 +576,13 @@ class UnitCounts(BaseModel):
         )
     )
     pending: int = Field(description="waiting for admission (a retry owed, or not yet admitted)")
+    awaiting_approval: int = Field(
+        default=0,
+        description=(
+            "agent units parked until a person decides on a tool call (GET /batches/{id}/"
+            "approvals): their tokens stay reserved, no message or worker holds them"
+        ),
+    )
 
 
 class TokenBook(BaseModel):
