@@ -897,7 +897,8 @@ class DynamoDBLedger:
                 items.run_update(self.table_name, run, new_run),
                 *(items.log_put(self.table_name, log, seq, text) for seq, text in encoded),
             ]
-            answer = (new_run, new_unit, queued)
+            shown = new_unit.with_(state=effective_state(new_run, new_unit))
+            answer = (new_run, shown, queued)
             return _Write(writes, lambda: answer, self._log_conflict(run_id, unit_id, encoded))
 
         return self._optimistic(

@@ -354,7 +354,7 @@ class InMemoryLedger:
         self._check_free(key, [seq for seq, _ in encoded])
         self._logs.setdefault(key, {}).update(encoded)
         self._runs[run_id], self._units[run_id][unit_id] = new_run, new_unit
-        return new_run, new_unit, queued
+        return new_run, new_unit.with_(state=effective_state(new_run, new_unit)), queued
 
     def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
         log = self._logs.get(log_key(run_id, unit_id), {})
