@@ -361,6 +361,7 @@ class ApiSettings(
     BundleUnitsSettings,
     ToolGrantsSettings,
     PricesSettings,
+    LeaseSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
@@ -375,7 +376,6 @@ class ApiSettings(
     results_url_seconds: int = Field(alias=RESULTS_URL_SECONDS, ge=1, le=3600)
     upload_url_seconds: int = Field(alias=UPLOAD_URL_SECONDS, ge=1, le=3600)
     units_per_child: int = Field(alias=UNITS_PER_CHILD, ge=1, le=MAX_UNITS_PER_CHILD)
-    lease_seconds: int = Field(alias=LEASE_SECONDS, ge=1)
     #: the operator role names that decide gated tool calls (empty: the batch's tenant)
     approval_deciders: str | None = Field(default=None, alias=APPROVAL_DECIDERS)
 

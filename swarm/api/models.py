@@ -263,6 +263,19 @@ class Limits(TypedDict):
             ),
         ]
     ]
+    approve_tools: NotRequired[
+        Annotated[
+            list[ToolName],
+            Field(
+                max_length=MAX_UNIT_TOOLS,
+                description=(
+                    "tools of the unit whose calls each wait for a person's decision before they "
+                    "run (human gates: GET /batches/{batch_id}/approvals); each must be one of "
+                    "the unit's tools"
+                ),
+            ),
+        ]
+    ]
 
 
 FollowUp = Annotated[
