@@ -46,6 +46,7 @@ from swarm.api.models import (
     Upload,
     UploadRequest,
 )
+from swarm.core import agent
 from swarm.core.records import ID_PATTERN, TENANT_PATTERN
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -99,7 +100,12 @@ class Route:
 
 
 #: what each path parameter may be
-PATH_PATTERNS = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN, "unit_id": ID_PATTERN}
+PATH_PATTERNS = {
+    "batch_id": BATCH_ID_PATTERN,
+    "tenant": TENANT_PATTERN,
+    "unit_id": ID_PATTERN,
+    "tool_use_id": agent.NAME_PATTERN,
+}
 _OPERATORS = Reply(
     "API Gateway refused the request (not signed, or not allowed execute-api:Invoke), or the "
     "caller is not an operator of this deployment (forbidden: a role named "
