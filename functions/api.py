@@ -44,7 +44,7 @@ from swarm.service.api_models import (
     parse_upload,
     role_name_of,
 )
-from swarm.service.approvals import Approvals
+from swarm.service.approvals import Gates
 from swarm.service.batches import Batches, Draining, Shedding
 from swarm.service.results import Results
 from swarm.service.uploads import Uploads
@@ -80,10 +80,10 @@ def results_reader() -> Results:
     return reader
 
 
-def approvals_service() -> Approvals:
+def approvals_service() -> Gates:
     if "approvals" not in _cache:
         _cache["approvals"] = runtime().approvals()
-    service: Approvals = _cache["approvals"]
+    service: Gates = _cache["approvals"]
     return service
 
 

@@ -495,6 +495,7 @@ OPTIONAL_VARS: Final = frozenset(
         TOOL_REGISTRY,
         TOOL_GRANTS,
         APPROVAL_DECIDERS,
+        APPROVAL_TIMEOUT_SECONDS,  # (default: 24 hours)
     }
 )
 

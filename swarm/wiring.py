@@ -49,7 +49,7 @@ from swarm.core.ports import (
 from swarm.core.pricing import Prices
 from swarm.core.records import LANES
 from swarm.core.routes import ModelRoute, ModelRoutes
-from swarm.service.approvals import Approvals
+from swarm.service.approvals import Gates
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
@@ -506,10 +506,10 @@ class Wiring:
             approvals=self.approvals(),  # undecided calls timed out, decided units resent
         )
 
-    def approvals(self) -> Approvals:
+    def approvals(self) -> Gates:
         """Human gates: the waiting calls and their decisions (the API's and the finalizer's)."""
         lease_s = self.settings_as(LeaseSettings).lease_seconds
-        return Approvals(self.ledger(), self.lanes(), self.blobs(), self.seconds(lease_s))
+        return Gates(self.ledger(), self.lanes(), self.blobs(), self.seconds(lease_s))
 
     def closures(self) -> Closures:
         """Where the finalize loop keeps its task token, and how a run's closer wakes it."""

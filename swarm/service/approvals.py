@@ -4,15 +4,15 @@ A gated tool call (docs/agents.md, "Human gates") parks its agent unit: the work
 ``approval_requested`` and the ledger holds the unit ``awaiting_approval`` with its reservation,
 no message and no worker. This module is the other side:
 
-- :meth:`Approvals.waiting` lists a batch's waiting calls (the unit, the tool, its input, its
+- :meth:`Gates.waiting` lists a batch's waiting calls (the unit, the tool, its input, its
   toolUseId, how long it has waited);
-- :meth:`Approvals.decide` records one decision (``approve`` | ``reject``, a reason, who, when)
+- :meth:`Gates.decide` records one decision (``approve`` | ``reject``, a reason, who, when)
   as an ``approval_decided`` event: a repeat of the same decision answers the recorded one, a
   different one is a Conflict (409). The decision that leaves none of the unit's calls waiting
   moves the unit out of ``awaiting_approval`` in the same write (``Ledger.unpark``), then sends
   it to its lane; a send that fails leaves an unclaimed reservation whose lease runs out, and
-  :meth:`Approvals.sweep` (the finalizer's and the sweeper's poll) sends it again;
-- :meth:`Approvals.sweep` also rejects the calls nobody decided within the deployment's
+  :meth:`Gates.sweep` (the finalizer's and the sweeper's poll) sends it again;
+- :meth:`Gates.sweep` also rejects the calls nobody decided within the deployment's
   ``approvals.timeout_hours`` (the parked reservation's lease is that timeout, so the ledger's
   lease index finds them without reading every unit).
 """
@@ -40,7 +40,7 @@ _TRIES: Final = 4
 
 
 @dataclass(frozen=True)
-class Decided:
+class GateDecision:
     """What a decision did: the recorded ``approval_decided`` event, whether this call recorded
     it (False: it was recorded before, a repeat), and whether the unit went back to its lane
     (False: other calls of it still wait, or its batch's budget ran out: the remainder)."""
@@ -68,7 +68,7 @@ class Decided:
 
 
 @dataclass
-class Approvals:
+class Gates:
     ledger: Ledger
     queue: LaneQueue
     blobs: BlobStore
@@ -107,7 +107,7 @@ class Approvals:
         reason: str,
         by: str,
         now: float,
-    ) -> Decided:
+    ) -> GateDecision:
         """Record ``decision`` on call ``tool_use_id`` of unit ``unit_id`` (NotFound: no such
         unit, or no such call waits or waited; Conflict: a different decision was recorded)."""
         if decision not in agent.DECISIONS:
@@ -128,7 +128,7 @@ class Approvals:
                         f"call {tool_use_id!r} of unit {unit_id!r} was decided already: "
                         f"{recorded['decision']} by {recorded['by']} ({why})"
                     )
-                return Decided(recorded, False, False, unit.state.value)
+                return GateDecision(recorded, False, False, unit.state.value)
             event = agent.approval_decided(requested, decision, reason, by, now)
             try:
                 return self._record(run, unit, events, event, now)
@@ -143,7 +143,7 @@ class Approvals:
         events: list[dict[str, Any]],
         event: dict[str, Any],
         now: float,
-    ) -> Decided:
+    ) -> GateDecision:
         if unit.state is not UnitState.AWAITING_APPROVAL:
             raise Conflict(
                 f"unit {unit.unit_id!r} is {unit.state.value}, not awaiting an approval; "
@@ -151,7 +151,7 @@ class Approvals:
             )
         if agent.waiting_approvals([*events, event]):  # other calls of the unit still wait
             self.ledger.append_log(run.run_id, unit.unit_id, len(events), [event])
-            return Decided(event, True, False, unit.state.value)
+            return GateDecision(event, True, False, unit.state.value)
         _, after, queued = self.ledger.unpark(
             run.run_id, unit.unit_id, now, self.lease_s, [(len(events), event)]
         )
@@ -161,7 +161,7 @@ class Approvals:
             except Exception:  # recorded: the sweep sends it once its lease runs out
                 log.exception("sending unit %s back to its lane failed", unit.unit_id)
         state = after.state.value if queued else UnitState.REMAINDER.value
-        return Decided(event, True, queued, state)
+        return GateDecision(event, True, queued, state)
 
     def send(self, run: RunRecord, unit: UnitRecord) -> None:
         """Send the unit, in flight with an unclaimed reservation, to its lane (its input from

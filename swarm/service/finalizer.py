@@ -37,7 +37,7 @@ from swarm.service.results import Results
 
 if TYPE_CHECKING:
     from swarm.core.ports import RunWatch
-    from swarm.service.approvals import Approvals
+    from swarm.service.approvals import Gates
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Finalizer:
     closures: Closures | None = None
     #: human gates: each poll rejects the calls nobody decided in time and sends again a
     #: decided unit whose message was lost (None: no gates swept)
-    approvals: Approvals | None = None
+    approvals: Gates | None = None
 
     def poll(
         self,

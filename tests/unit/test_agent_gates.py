@@ -16,7 +16,7 @@ from swarm.core import agent
 from swarm.core.agent import AskApproval, AwaitApproval, RunTools, SettleTurn, Tool
 from swarm.core.errors import Conflict, InvalidInput, NotFound
 from swarm.core.records import RunState, UnitState
-from swarm.service.approvals import TIMEOUT_DECIDER, Approvals
+from swarm.service.approvals import TIMEOUT_DECIDER, Gates
 from swarm.service.batches import UnitInput
 from tests.unit.test_agent_worker import (
     CALC,
@@ -170,11 +170,11 @@ def gated_units(n: int) -> list[UnitInput]:
     ]
 
 
-def gated_plane() -> tuple[AgentPlane, Approvals]:
+def gated_plane() -> tuple[AgentPlane, Gates]:
     ap = AgentPlane()
     p = ap.plane
     p.worker = replace(p.worker, events=p.events)
-    return ap, Approvals(p.ledger, p.queue, p.blobs, lease_s=p.worker.config.lease_s)
+    return ap, Gates(p.ledger, p.queue, p.blobs, lease_s=p.worker.config.lease_s)
 
 
 def test_gated_units_park_without_a_message_and_complete_with_the_decided_effects_only() -> None:
