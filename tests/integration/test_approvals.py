@@ -51,6 +51,12 @@ def test_a_gated_call_parks_its_unit_and_the_tenant_decides_it(plane: ControlPla
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}")
     assert status == 200 and doc["counts"]["awaiting_approval"] == 2, doc
     assert plane.receive(Lane.NORMAL) == [] and plane.delayed() == 0
+    # the results show them as awaiting approval, and filter on it
+    status, page, _ = plane.api("GET", f"/batches/{batch_id}/results")
+    assert status == 200 and {u["state"] for u in page["units"]} == {"awaiting_approval"}, page
+    query = {"state": "awaiting_approval"}
+    status, page, _ = plane.api("GET", f"/batches/{batch_id}/results", query=query)
+    assert status == 200 and len(page["units"]) == 2, page
     # the tenant lists them
     status, doc, _ = plane.api("GET", f"/batches/{batch_id}/approvals")
     assert status == 200, doc
