@@ -10,6 +10,7 @@ The routes are :data:`swarm.api.openapi.ROUTES` (a unit test holds the two toget
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 from urllib.parse import unquote
@@ -21,23 +22,29 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from functions import service_logger
-from swarm.api.models import Error, ErrorCode, Rebound
+from swarm.api.models import Approvals as ApprovalsDoc
+from swarm.api.models import Decided as DecidedDoc
+from swarm.api.models import Error, ErrorCode, Rebound, WaitingCall
 from swarm.api.openapi import IDEMPOTENCY_KEY
 from swarm.contract import METRIC_SUBMISSIONS_REFUSED, METRIC_SUBMISSIONS_SHED
+from swarm.core import agent
 from swarm.core.errors import Conflict, InvalidInput, NotFound, ReadDenied
-from swarm.core.records import check_tenant
+from swarm.core.records import check_id, check_tenant
 from swarm.service.api_models import (
     Caller,
     Forbidden,
     TooLarge,
     Unauthenticated,
     caller_of,
+    parse_decision,
     parse_results_query,
     parse_resume,
     parse_submit,
     parse_transcript_query,
     parse_upload,
+    role_name_of,
 )
+from swarm.service.approvals import Gates
 from swarm.service.batches import Batches, Draining, Shedding
 from swarm.service.results import Results
 from swarm.service.uploads import Uploads
@@ -71,6 +78,13 @@ def results_reader() -> Results:
         _cache["results"] = runtime().results()
     reader: Results = _cache["results"]
     return reader
+
+
+def approvals_service() -> Gates:
+    if "approvals" not in _cache:
+        _cache["approvals"] = runtime().approvals()
+    service: Gates = _cache["approvals"]
+    return service
 
 
 def uploads() -> Uploads:
@@ -257,6 +271,50 @@ def transcript(batch_id: str, unit_id: str) -> Response[str]:
     query = parse_transcript_query(app.current_event.query_string_parameters)
     run = batches().run_for(tenant, batch_id)
     return _json(200, results_reader().transcript(run, unit_id, query.from_turn))
+
+
+@app.get("/batches/<batch_id>/approvals")
+@tracer.capture_method
+def approvals(batch_id: str) -> Response[str]:
+    batch_id = _path_param(batch_id)
+    tenant = _caller().tenant  # None: an operator (a decider is one), who may read any batch
+    logger.append_keys(batch_id=batch_id)
+    run = batches().run_for(tenant, batch_id)
+    waiting = approvals_service().waiting(run, time.time())
+    doc = ApprovalsDoc(batch_id=run.run_id, waiting=[WaitingCall(**w) for w in waiting])
+    return _json(200, doc.model_dump(mode="json"))
+
+
+@app.post("/batches/<batch_id>/units/<unit_id>/approvals/<tool_use_id>")
+@tracer.capture_method
+def decide(batch_id: str, unit_id: str, tool_use_id: str) -> Response[str]:
+    batch_id, unit_id = _path_param(batch_id), _path_param(unit_id)
+    tool_use_id = _path_param(tool_use_id)
+    caller = _caller()
+    logger.append_keys(batch_id=batch_id, unit_id=unit_id, tool_use_id=tool_use_id)
+    run = batches().run_for(caller.tenant, batch_id)  # another tenant's batch: 404
+    user_arn = app.current_event.request_context.identity.user_arn or ""
+    deciders = runtime().settings_as(ApiSettings).deciders()
+    if deciders and (not caller.operator or role_name_of(user_arn) not in deciders):
+        raise Forbidden(
+            "this deployment's gated tool calls are decided by its decider roles only (cdk.json "
+            f"approvals.deciders: {', '.join(sorted(deciders))}): call with one of them"
+        )
+    if not deciders and caller.operator:
+        raise Forbidden(
+            "the batch's tenant decides its gated tool calls (cdk.json approvals.deciders "
+            "names no operator role): call with the tenant's role"
+        )
+    check_id("unit_id", unit_id)
+    if not re.match(agent.NAME_PATTERN, tool_use_id):
+        raise InvalidInput("tool_use_id", f"must match {agent.NAME_PATTERN} (a toolUseId)")
+    body = parse_decision(app.current_event.body)
+    decided = approvals_service().decide(
+        run, unit_id, tool_use_id, body.decision, body.reason, user_arn, time.time()
+    )
+    logger.info("tool call decided", decision=decided.event["decision"], by=user_arn)
+    doc = DecidedDoc(**decided.doc(run.run_id, unit_id))
+    return _json(200, doc.model_dump(mode="json"))
 
 
 @app.post("/batches/<batch_id>/resume")

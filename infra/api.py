@@ -155,6 +155,8 @@ class FrontDoor(Construct):
         grant_get_parameter(drain_parameter, role)
         for queue in lanes.queues.values():
             queue.grant(role, "sqs:GetQueueAttributes")  # lane depth: shedding, fleet view
+            # a decision on a gated tool call sends its unit back to its lane (human gates)
+            queue.grant(role, "sqs:SendMessage")
 
         self.access_logs = logs.LogGroup(
             self,

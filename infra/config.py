@@ -287,6 +287,32 @@ class UploadsConfig(_Strict):
     url_seconds: int = Field(default=300, ge=30, le=3600)
 
 
+#: an IAM role's name, and a role's ARN (a decider of approvals.deciders)
+ROLE_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,64}$")
+ROLE_ARN = re.compile(
+    r"^arn:aws[a-z-]*:iam::\d{12}:role/(?:[^/]+/)*(?P<name>[A-Za-z0-9+=,.@_-]{1,64})$"
+)
+
+
+class ApprovalsConfig(_Strict):
+    """Human gates: tool calls that wait for a person's decision (docs/agents.md, "Human
+    gates")."""
+
+    # an undecided call is rejected by the sweeper after this many hours (1 to 14 days)
+    timeout_hours: int = Field(default=24, ge=1, le=336)
+    # who decides: empty, the batch's tenant role; else only these operator roles (names, or
+    # role ARNs of the stack's account), for tools whose effect a tenant must not approve itself
+    deciders: tuple[str, ...] = ()
+
+    def decider_names(self) -> list[str]:
+        """The deciders' role names (an ARN's last path part)."""
+        names = []
+        for given in self.deciders:
+            match = ROLE_ARN.match(given)
+            names.append(match.group("name") if match else given)
+        return names
+
+
 #: a tenant's name: an IAM role name's characters (swarm.core.records.check_tenant)
 TENANT_NAME = re.compile(TENANT_PATTERN)
 #: the most the resolved ``tenants`` may take in the API function's environment (JSON): Lambda
@@ -449,6 +475,10 @@ class ToolConfig(_Strict):
     # a toolset: the entry registers every tool its source declares (under their own names),
     # and a tenant granted the entry's name gets them all (e.g. a benchmark's functions)
     toolset: bool = False
+    # "required": each call of the tool waits for a person's decision before it runs
+    # (docs/agents.md, "Human gates"); "none": it runs at once (a unit may still gate it with
+    # input.limits.approve_tools)
+    approval: Literal["required", "none"] = "none"
 
 
 @dataclass(frozen=True)
@@ -541,6 +571,11 @@ def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
     key = f"tools.{name}"
     if tool.source is None or tool.function_arn is not None:
         raise ValueError(f"{key}.toolset: a toolset needs a source (and no function_arn)")
+    if tool.approval == "required":
+        raise ValueError(
+            f"{key}.approval: a toolset is not gated as a whole; list the calls to gate in a "
+            "unit's input.limits.approve_tools"
+        )
     given = [f for f in ("description", "input_schema", "effect") if getattr(tool, f) is not None]
     if given:
         raise ValueError(
@@ -755,6 +790,8 @@ class SwarmConfig(_Strict):
     api: ApiConfig
     results: ResultsConfig = ResultsConfig()
     uploads: UploadsConfig = UploadsConfig()
+    # human gates: their timeout and who decides (docs/agents.md, "Human gates")
+    approvals: ApprovalsConfig = ApprovalsConfig()
     tenants: TenantsConfig
     model: ModelConfig
     # the models units may name, each with its own quota (docs/governor.md, "Models"); absent:
@@ -764,6 +801,25 @@ class SwarmConfig(_Strict):
     # the tool registry: name -> ToolConfig (docs/agents.md, "Tools"); tenants get tools by name
     # (tenants.defaults.tools, tenants.overrides.<tenant>.tools)
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
+
+    def _deciders_are_operators(self) -> None:
+        """Each of ``approvals.deciders`` is an operator role (a name with the operator
+        prefix, or such a role's ARN), never a tenant's: a tenant must not approve its own."""
+        prefix = self.api.operator_principal_prefix
+        for i, given in enumerate(self.approvals.deciders):
+            match = ROLE_ARN.match(given)
+            name = match.group("name") if match else given
+            if match is None and not ROLE_NAME.match(given):
+                raise ValueError(
+                    f"approvals.deciders[{i}]: {given!r} is neither an IAM role name nor a role "
+                    "ARN (arn:aws:iam::<account>:role/<name>)"
+                )
+            if not name.startswith(prefix) or name == prefix:
+                raise ValueError(
+                    f"approvals.deciders[{i}]: {name!r} is not an operator role: name one "
+                    f"'{prefix}<name>' (api.operator_principal_prefix); a tenant role decides "
+                    "by default, with approvals.deciders empty"
+                )
 
     @property
     def production(self) -> bool:
@@ -786,6 +842,7 @@ class SwarmConfig(_Strict):
         self._concurrency_given_or_derived()
         self._concurrency_fits_the_account()
         self._tools_resolved()
+        self._deciders_are_operators()
         if self.worker.governor_max_wait_seconds >= self.worker.timeout_seconds:
             raise ValueError(
                 "worker.governor_max_wait_seconds must be below worker.timeout_seconds "
@@ -1144,6 +1201,8 @@ class SwarmConfig(_Strict):
                     if getattr(entry, field) is not None
                 }
                 tools[name] = {"source": tool.source, "timeout": tool.timeout_seconds, **given}
+                if entry.approval == "required":
+                    tools[name]["approval"] = "required"
             else:
                 tools[name] = {
                     "arn": tool.function_arn,
@@ -1151,6 +1210,7 @@ class SwarmConfig(_Strict):
                     "effect": tool.effect,
                     "description": tool.description,
                     "input_schema": tool.input_schema,
+                    **({"approval": "required"} if entry.approval == "required" else {}),
                 }
         doc = {
             "functions": {source: arns[source] for source in self.tool_sources()},
@@ -1490,7 +1550,7 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             key = ".".join(str(part) for part in item["loc"]) or "(context)"
             message = item["msg"].removeprefix("Value error, ")
             head, colon, rest = message.partition(": ")
-            across = ("tools", "tenants.", "quota_tpm", "quota_rpm", "model")
+            across = ("tools", "tenants.", "quota_tpm", "quota_rpm", "model", "approvals.")
             if key == "(context)" and colon and head.startswith(across):
                 key, message = head, rest  # a check across keys that names the key at fault
             elif colon and head.startswith(f"{key}."):

@@ -84,6 +84,8 @@ class SwarmStack(cdk.Stack):
         )
         environment.update(self.workers.mapping_ids())
         self.tools.grant_invoke(self.workers.worker.role)
+        # a parked agent unit announces unit.awaiting_approval (docs/agents.md, "Human gates")
+        self.bus.grant_put_events_to(self.workers.worker.role)
         self.drain_controller = self.drain.add_controller(
             factory=factory,
             mappings=list(self.workers.mappings.values()),
@@ -174,6 +176,8 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.TENANT_PRINCIPAL_PREFIX: config.api.tenant_principal_prefix,
         env.TENANT_LIMITS: config.tenants.env_value(),
         env.OPERATOR_PRINCIPAL_PREFIX: config.api.operator_principal_prefix,
+        env.APPROVAL_TIMEOUT_SECONDS: str(config.approvals.timeout_hours * 3600),
+        env.APPROVAL_DECIDERS: ",".join(config.approvals.decider_names()),
         env.RESULTS_URL_SECONDS: str(config.results.download_url_seconds),
         env.UPLOAD_URL_SECONDS: str(config.uploads.url_seconds),
         env.UNITS_PER_CHILD: str(config.fanout.units_per_child),

@@ -516,6 +516,33 @@ class Client:
             )
         return raw
 
+    def approvals(self, batch_id: str, *, operator: bool = False) -> dict[str, Any]:
+        """The batch's tool calls that wait for a decision: ``GET /batches/{id}/approvals``."""
+        path = f"/batches/{_segment(batch_id)}/approvals"
+        doc: dict[str, Any] = self.request("GET", path, operator=operator)[1]
+        return doc
+
+    def decide(
+        self,
+        batch_id: str,
+        unit_id: str,
+        tool_use_id: str,
+        decision: str,
+        reason: str = "",
+        *,
+        operator: bool = False,
+    ) -> dict[str, Any]:
+        """Approve or reject one waiting tool call (a repeat of the same decision answers the
+        recorded one): ``POST /batches/{id}/units/{unit}/approvals/{toolUseId}``."""
+        path = (
+            f"/batches/{_segment(batch_id)}/units/{_segment(unit_id)}/approvals/"
+            f"{_segment(tool_use_id)}"
+        )
+        check = f"see `swarm approvals {batch_id}`: a repeat of the same decision is harmless"
+        body = {"decision": decision, "reason": reason}
+        doc: dict[str, Any] = self.request("POST", path, body, check=check, operator=operator)[1]
+        return doc
+
     def resume(self, batch_id: str, top_up: int | None, top_up_usd: Decimal | None = None) -> Any:
         """Top up a batch's budget: ``top_up`` tokens, or ``top_up_usd`` dollars for a budget
         in dollars (an exact Decimal, sent as a JSON number)."""

@@ -268,6 +268,11 @@ TENANT_PRINCIPAL_PREFIX: Final = "TENANT_PRINCIPAL_PREFIX"
 #: per-tenant limits (every lane, no caps)
 TENANT_LIMITS: Final = "TENANT_LIMITS"
 OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
+#: human gates (cdk.json ``approvals``): how long a gated tool call waits for a decision before
+#: the sweeper rejects it, and the operator role names that decide (comma-separated; empty: the
+#: batch's tenant decides)
+APPROVAL_TIMEOUT_SECONDS: Final = "APPROVAL_TIMEOUT_SECONDS"
+APPROVAL_DECIDERS: Final = "APPROVAL_DECIDERS"
 
 
 # --- tools (cdk.json ``tools``: infra/config.py ToolsConfig; read by swarm.adapters.tools) -------
@@ -409,6 +414,8 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         TENANT_LIMITS,
         TENANT_PRINCIPAL_PREFIX,
         OPERATOR_PRINCIPAL_PREFIX,
+        APPROVAL_DECIDERS,  # who decides a gated tool call (empty: the batch's tenant)
+        LEASE_SECONDS,  # a decided unit's lease until a worker claims it
         RESULTS_URL_SECONDS,
         UPLOAD_URL_SECONDS,
         UNITS_PER_CHILD,
@@ -442,6 +449,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         *_MODEL,
         MODEL_PRICES,  # each attempt's usage is priced at its settlement
         TOOL_REGISTRY,  # the tools its units may call, and their functions
+        APPROVAL_TIMEOUT_SECONDS,  # a parked unit's lease: when its undecided calls time out
     ),
     "dlq": (
         *_COMMON,
@@ -455,6 +463,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         BUCKET_NAME,
         EVENT_BUS_NAME,
         *QUEUE_URL_VARS,  # the lease sweeper requeues a retry whose worker died with its message
+        LEASE_SECONDS,  # a unit whose approvals timed out is sent back with this lease
     ),
     "drain": (
         *_COMMON,
@@ -471,6 +480,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         *QUEUE_URL_VARS,
         STATE_MACHINE_ARN,
         SWEEP_INTERVAL_SECONDS,
+        LEASE_SECONDS,  # the finalizer's: a unit whose approvals timed out is sent back
     ),
 }
 
@@ -484,6 +494,8 @@ OPTIONAL_VARS: Final = frozenset(
         TENANT_LIMITS,
         TOOL_REGISTRY,
         TOOL_GRANTS,
+        APPROVAL_DECIDERS,
+        APPROVAL_TIMEOUT_SECONDS,  # (default: 24 hours)
     }
 )
 

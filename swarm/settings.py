@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, model_
 from pydantic_core import PydanticCustomError
 
 from swarm.contract import (
+    APPROVAL_DECIDERS,
+    APPROVAL_TIMEOUT_SECONDS,
     BEDROCK_READ_TIMEOUT_SECONDS,
     BUCKET_NAME,
     BUNDLE_MAX_WINDOW_SECONDS,
@@ -362,6 +364,7 @@ class ApiSettings(
     BundleUnitsSettings,
     ToolGrantsSettings,
     PricesSettings,
+    LeaseSettings,
 ):
     """The front door: it submits, sheds on the lanes' depths and reads the governor."""
 
@@ -376,6 +379,11 @@ class ApiSettings(
     results_url_seconds: int = Field(alias=RESULTS_URL_SECONDS, ge=1, le=3600)
     upload_url_seconds: int = Field(alias=UPLOAD_URL_SECONDS, ge=1, le=3600)
     units_per_child: int = Field(alias=UNITS_PER_CHILD, ge=1, le=MAX_UNITS_PER_CHILD)
+    #: the operator role names that decide gated tool calls (empty: the batch's tenant)
+    approval_deciders: str | None = Field(default=None, alias=APPROVAL_DECIDERS)
+
+    def deciders(self) -> frozenset[str]:
+        return frozenset(n for n in (self.approval_deciders or "").split(",") if n)
 
     def shed_depth(self, lane: Lane) -> int:
         """The lane's depth past which new submissions are shed."""
@@ -418,13 +426,16 @@ class WorkerSettings(
     """The worker: it draws from the governor, for up to its bounded wait, and calls the model."""
 
     governor_max_wait_seconds: float = Field(alias=GOVERNOR_MAX_WAIT_SECONDS, ge=0)
+    approval_timeout_seconds: int = Field(default=24 * 3600, alias=APPROVAL_TIMEOUT_SECONDS, ge=1)
 
 
 class DlqSettings(Settings, LedgerSettings, EventSettings, AttemptSettings):
     """The dead-letter handler: it books the units the lanes gave up on."""
 
 
-class FinalizerSettings(Settings, LedgerSettings, QueueSettings, BucketSettings, EventSettings):
+class FinalizerSettings(
+    Settings, LedgerSettings, QueueSettings, BucketSettings, EventSettings, LeaseSettings
+):
     """The finalizer: it closes runs, writes their results and announces them."""
 
 
@@ -442,7 +453,13 @@ class DrainSettings(Settings, LedgerSettings, QueueSettings, DrainSwitchSettings
 
 
 class SweeperSettings(
-    Settings, LedgerSettings, QueueSettings, BucketSettings, EventSettings, StateMachineSettings
+    Settings,
+    LedgerSettings,
+    QueueSettings,
+    BucketSettings,
+    EventSettings,
+    StateMachineSettings,
+    LeaseSettings,
 ):
     """The finalizer's, plus the state machine it restarts and its schedule's rate."""
 

@@ -49,6 +49,7 @@ from swarm.core.ports import (
 from swarm.core.pricing import Prices
 from swarm.core.records import LANES
 from swarm.core.routes import ModelRoute, ModelRoutes
+from swarm.service.approvals import Gates
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController
 from swarm.service.fanout import FanOut
@@ -67,6 +68,7 @@ from swarm.settings import (
     EventSettings,
     FanoutSettings,
     GovernorSettings,
+    LeaseSettings,
     LedgerSettings,
     ModelsDoc,
     ModelSettings,
@@ -459,6 +461,7 @@ class Wiring:
             longest_delay_s=self.seconds(MAX_SQS_DELAY_S),
             longest_hide_s=self.seconds(WorkerTimings.longest_hide_s),
             turn_s=self.seconds(self.turn_seconds()),
+            approval_timeout_s=self.seconds(s.approval_timeout_seconds),
         )
         models = self.model_routes()
         governor = models.routes[models.default].governor
@@ -478,6 +481,7 @@ class Wiring:
             tools=self.tool_runner(),
             # the local stack's fault injection (its shared model plane), never on AWS
             kill=getattr(self.shared_model, "kill", None),
+            events=self.events(),  # a parked unit announces unit.awaiting_approval
         )
 
     def turn_seconds(self) -> float:
@@ -499,7 +503,13 @@ class Wiring:
             Results(self.ledger(), self.result_store()),
             watch=self.run_watch(),
             closures=self.closures(),
+            approvals=self.approvals(),  # undecided calls timed out, decided units resent
         )
+
+    def approvals(self) -> Gates:
+        """Human gates: the waiting calls and their decisions (the API's and the finalizer's)."""
+        lease_s = self.settings_as(LeaseSettings).lease_seconds
+        return Gates(self.ledger(), self.lanes(), self.blobs(), self.seconds(lease_s))
 
     def closures(self) -> Closures:
         """Where the finalize loop keeps its task token, and how a run's closer wakes it."""

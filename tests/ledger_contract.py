@@ -80,6 +80,7 @@ def balanced(ledger: Ledger, run_id: str) -> None:
         assert sum(a.cost_micro for a in attempts) + in_flight_micro <= run.spent_micro
     assert run.reserved == sum(u.reservation.held for u in units if u.reservation)
     assert run.in_flight == sum(1 for u in units if u.state is UnitState.IN_FLIGHT)
+    assert run.awaiting == sum(1 for u in units if u.state is UnitState.AWAITING_APPROVAL)
     assert run.completed == sum(1 for u in units if u.state is UnitState.COMPLETED)
     assert run.dead_lettered == sum(1 for u in units if u.state is UnitState.DEAD_LETTERED)
     assert run.remainder == sum(1 for u in units if u.state is UnitState.REMAINDER)
@@ -985,6 +986,102 @@ class LedgerContract:
         assert ledger.settle_turn("run-1", "u0", 0, 3, 30, now=9.0).settled
         assert ledger.settle("run-1", "u0", 0, 0, True, now=10.0).attempt.tokens == 30
         assert ledger.run("run-1").spent == 90
+        balanced(ledger, "run-1")
+
+    # -- human gates (docs/agents.md, "Human gates")
+    def test_a_parked_loop_keeps_its_reservation_and_a_decision_sends_it_back(
+        self, ledger: Ledger
+    ) -> None:
+        # Given an agent loop whose turn 1 is settled and whose turn 2 asked for a gated call
+        ledger.open_run(spec(units=2, tokens=100, budget=1_000), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        ledger.settle_turn("run-1", "u0", 0, 1, 40, now=2.0, events=[(0, {"e": 0})])
+        asked = {"type": "approval_requested", "toolUseId": "t1"}
+        # When the worker parks it with its request, its lease the approvals' timeout
+        run = ledger.park("run-1", "u0", 0, now=3.0, until=3_603.0, events=[(1, asked)])
+        # Then the unit awaits approval, its reservation kept and unclaimed, nothing in flight
+        assert run == ledger.run("run-1")
+        assert (run.in_flight, run.awaiting, run.reserved, run.spent) == (0, 1, 60, 40)
+        unit = ledger.unit("run-1", "u0")
+        assert unit.state is UnitState.AWAITING_APPROVAL and unit.turns == 1
+        res = unit.reservation
+        assert res is not None and not res.claimed and res.lease_expires == 3_603.0
+        assert ledger.read_log("run-1", "u0") == [{"e": 0}, asked]
+        balanced(ledger, "run-1")
+        # and no delivery may claim or admit it, and the lease sweep leaves it alone
+        assert not ledger.claim("run-1", "u0", 0, now=4.0, lease_s=30, loop=True).claimed
+        assert ledger.admit("run-1", "u0", 0, now=4.0).reason == "awaiting_approval"
+        assert ledger.reclaim_expired("run-1", now=9_999.0) == []
+        assert ledger.unit("run-1", "u0").state is UnitState.AWAITING_APPROVAL
+        # (its expired lease is what the approvals' sweep finds)
+        assert ledger.expired_leases("run-1", now=9_999.0) == ["u0"]
+        # a repeated park changes nothing
+        assert ledger.park("run-1", "u0", 0, now=5.0, until=9.0) == run
+        # When the decision is recorded with the unit's move out of awaiting_approval
+        decided = {"type": "approval_decided", "toolUseId": "t1"}
+        with pytest.raises(Contended):  # at a seq taken: nothing written
+            ledger.unpark("run-1", "u0", now=6.0, lease_s=30, events=[(1, decided)])
+        assert ledger.unit("run-1", "u0").state is UnitState.AWAITING_APPROVAL
+        run, unit, queued = ledger.unpark("run-1", "u0", now=6.0, lease_s=30, events=[(2, decided)])
+        # Then it is in flight again, unclaimed with a fresh lease, to be sent to its lane
+        assert queued and unit == ledger.unit("run-1", "u0") and run == ledger.run("run-1")
+        assert (run.in_flight, run.awaiting, run.reserved) == (1, 0, 60)
+        res = unit.reservation
+        assert unit.state is UnitState.IN_FLIGHT and res is not None and not res.claimed
+        assert res.lease_expires == 36.0 and res.loop and res.used == 40
+        assert ledger.read_log("run-1", "u0")[-1] == decided
+        with pytest.raises(Conflict):  # it is no longer parked
+            ledger.unpark("run-1", "u0", now=7.0, lease_s=30, events=[])
+        # and the next delivery claims it and goes on from turn 2
+        assert ledger.claim("run-1", "u0", 0, now=7.0, lease_s=30, loop=True).claimed
+        assert ledger.settle_turn("run-1", "u0", 0, 2, 30, now=8.0).settled
+        assert ledger.settle("run-1", "u0", 0, 0, True, now=9.0).fate is Fate.COMPLETED
+        assert ledger.run("run-1").spent == 70
+        balanced(ledger, "run-1")
+
+    def test_a_drain_does_not_wait_for_a_parked_loop_and_a_late_decision_joins_the_remainder(
+        self, ledger: Ledger
+    ) -> None:
+        # Given a parked loop when the run's budget runs out
+        ledger.open_run(spec(units=2, tokens=100, budget=150), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30, loop=True)
+        ledger.settle_turn("run-1", "u0", 0, 1, 40, now=2.0)
+        ledger.park("run-1", "u0", 0, now=3.0, until=1_000.0, events=[(0, {"e": 0})])
+        # When the other unit is refused: the run exhausts and closes at once (nothing in
+        # flight: a drain does not wait for a person)
+        assert not ledger.admit("run-1", "u1", 0, now=4.0).admitted
+        run = ledger.run("run-1")
+        assert (run.state, run.awaiting, run.remainder, run.reserved) == (
+            RunState.EXHAUSTED, 1, 1, 60,
+        )  # fmt: skip
+        assert ledger.unit("run-1", "u0").state is UnitState.AWAITING_APPROVAL
+        balanced(ledger, "run-1")
+        # When its call is decided after that
+        run, unit, queued = ledger.unpark("run-1", "u0", now=5.0, lease_s=30, events=[(1, {})])
+        # Then no turn runs: its reservation is released and it joins the remainder
+        assert not queued and unit.state is UnitState.REMAINDER and unit.reservation is None
+        assert (run.state, run.awaiting, run.remainder, run.reserved, run.spent) == (
+            RunState.EXHAUSTED, 0, 2, 0, 40,
+        )  # fmt: skip
+        assert sorted(remainder_of(ledger, "run-1")) == ["u0", "u1"]
+        balanced(ledger, "run-1")
+        # and a top-up's resume runs it from its log
+        assert sorted(ledger.top_up("run-1", 200, now=6.0).requeue) == ["u0", "u1"]
+        assert ledger.admit("run-1", "u0", 0, now=7.0).admitted
+        balanced(ledger, "run-1")
+
+    def test_only_a_loops_claimed_attempt_parks(self, ledger: Ledger) -> None:
+        ledger.open_run(spec(units=2), now=0.0)
+        ledger.admit("run-1", "u0", 0, now=0.0)
+        ledger.claim("run-1", "u0", 0, now=1.0, lease_s=30)  # a single call's claim
+        with pytest.raises(Conflict, match="not an agent loop"):
+            ledger.park("run-1", "u0", 0, now=2.0, until=100.0)
+        with pytest.raises(Conflict, match="holds no reservation"):
+            ledger.park("run-1", "u1", 0, now=2.0, until=100.0)
+        with pytest.raises(Conflict, match="not awaiting"):
+            ledger.unpark("run-1", "u1", now=2.0, lease_s=30, events=[])
         balanced(ledger, "run-1")
 
     def test_a_loop_whose_run_was_topped_up_before_its_pause_goes_on(self, ledger: Ledger) -> None:

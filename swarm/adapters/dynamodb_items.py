@@ -36,7 +36,7 @@ BOOKS = "books"
 #: the books' counters, changed by ADD; ``available`` and ``outstanding`` are derived from them
 COUNTERS = (
     "budget", "spent", "reserved", "attempts", "retries", "completed", "dead_lettered",
-    "remainder", "in_flight", "exhaustions", "turns", "tool_calls", "spent_micro",
+    "remainder", "in_flight", "exhaustions", "turns", "tool_calls", "spent_micro", "awaiting",
 )  # fmt: skip
 
 #: a unit's reservation, set and removed together (:func:`unit_update`). ``res_lease`` is also

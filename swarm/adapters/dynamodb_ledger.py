@@ -51,12 +51,14 @@ from swarm.core.ledger import (
     decide_claim,
     decide_claimed_settlement,
     decide_dead_letter,
+    decide_park,
     decide_pause,
     decide_release,
     decide_settlement,
     decide_top_up,
     decide_turn,
     decide_unclaim,
+    decide_unpark,
     effective_state,
     encode_events,
     fresh_records,
@@ -842,6 +844,84 @@ class DynamoDBLedger:
             step, f"pause of unit {unit_id} (run {run_id}) kept colliding; retry"
         )
 
+    def park(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        until: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    ) -> RunRecord:
+        """A read, then ONE TransactWriteItems: the unit and the books as read
+        (``decide_park``) and each event only if its seq is free (taken: Contended)."""
+        log = log_key(run_id, unit_id)
+        encoded = encode_events(log, events, MAX_TURN_EVENTS)
+
+        def step() -> RunRecord | _Write[RunRecord]:
+            run, unit = self._read_run_unit(run_id, unit_id)
+            new_run, new_unit = decide_park(run, unit, attempt, now, until)
+            if new_unit == unit:
+                return run
+            writes = [
+                items.unit_update(self.table_name, unit, new_unit),
+                items.run_update(self.table_name, run, new_run),
+                *(items.log_put(self.table_name, log, seq, text) for seq, text in encoded),
+            ]
+            return _Write(writes, lambda: new_run, self._log_conflict(run_id, unit_id, encoded))
+
+        return self._optimistic(
+            step, f"park of unit {unit_id} (run {run_id}) kept colliding; retry"
+        )
+
+    def unpark(
+        self,
+        run_id: str,
+        unit_id: str,
+        now: float,
+        lease_s: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]],
+    ) -> tuple[RunRecord, UnitRecord, bool]:
+        """A read, then ONE TransactWriteItems: the unit and the books as read
+        (``decide_unpark``) and each event only if its seq is free (taken: Contended)."""
+        log = log_key(run_id, unit_id)
+        encoded = encode_events(log, events, MAX_TURN_EVENTS)
+
+        def step() -> (
+            tuple[RunRecord, UnitRecord, bool] | _Write[tuple[RunRecord, UnitRecord, bool]]
+        ):
+            run, unit = self._read_run_unit(run_id, unit_id)
+            new_run, new_unit, queued = decide_unpark(run, unit, now, lease_s)
+            writes = [
+                items.unit_update(self.table_name, unit, new_unit),
+                items.run_update(self.table_name, run, new_run),
+                *(items.log_put(self.table_name, log, seq, text) for seq, text in encoded),
+            ]
+            shown = new_unit.with_(state=effective_state(new_run, new_unit))
+            answer = (new_run, shown, queued)
+            return _Write(writes, lambda: answer, self._log_conflict(run_id, unit_id, encoded))
+
+        return self._optimistic(
+            step, f"unpark of unit {unit_id} (run {run_id}) kept colliding; retry"
+        )
+
+    @staticmethod
+    def _log_conflict(
+        run_id: str, unit_id: str, encoded: Sequence[tuple[int, str]]
+    ) -> Callable[[list[str | None]], Any]:
+        """A transaction of the unit, the books and log events cancelled on an event: another
+        writer moved the log (Contended); on the unit or the books: decide again."""
+
+        def on_conflict(codes: list[str | None]) -> Any:
+            if any(code == "ConditionalCheckFailed" for code in codes[2:]):
+                raise Contended(
+                    f"the log of unit {unit_id} (run {run_id}) holds one of events "
+                    f"{[seq for seq, _ in encoded]} already: another writer moved it"
+                )
+            return _AGAIN
+
+        return on_conflict
+
     def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
         """A strongly consistent Query of the log's partition, a page at a time, in seq order."""
         kwargs: dict[str, Any] = {
@@ -1141,8 +1221,8 @@ class DynamoDBLedger:
         def step() -> Settlement | _Write[Settlement | None] | _Again | None:
             run, unit = self._read_run_unit(run_id, unit_id)
             res = unit.reservation
-            if res is None or res.lease_expires > now:
-                return None
+            if res is None or res.lease_expires > now or unit.state is not UnitState.IN_FLIGHT:
+                return None  # a parked unit's lease is its approvals' timeout (the finalizer's)
             if not res.claimed or res.loop:
                 # released on this read (a loop's attempt is never lost: its log tells what
                 # its worker did); if it changed meanwhile, look again

@@ -190,7 +190,13 @@ def _registered(name: str, spec: Mapping[str, Any], arn: Any, timeout: Any) -> R
         function_arn=str(arn),
         timeout_s=float(timeout),
         effect=str(spec["effect"]),
-        tool=Tool(name, str(spec["description"]), dict(spec["input_schema"])),
+        # "approval": "required" (cdk.json): each call waits for a person's decision
+        tool=Tool(
+            name,
+            str(spec["description"]),
+            dict(spec["input_schema"]),
+            approval=spec.get("approval") == "required",
+        ),
     )
 
 

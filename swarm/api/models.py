@@ -263,6 +263,19 @@ class Limits(TypedDict):
             ),
         ]
     ]
+    approve_tools: NotRequired[
+        Annotated[
+            list[ToolName],
+            Field(
+                max_length=MAX_UNIT_TOOLS,
+                description=(
+                    "tools of the unit whose calls each wait for a person's decision before they "
+                    "run (human gates: GET /batches/{batch_id}/approvals); each must be one of "
+                    "the unit's tools"
+                ),
+            ),
+        ]
+    ]
 
 
 FollowUp = Annotated[
@@ -579,6 +592,13 @@ class UnitCounts(BaseModel):
         )
     )
     pending: int = Field(description="waiting for admission (a retry owed, or not yet admitted)")
+    awaiting_approval: int = Field(
+        default=0,
+        description=(
+            "agent units parked until a person decides on a tool call (GET /batches/{id}/"
+            "approvals): their tokens stay reserved, no message or worker holds them"
+        ),
+    )
 
 
 class TokenBook(BaseModel):
@@ -769,6 +789,60 @@ class Transcript(BaseModel):
     )
     next_turn: int | SkipJsonSchema[None] = Field(
         default=None, description="pass as from_turn for the rest (absent on the last part)"
+    )
+
+
+class ApprovalDecision(BaseModel):
+    """A person's decision on one gated tool call (docs/agents.md, "Human gates")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"] = Field(
+        description="approve: the tool runs (once); reject: the model gets an error result "
+        "carrying the reason, and its loop goes on"
+    )
+    reason: str = Field(
+        default="",
+        max_length=1000,
+        description="why (required to reject: the model reads it); kept in the transcript",
+    )
+
+
+class WaitingCall(BaseModel):
+    """One tool call that waits for a decision."""
+
+    unit_id: str
+    toolUseId: str = Field(description="the call's id, as the model gave it")
+    tool: str
+    input: Any = Field(description="the input the model gave the tool")
+    turn: int
+    requested_at: float = Field(description="when the call started waiting (epoch seconds)")
+    waited_s: float = Field(description="how long it has waited so far")
+
+
+class Approvals(BaseModel):
+    """A batch's tool calls that wait for a decision, the longest waiting first."""
+
+    batch_id: str
+    waiting: list[WaitingCall]
+
+
+class Decided(BaseModel):
+    """The decision recorded on a call (this one, or the same one recorded before)."""
+
+    batch_id: str
+    unit_id: str
+    toolUseId: str
+    tool: str
+    decision: Literal["approve", "reject"]
+    reason: str
+    decided_by: str = Field(description="the deciding principal's ARN (or the timeout's name)")
+    decided_at: float
+    waited_s: float = Field(description="how long the call waited for the decision")
+    recorded: bool = Field(description="false: the same decision was recorded before")
+    unit_state: str = Field(
+        description="the unit after it: awaiting_approval (others of its calls wait), "
+        "in_flight (back in its lane) or remainder (its batch's budget ran out: a resume runs it)"
     )
 
 

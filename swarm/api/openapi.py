@@ -29,9 +29,12 @@ from swarm.api.models import (
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_UNITS,
     SAFE_BODY_BYTES,
+    ApprovalDecision,
+    Approvals,
     BatchResume,
     BatchStatus,
     BatchSubmission,
+    Decided,
     Drain,
     Error,
     Fleet,
@@ -43,6 +46,7 @@ from swarm.api.models import (
     Upload,
     UploadRequest,
 )
+from swarm.core import agent
 from swarm.core.records import ID_PATTERN, TENANT_PATTERN
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -96,7 +100,12 @@ class Route:
 
 
 #: what each path parameter may be
-PATH_PATTERNS = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN, "unit_id": ID_PATTERN}
+PATH_PATTERNS = {
+    "batch_id": BATCH_ID_PATTERN,
+    "tenant": TENANT_PATTERN,
+    "unit_id": ID_PATTERN,
+    "tool_use_id": agent.NAME_PATTERN,
+}
 _OPERATORS = Reply(
     "API Gateway refused the request (not signed, or not allowed execute-api:Invoke), or the "
     "caller is not an operator of this deployment (forbidden: a role named "
@@ -239,6 +248,42 @@ ROUTES: tuple[Route, ...] = (
             500: _MISCONFIGURED,
         },
         query=TranscriptQuery,
+    ),
+    Route(
+        "GET",
+        "/batches/{batch_id}/approvals",
+        "listApprovals",
+        "The batch's tool calls that wait for a person's decision (human gates): each with its "
+        "unit, tool, input, toolUseId and how long it has waited; for the batch's tenant, an "
+        "operator, or a decider role (cdk.json approvals.deciders)",
+        {
+            200: Reply("the waiting calls, the longest waiting first", Approvals),
+            400: _INVALID,
+            **_AUTH,
+            404: _NO_BATCH,
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+    ),
+    Route(
+        "POST",
+        "/batches/{batch_id}/units/{unit_id}/approvals/{tool_use_id}",
+        "decideApproval",
+        "Approve or reject one waiting tool call: approved, the tool runs once; rejected, the "
+        "model gets an error result carrying the reason. The same decision again answers the "
+        "recorded one; a different one is a 409. By the batch's tenant, or only the decider "
+        "roles when cdk.json approvals.deciders names them",
+        {
+            200: Reply("the decision as recorded", Decided),
+            400: _INVALID,
+            **_AUTH,
+            404: Reply("no such batch for this tenant, no such unit, or no such call waiting"),
+            409: Reply("the call was decided otherwise already"),
+            413: Reply(_BODY_TOO_LARGE),
+            429: _THROTTLED,
+            500: _MISCONFIGURED,
+        },
+        request=ApprovalDecision,
     ),
     Route(
         "POST",

@@ -52,6 +52,13 @@ COMMANDS: dict[tuple[str, ...], CommandDocs] = {
         "swarm resume BATCH --top-up 2000000", "docs/how-to/budgets-and-tenants.md"
     ),
     ("rebind",): CommandDocs("swarm rebind acme", "docs/how-to/budgets-and-tenants.md"),
+    ("approvals",): CommandDocs("swarm approvals BATCH --watch", "docs/agents.md"),
+    ("approve",): CommandDocs(
+        "swarm approve BATCH u-0001 tooluse-1 --reason 'checked the note'", "docs/agents.md"
+    ),
+    ("reject",): CommandDocs(
+        "swarm reject BATCH u-0001 tooluse-1 --reason 'not that note'", "docs/agents.md"
+    ),
     ("fleet",): CommandDocs(
         "swarm fleet --stack Swarm-prod", "docs/how-to/draining-and-deploying.md"
     ),

@@ -413,6 +413,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if doc.get("agent"):
         agents = doc["agent"]
         print(f"agent units: {agents['turns']:,} model turns, {agents['tool_calls']:,} tool calls")
+    if doc["counts"].get("awaiting_approval"):
+        print(
+            f"awaiting approval: {doc['counts']['awaiting_approval']} unit(s) "
+            f"(swarm approvals {doc['batch_id']})"
+        )
     if doc.get("remainder"):
         print(
             f"remainder ({doc['counts']['remainder']}): {', '.join(doc['remainder'][:10])}"
@@ -429,6 +434,67 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.watch:
         print(watch(client, args.batch)["healthy_line"])
     return 0
+
+
+def approvals_lines(doc: dict[str, Any]) -> list[str]:
+    """The waiting calls, one a line: unit, toolUseId, tool, how long it waited, its input."""
+    waiting = doc["waiting"]
+    if not waiting:
+        return [f"batch {doc['batch_id']}: no tool call waits for a decision"]
+    lines = [f"batch {doc['batch_id']}: {len(waiting)} tool call(s) wait for a decision"]
+    for w in waiting:
+        given = json.dumps(w["input"], ensure_ascii=False)
+        given = given if len(given) <= 120 else given[:117] + "..."
+        lines.append(
+            f"  {w['unit_id']}  {w['toolUseId']}  {w['tool']}  waited {w['waited_s']:,.0f} s  "
+            f"{given}"
+        )
+    lines.append(
+        f"decide with: swarm approve {doc['batch_id']} UNIT TOOLUSE [--reason R] | "
+        f"swarm reject {doc['batch_id']} UNIT TOOLUSE --reason R"
+    )
+    return lines
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    client = client_of(args)
+    seen: str | None = None
+    while True:
+        doc = client.approvals(args.batch, operator=args.operator)
+        if args.json and not args.watch:
+            print(json.dumps(doc, indent=2))
+            return 0
+        text = "\n".join(approvals_lines(doc))
+        if text != seen:  # --watch prints the list again when it changes
+            print(text, flush=True)
+            seen = text
+        if not args.watch:
+            return 0
+        if client.status(args.batch)["state"] in TERMINAL and not doc["waiting"]:
+            return 0
+        time.sleep(args.interval)
+
+
+def _cmd_decide(args: argparse.Namespace, decision: str) -> int:
+    doc = client_of(args).decide(
+        args.batch, args.unit, args.tool_use, decision, args.reason or "", operator=args.operator
+    )
+    again = "" if doc["recorded"] else " (recorded before: unchanged)"
+    why = f": {doc['reason']}" if doc["reason"] else ""
+    print(
+        f"{doc['unit_id']} {doc['toolUseId']} ({doc['tool']}): {doc['decision']}d by "
+        f"{doc['decided_by']} after {doc['waited_s']:,.0f} s{why}{again}; the unit is "
+        f"{doc['unit_state']}"
+    )
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    return _cmd_decide(args, "approve")
+
+
+def cmd_reject(args: argparse.Namespace) -> int:
+    return _cmd_decide(args, "reject")
 
 
 def cmd_rebind(args: argparse.Namespace) -> int:
@@ -647,6 +713,53 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--watch", action="store_true")
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_resume))
+
+    p = sub.add_parser(
+        "approvals",
+        help="the batch's tool calls that wait for a person's decision (human gates)",
+        description=(
+            "Lists each waiting call of an agent batch: its unit, toolUseId, tool, how long it "
+            "has waited and its input. A call waits when its tool is registered with "
+            'approval: "required" or the unit lists it in input.limits.approve_tools.'
+        ),
+    )
+    p.add_argument("batch", metavar="BATCH")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="list again as it changes, until the batch is closed and nothing waits",
+    )
+    p.add_argument("--interval", type=float, default=2.0, help="--watch: seconds between reads")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument("--operator", action="store_true", help="call as an operator role")
+    target_options(p)
+    p.set_defaults(handler=expecting_the_api(cmd_approvals))
+
+    for name, handler, text in (
+        ("approve", cmd_approve, "approve a waiting tool call: the tool runs, once"),
+        ("reject", cmd_reject, "reject a waiting tool call: the model reads the reason"),
+    ):
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=(
+                f"{text[0].upper()}{text[1:]}. The same decision again answers the one "
+                "recorded; a different one is refused (409). The batch's tenant decides, or "
+                "only the operator roles cdk.json approvals.deciders names (--operator)."
+            ),
+        )
+        p.add_argument("batch", metavar="BATCH")
+        p.add_argument("unit", metavar="UNIT")
+        p.add_argument("tool_use", metavar="TOOLUSE", help="the call's toolUseId")
+        p.add_argument(
+            "--reason",
+            required=name == "reject",
+            help="why (kept in the transcript"
+            + ("; the model reads it)" if name == "reject" else ")"),
+        )
+        p.add_argument("--operator", action="store_true", help="decide as an operator role")
+        target_options(p)
+        p.set_defaults(handler=expecting_the_api(handler))
 
     p = sub.add_parser(
         "rebind",

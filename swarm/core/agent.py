@@ -33,7 +33,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from swarm.core import prompts
@@ -54,7 +54,7 @@ DEFAULT_OUTPUT_BOUND: Final = 1024
 BYTES_PER_TOKEN: Final = 4
 #: the fields an agent unit's input may hold besides a Converse request's
 AGENT_FIELDS: Final = ("tools", "toolChoice", "limits", "followUps")
-LIMITS: Final = ("max_turns",)
+LIMITS: Final = ("max_turns", "approve_tools")
 TOOL_CHOICES: Final = ("auto", "any")
 #: the kinds of Converse's toolChoice, as :func:`model_tool_choices` names them
 CHOICE_KINDS: Final = ("auto", "any", "tool")
@@ -62,7 +62,17 @@ CHOICE_KINDS: Final = ("auto", "any", "tool")
 ANSWERED: Final = ("end_turn", "stop_sequence")
 REFUSED: Final = ("guardrail_intervened", "content_filtered")
 STOP_REASONS: Final = ("completed", "limit_turns", "limit_tokens", "failed")
-EVENT_TYPES: Final = ("turn_started", "model_turn", "tool_result", "turn_settled", "stopped")
+EVENT_TYPES: Final = (
+    "turn_started",
+    "model_turn",
+    "approval_requested",
+    "approval_decided",
+    "tool_result",
+    "turn_settled",
+    "stopped",
+)
+#: a person's decisions on a gated tool call (docs/agents.md, "Human gates")
+DECISIONS: Final = ("approve", "reject")
 #: a toolResult's content when a tool gave none: Converse refuses an empty one
 EMPTY_RESULT: Final = "(the tool returned nothing)"
 EMPTY_ERROR: Final = "(the tool failed without a message)"
@@ -93,6 +103,9 @@ class Tool:
     name: str
     description: str
     input_schema: dict[str, Any]
+    #: each call waits for a person's decision before it runs (the registry's ``approval:
+    #: "required"``); not part of what the model reads
+    approval: bool = False
 
     def tool_spec(self) -> dict[str, Any]:
         return {
@@ -134,6 +147,9 @@ class AgentSpec:
     #: later user messages (content blocks), each sent once the model answered the one before
     follow_ups: tuple[tuple[dict[str, Any], ...], ...] = ()
     max_turns: int = DEFAULT_MAX_TURNS
+    #: the unit's tools whose calls wait for a person's decision (``limits.approve_tools``),
+    #: beside those the registry gates (``Tool.approval``)
+    approve_tools: frozenset[str] = frozenset()
     #: the largest draw the fleet's governor can grant at once on the unit's lane (None: no
     #: bound): a turn whose draw is larger stops the unit ``limit_tokens`` before it is called
     max_draw: int | None = None
@@ -143,6 +159,11 @@ class AgentSpec:
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def gated(self, name: str) -> bool:
+        """Whether a call of the unit's tool ``name`` waits for a person's decision."""
+        tool = self.tool(name)
+        return tool is not None and (tool.approval or name in self.approve_tools)
 
     @property
     def output_bound(self) -> int:
@@ -243,7 +264,7 @@ def parse_agent_input(
     tool_choice = _parse_tool_choice(value.get("toolChoice"), names, f"{field}.toolChoice")
     if model_id is not None and "toolChoice" in value:
         check_tool_choice(tool_choice, model_id, f"{field}.toolChoice")
-    max_turns = _parse_limits(value.get("limits"), f"{field}.limits")
+    max_turns, approve_tools = _parse_limits(value.get("limits"), names, f"{field}.limits")
     follow_ups = _parse_follow_ups(value.get("followUps"), f"{field}.followUps")
     if not isinstance(projected_tokens, int) or projected_tokens < 1:
         raise InvalidInput(cap_field, "must be a positive integer: the loop's cap")
@@ -256,6 +277,7 @@ def parse_agent_input(
         tool_choice=tool_choice,
         follow_ups=follow_ups,
         max_turns=max_turns,
+        approve_tools=approve_tools,
     )
     first = next_step([], spec)
     if isinstance(first, Stop):  # the first turn cannot fit the cap: the unit could do nothing
@@ -308,9 +330,9 @@ def _parse_tool_choice(value: Any, names: Sequence[str], field: str) -> str | di
     raise InvalidInput(field, 'must be "auto", "any" or {"tool": "<one of the unit\'s tools>"}')
 
 
-def _parse_limits(value: Any, field: str) -> int:
+def _parse_limits(value: Any, names: Sequence[str], field: str) -> tuple[int, frozenset[str]]:
     if value is None:
-        return DEFAULT_MAX_TURNS
+        return DEFAULT_MAX_TURNS, frozenset()
     if not isinstance(value, dict):
         raise InvalidInput(field, f"must be an object with any of {', '.join(LIMITS)}")
     unknown = sorted(set(value) - set(LIMITS))
@@ -323,7 +345,22 @@ def _parse_limits(value: Any, field: str) -> int:
             f"must be an integer from 1 to {MAX_TURNS} (model turns; {DEFAULT_MAX_TURNS} if left "
             "out)",
         )
-    return turns
+    gated = value.get("approve_tools", [])
+    if not isinstance(gated, list) or not all(isinstance(name, str) for name in gated):
+        raise InvalidInput(
+            f"{field}.approve_tools",
+            "must be a list of the unit's tool names whose calls wait for a person's approval",
+        )
+    for index, name in enumerate(gated):
+        if name not in names:
+            raise InvalidInput(
+                f"{field}.approve_tools[{index}]",
+                f"{name!r} is not one of the unit's tools ({', '.join(names) or 'none'}): list "
+                "it in input.tools, or leave it out",
+            )
+        if name in gated[:index]:
+            raise InvalidInput(f"{field}.approve_tools[{index}]", f"{name!r} is listed twice")
+    return turns, frozenset(gated)
 
 
 def _parse_follow_ups(value: Any, field: str) -> tuple[tuple[dict[str, Any], ...], ...]:
@@ -396,6 +433,24 @@ class RunTools:
 
 
 @dataclass(frozen=True)
+class AskApproval:
+    """Record ``approval_requested`` for these calls of ``turn`` (gated, not asked yet), then
+    park the unit: nothing of the turn runs before every gated call of it is decided."""
+
+    turn: int
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True)
+class AwaitApproval:
+    """The turn's gated calls ``waiting`` (toolUseIds) are asked and not decided: the unit
+    stays parked."""
+
+    turn: int
+    waiting: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SettleTurn:
     """Settle turn ``turn`` once: ``billed`` tokens (``lost``: its answer was never recorded,
     billed at ``drawn``; ``refused``: the model plane refused the call for quota, billed 0 and
@@ -429,7 +484,7 @@ class Finished:
     answer: str
 
 
-Step = CallModel | RunTools | SettleTurn | Stop | Finished
+Step = CallModel | RunTools | AskApproval | AwaitApproval | SettleTurn | Stop | Finished
 
 
 # ------------------------------------------------------------------ reading the log
@@ -446,6 +501,9 @@ class TurnState:
     usage: dict[str, int] = field(default_factory=dict)
     results: dict[str, Event] = field(default_factory=dict)
     settled: Event | None = None
+    #: the gated calls asked for a person's decision, and those decided, by toolUseId
+    requested: dict[str, Event] = field(default_factory=dict)
+    decisions: dict[str, Event] = field(default_factory=dict)
     #: why its toolUse blocks cannot be answered (a toolUseId off Converse's pattern, or one
     #: used before), or None
     tool_use_problem: str | None = None
@@ -506,6 +564,28 @@ def read_log(log: Sequence[Event]) -> LogState:
             current.usage = dict(event["usage"])
             current.tool_use_problem = _tool_use_problem(current.tool_uses, used)
             used.update(str(u.get("toolUseId")) for u in current.tool_uses)
+        elif kind in ("approval_requested", "approval_decided"):
+            if current is None or current.n != event.get("turn") or current.settled is not None:
+                raise CorruptLog(seq, f"an {kind} for turn {event.get('turn')} that is not open")
+            ident = str(event.get("toolUseId"))
+            if ident not in {use["toolUseId"] for use in current.tool_uses}:
+                raise CorruptLog(
+                    seq, f"an {kind} for {ident!r}, which turn {current.n} never asked for"
+                )
+            if ident in current.results:
+                raise CorruptLog(seq, f"an {kind} for {ident!r}, whose result is recorded")
+            if kind == "approval_requested":
+                if ident in current.requested:
+                    raise CorruptLog(seq, f"a second approval_requested for {ident!r}")
+                current.requested[ident] = event
+            else:
+                if ident not in current.requested:
+                    raise CorruptLog(seq, f"an approval_decided for {ident!r}, never requested")
+                if ident in current.decisions:
+                    raise CorruptLog(seq, f"a second approval_decided for {ident!r}")
+                if event.get("decision") not in DECISIONS:
+                    raise CorruptLog(seq, f"a decision {event.get('decision')!r}")
+                current.decisions[ident] = event
         elif kind == "tool_result":
             if current is None or current.n != event.get("turn") or current.settled is not None:
                 raise CorruptLog(
@@ -765,7 +845,15 @@ def next_step(log: Sequence[Event], spec: AgentSpec) -> Step:
             return SettleTurn(turn.n, turn.drawn, turn.drawn, lost=True)
         pending = [u for u in turn.tool_uses if u["toolUseId"] not in turn.results]
         if pending and _runs_tools(turn):
-            return RunTools(turn.n, tuple(_tool_call(spec, turn.n, use) for use in pending))
+            calls = [_tool_call(spec, turn.n, use) for use in pending]
+            gated = [c for c in calls if c.refused is None and spec.gated(c.name)]
+            undecided = [c for c in gated if c.tool_use_id not in turn.decisions]
+            unasked = [c for c in undecided if c.tool_use_id not in turn.requested]
+            if unasked:
+                return AskApproval(turn.n, tuple(unasked))
+            if undecided:
+                return AwaitApproval(turn.n, tuple(c.tool_use_id for c in undecided))
+            return RunTools(turn.n, tuple(_decided(c, turn.decisions) for c in calls))
         return SettleTurn(
             turn.n,
             billed_of(turn.usage),
@@ -837,6 +925,21 @@ def _tool_call(spec: AgentSpec, turn: int, use: Mapping[str, Any]) -> ToolCall:
     return ToolCall(turn, ident, name, value, idempotency_key(spec, ident), refused)
 
 
+def _decided(call: ToolCall, decisions: Mapping[str, Event]) -> ToolCall:
+    """``call`` as its decision leaves it: rejected, it gets the decision's error result
+    without running (the model reads who rejected it and why)."""
+    decision = decisions.get(call.tool_use_id)
+    if decision is None or decision["decision"] == "approve":
+        return call
+    return replace(call, refused=rejection_text(decision))
+
+
+def rejection_text(decision: Mapping[str, Any]) -> str:
+    """The error a rejected call's toolResult carries: that a person rejected it, and why."""
+    reason = str(decision.get("reason") or "").strip() or "no reason given"
+    return f"a person rejected this call of {decision.get('name', 'the tool')}: {reason}"
+
+
 # ------------------------------------------------------------------ events
 
 
@@ -900,6 +1003,47 @@ def tool_result(call: ToolCall, status: str, value: Any, latency_s: float, at: f
     }
 
 
+def approval_requested(call: ToolCall, at: float) -> Event:
+    """A gated call asked for a person's decision (the unit parks after it)."""
+    return {
+        "type": "approval_requested",
+        "turn": call.turn,
+        "toolUseId": call.tool_use_id,
+        "name": call.name,
+        "input": call.input,
+        "at": at,
+    }
+
+
+def approval_decided(
+    requested: Mapping[str, Any], decision: str, reason: str, by: str, at: float
+) -> Event:
+    """A person's (or the sweeper's timeout's) decision on the call ``requested`` asked for:
+    who (a principal's ARN), when, why, and how long the call waited."""
+    if decision not in DECISIONS:
+        raise InvalidInput("decision", f"must be one of {', '.join(DECISIONS)}, not {decision!r}")
+    return {
+        "type": "approval_decided",
+        "turn": requested["turn"],
+        "toolUseId": requested["toolUseId"],
+        "name": requested["name"],
+        "decision": decision,
+        "reason": reason,
+        "by": by,
+        "at": at,
+        "waited_s": round(max(0.0, at - float(requested["at"])), 3),
+    }
+
+
+def waiting_approvals(log: Sequence[Event]) -> list[Event]:
+    """The ``approval_requested`` events of the log's open turn with no decision yet."""
+    state = read_log(log)
+    if state.stopped is not None or not state.turns:
+        return []
+    turn = state.turns[-1]
+    return [e for ident, e in turn.requested.items() if ident not in turn.decisions]
+
+
 def turn_settled(step: SettleTurn, at: float) -> Event:
     return {
         "type": "turn_settled",
@@ -948,6 +1092,31 @@ def summary(log: Sequence[Event]) -> dict[str, Any]:
     }
 
 
+def _approval_of(turn: TurnState, ident: str) -> dict[str, Any]:
+    """A gated call's gate as its transcript shows it: the decision, who decided, when, why,
+    and how long the call waited (from its request to the decision)."""
+    decision = turn.decisions.get(ident)
+    if decision is None:
+        return {}
+    return {
+        "approval": {
+            name: decision[name]
+            for name in ("decision", "reason", "by", "at", "waited_s")
+            if name in decision
+        }
+    }
+
+
+def _awaiting_of(turn: TurnState) -> dict[str, Any]:
+    """A turn's gated calls that wait for a decision (none: nothing shown)."""
+    waiting = [
+        {"toolUseId": ident, "name": e["name"], "input": e["input"], "requested_at": e["at"]}
+        for ident, e in turn.requested.items()
+        if ident not in turn.decisions
+    ]
+    return {"awaiting_approval": waiting} if waiting else {}
+
+
 def transcript(log: Sequence[Event]) -> dict[str, Any]:
     """A unit's output as the results will carry it: the figures of :func:`summary`, the final
     answer, the stop (its reason and detail), and every turn: its draw and bill, the assistant
@@ -969,12 +1138,23 @@ def transcript(log: Sequence[Event]) -> dict[str, Any]:
                 "usage": turn.usage,
                 "tool_calls": [
                     {
-                        name: turn.results[use["toolUseId"]][name]
-                        for name in ("toolUseId", "name", "input", "status", "content", "latency_s")
+                        **{
+                            name: turn.results[use["toolUseId"]][name]
+                            for name in (
+                                "toolUseId",
+                                "name",
+                                "input",
+                                "status",
+                                "content",
+                                "latency_s",
+                            )
+                        },
+                        **_approval_of(turn, use["toolUseId"]),
                     }
                     for use in turn.tool_uses
                     if use["toolUseId"] in turn.results
                 ],
+                **_awaiting_of(turn),
             }
         )
     stop = state.stopped

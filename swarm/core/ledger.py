@@ -56,6 +56,7 @@ class Fate(StrEnum):
 class Admission:
     admitted: bool
     reason: str  # admitted | already_admitted | budget | exhausting | closed | terminal
+    # | awaiting_approval (a parked agent loop: a decision sends it back)
     run: RunRecord
     unit: UnitRecord
 
@@ -157,6 +158,8 @@ def decide_admission(
         )
     if unit.state.terminal:
         return refuse("terminal", run, unit)
+    if unit.state is UnitState.AWAITING_APPROVAL:  # a person's decision sends it back
+        return refuse("awaiting_approval", run, unit)
     if attempt != unit.attempts:
         raise Conflict(
             f"unit {unit.unit_id} of run {run.run_id} expects attempt {unit.attempts}, "
@@ -208,7 +211,7 @@ def scan_leases(units: Iterable[UnitRecord], now: float) -> tuple[list[str], flo
     horizon: float | None = None
     for unit in units:
         res = unit.reservation
-        if res is None or res.sweep_at != math.inf:
+        if res is None or res.sweep_at != math.inf or unit.state is not UnitState.IN_FLIGHT:
             continue
         if res.lease_expires <= now:
             expired.append((res.lease_expires, unit.unit_id))
@@ -498,6 +501,58 @@ def decide_pause(
     if run.state is RunState.OPEN:
         return run, unit
     return decide_release(run, unit, now)
+
+
+def decide_park(
+    run: RunRecord, unit: UnitRecord, attempt: int, now: float, until: float
+) -> tuple[RunRecord, UnitRecord]:
+    """An agent loop whose next tool call waits for a person's decision is parked
+    (``Ledger.park``): the unit leaves ``in_flight`` for ``awaiting_approval``, its reservation
+    kept (unclaimed, its lease ``until``: when the sweeper rejects the undecided call), so no
+    message and no worker hold it. An exhausting run may close now (a drain does not wait for a
+    person). A unit parked already is left as it is (a repeated park)."""
+    if unit.state is UnitState.AWAITING_APPROVAL:
+        return run, unit
+    res = unit.reservation
+    if unit.state is not UnitState.IN_FLIGHT or res is None or res.attempt != attempt:
+        raise Conflict(
+            f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) holds no reservation: "
+            "it cannot be parked"
+        )
+    if not res.loop:
+        raise Conflict(
+            f"attempt {attempt} of unit {unit.unit_id} (run {run.run_id}) is not an agent "
+            "loop's: only a loop waits for an approval"
+        )
+    unit = unit.with_(
+        state=UnitState.AWAITING_APPROVAL,
+        reservation=replace(res, claimed=False, lease_expires=until, sweep_at=None),
+    )
+    run = run.with_(in_flight=run.in_flight - 1, awaiting=run.awaiting + 1)
+    return _close_if_done(run, now), unit
+
+
+def decide_unpark(
+    run: RunRecord, unit: UnitRecord, now: float, lease_s: float
+) -> tuple[RunRecord, UnitRecord, bool]:
+    """A parked unit's decisions are all recorded (``Ledger.unpark``): on an open run it is in
+    flight again, its reservation unclaimed with a fresh lease (the caller sends it to its
+    lane; a send that fails leaves a lease the sweep finds), and True; on a run that stopped
+    admitting (its budget ran out) its reservation is released and it joins the remainder
+    (a top-up's resume runs it: no turn the batch cannot pay for), and False."""
+    res = unit.reservation
+    if unit.state is not UnitState.AWAITING_APPROVAL or res is None:
+        raise Conflict(f"unit {unit.unit_id} of run {run.run_id} is not awaiting an approval")
+    run = run.with_(awaiting=run.awaiting - 1)
+    if run.state is RunState.OPEN:
+        unit = unit.with_(
+            state=UnitState.IN_FLIGHT,
+            reservation=replace(res, claimed=False, lease_expires=now + lease_s, sweep_at=None),
+        )
+        return run.with_(in_flight=run.in_flight + 1), unit, True
+    unit = unit.with_(state=UnitState.PENDING, reservation=None, drain_epoch=0)
+    run = run.with_(reserved=run.reserved - res.held, remainder=run.remainder + 1)
+    return _close_if_done(run, now), unit, False
 
 
 def log_key(run_id: str, unit_id: str) -> str:

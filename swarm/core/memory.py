@@ -41,12 +41,14 @@ from swarm.core.ledger import (
     decide_claim,
     decide_claimed_settlement,
     decide_dead_letter,
+    decide_park,
     decide_pause,
     decide_release,
     decide_settlement,
     decide_top_up,
     decide_turn,
     decide_unclaim,
+    decide_unpark,
     effective_state,
     encode_events,
     fresh_records,
@@ -318,6 +320,42 @@ class InMemoryLedger:
         self._runs[run_id], self._units[run_id][unit_id] = decide_pause(run, unit, attempt, now)
         return self._runs[run_id]
 
+    def park(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        until: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    ) -> RunRecord:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        new_run, new_unit = decide_park(run, unit, attempt, now, until)
+        key = log_key(run_id, unit_id)
+        encoded = encode_events(key, events, MAX_TURN_EVENTS)
+        if new_unit != unit:
+            self._check_free(key, [seq for seq, _ in encoded])
+            self._logs.setdefault(key, {}).update(encoded)
+        self._runs[run_id], self._units[run_id][unit_id] = new_run, new_unit
+        return new_run
+
+    def unpark(
+        self,
+        run_id: str,
+        unit_id: str,
+        now: float,
+        lease_s: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]],
+    ) -> tuple[RunRecord, UnitRecord, bool]:
+        run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
+        new_run, new_unit, queued = decide_unpark(run, unit, now, lease_s)
+        key = log_key(run_id, unit_id)
+        encoded = encode_events(key, events, MAX_TURN_EVENTS)
+        self._check_free(key, [seq for seq, _ in encoded])
+        self._logs.setdefault(key, {}).update(encoded)
+        self._runs[run_id], self._units[run_id][unit_id] = new_run, new_unit
+        return new_run, new_unit.with_(state=effective_state(new_run, new_unit)), queued
+
     def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
         log = self._logs.get(log_key(run_id, unit_id), {})
         return [json.loads(log[seq]) for seq in sorted(log)]
@@ -472,8 +510,8 @@ class InMemoryLedger:
     def reclaim_unit(self, run_id: str, unit_id: str, now: float) -> Settlement | None:
         run, unit = self.run(run_id), self._raw_unit(run_id, unit_id)
         res = unit.reservation
-        if res is None or res.lease_expires > now:
-            return None
+        if res is None or res.lease_expires > now or unit.state is not UnitState.IN_FLIGHT:
+            return None  # a parked unit's lease is its approvals' timeout (the finalizer's)
         if not res.claimed or res.loop:  # a loop's attempt is never lost: its log tells
             self._runs[run_id], self._units[run_id][unit_id] = decide_release(run, unit, now)
             return None

@@ -363,6 +363,37 @@ class Ledger(Protocol):
         so is one whose run is open again (a top-up since): the answer is open, the loop goes on."""
         ...
 
+    def park(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        now: float,
+        until: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    ) -> RunRecord:
+        """An agent loop waits for a person's decision on a tool call: the unit goes to
+        ``awaiting_approval`` with its reservation kept and unclaimed (lease ``until``), with
+        ``events`` (its ``approval_requested`` events) appended in the same write (each only if
+        its seq is free: Contended otherwise). A unit parked already is left as it is. The run
+        as it stands after (an exhausting run may close: the caller wakes the finalizer)."""
+        ...
+
+    def unpark(
+        self,
+        run_id: str,
+        unit_id: str,
+        now: float,
+        lease_s: float,
+        events: Sequence[tuple[int, Mapping[str, Any]]],
+    ) -> tuple[RunRecord, UnitRecord, bool]:
+        """Record ``events`` (the decisions that leave none pending) and move the parked unit
+        out of ``awaiting_approval`` in one write: in flight again with a fresh unclaimed lease
+        on an open run (True: send it to its lane), else into the remainder, its reservation
+        released (False). Contended when an event's seq is taken; Conflict when the unit is not
+        parked."""
+        ...
+
     def read_log(self, run_id: str, unit_id: str) -> list[dict[str, Any]]:
         """The unit's event log: every event, in seq order (DynamoDB: a strongly consistent
         Query)."""

@@ -197,6 +197,9 @@ class UnitState(StrEnum):
     COMPLETED = "completed"
     DEAD_LETTERED = "dead_lettered"
     REMAINDER = "remainder"  # not run because the budget ran out; a top-up brings it back
+    #: an agent loop parked on a tool call that waits for a person's decision: its reservation
+    #: is kept, no message and no worker hold it (docs/agents.md, "Human gates")
+    AWAITING_APPROVAL = "awaiting_approval"
 
     @property
     def terminal(self) -> bool:
@@ -297,6 +300,9 @@ class RunRecord:
     dead_lettered: int = 0
     remainder: int = 0
     in_flight: int = 0
+    #: agent loops parked until a person decides on a tool call (UnitState.AWAITING_APPROVAL):
+    #: outstanding, but neither pending nor in flight (a drain does not wait for them)
+    awaiting: int = 0
     exhaustions: int = 0  # how many times the budget ran out (the current drain's epoch)
     turns: int = 0  # agent units' model turns settled (Ledger.settle_turn)
     tool_calls: int = 0  # the tool calls those turns made
@@ -330,7 +336,7 @@ class RunRecord:
 
     @property
     def pending(self) -> int:
-        return self.outstanding - self.in_flight
+        return self.outstanding - self.in_flight - self.awaiting
 
     @property
     def charged(self) -> int:

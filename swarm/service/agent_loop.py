@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Final
 from swarm.core import agent
 from swarm.core.agent import (
     AgentSpec,
+    AskApproval,
+    AwaitApproval,
     CallModel,
     Event,
     Finished,
@@ -175,6 +177,8 @@ class AgentLoop:
             step = agent.next_step(view, self.spec)
             if isinstance(step, Finished):
                 return self._finish(step)
+            if isinstance(step, AskApproval | AwaitApproval):
+                return self._park(step)
             if isinstance(step, RunTools):
                 self.pending += self._run_tools(step)
                 self._kill(KillPoint.BEFORE_SETTLEMENT, step.turn)
@@ -447,6 +451,56 @@ class AgentLoop:
         if run.state.closed:
             self.worker._closed(self.item.run_id)
         return self._report(Ack("paused: the batch's budget ran out; the unit joins the remainder"))
+
+    def _park(self, step: AskApproval | AwaitApproval) -> WorkReport:
+        """A gated tool call waits for a person's decision (docs/agents.md, "Human gates"): its
+        ``approval_requested`` recorded and the unit parked in one write (``Ledger.park``: the
+        reservation kept, unclaimed, its lease the approvals' timeout), the message deleted, no
+        worker held; ``unit.awaiting_approval`` announced. Nothing of the turn ran: its calls
+        run, in the model's order, once every gated one is decided."""
+        from swarm.service.worker import Ack
+
+        w, item = self.worker, self.item
+        now = self._now()
+        asked = list(step.calls) if isinstance(step, AskApproval) else []
+        events = [*self.pending, *(agent.approval_requested(c, now) for c in asked)]
+        seq = len(self.log)
+        until = now + w.config.approval_timeout_s
+        try:
+            run = self._ledger.park(
+                item.run_id,
+                item.unit_id,
+                self.attempt,
+                now,
+                until,
+                events=[(seq + i, e) for i, e in enumerate(events)],
+            )
+        except Contended:
+            return self._superseded()
+        self.log += events
+        self.pending = []
+        if run.state.closed:  # the last unit of a drain: the drain does not wait for a person
+            w._closed(item.run_id)
+        if asked and w.events is not None:
+            try:
+                w.events.publish(
+                    "unit.awaiting_approval",
+                    {
+                        "batch_id": item.run_id,
+                        "unit_id": item.unit_id,
+                        "tenant": item.tenant,
+                        "calls": [
+                            {"toolUseId": c.tool_use_id, "tool": c.name, "turn": c.turn}
+                            for c in asked
+                        ],
+                        "requested_at": now,
+                        "timeout_at": until,
+                    },
+                )
+            except Exception:  # the park stands: GET /batches/{id}/approvals lists it
+                log.exception("announcing unit.awaiting_approval of %s failed", item.unit_id)
+        names = ", ".join(sorted({c.name for c in asked})) or "its tool calls"
+        return self._report(Ack(f"parked: awaiting approval of {names}"))
 
     def _superseded(self) -> WorkReport:
         from swarm.service.worker import Ack

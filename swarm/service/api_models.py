@@ -21,6 +21,7 @@ from swarm.api.models import (
     MAX_MANIFEST_UNITS,
     SAFE_BODY_BYTES,
     UPLOADS_PREFIX,
+    ApprovalDecision,
     BatchResume,
     BatchSubmission,
     ResultsQuery,
@@ -114,6 +115,22 @@ def check_manifest_key(tenant: str, key: str) -> None:
 
 def parse_resume(body: str | None) -> BatchResume:
     return _validate(BatchResume, parse_json(body))
+
+
+def parse_decision(body: str | None) -> ApprovalDecision:
+    """``POST /batches/{id}/units/{unit}/approvals/{toolUseId}``'s body; a rejection needs a
+    reason (InvalidInput naming ``reason``)."""
+    decision = _validate(ApprovalDecision, parse_json(body))
+    reason = decision.reason.strip()
+    if decision.decision == "reject" and not reason:
+        raise InvalidInput("reason", "a rejection needs a reason: the model reads it")
+    return decision.model_copy(update={"reason": reason})
+
+
+def role_name_of(user_arn: str | None) -> str | None:
+    """The IAM role's name of a caller's ARN (a role or an assumed role's session), or None."""
+    match = _ROLE.match(user_arn or "")
+    return match.group("role") if match else None
 
 
 def parse_upload(body: str | None) -> UploadRequest:

@@ -673,6 +673,7 @@ class Batches:
                 running=running,
                 queued=run.in_flight - running,
                 pending=run.pending,
+                awaiting_approval=run.awaiting,
             ),
             attempts=run.attempts,
             retries=run.retries,

@@ -37,6 +37,7 @@ from swarm.service.results import Results
 
 if TYPE_CHECKING:
     from swarm.core.ports import RunWatch
+    from swarm.service.approvals import Gates
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class Finalizer:
     watch: RunWatch | None = None
     #: where the loop's poll keeps its task token (None: the loop cannot wait; tests)
     closures: Closures | None = None
+    #: human gates: each poll rejects the calls nobody decided in time and sends again a
+    #: decided unit whose message was lost (None: no gates swept)
+    approvals: Gates | None = None
 
     def poll(
         self,
@@ -80,7 +84,11 @@ class Finalizer:
         return self.ledger.run(run_id).state.closed
 
     def _sweep(self, run_id: str, now: float, keep_going: Callable[[], bool]) -> None:
-        """Settle or release the run's expired leases; requeue the lost attempts' retries."""
+        """Settle or release the run's expired leases; requeue the lost attempts' retries. The
+        gates' leases first: a parked unit's is its calls' timeout (docs/agents.md, "Human
+        gates")."""
+        if self.approvals is not None:
+            self.approvals.sweep(run_id, now, keep_going)
         reclaimed = self.ledger.reclaim_expired(run_id, now, keep_going)
         retries = [s for s in reclaimed if s.fate is Fate.RETRY]
         if retries:  # the dead workers' messages may be gone: requeue them, input included

@@ -43,6 +43,7 @@ from swarm.core.ports import (
     ClaimedSettlement,
     Closures,
     DrainSwitch,
+    Events,
     Governor,
     Ledger,
     ModelPlane,
@@ -86,6 +87,9 @@ class WorkerTimings:
     #: no turn (after its first) with less time left in its invocation (docs/agents.md, "The
     #: loop on the stack"; Wiring.turn_seconds)
     turn_s: float = 60.0
+    #: how long a gated tool call waits for a person's decision before the sweeper rejects it
+    #: (cdk.json ``approvals.timeout_hours``; docs/agents.md, "Human gates")
+    approval_timeout_s: float = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,8 @@ class Worker:
     #: the one model's prices, without ``models``: each attempt's usage is priced at its
     #: settlement (None: unpriced)
     prices: Prices | None = None
+    #: EventBridge: a parked agent unit announces ``unit.awaiting_approval`` (None: nobody)
+    events: Events | None = None
 
     def route(self, item: QueuedUnit) -> ModelRoute:
         """The model ``item`` names (or the default), with its governor; InvalidInput when this
@@ -515,7 +521,8 @@ class Worker:
         lost_tokens = 0
         for _ in range(4):
             unit = self.ledger.unit(item.run_id, item.unit_id)
-            if unit.state.terminal:
+            if unit.state.terminal or unit.state is UnitState.AWAITING_APPROVAL:
+                # parked: a person's decision sends it back to its lane
                 return WorkReport(
                     Ack(f"unit is {unit.state.value}"), lost_attempt_tokens=lost_tokens
                 )

@@ -174,6 +174,29 @@ def _an_agent_unit(stack: Stack) -> None:
     assert client.transcript(bid, unit["unit_id"])["stop"]["reason"] == "completed"
 
 
+def _a_gated_call_decided(stack: Stack) -> None:
+    """An agent unit whose notes write needs approval (human gates): the worker parks it and
+    announces it (PutEvents on the bus), the API lists it and its tenant's approval sends it
+    back to its lane (the API's SendMessage), and it completes."""
+    client = stack.client(TENANT)
+    unit = {
+        "unit_id": "grant-gated",
+        "projected_tokens": 12_000,
+        "input": {
+            "system": "Keep a note. turns=2",
+            "messages": [{"role": "user", "content": [{"text": "A gated note."}]}],
+            "inferenceConfig": {"maxTokens": 256},
+            "tools": ["notes_write"],
+            "limits": {"approve_tools": ["notes_write"]},
+        },
+    }
+    bid = submit_retrying(client, {"units": [unit], "budget": 100_000})["batch_id"]
+    wait_for(client, bid, lambda d: d["counts"]["awaiting_approval"] == 1, timeout_s=180)
+    (waiting,) = client.approvals(bid)["waiting"]
+    client.decide(bid, "grant-gated", waiting["toolUseId"], "approve", "least privilege")
+    assert wait_for(client, bid, timeout_s=180)["state"] == "completed"
+
+
 def _a_bundle_with_a_retry(stack: Stack) -> None:
     """Units due together travel as one message (a bundle): one that fails its first attempt
     goes back as a copy of its own (the worker's SendMessage to its lane)."""
@@ -318,6 +341,7 @@ def exercised(stack: Stack) -> None:
     """Every call the checks below expect, made here: the verdict holds whatever ran before."""
     _tools_called(stack)
     _an_agent_unit(stack)
+    _a_gated_call_decided(stack)
     _one_unit_retried_alone(stack)
     _a_bundle_with_a_retry(stack)
     _exhausted_then_resumed(stack)

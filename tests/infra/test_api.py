@@ -7,6 +7,7 @@ import json
 from swarm.api.gateway import GatewayError, GatewayResponses, render
 from swarm.api.models import (
     MAX_MANIFEST_BYTES,
+    ApprovalDecision,
     BatchResume,
     BatchSubmission,
     Error,
@@ -26,6 +27,8 @@ PATHS = {
     ("GET", "fleet"),
     ("GET", "drain"),
     ("GET", "transcript"),
+    ("GET", "approvals"),
+    ("POST", "{tool_use_id}"),
 }
 
 
@@ -74,11 +77,14 @@ def test_the_gateway_validates_with_the_handlers_own_models(synth: Synthesized) 
         for logical_id, m in synth.of_type("AWS::ApiGateway::Model").items()
     }
     assert sorted(schema["title"] for schema in models.values()) == [
+        "ApprovalDecision",
         "BatchResume",
         "BatchSubmission",
         "UploadRequest",
     ]
-    by_title = {m.__name__: m for m in (BatchSubmission, BatchResume, UploadRequest)}
+    by_title = {
+        m.__name__: m for m in (BatchSubmission, BatchResume, UploadRequest, ApprovalDecision)
+    }
     for schema in models.values():
         assert schema == gateway_schema(by_title[schema["title"]])
     (upload,) = [s for s in models.values() if s["title"] == "UploadRequest"]

@@ -308,9 +308,14 @@ def test_api_can_only_start_executions_of_its_state_machine(synth: Synthesized) 
     assert {a for a in all_actions(statements) if a.startswith("states:")} == {
         "states:StartExecution"
     }
-    # Reads lane depth, never consumes or sends
+    # Reads lane depth and sends a unit back to its lane once a gated tool call is decided
+    # (human gates), on the three lanes only; never consumes
     assert "sqs:GetQueueAttributes" in all_actions(statements)
-    assert not {"sqs:SendMessage", "sqs:ReceiveMessage"} & all_actions(statements)
+    assert "sqs:ReceiveMessage" not in all_actions(statements)
+    for queue in stack.lanes.queues.values():
+        assert "sqs:SendMessage" in actions_on(statements, arn(synth, queue))
+    sends = [s for s in statements if "sqs:SendMessage" in s["Action"]]
+    assert all(s["Resource"] != "*" for s in sends)
 
 
 @pytest.mark.parametrize("name", [FINALIZER, DLQ])

@@ -87,8 +87,9 @@ EXPECTED: dict[FunctionName, Table] = {
         "state machine": frozenset({"states:StartExecution"}),
         # SsmDrainSwitch.draining (submit, resume, fleet: cached) and .state (GET /drain)
         "drain parameter": frozenset({"ssm:GetParameter"}),
-        # SqsLanes.depths: shedding and the fleet view
-        **_each("lane", {"sqs:GetQueueAttributes"}),
+        # SqsLanes.depths: shedding and the fleet view; SqsLanes.send: a decision on a gated
+        # tool call sends its unit back to its lane (Gates.decide)
+        **_each("lane", {"sqs:GetQueueAttributes", "sqs:SendMessage"}),
     },
     FANOUT: {
         **_COMMON,
@@ -163,6 +164,8 @@ EXPECTED: dict[FunctionName, Table] = {
                 "sqs:SendMessage",
             },
         ),
+        # a parked agent unit announces unit.awaiting_approval (EventBridgeEvents.publish)
+        "event bus": frozenset({"events:PutEvents"}),
     },
     DLQ: {
         **_COMMON,

@@ -244,6 +244,7 @@ class ControlPlane:
         query: Mapping[str, str] | None = None,
         operator: bool = False,
         role_id: str | None = None,
+        operator_name: str = "ops",
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         """A request as API Gateway hands it over: signed by ``tenant``'s role (its unique id
         ``role_id``, by default one fixed per tenant), or by an operator's role."""
@@ -254,7 +255,11 @@ class ControlPlane:
             body=text,
             headers={"Content-Type": "application/json", **(headers or {})},
             user_arn=(
-                self.operator_arn() if operator else self.tenant_arn(tenant) if tenant else None
+                self.operator_arn(operator_name)
+                if operator
+                else self.tenant_arn(tenant)
+                if tenant
+                else None
             ),
             user=f"{role_id or _role_id(tenant or 'ops')}:session",
             query=query,

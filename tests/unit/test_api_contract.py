@@ -13,6 +13,7 @@ from swarm.api.models import (
     MAX_BUDGET_TOKENS,
     MAX_INLINE_UNITS,
     MAX_MANIFEST_BYTES,
+    ApprovalDecision,
     BatchResume,
     BatchSubmission,
     UploadRequest,
@@ -34,7 +35,13 @@ from swarm.core.memory import (
 )
 from swarm.core.ports import MappingState
 from swarm.core.records import Lane
-from swarm.service.api_models import TooLarge, parse_resume, parse_submit, parse_upload
+from swarm.service.api_models import (
+    TooLarge,
+    parse_decision,
+    parse_resume,
+    parse_submit,
+    parse_upload,
+)
 from swarm.service.batches import Batches, BatchesConfig
 from swarm.service.drain import DrainController, safe_to_deploy
 from swarm.service.opener import open_at_once
@@ -249,7 +256,23 @@ def test_the_gateway_models_are_draft_4_with_nothing_to_resolve(model: Any) -> N
 
 
 def test_every_request_body_of_a_route_has_a_gateway_model() -> None:
-    assert {r.request for r in ROUTES if r.request} == {BatchSubmission, BatchResume, UploadRequest}
+    assert {r.request for r in ROUTES if r.request} == {
+        BatchSubmission,
+        BatchResume,
+        UploadRequest,
+        ApprovalDecision,
+    }
+
+
+def test_a_decision_is_checked_alike_by_the_gateway_and_the_handler() -> None:
+    schema = gateway_schema(ApprovalDecision)
+    for ok in ({"decision": "approve"}, {"decision": "reject", "reason": "not that note"}):
+        assert gateway_accepts(schema, ok) and handler_accepts(parse_decision, ok)
+    for bad in ({"decision": "maybe"}, {"decision": "approve", "who": "me"}, {}):
+        assert not gateway_accepts(schema, bad) and not handler_accepts(parse_decision, bad)
+    # what a schema cannot say: a rejection needs a reason that is not blank
+    blank = {"decision": "reject", "reason": "  "}
+    assert gateway_accepts(schema, blank) and not handler_accepts(parse_decision, blank)
 
 
 @pytest.mark.parametrize("body", VALID_SUBMISSIONS)

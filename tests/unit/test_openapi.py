@@ -133,7 +133,12 @@ def source_schema(operation: dict[str, Any], status: str) -> dict[str, Any]:
 def test_every_id_is_documented_with_the_one_pattern_the_code_checks() -> None:
     unit = SPEC["components"]["schemas"]["Unit"]
     assert unit["properties"]["unit_id"]["pattern"] == ID_PATTERN
-    patterns = {"batch_id": BATCH_ID_PATTERN, "tenant": TENANT_PATTERN, "unit_id": ID_PATTERN}
+    patterns = {
+        "batch_id": BATCH_ID_PATTERN,
+        "tenant": TENANT_PATTERN,
+        "unit_id": ID_PATTERN,
+        "tool_use_id": agent.NAME_PATTERN,  # a toolUseId: Converse's pattern
+    }
     for path, ops in SPEC["paths"].items():
         for op in ops.values():
             for param in op.get("parameters", []):

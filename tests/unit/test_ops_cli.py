@@ -82,3 +82,30 @@ def test_a_missing_local_target_explains_what_to_do(tmp_path: Path) -> None:
     target = Target("http://127.0.0.1:1", "us-east-1", "/swarm/local/drain", "http://x", "demo")
     target.save(tmp_path / "t.json")
     assert Target.load(tmp_path / "t.json") == target
+
+
+def test_the_waiting_calls_are_listed_one_a_line_with_how_to_decide() -> None:
+    from swarm.cli.ops import approvals_lines
+
+    doc = {
+        "batch_id": "b-1",
+        "waiting": [
+            {
+                "unit_id": "u-1",
+                "toolUseId": "t1-1-0",
+                "tool": "notes_write",
+                "input": {"name": "plan", "value": "x" * 300},
+                "turn": 1,
+                "requested_at": 10.0,
+                "waited_s": 95.4,
+            }
+        ],
+    }
+    head, call, how = approvals_lines(doc)
+    assert head == "batch b-1: 1 tool call(s) wait for a decision"
+    assert call.startswith("  u-1  t1-1-0  notes_write  waited 95 s  {") and call.endswith("...")
+    assert len(call) < 200  # a long input is cut
+    assert "swarm approve b-1 UNIT TOOLUSE" in how and "swarm reject b-1" in how
+    assert approvals_lines({"batch_id": "b-1", "waiting": []}) == [
+        "batch b-1: no tool call waits for a decision"
+    ]

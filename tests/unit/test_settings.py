@@ -49,6 +49,7 @@ VALUES = {
     ),
     env.GOVERNOR_MAX_WAIT_SECONDS: "20",
     env.LEASE_SECONDS: "720",
+    env.APPROVAL_TIMEOUT_SECONDS: "86400",
     env.BUNDLE_WINDOW_SECONDS: "10",
     env.BUNDLE_UNITS: "5",
     env.BUNDLE_STRETCH: "0.1",

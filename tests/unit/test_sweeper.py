@@ -457,6 +457,7 @@ def test_the_sweepers_timers_follow_the_local_time_scale(scale: float) -> None:
             "POWERTOOLS_LOG_LEVEL": "INFO",
             "STATE_MACHINE_ARN": "arn:aws:states:us-east-1:123456789012:stateMachine:fanout",
             "SWEEP_INTERVAL_SECONDS": "900",
+            "LEASE_SECONDS": "720",
         }
     )
     for name in OPTIONAL_VARS:
@@ -466,6 +467,9 @@ def test_the_sweepers_timers_follow_the_local_time_scale(scale: float) -> None:
     assert sweeper.config.interval_s == 900 / scale
     assert sweeper.config.max_backoff_s == 86_400 / scale
     assert sweeper.finalizer.watch is not None  # the finalizer it runs releases what it closes
+    # and sweeps the human gates, a decided unit sent back with the lanes' lease
+    assert sweeper.finalizer.approvals is not None
+    assert sweeper.finalizer.approvals.lease_s == 720 / scale
     assert sweeper.ledger.watch_grace_s == 300 / scale  # type: ignore[attr-defined]
     arn = sweeper.executions.execution_arn("b-1-r2")  # type: ignore[attr-defined]
     assert arn == "arn:aws:states:us-east-1:123456789012:execution:fanout:b-1-r2"
