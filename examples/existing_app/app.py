@@ -61,7 +61,7 @@ class TeamStack(cdk.Stack):
         )
         alarm = cloudwatch.Alarm(
             self,
-            "SwarmDeadLetters",
+            "DeadLettersAlarm",
             metric=dead_letters,
             threshold=1,
             evaluation_periods=1,

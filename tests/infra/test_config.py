@@ -996,7 +996,7 @@ def test_the_output_burndown_defaults_to_what_bedrock_documents_for_the_model(
     config = load_config(_context(model=_model(**model)))  # one model, without the registry
     assert config.governor_config(config.registry.default).output_burndown == burndown
     # and it reaches every function that draws from or reads the governor
-    from infra.stack import _static_environment
+    from infra.control_plane import _static_environment
 
     models = json.loads(_static_environment(config, "worker")["MODELS"])
     assert models["catalog"][models["default"]]["burndown"] == burndown
@@ -1021,7 +1021,7 @@ def test_a_bad_output_burndown_is_refused_naming_the_key(value: Any, allowed: st
 
 
 def test_the_shipped_prices_reach_the_api_and_the_worker_as_micro_dollars() -> None:
-    from infra.stack import _static_environment
+    from infra.control_plane import _static_environment
 
     config = load_config(cdk_json_context())
     haiku = config.registry.catalog["haiku"].parsed_prices
@@ -1176,7 +1176,7 @@ def test_a_tenants_models_must_be_registered_and_include_the_default(
 
 
 def test_a_models_rpm_reaches_the_governor_and_is_off_when_absent() -> None:
-    from infra.stack import _static_environment
+    from infra.control_plane import _static_environment
 
     shipped = load_config(cdk_json_context())
     assert shipped.governor_config("haiku").rpm is None  # absent: requests not governed
