@@ -168,7 +168,7 @@ class WorkerConfig(_Strict):
     # a bundle whose first unit is due later (deep in a queue) gathers for this fraction of that
     # unit's delay when longer than bundle_window_seconds, at most bundle_max_window_seconds:
     # a unit waits at most that much (and this fraction) longer than its place, and more units
-    # share an invocation's wait for the model (docs/scale.md)
+    # share an invocation's wait for the model (docs/explanation/scale.md)
     bundle_stretch: float = Field(default=0.0, ge=0, le=1)
     bundle_max_window_seconds: float | None = Field(default=None, ge=0, le=600)
 
@@ -726,7 +726,8 @@ class SwarmConfig(_Strict):
     # the one model's quota of a configuration without ``models`` (with it: each model's tpm)
     quota_tpm: int | None = Field(default=None, ge=1, le=1_000_000_000)
     # the one model's requests per minute (null: requests not governed; with ``models``: each
-    # model's rpm): the request bucket beside its tokens (docs/governor.md, "Requests per minute")
+    # model's rpm): the request bucket beside its tokens (docs/explanation/governor.md, "Requests
+    # per minute")
     quota_rpm: int | None = Field(default=None, ge=1, le=100_000_000, strict=True)
     # the share of each model's quota the fleet takes (a model's own governor_share overrides)
     governor_share: float = Field(gt=0, le=1)
@@ -749,8 +750,8 @@ class SwarmConfig(_Strict):
     uploads: UploadsConfig = UploadsConfig()
     tenants: TenantsConfig
     model: ModelConfig
-    # the models units may name, each with its own quota (docs/governor.md, "Models"); absent:
-    # one model, from quota_tpm and model.bedrock_model_id (and model.output_burndown)
+    # the models units may name, each with its own quota (docs/explanation/governor.md, "Models");
+    # absent: one model, from quota_tpm and model.bedrock_model_id (and model.output_burndown)
     models: ModelsConfig | None = None
     observability: ObservabilityConfig
     # the tool registry: name -> ToolConfig (docs/agents.md, "Tools"); tenants get tools by name
@@ -926,8 +927,8 @@ class SwarmConfig(_Strict):
     def _bundles_keep_their_tickets(self) -> None:
         """A bundle is delayed until its last unit is due: its first unit presents its ticket
         (or place) up to the longest window late. The governor honours one at most the time its
-        bucket takes to fill after its ready time (docs/governor.md): a longer window would
-        throw the first units' bookings away."""
+        bucket takes to fill after its ready time (docs/explanation/governor.md): a longer window
+        would throw the first units' bookings away."""
         longest = self.worker.longest_bundle_window_seconds
         for name in sorted(self.registry.catalog):
             governor = self.governor_config(name)

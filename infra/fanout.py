@@ -212,7 +212,7 @@ class FanOutMachine(Construct):
             role,
             "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
             # the run's units (the results, once, at closure; the lease sweep's scan of a run
-            # past its scan horizon: docs/ledger.md)
+            # past its scan horizon: docs/explanation/ledger.md)
             "dynamodb:Query",
             # reclaim: books + unit updates; the run's watch entry (record, release)
             "dynamodb:UpdateItem",

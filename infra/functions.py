@@ -18,7 +18,7 @@ from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS, SWARM_FUNCTION, Function
 #: The newest Python runtime aws-cdk-lib 2.275.0 offers (cdk-nag's L1 rule checks it).
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 #: Graviton: Lambda bills an Arm GB-second 20% below an x86 one, and a worker's invocation is
-#: mostly a wait for the model (docs/scale.md); every dependency ships aarch64 wheels
+#: mostly a wait for the model (docs/explanation/scale.md); every dependency ships aarch64 wheels
 ARCHITECTURE = lambda_.Architecture.ARM_64
 
 
