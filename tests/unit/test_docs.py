@@ -167,3 +167,17 @@ def test_the_readme_is_a_front_door() -> None:
     assert "make run" in readme and "make test" in readme
     for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|json))(?:#[\w-]+)?\)", readme):
         assert (ROOT / link).is_file(), f"README.md links to {link}, which does not exist"
+
+
+def test_the_version_is_one_semver_in_pyproject_the_package_and_the_changelog() -> None:
+    """The wheel's version (pyproject.toml), ``swarm.__version__`` and the newest released
+    section of CHANGELOG.md are one Semantic Versioning version."""
+    import tomllib
+
+    import swarm
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+    assert swarm.__version__ == version
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert released and released[0] == version, (released[:1], version)
