@@ -160,3 +160,30 @@ def test_a_state_machine_name_past_step_functions_limit_is_refused_naming_the_fi
     assert fanout_state_machine_name(stack, "Swarm") == "Team-Swarm-fanout"
     with pytest.raises(ConfigError, match="shorter id"):
         fanout_state_machine_name(stack, "S" * 80)
+
+
+def test_two_control_planes_of_two_stages_share_one_stack(tmp_path: Path) -> None:
+    """Every name the construct fixes before deploy comes from its stack, its id or its stage:
+    two of them (stages blue and green) in one stack get their own state machine, drain switch
+    and log group."""
+    flags = {k: v for k, v in cdk_json_context().items() if k.startswith("@")}
+    app = cdk.App(context={**flags, **NO_BUNDLING}, outdir=str(tmp_path))
+    stack = cdk.Stack(app, "Two")
+    for stage in ("blue", "green"):
+        config = SwarmConfig.from_mapping({**_shipped(), "stage": stage})
+        SwarmControlPlane(stack, stage.capitalize(), config=config)
+    app.synth()
+    resources = json.loads((tmp_path / "Two.template.json").read_text())["Resources"]
+
+    def names(kind: str, key: str) -> list[Any]:
+        return sorted(
+            str(r["Properties"].get(key)) for r in resources.values() if r["Type"] == kind
+        )
+
+    assert names("AWS::StepFunctions::StateMachine", "StateMachineName") == [
+        "Two-Blue-fanout",
+        "Two-Green-fanout",
+    ]
+    assert names("AWS::SSM::Parameter", "Name") == ["/swarm/blue/drain", "/swarm/green/drain"]
+    state_logs = [n for n in names("AWS::Logs::LogGroup", "LogGroupName") if "states" in n]
+    assert len(state_logs) == len(set(state_logs)) == 2
