@@ -10,7 +10,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 
-.PHONY: setup run test test-scale lint format typecheck openapi docs docs-gen unit integration infra e2e synth deploy bench clean help
+.PHONY: setup run test test-scale lint format typecheck openapi docs docs-gen package unit integration infra e2e synth deploy bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ docs: setup  ## build the documentation site into site/ (mkdocs build --strict);
 
 docs-gen: setup  ## regenerate docs/reference/{cli,api,config}.md from the parser, docs/openapi.json and infra/config.py
 	$(BIN)/python scripts/docgen.py
+
+package: setup  ## build the wheel and the sdist into dist/ and twine-check them (make test also installs and synthesizes them)
+	scripts/package-check build
 
 unit: setup  ## tests/unit only
 	$(BIN)/pytest tests/unit

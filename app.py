@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """CDK entry point. Loads cdk.json's context itself so `python app.py`, pytest and `npx cdk synth`
-build the same template; cdk-nag (AwsSolutions) runs as a CDK validation plugin on every synth."""
+build the same template; cdk-nag (AwsSolutions) runs as a CDK validation plugin on every synth.
+The stack is a thin user of infra.control_plane.SwarmControlPlane, which a user's own CDK app can
+add to its own stacks instead (examples/existing_app)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,8 @@ from typing import Any
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from infra.checkov import acknowledge_checks
-from infra.config import load_config
+from infra.config import SwarmConfig
 from infra.context import cdk_json_context
-from infra.nag import acknowledge_findings
 from infra.stack import SwarmStack
 
 #: What the CLI passes for cdk.json's "versionReporting": false, "pathMetadata": true and
@@ -44,15 +44,13 @@ def build_app(
     )
     # The CLI's -c values (and cdk.json again) reach the app through the environment and win
     # over the constructor's context, so validate what the app node finally holds.
-    config = load_config(app.node.get_all_context())
+    config = SwarmConfig.from_context(app)
     stack = SwarmStack(
         app,
         f"Swarm-{config.stage}",
         config=config,
         description=f"swarm control plane ({config.stage}): lanes, fleet, governor, ledger",
     )
-    acknowledge_findings(stack)
-    acknowledge_checks(stack)
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, stack

@@ -22,10 +22,10 @@ together before they run (``Worker.book_together``), so those that must wait go 
 The batch's units run at the same time, one thread each (at most the mapping's batch size of
 messages, 10, of at most MAX_BUNDLE_UNITS units): a worker spends nearly all its time waiting for
 the model, and Lambda bills the invocation's duration, so a batch run one unit after another
-billed the sum of its model calls and one run at once bills about the longest (docs/scale.md,
-"The bill per unit"). Each unit runs in a copy of the invocation's context, so its log lines
-carry its own ids (Powertools' thread-safe keys); the metrics are added on the invocation's
-thread, from the units' reports.
+billed the sum of its model calls and one run at once bills about the longest
+(docs/explanation/scale.md, "The bill per unit"). Each unit runs in a copy of the invocation's
+context, so its log lines carry its own ids (Powertools' thread-safe keys); the metrics are added on
+the invocation's thread, from the units' reports.
 """
 
 from __future__ import annotations

@@ -5,13 +5,15 @@ synthesized templates and fails on any finding left."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aws_cdk as cdk
 from constructs import IConstruct
 
-from infra.stack import SwarmStack
 from swarm import contract as env
+
+if TYPE_CHECKING:
+    from infra.control_plane import SwarmControlPlane
 
 _VPC = (
     "No private resource to reach: every call (DynamoDB, SQS, S3, SSM, Step Functions, "
@@ -87,8 +89,8 @@ def skip(construct: IConstruct, check_id: str, comment: str) -> None:
     cfn.add_metadata("checkov", {"skip": skips})
 
 
-def acknowledge_checks(stack: SwarmStack) -> None:
-    for name, built in stack.functions.items():
+def acknowledge_checks(plane: SwarmControlPlane) -> None:
+    for name, built in plane.functions.items():
         function = built.function
         skip(function, "CKV_AWS_117", _VPC)
         skip(function, "CKV_AWS_173", _ENV_KEY)
@@ -98,27 +100,27 @@ def acknowledge_checks(stack: SwarmStack) -> None:
             "CKV_AWS_116",
             _DLQ_SQS if name in (env.WORKER, env.DLQ) else _DLQ_SYNC[name],
         )
-        if not (name == env.WORKER and stack.config.reserved_concurrency is not None):
+        if not (name == env.WORKER and plane.config.reserved_concurrency is not None):
             skip(function, "CKV_AWS_115", _CONCURRENCY[name])
     skip(
-        stack.front_door.access_logs,
+        plane.front_door.access_logs,
         "CKV_AWS_158",
         "CloudWatch Logs encrypts every log group at rest (service-managed keys); an access log "
         "line names the caller, method, path and status (infra/api.py ACCESS_LOG_FIELDS), "
         "never a body, so a customer managed key would add a key policy and cost",
     )
     skip(
-        stack.fanout.log_group,
+        plane.fanout.log_group,
         "CKV_AWS_158",
         "CloudWatch Logs encrypts every log group at rest (service-managed keys); the state "
         "machine logs without execution data (include_execution_data=False: units are "
         "tenants' data), so a customer managed key would add a key policy and cost",
     )
-    tables = [stack.tables.governor, stack.tables.ledger]
-    tables += [t for t in (stack.tools.notes_table, stack.tools.journals_table) if t is not None]
+    tables = [plane.tables.governor, plane.tables.ledger]
+    tables += [t for t in (plane.tools.notes_table, plane.tools.journals_table) if t is not None]
     for table in tables:
         skip(table, "CKV_AWS_119", _TABLE_KEY)
-    for tool in stack.tools.functions.values():
+    for tool in plane.tools.functions.values():
         skip(tool.function, "CKV_AWS_117", _VPC)
         skip(tool.function, "CKV_AWS_173", _ENV_KEY)
         skip(tool.log_group, "CKV_AWS_158", _LOG_KEY)
@@ -135,22 +137,22 @@ def acknowledge_checks(stack: SwarmStack) -> None:
             "Bounded by the workers that call it (each runs its unit's calls); a reservation "
             "would take from the account's unreserved pool, which a fresh account cannot give",
         )
-    for queue in [*stack.lanes.queues.values(), stack.lanes.dead_letters]:
+    for queue in [*plane.lanes.queues.values(), plane.lanes.dead_letters]:
         skip(queue, "CKV_AWS_27", _SQS_KEY)
     skip(
-        stack.storage.access_logs,
+        plane.storage.access_logs,
         "CKV_AWS_18",
         "This is the server access log bucket: logging it into itself would log every "
         "delivery of its own logs; the batches bucket logs into it",
     )
     skip(
-        stack.storage.access_logs,
+        plane.storage.access_logs,
         "CKV_AWS_21",
         "Server access logs are written once by S3's log delivery and expire after 90 days: "
         "there is no object to restore from an earlier version",
     )
     skip(
-        stack.front_door.api.deployment_stage,
+        plane.front_door.api.deployment_stage,
         "CKV_AWS_120",
         "Every answer is per caller (the tenant comes from the SigV4 identity) and changes "
         "from one call to the next (a run's progress): a cache would serve stale or another "

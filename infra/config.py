@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -62,6 +62,13 @@ RETENTION_DAYS = (
     1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
     3288, 3653,
 )  # fmt: skip
+
+
+class IConstructLike(Protocol):
+    """A CDK construct (an App, a Stack...): what :meth:`SwarmConfig.from_context` reads."""
+
+    @property
+    def node(self) -> Any: ...
 
 
 class ConfigError(ValueError):
@@ -162,7 +169,7 @@ class WorkerConfig(_Strict):
     # a bundle whose first unit is due later (deep in a queue) gathers for this fraction of that
     # unit's delay when longer than bundle_window_seconds, at most bundle_max_window_seconds:
     # a unit waits at most that much (and this fraction) longer than its place, and more units
-    # share an invocation's wait for the model (docs/scale.md)
+    # share an invocation's wait for the model (docs/explanation/scale.md)
     bundle_stretch: float = Field(default=0.0, ge=0, le=1)
     bundle_max_window_seconds: float | None = Field(default=None, ge=0, le=600)
 
@@ -769,7 +776,8 @@ class SwarmConfig(_Strict):
     # the one model's quota of a configuration without ``models`` (with it: each model's tpm)
     quota_tpm: int | None = Field(default=None, ge=1, le=1_000_000_000)
     # the one model's requests per minute (null: requests not governed; with ``models``: each
-    # model's rpm): the request bucket beside its tokens (docs/governor.md, "Requests per minute")
+    # model's rpm): the request bucket beside its tokens (docs/explanation/governor.md, "Requests
+    # per minute")
     quota_rpm: int | None = Field(default=None, ge=1, le=100_000_000, strict=True)
     # the share of each model's quota the fleet takes (a model's own governor_share overrides)
     governor_share: float = Field(gt=0, le=1)
@@ -794,8 +802,8 @@ class SwarmConfig(_Strict):
     approvals: ApprovalsConfig = ApprovalsConfig()
     tenants: TenantsConfig
     model: ModelConfig
-    # the models units may name, each with its own quota (docs/governor.md, "Models"); absent:
-    # one model, from quota_tpm and model.bedrock_model_id (and model.output_burndown)
+    # the models units may name, each with its own quota (docs/explanation/governor.md, "Models");
+    # absent: one model, from quota_tpm and model.bedrock_model_id (and model.output_burndown)
     models: ModelsConfig | None = None
     observability: ObservabilityConfig
     # the tool registry: name -> ToolConfig (docs/agents.md, "Tools"); tenants get tools by name
@@ -830,6 +838,34 @@ class SwarmConfig(_Strict):
     def visibility_timeout_seconds(self) -> int:
         """AWS's guidance for SQS-triggered Lambda: at least six times the function timeout."""
         return 6 * self.worker.timeout_seconds
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, key: str | None = None) -> SwarmConfig:
+        """The settings as cdk.json's context gives them (``stage``, ``lanes``, ``worker``...),
+        validated as synth validates them: :class:`ConfigError` names the key at fault (under
+        ``key.`` when ``key`` says where they came from) and what is allowed."""
+        return load_config(values, key=key)
+
+    @classmethod
+    def from_context(cls, scope: IConstructLike, *, key: str | None = None) -> SwarmConfig:
+        """The settings in a CDK app's context (cdk.json and ``-c`` values), as this
+        repository's app.py reads them: top-level keys, or those of the object at ``key`` (an
+        app whose cdk.json holds its own keys too: ``"swarm": {"stage": "dev", ...}``)."""
+        context = dict(scope.node.get_all_context())
+        if key is None:
+            return load_config(context)
+        if key not in context:
+            raise ConfigError(
+                f"context key '{key}' is required: an object holding the control plane's "
+                "settings (stage, lanes, worker, ...; docs/reference/config.md)"
+            )
+        values = _decode(key, context[key])
+        if not isinstance(values, Mapping):
+            raise ConfigError(
+                f"context key '{key}' must be an object of the control plane's settings "
+                f"(got {type(values).__name__})"
+            )
+        return load_config(values, key=key)
 
     @model_validator(mode="after")
     def _consistent(self) -> SwarmConfig:
@@ -963,8 +999,8 @@ class SwarmConfig(_Strict):
     def _bundles_keep_their_tickets(self) -> None:
         """A bundle is delayed until its last unit is due: its first unit presents its ticket
         (or place) up to the longest window late. The governor honours one at most the time its
-        bucket takes to fill after its ready time (docs/governor.md): a longer window would
-        throw the first units' bookings away."""
+        bucket takes to fill after its ready time (docs/explanation/governor.md): a longer window
+        would throw the first units' bookings away."""
         longest = self.worker.longest_bundle_window_seconds
         for name in sorted(self.registry.catalog):
             governor = self.governor_config(name)
@@ -1527,8 +1563,10 @@ def _decode(key: str, value: Any) -> Any:
     return value
 
 
-def load_config(context: Mapping[str, Any]) -> SwarmConfig:
-    """Validate the swarm keys of a CDK context; raise :class:`ConfigError` naming the key."""
+def load_config(context: Mapping[str, Any], *, key: str | None = None) -> SwarmConfig:
+    """Validate the swarm keys of a CDK context; raise :class:`ConfigError` naming the key
+    (``<key>.<name>`` when the settings are the object at context key ``key``)."""
+    where = f"{key}." if key else ""
     unknown = sorted(
         key
         for key in context
@@ -1539,9 +1577,10 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
     )
     if unknown:
         raise ConfigError(
-            f"unknown context key(s): {', '.join(unknown)}; allowed keys: {', '.join(CONFIG_KEYS)}"
+            f"unknown context key(s): {', '.join(where + k for k in unknown)}; allowed keys: "
+            f"{', '.join(CONFIG_KEYS)}"
         )
-    values = {key: _decode(key, context[key]) for key in CONFIG_KEYS if key in context}
+    values = {name: _decode(where + name, context[name]) for name in CONFIG_KEYS if name in context}
     try:
         config = SwarmConfig.model_validate(values)
     except ValidationError as error:
@@ -1559,6 +1598,8 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
                 # a block's check that names its field from the block's own name (a model's
                 # prices: models.catalog.<name>.prices + prices.input)
                 key, message = key[: len(key) - len(head.split(".")[0])] + head, rest
+            if where:
+                key = where + key if key != "(context)" else where.rstrip(".")
             if item["type"] == "missing":
                 problems.append(f"context key '{key}' is required")
             elif isinstance(item.get("input"), dict):
@@ -1566,8 +1607,15 @@ def load_config(context: Mapping[str, Any]) -> SwarmConfig:
             else:
                 problems.append(f"context key '{key}': {message} (got {item.get('input')!r})")
         raise ConfigError("invalid cdk.json context: " + "; ".join(problems)) from None
+    check_config(config)
+    return config
+
+
+def check_config(config: SwarmConfig) -> None:
+    """The checks across the configuration and the state machine's definition that the model's
+    own validators do not run (the worker's, the map child's and the API's timing):
+    :class:`ConfigError` naming the key. SwarmControlPlane runs them on any config it gets."""
     for check in (worker_timing_problem, express_child_problem, api_timing_problem):
         timing = check(config)
         if timing is not None:
             raise ConfigError(f"invalid cdk.json context: {timing}")
-    return config

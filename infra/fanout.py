@@ -24,7 +24,6 @@ from infra.functions import (
     FunctionFactory,
     FunctionSpec,
     SwarmFunction,
-    fanout_state_machine_name,
     retention,
 )
 from infra.queues import LaneQueues
@@ -122,7 +121,7 @@ class FanOutMachine(Construct):
         # policy must name the state machine's own ARN (child executions, continue-as-new), and
         # a generated name would make the policy depend on the state machine that depends on
         # the role.
-        name = fanout_state_machine_name(stack)
+        name = factory.state_machine_name
         self.state_machine_name = name
         state_machine_arn = stack.format_arn(
             service="states",
@@ -213,7 +212,7 @@ class FanOutMachine(Construct):
             role,
             "dynamodb:BatchGetItem",  # the run, and each reclaimed unit
             # the run's units (the results, once, at closure; the lease sweep's scan of a run
-            # past its scan horizon: docs/ledger.md)
+            # past its scan horizon: docs/explanation/ledger.md)
             "dynamodb:Query",
             # reclaim: books + unit updates; the run's watch entry (record, release)
             "dynamodb:UpdateItem",

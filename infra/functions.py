@@ -18,7 +18,7 @@ from swarm.contract import FUNCTION_ENV, OPTIONAL_VARS, SWARM_FUNCTION, Function
 #: The newest Python runtime aws-cdk-lib 2.275.0 offers (cdk-nag's L1 rule checks it).
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 #: Graviton: Lambda bills an Arm GB-second 20% below an x86 one, and a worker's invocation is
-#: mostly a wait for the model (docs/scale.md); every dependency ships aarch64 wheels
+#: mostly a wait for the model (docs/explanation/scale.md); every dependency ships aarch64 wheels
 ARCHITECTURE = lambda_.Architecture.ARM_64
 
 
@@ -201,20 +201,32 @@ class SwarmFunction(Construct):
         self.log_group.grant_write(self.role)
 
 
-def fanout_state_machine_name(stack: cdk.Stack) -> str:
+#: Step Functions' longest state machine name.
+STATE_MACHINE_NAME_MAX = 80
+
+
+def fanout_state_machine_name(stack: cdk.Stack, qualifier: str = "") -> str:
     """The fan-out state machine's name, derived from the stack's (unique per account and
-    region): policies name its ARN without depending on the state machine itself, which depends
-    on the functions it invokes (infra/fanout.py)."""
-    return f"{stack.stack_name}-fanout"
+    region) and, for a control plane not built with the id ``Default``, its construct id (two in
+    one stack stay apart): policies name its ARN without depending on the state machine itself,
+    which depends on the functions it invokes (infra/fanout.py)."""
+    name = f"{stack.stack_name}-{qualifier}-fanout" if qualifier else f"{stack.stack_name}-fanout"
+    if cdk.Token.is_unresolved(name) or len(name) > STATE_MACHINE_NAME_MAX:
+        raise ConfigError(
+            f"the fan-out state machine's name {name!r} (<stack name>[-<construct id>]-fanout) "
+            f"must be a known string of at most {STATE_MACHINE_NAME_MAX} characters: give the "
+            "stack a shorter stack_name or the SwarmControlPlane a shorter id"
+        )
+    return name
 
 
-def grant_task_response(role: iam.IRole, stack: cdk.Stack) -> None:
+def grant_task_response(role: iam.IRole, stack: cdk.Stack, state_machine_name: str) -> None:
     """``SendTaskSuccess`` on the fan-out state machine: a function whose write may close a run
     wakes the finalize loop waiting for that closure (swarm.adapters.closures)."""
     arn = stack.format_arn(
         service="states",
         resource="stateMachine",
-        resource_name=fanout_state_machine_name(stack),
+        resource_name=state_machine_name,
         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
     )
     role.add_to_principal_policy(
@@ -225,10 +237,19 @@ def grant_task_response(role: iam.IRole, stack: cdk.Stack) -> None:
 class FunctionFactory:
     """Builds the functions of one stack from one shared code asset."""
 
-    def __init__(self, scope: Construct, config: SwarmConfig, environment: Environment) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        config: SwarmConfig,
+        environment: Environment,
+        *,
+        state_machine_name: str,
+    ) -> None:
         self.scope = scope
         self.config = config
         self.environment = environment
+        #: the fan-out state machine's name (fanout_state_machine_name), known before it exists
+        self.state_machine_name = state_machine_name
         self.code = function_code(RUNTIME, ARCHITECTURE)
 
     def build(self, construct_id: str, spec: FunctionSpec) -> SwarmFunction:

@@ -5,7 +5,8 @@ it ignores ``DefinitionS3Location`` (what ``DefinitionBody.from_file`` synthesiz
 ``DefinitionSubstitutions``. So the local runtime deploys the template, then calls
 ``update_state_machine`` with :func:`local_definitions`: the ASL file from the cloud assembly, the
 substitutions resolved to the deployed physical values, and the settings moto cannot run rewritten
-(see docs/local.md). This touches the local copy only; ``cdk deploy`` ships the template.
+(see docs/explanation/local.md). This touches the local copy only; ``cdk deploy`` ships the
+template.
 
 (moto's ``Fn::Sub`` is no way round: it uses ``string.Template``, which turns ``$$.Map.Item``
 into ``$.Map.Item``.) No boto3 here: the caller supplies the resolver.

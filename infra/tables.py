@@ -40,9 +40,9 @@ class Tables(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, config: SwarmConfig) -> None:
         super().__init__(scope, construct_id)
-        # Both use the adapters' key schema (docs/governor.md, docs/ledger.md): governor shards are
-        # pk=gov#<name>, sk=shard#NNNN; ledger items pk=run#<id>, sk=spec|books|unit#.. (and
-        # attempt#.. of an earlier layout: read only)
+        # Both use the adapters' key schema (docs/explanation/governor.md,
+        # docs/explanation/ledger.md): governor shards are pk=gov#<name>, sk=shard#NNNN; ledger
+        # items pk=run#<id>, sk=spec|books|unit#.. (and attempt#.. of an earlier layout: read only)
         self.governor = self._table("Governor", config)
         self.ledger = self._table("Ledger", config)
         for construct_id, table in (("Governor", self.governor), ("Ledger", self.ledger)):
@@ -89,7 +89,7 @@ class Tables(Construct):
         ``Leases``: the units that hold a lease, by run (the table's ``pk``) and lease expiry
         (``res_lease``, present only while a unit holds a reservation), keys only. The finalizer
         (and the sweeper, which runs it) Query it for the expired leases of one run instead of
-        reading every unit (swarm.adapters.dynamodb_ledger, docs/ledger.md).
+        reading every unit (swarm.adapters.dynamodb_ledger, docs/explanation/ledger.md).
         """
         cfn = table.node.default_child
         assert isinstance(cfn, dynamodb.CfnTable)

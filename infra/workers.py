@@ -71,7 +71,7 @@ class Workers(Construct):
         grant_get_parameter(drain_parameter, role)
         # the settlement that ends a run's last unit wakes its finalize loop (its task token:
         # read with the ledger's BatchGetItem, handed back with SendTaskSuccess)
-        grant_task_response(role, cdk.Stack.of(self))
+        grant_task_response(role, cdk.Stack.of(self), factory.state_machine_name)
         # each attempt's outcome, written once (a conditional PutObject, If-None-Match: *: an
         # invocation's outcomes in one page, or an attempt's alone), and only under attempts/: a
         # worker can neither read outcomes nor touch a results file
@@ -119,7 +119,7 @@ class Workers(Construct):
             "dynamodb:UpdateItem",
         )
         # a dead letter that ends a run's last unit wakes its finalize loop (as the worker)
-        grant_task_response(self.dead_letters.role, cdk.Stack.of(self))
+        grant_task_response(self.dead_letters.role, cdk.Stack.of(self), factory.state_machine_name)
         # the lanes' one dead-letter queue (infra/queues.py): one mapping, so one queue's idle
         # long polls, not three
         lanes.dead_letters.grant(  # its event source mapping's poller; the handler calls no SQS

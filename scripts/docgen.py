@@ -1,7 +1,8 @@
 """Write the documentation site's generated reference pages (``make docs`` checks them).
 
 - ``docs/reference/cli.md``: every ``swarm`` command, from the argparse parser
-  (:func:`swarm.cli.build_parser`): its summary, usage, options and example;
+  (:func:`swarm.cli.build_parser`): its summary, synopsis, options and example, from the
+  parser's actions (not argparse's help text, whose layout differs between Python versions);
 - ``docs/reference/api.md``: the HTTP API, from ``docs/openapi.json``;
 - ``docs/reference/config.md``: every ``cdk.json`` key, from the pydantic models of
   ``infra/config.py``: type, default, range, the shipped value and the field's comment.
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import html
 import inspect
 import json
-import os
 import re
 import sys
 import textwrap
@@ -43,21 +44,11 @@ GENERATED = (
 
 
 def cli_page() -> str:
-    # argparse wraps help to the terminal's width: the page must not depend on it
-    columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"
-    try:
-        return _cli_page()
-    finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
-
-
-def _cli_page() -> str:
+    """The CLI page, built from the parser's actions rather than argparse's help text: the page
+    is the same on every Python (argparse's usage wrapping and option layout differ between
+    3.11, 3.12 and 3.13) and at every terminal width."""
     from swarm.cli import build_parser
-    from swarm.cli.helpdocs import anchor, subcommands
+    from swarm.cli.helpdocs import COMMANDS, anchor, epilog, subcommands
 
     parser = build_parser()
     out = [
@@ -65,18 +56,119 @@ def _cli_page() -> str:
         "",
         GENERATED.format(source="the argparse parser (swarm/cli)"),
         "",
-        "Every `swarm` command, as `swarm COMMAND --help` prints it. The commands talk to the "
+        "Every `swarm` command, with what `swarm COMMAND --help` says. The commands talk to the "
         "local stack by default, or to a deployed one with `--stack Swarm-<stage>`; a bad "
         "value is a one-line error and exit status 2.",
         "",
     ]
     for path, sub, summary in subcommands(parser):
         name = " ".join(("swarm", *path))
-        out += [f"## `{name}` {{#{anchor(path)}}}", "", summary or "", ""]
-        sub.prog = name
-        text = sub.format_help()
-        out += ["```text", text.rstrip(), "```", ""]
+        out += [f"## `{name}` {{#{anchor(path)}}}", "", _md(summary or ""), ""]
+        out += ["```text", _synopsis(name, sub), "```", ""]
+        if sub.description:
+            out += [*_paragraphs(sub.description), ""]
+        commands, rows = _actions(sub, path, anchor)
+        if commands:
+            out += ["| command | what it does |", "| --- | --- |", *commands, ""]
+        if rows:
+            out += ["| option | what it does |", "| --- | --- |", *rows, ""]
+        for group in sub._mutually_exclusive_groups:
+            flags = ", ".join(f"`{a.option_strings[-1]}`" for a in group._group_actions)
+            required = "exactly one" if group.required else "at most one"
+            out += [f"Give {required} of {flags}.", ""]
+        own = (sub.epilog or "").removesuffix(epilog(path)).strip() if path in COMMANDS else ""
+        if own:
+            out += [*_paragraphs(own), ""]
+        if path in COMMANDS:
+            docs = COMMANDS[path]
+            guide = docs.guide.removeprefix("docs/")
+            out += ["Example:", "", "```text", docs.example, "```", ""]
+            out += [f"Guide: [{docs.guide}](../{guide})", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _md(text: str) -> str:
+    """Text for a Markdown paragraph or table cell: one line, ``|`` and ``<`` escaped, and
+    ``*`` and ``_`` escaped outside code spans (so a name such as swarm-tenant-* stays as
+    written)."""
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):  # outside backticks
+        parts[i] = re.sub(r"([*_\\])", r"\\\1", parts[i]).replace("<", "&lt;")
+    return "`".join(parts).replace("|", "\\|")
+
+
+def _paragraphs(text: str) -> list[str]:
+    """A description or epilog: prose paragraphs as Markdown, indented blocks as code."""
+    out: list[str] = []
+    for block in re.split(r"\n\s*\n", text.strip("\n")):
+        if block.startswith(" ") or "\n " in block:
+            out += ["```text", textwrap.dedent(block), "```", ""]
+        else:
+            out += [_md(block), ""]
+    return out[:-1]
+
+
+def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
+    words = [name]
+    if any(a.option_strings and a.help != argparse.SUPPRESS for a in parser._actions):
+        words.append("[options]")
+    for action in parser._actions:
+        if action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            words.append("COMMAND")
+        else:
+            words.append(_metavar(action))
+    return " ".join(words)
+
+
+def _metavar(action: argparse.Action) -> str:
+    if action.metavar is not None:
+        return " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
+    if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+        return "{" + ",".join(str(c) for c in action.choices) + "}"
+    return action.dest if not action.option_strings else action.dest.upper()
+
+
+def _help(action: argparse.Action, prog: str) -> str:
+    """The action's help with argparse's ``%(default)s``-style names filled in."""
+    if not action.help:
+        return ""
+    params = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+    params["prog"] = prog
+    for key in ("choices",):
+        if params.get(key) is not None:
+            params[key] = ", ".join(str(c) for c in params[key])
+    return action.help % params
+
+
+def _actions(
+    parser: argparse.ArgumentParser, path: tuple[str, ...], anchor: Any
+) -> tuple[list[str], list[str]]:
+    """The rows of a command's subcommands table and of its options table."""
+    commands: list[str] = []
+    rows: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                link = f"[`{choice.dest}`](#{anchor((*path, choice.dest))})"
+                commands.append(f"| {link} | {_md(choice.help or '')} |")
+            continue
+        if action.option_strings:
+            flags = ", ".join(action.option_strings)
+            if action.nargs != 0:
+                flags += f" {_metavar(action)}"
+        else:
+            flags = _metavar(action)
+        text = _md(_help(action, parser.prog))
+        if action.required and action.option_strings:
+            text = f"{text} (required)".strip()
+        # HTML, not a code span: a table cell's code span cannot hold a "|" (--turns N|A-B)
+        code = html.escape(flags).replace("|", "&#124;")
+        rows.append(f"| <code>{code}</code> | {text} |")
+    return commands, rows
 
 
 # ------------------------------------------------------------------ the HTTP API

@@ -315,7 +315,7 @@ class Wiring:
         table = self.settings_as(GovernorSettings).governor_table
         # Workers book their tokens ahead (tickets), and the fan-out its units' places, as far
         # as one message's delay reaches: a unit comes to its lane with its ticket and is
-        # granted, without a request, when it comes (docs/governor.md)
+        # granted, without a request, when it comes (docs/explanation/governor.md)
         books = isinstance(self.settings, WorkerSettings | FanoutSettings)
         horizon = self.seconds(MAX_SQS_DELAY_S if books else 0)
         # a place is an estimate, and a unit whose place is further than SQS delays a message

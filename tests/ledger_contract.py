@@ -792,7 +792,7 @@ class LedgerContract:
         with pytest.raises(NotFound):
             ledger.admit_many("run-2", ["u0"], now=1.0)
 
-    # -- agent loops: an attempt of many model turns, each settled once (docs/ledger.md)
+    # -- agent loops: an attempt of many model turns, each settled once (docs/explanation/ledger.md)
     def test_turns_settle_once_in_order_and_spent_is_the_sum_of_their_bills(
         self, ledger: Ledger
     ) -> None:
@@ -1180,7 +1180,7 @@ class LedgerContract:
         assert ledger.run("run-1").spent == 0
         balanced(ledger, "run-1")
 
-    # -- money: a budget in dollars (docs/ledger.md, "Money")
+    # -- money: a budget in dollars (docs/explanation/ledger.md, "Money")
     def test_a_budget_in_dollars_admits_exhausts_and_resumes_as_tokens_do(
         self, ledger: Ledger
     ) -> None:

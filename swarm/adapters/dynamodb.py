@@ -1,6 +1,6 @@
 """DynamoDB plumbing shared by the governor, the ledger and the run watch: the tables' key
 schema, the error codes the adapters act on, one retried request, and table creation for tests
-and the local runtime. Item layouts: docs/governor.md and docs/ledger.md.
+and the local runtime. Item layouts: docs/explanation/governor.md and docs/explanation/ledger.md.
 """
 
 from __future__ import annotations

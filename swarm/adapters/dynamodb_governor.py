@@ -4,7 +4,7 @@ The bucket's arithmetic (:class:`~swarm.core.governor.ShardState`,
 :func:`~swarm.core.governor.plan_write`) is in :mod:`swarm.core.governor`; this adapter keeps
 the shard items, the requests and their retries, and each worker's pending refund. Tickets are
 the caller's (:class:`~swarm.core.governor.Ticket`): any client of the bucket grants one.
-Design, item layout and arithmetic: docs/governor.md.
+Design, item layout and arithmetic: docs/explanation/governor.md.
 """
 
 from __future__ import annotations
@@ -260,8 +260,8 @@ class DynamoDBGovernor:
         self.margin_s = margin_s
         self.full_grid_s = full_grid_s
         self.ticket_grace_s = config.fill_s if ticket_grace_s is None else ticket_grace_s
-        #: never write: a missing shard reads as its initial state (docs/governor.md, "Read-only
-        #: clients")
+        #: never write: a missing shard reads as its initial state (docs/explanation/governor.md,
+        #: "Read-only clients")
         self.read_only = read_only
         self.stats = GovernorStats()
         self._client = client
@@ -493,7 +493,8 @@ class DynamoDBGovernor:
         t = micro(now)
         reserve = self.config.reserves.get(lane, 0.0)
         # a lane with a reserve never books tokens (they would delay a higher lane's draw): its
-        # tenants queue for them instead (a slot: docs/governor.md), which a higher lane overtakes
+        # tenants queue for them instead (a slot: docs/explanation/governor.md), which a higher lane
+        # overtakes
         book = self.horizon_s > 0 and reserve == 0
         queues = self.horizon_s > 0 and reserve > 0
         requests = 0
@@ -834,10 +835,11 @@ class DynamoDBGovernor:
         return draws
 
     def true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
-        """Settle ``grant`` with the ``used`` tokens the model counted (docs/governor.md,
-        "True-up"). What it did not use waits to go back with this client's next write to the
-        shard (no request of its own); what it used beyond the grant is drawn at once, with one
-        conditional write that always lands (and carries the pending refund, if it can)."""
+        """Settle ``grant`` with the ``used`` tokens the model counted
+        (docs/explanation/governor.md, "True-up"). What it did not use waits to go back with this
+        client's next write to the shard (no request of its own); what it used beyond the grant is
+        drawn at once, with one conditional write that always lands (and carries the pending refund,
+        if it can)."""
         self._writable("true_up")
         if used < 0:
             raise InvalidInput("used", f"must be >= 0 tokens, got {used!r}")
@@ -845,7 +847,8 @@ class DynamoDBGovernor:
             if used < grant.amount:
                 unused = grant.amount - used
                 # used 0: the call never went out (the worker releases the grant): its request
-                # goes back too, if the bound allows (docs/governor.md, "Requests per minute")
+                # goes back too, if the bound allows (docs/explanation/governor.md, "Requests per
+                # minute")
                 released = used == 0 and grant.requests > 0 and grant.requests_mark is not None
                 self._add_refund(
                     Refund(

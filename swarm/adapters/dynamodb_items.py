@@ -1,7 +1,7 @@
 """The ledger's DynamoDB items: attribute values, keys, records <-> items, and the conditional
 writes that move a books or unit item from one record to the next.
 
-Pure: no requests. Item layouts and the conditions' reasons: docs/ledger.md.
+Pure: no requests. Item layouts and the conditions' reasons: docs/explanation/ledger.md.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ EVENT = "event"
 #: where the outcome of the unit's last settled attempt is kept (UnitRecord.outcome_key)
 OUTCOME_KEY = "outcome_key"
 #: a unit's settled attempts are kept in its own item, one map attribute each (``att00001``):
-#: the settlement writes it with the unit, in the same update, once (docs/ledger.md)
+#: the settlement writes it with the unit, in the same update, once (docs/explanation/ledger.md)
 ATTEMPT_PREFIX = "att"
 
 
@@ -132,7 +132,8 @@ def run_id_of(item: Mapping[str, Any]) -> str:
 def spec_item(spec: RunSpec, spec_key: str) -> Item:
     """The run-level fields, the unit list's totals and digest, and where the list is (the S3
     key of the submit's ``spec.json``): O(1) in the batch size, so the 400 KB item limit no
-    longer bounds a batch. The unit list itself is in the unit items (see docs/ledger.md)."""
+    longer bounds a batch. The unit list itself is in the unit items (see
+    docs/explanation/ledger.md)."""
     doc = spec_to_doc(spec.summary)
     return {
         **key(spec.run_id, SPEC),

@@ -3,7 +3,7 @@
 Every operation reads the records it needs, lets a pure ``decide_*`` function decide, and
 writes the difference in one conditional write (:meth:`DynamoDBLedger._optimistic`), deciding
 again from fresh records when a condition fails. Items (:mod:`swarm.adapters.dynamodb_items`),
-conditions and their reasons: docs/ledger.md.
+conditions and their reasons: docs/explanation/ledger.md.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _held_meanwhile(tenant: str) -> Contended:
 
 
 class DynamoDBLedger:
-    """The Ledger port on one DynamoDB table (item layout: docs/ledger.md)."""
+    """The Ledger port on one DynamoDB table (item layout: docs/explanation/ledger.md)."""
 
     def __init__(
         self,
@@ -575,7 +575,7 @@ class DynamoDBLedger:
             )
             return cursor
         # ready, and watched by the sweeper until its closure is announced (the watch attributes
-        # are written here and by begin_open, not by the hot paths: see docs/ledger.md)
+        # are written here and by begin_open, not by the hot paths: see docs/explanation/ledger.md)
         self._call(
             "update_item",
             TableName=self.table_name,
@@ -1122,7 +1122,7 @@ class DynamoDBLedger:
                     if effective_state(before, u) is UnitState.REMAINDER
                 )
             # a closed run's closure was announced and the sweeper stopped watching it: reopened,
-            # it needs a finalizer again (see docs/ledger.md)
+            # it needs a finalizer again (see docs/explanation/ledger.md)
             rewatch = now + self.watch_grace_s if before.state.closed else None
             update = items.run_update(
                 self.table_name,

@@ -3,7 +3,7 @@ books items.
 
 A run is watched from the moment its books are ready until its closure has been announced. The
 watch attributes, who writes them, and why the index costs the hot writes nothing:
-docs/ledger.md ("The sweeper's watch").
+docs/explanation/ledger.md ("The sweeper's watch").
 """
 
 from __future__ import annotations

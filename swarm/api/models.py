@@ -64,7 +64,7 @@ def escaped_bytes(body: str) -> int:
 
 #: an uploaded manifest's units: the submit writes O(1) items whatever the count (the open step
 #: writes the unit records, swarm.service.opener), so the bound is the API function's time
-#: and memory to read, validate and write the manifest (measured: docs/scale.md)
+#: and memory to read, validate and write the manifest (measured: docs/explanation/scale.md)
 MAX_MANIFEST_UNITS = 100_000
 #: a unit's input: the characters of its text in all (a string, or every text of a request).
 #: Its JSON must also fit a Distributed Map item (swarm.service.batches.check_fits_the_fan_out)

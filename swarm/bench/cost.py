@@ -20,7 +20,7 @@ importing the handler from the functions' asset alone), the asset's size
 unit the workers spent waiting for tokens. Everything the batch made
 AWS do between submit and its last poll counts, including what is driven by time rather than by
 units (the finalizer's poll loop, the sweeper's schedule, the event source mappings' empty long
-polls): docs/scale.md says which is which.
+polls): docs/explanation/scale.md says which is which.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class CostConfig:
     state_dir: Path = field(default_factory=lambda: Path(".swarm") / "bench-cost")
     timeout_s: float = 900.0
     #: the batch's lane: the API's default, which keeps a reserve for the high lane and so
-    #: queues its units for tokens instead of booking them (docs/governor.md); ``high`` books
+    #: queues its units for tokens instead of booking them (docs/explanation/governor.md); ``high``
+    #: books
     lane: Lane = Lane.NORMAL
     #: agent units (``swarm submit --generate N --agent``) of ``turns`` model turns each,
     #: calling the shipped tools: the bill is also given per model turn
@@ -223,7 +224,7 @@ def measure_init_s(module: str, asset_dir: Path | None = None) -> float:
     and the asset on ``sys.path``, as on Lambda; without, this checkout's environment. The local
     function host cannot time it itself: its process has every library imported already. On
     Lambda the runtime starts first, and a function below 1,769 MB has a fraction of a vCPU: a
-    real INIT is likely longer (docs/scale.md)."""
+    real INIT is likely longer (docs/explanation/scale.md)."""
     if asset_dir is None:
         command = [sys.executable, "-c", f"import {module}"]
     else:

@@ -85,12 +85,13 @@ class BenchConfig:
     used_max: float = 1.0
     #: the units' lane's reserve, a fraction of the capacity (0: the issue's scenario, a lane
     #: that books); above 0 the lane queues its tenant's units for tokens instead (one tenant
-    #: here: docs/governor.md, "Lanes with a reserve queue, tenant by tenant")
+    #: here: docs/explanation/governor.md, "Lanes with a reserve queue, tenant by tenant")
     reserve: float = 0.0
     seed: int = 1
     #: requests per minute (None: no request bucket): the governor counts one request per
-    #: grant beside its tokens, and the figures add the request bucket's (docs/governor.md,
-    #: "Requests per minute"); with small draws, requests bind long before tokens
+    #: grant beside its tokens, and the figures add the request bucket's
+    #: (docs/explanation/governor.md, "Requests per minute"); with small draws, requests bind long
+    #: before tokens
     rpm: int | None = None
     #: quota tokens per output token (None: the draws are plain tokens, as before): a unit is
     #: output-heavy, a quarter input and three quarters its output bound, and draws

@@ -236,7 +236,7 @@ def register_cost(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "model excluded), Lambda GB-seconds from measured durations (each cold start's "
             "INIT timed as a fresh interpreter importing the handler from the functions' asset "
             "alone), the Lambda-seconds per unit spent waiting for tokens, and the asset's size "
-            "(built as cdk deploy builds it). Stops the stack. See docs/scale.md."
+            "(built as cdk deploy builds it). Stops the stack. See docs/explanation/scale.md."
         ),
     )
     p.add_argument("--units", type=int_in(1, 100_000), default=d.units, help=f"units ({d.units})")

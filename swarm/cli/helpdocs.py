@@ -33,13 +33,17 @@ class CommandDocs:
 
 #: Every command, by its words after ``swarm``.
 COMMANDS: dict[tuple[str, ...], CommandDocs] = {
-    ("sim",): CommandDocs("swarm sim lab61", "docs/planner.md"),
-    ("sim", "lab61"): CommandDocs("swarm sim lab61", "docs/planner.md"),
-    ("sim", "run"): CommandDocs("swarm sim run --workers 200 --json", "docs/planner.md"),
-    ("sim", "sweep"): CommandDocs("swarm sim sweep --plot sweep.png", "docs/planner.md"),
+    ("sim",): CommandDocs("swarm sim lab61", "docs/explanation/planner.md"),
+    ("sim", "lab61"): CommandDocs("swarm sim lab61", "docs/explanation/planner.md"),
+    ("sim", "run"): CommandDocs(
+        "swarm sim run --workers 200 --json", "docs/explanation/planner.md"
+    ),
+    ("sim", "sweep"): CommandDocs(
+        "swarm sim sweep --plot sweep.png", "docs/explanation/planner.md"
+    ),
     ("sim", "resume"): CommandDocs(
         "swarm sim resume --state run.json",
-        "docs/planner.md",
+        "docs/explanation/planner.md",
     ),
     ("plan",): CommandDocs(
         "swarm plan --manifest units.json --usd-per-mtok 3", "docs/how-to/large-batches.md"
@@ -73,8 +77,8 @@ COMMANDS: dict[tuple[str, ...], CommandDocs] = {
     ("local",): CommandDocs("swarm local up", "docs/tutorials/getting-started.md"),
     ("local", "up"): CommandDocs("swarm local up", "docs/tutorials/getting-started.md"),
     ("local", "down"): CommandDocs("swarm local down", "docs/tutorials/getting-started.md"),
-    ("local", "status"): CommandDocs("swarm local status --json", "docs/local.md"),
-    ("local", "tenant"): CommandDocs("swarm local tenant acme", "docs/local.md"),
+    ("local", "status"): CommandDocs("swarm local status --json", "docs/explanation/local.md"),
+    ("local", "tenant"): CommandDocs("swarm local tenant acme", "docs/explanation/local.md"),
     ("local", "demo"): CommandDocs("swarm local demo", "docs/tutorials/getting-started.md"),
     ("bench",): CommandDocs("swarm bench cost --units 300", "docs/benchmarks/cost.md"),
     ("bench", "governor"): CommandDocs(

@@ -3,7 +3,7 @@
 From a quota, a governor share, a unit profile (a size range, or the units of a manifest file:
 the file ``swarm submit`` takes) and a budget: N*, the recommended worker concurrency per lane,
 the expected makespan, spend and model cost, and the cdk.json values to deploy. See
-docs/planner.md.
+docs/explanation/planner.md.
 """
 
 from __future__ import annotations

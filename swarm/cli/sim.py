@@ -92,9 +92,11 @@ def turn_range(text: str) -> tuple[int, int]:
 
 
 def turn_options(p: argparse.ArgumentParser) -> None:
-    """Agent units: a unit as a loop of model turns (docs/planner.md, "Agent units")."""
+    """Agent units: a unit as a loop of model turns (docs/explanation/planner.md, "Agent units")."""
     d = TurnModel()
-    g = p.add_argument_group('agent units (--turns above 1; docs/planner.md, "Agent units")')
+    g = p.add_argument_group(
+        'agent units (--turns above 1; docs/explanation/planner.md, "Agent units")'
+    )
     g.add_argument(
         "--turns",
         type=turn_range,
@@ -218,8 +220,8 @@ def workload_of(args: argparse.Namespace) -> Workload:
 
 
 def model_options(p: argparse.ArgumentParser) -> None:
-    """Several models (docs/planner.md, "Several models")."""
-    g = p.add_argument_group('several models (docs/planner.md, "Several models")')
+    """Several models (docs/explanation/planner.md, "Several models")."""
+    g = p.add_argument_group('several models (docs/explanation/planner.md, "Several models")')
     g.add_argument(
         "--models",
         type=Path,

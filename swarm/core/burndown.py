@@ -10,7 +10,7 @@ the input and released at settlement, they do not count against the quota.
 
 So the governor draws and trues up *quota tokens*, while the budget and the ledger stay in billed
 tokens (input + output, as AWS bills them). With a burndown of 1 every figure here is the billed
-one, exactly. docs/governor.md, "Output burndown".
+one, exactly. docs/explanation/governor.md, "Output burndown".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ bucket in the cumulative form the DynamoDB adapter updates with conditional writ
 :func:`plan_write`); :class:`Ticket` (tokens booked ahead, which a unit carries back to its lane);
 :class:`Grant` and :class:`TrueUp` (settling a grant with the model's real count); and
 :func:`acquire`, a worker's bounded wait on the :class:`~swarm.core.ports.Governor` port. The
-design and its arithmetic: docs/governor.md.
+design and its arithmetic: docs/explanation/governor.md.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class GovernorConfig:
     output_burndown: float = 1.0
     #: the model's requests per minute (Bedrock's second quota): None, no request bucket; else
     #: every draw also takes one request per model call it covers from a bucket of requests
-    #: governed at ``rpm / 60 x share`` a second, holding one minute of that (docs/governor.md,
-    #: "Requests per minute")
+    #: governed at ``rpm / 60 x share`` a second, holding one minute of that
+    #: (docs/explanation/governor.md, "Requests per minute")
     rpm: int | None = None
 
     def __post_init__(self) -> None:
@@ -135,7 +135,7 @@ ZERO = Decimal(0)
 @dataclass(frozen=True)
 class Grant:
     """Tokens a draw gave: what :meth:`~swarm.core.ports.Governor.true_up` needs to settle them
-    with what the model really counted (docs/governor.md, "True-up")."""
+    with what the model really counted (docs/explanation/governor.md, "True-up")."""
 
     amount: int
     lane: Lane
@@ -143,13 +143,13 @@ class Grant:
     shard: int = 0
     # the shard's refunded total and count of half-full sightings right after the write that
     # drew the tokens (DynamoDB): a refund is sound only while no write since saw the bucket at
-    # least half full (docs/governor.md, "True-up")
+    # least half full (docs/explanation/governor.md, "True-up")
     refunded: Decimal = ZERO
     highs: int = 0
     seq: int = 0  # in memory: the change the grant was (LevelHistory)
     #: with a request bucket: the request it took (1; 0: none), and what bounds giving it back
     #: unused (the call never went out): ``level - credit - refunded`` of the request bucket
-    #: right after the write that took it (docs/governor.md, "Requests per minute")
+    #: right after the write that took it (docs/explanation/governor.md, "Requests per minute")
     requests: int = 0
     requests_mark: Decimal | None = None
 
@@ -177,8 +177,8 @@ class Ticket:
     tag: str = ""
     #: a place in its tenant's queue in a reserved lane, not tokens: from ``ready_at`` its holder
     #: draws ahead of that queue (one conditional write that still keeps the lane's reserve),
-    #: where a draw without one waits behind it (docs/governor.md, "Lanes with a reserve queue,
-    #: tenant by tenant")
+    #: where a draw without one waits behind it (docs/explanation/governor.md, "Lanes with a reserve
+    #: queue, tenant by tenant")
     slot: bool = False
     #: with a request bucket, the request booked with the tokens: ready when the request
     #: bucket's credit reaches ``requests_position`` too; ``requests_mark`` as in Grant
@@ -448,7 +448,7 @@ def snapshot_of(state: BucketState, config: GovernorConfig, now: float) -> Gover
 
 
 class LevelHistory:
-    """The in-memory bucket's refund bound (docs/governor.md, "True-up").
+    """The in-memory bucket's refund bound (docs/explanation/governor.md, "True-up").
 
     A refund of ``R`` unused tokens of a grant is sound when, at every instant since the grant,
     the bucket's level plus the refunds given back after that instant plus ``R`` stayed within
@@ -504,7 +504,8 @@ def micro(value: float | int | Decimal, rounding: str = ROUND_FLOOR) -> Decimal:
 
 @dataclass(frozen=True)
 class ShardState:
-    """One shard of the bucket, with the credit function C(t) it defines (docs/governor.md).
+    """One shard of the bucket, with the credit function C(t) it defines
+    (docs/explanation/governor.md).
 
     Its position ``drawn + lost - refunded`` is what the bucket has given out: ``drawn`` (tokens
     drawn, debits included), ``lost`` (refill lost to the capacity), ``refunded`` (unused tokens
@@ -694,7 +695,8 @@ class RequestWrite:
 
 @dataclass(frozen=True)
 class ShardWrite:
-    """One conditional ``UpdateItem`` of a shard as last seen, at ``t`` (docs/governor.md)::
+    """One conditional ``UpdateItem`` of a shard as last seen, at ``t``
+    (docs/explanation/governor.md)::
 
         SET drawn = drawn + :add, lost = :lost [, refunded = refunded + :refund]
             [ADD highs 1]
@@ -734,7 +736,7 @@ class ShardWrite:
 
 
 #: with a request bucket, a full bucket's ``lost`` is raised to a whole multiple of this
-#: fraction of its capacity (docs/governor.md, "Requests per minute")
+#: fraction of its capacity (docs/explanation/governor.md, "Requests per minute")
 FULL_QUANTUM = Decimal("0.01")
 
 
@@ -792,8 +794,8 @@ def plan_write(
       failed write the old view would have cost).
     * a refund is sound while no write since its grant counted ``highs`` (then the bucket stayed
       below half full) and neither the refunds landed since nor the present can make it
-      overflow (docs/governor.md, "True-up"); it never exceeds ``add``, so a request the SDK
-      repeats after a lost answer takes back at least what it gives.
+      overflow (docs/explanation/governor.md, "True-up"); it never exceeds ``add``, so a request the
+      SDK repeats after a lost answer takes back at least what it gives.
     * ``requests``: with a request bucket (``s.requests``), the requests the write draws from it
       in the same write (:func:`plan_requests`); the draw waits for the later of the two.
     """
@@ -950,7 +952,7 @@ def requests_mark(r: ShardState) -> Decimal:
 @dataclass(frozen=True)
 class SlotWrite:
     """A place in a tenant's queue in a reserved lane, planned on a view of the shard
-    (docs/governor.md, "Lanes with a reserve queue, tenant by tenant")::
+    (docs/explanation/governor.md, "Lanes with a reserve queue, tenant by tenant")::
 
         extend:  SET q.#tenant = q.#tenant + :step  IF q.#tenant >= :start
         start:   SET q.#tenant = :start + :step     IF attribute_not_exists(q.#tenant)

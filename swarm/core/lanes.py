@@ -45,7 +45,7 @@ class QueuedUnit:
     #: the unit's input for the model (swarm.core.prompts): a prompt text or a Converse-shaped
     #: request; empty in the simulator
     input: Prompt = ""
-    #: tokens the governor booked for this attempt on an earlier try (docs/governor.md)
+    #: tokens the governor booked for this attempt on an earlier try (docs/explanation/governor.md)
     ticket: Ticket | None = None
 
 

@@ -3,7 +3,7 @@
 The ``decide_*`` functions work on :class:`RunRecord` / :class:`UnitRecord`; the ``Ledger`` port
 (:mod:`swarm.core.ports`) is implemented in memory (:mod:`swarm.core.memory`) and on DynamoDB
 (:mod:`swarm.adapters.dynamodb_ledger`), checked by one shared contract suite. Semantics, the
-unit state machine and the DynamoDB items: docs/ledger.md.
+unit state machine and the DynamoDB items: docs/explanation/ledger.md.
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ def decide_admission(
     if run.state is RunState.EXHAUSTING and not owed_drain_retry(run, unit):
         return refuse("exhausting", run, unit)
 
-    # in the budget's unit: tokens, or micro-dollars (a budget in dollars: docs/ledger.md)
+    # in the budget's unit: tokens, or micro-dollars (a budget in dollars:
+    # docs/explanation/ledger.md)
     projected = unit.projected_in(run.spec.usd)
     if run.charged + run.reserved + projected > run.budget:
         if run.state is RunState.OPEN:

@@ -643,7 +643,8 @@ class InMemoryGovernor:
     def __init__(self, config: GovernorConfig, now: float = 0.0) -> None:
         self.config = config
         self.state = BucketState.fresh(config, now)
-        self.history = LevelHistory()  # what bounds a refund (docs/governor.md, "True-up")
+        # what bounds a refund (docs/explanation/governor.md, "True-up")
+        self.history = LevelHistory()
         self._lock = threading.RLock()
 
     def draw(

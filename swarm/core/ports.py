@@ -156,7 +156,7 @@ class Governor(Protocol):
 class PlaceBooker(Protocol):
     """Places in a tenant's queue booked before its units are sent (the fan-out's), so that a
     unit comes to its lane when its tokens are there instead of coming once to be told when
-    (docs/governor.md, "Places booked at the fan-out")."""
+    (docs/explanation/governor.md, "Places booked at the fan-out")."""
 
     def book_places(
         self, amounts: Sequence[int], lane: Lane, tenant: str, now: float
@@ -169,8 +169,8 @@ class PlaceBooker(Protocol):
 class TicketBooker(Protocol):
     """Tokens booked together for the units a worker received on a lane without a reserve, so
     that those that must wait are due back to back and go back to their lane together
-    (docs/governor.md, "Tickets booked together"). Tokens are not queued tenant by tenant (only
-    a reserved lane's places are): the units of every tenant are booked together."""
+    (docs/explanation/governor.md, "Tickets booked together"). Tokens are not queued tenant by
+    tenant (only a reserved lane's places are): the units of every tenant are booked together."""
 
     def book_tickets(self, amounts: Sequence[int], lane: Lane, now: float) -> list[Draw]:
         """One refused Draw per amount, in order: its ``ticket`` the unit's tokens (ready at

@@ -1,4 +1,5 @@
-"""Money: prices, a call's usage and its cost, as exact integers (docs/ledger.md, "Money").
+"""Money: prices, a call's usage and its cost, as exact integers (docs/explanation/ledger.md,
+"Money").
 
 Prices are given as US dollars per million tokens (decimals, at most 6 places: cdk.json's
 ``model.prices``) and kept as whole *micro-dollars* per million tokens, so a cost is an integer

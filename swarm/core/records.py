@@ -130,8 +130,8 @@ class RunSpec:
     projected_total: int = -1  # the units' projected tokens in all
     digest: str = ""  # units_digest(units)
     #: the budget is in micro-dollars (``budget_usd``), not tokens: ``budget``, the books'
-    #: ``budget`` and ``reserved`` and every reservation are then micro-dollars (docs/ledger.md,
-    #: "Money")
+    #: ``budget`` and ``reserved`` and every reservation are then micro-dollars
+    #: (docs/explanation/ledger.md, "Money")
     usd: bool = False
     #: the prices the units' ``projected_micro`` were projected at (the submit's): an attempt
     #: settled as lost is billed its projection at these prices. None: the deployment had none

@@ -199,7 +199,7 @@ def unit_result(unit: UnitRecord, outcome: AttemptOutcome | None) -> dict[str, A
         "attempts": unit.attempts,
         "tokens": unit.spent,
     }
-    if unit.spent_micro:  # its attempts were priced (docs/ledger.md, "Money")
+    if unit.spent_micro:  # its attempts were priced (docs/explanation/ledger.md, "Money")
         doc["usd"] = usd(unit.spent_micro)
     attempt = last_attempt(unit)
     if attempt is None:

@@ -4,7 +4,7 @@ Bedrock's quotas are per model, so each model has a governor of its own (``gov#<
 the governor table): a unit draws from, and trues up to, its model's bucket, and a throttle of
 one model cuts only that model's rate. A unit names its model in its request
 (``input.model``, :data:`swarm.core.prompts.MODEL_FIELD`), or takes the registry's default.
-docs/governor.md, "Models".
+docs/explanation/governor.md, "Models".
 """
 
 from __future__ import annotations

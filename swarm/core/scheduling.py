@@ -1,7 +1,8 @@
 """The scheduling policy: the order a batch's units are fanned out and admitted in, and the
 arithmetic that sizes a fleet for a quota (N*, the workers that keep the quota busy, the makespan
 floor). Pure, standard library only: the simulator, the fan-out, ``swarm plan`` and the stack's
-``worker.concurrency: "auto"`` all use it. The reasoning and the measurements: docs/planner.md.
+``worker.concurrency: "auto"`` all use it. The reasoning and the measurements:
+docs/explanation/planner.md.
 
 Three policies, each applied inside one tenant's queue of one lane (lanes keep their strict
 priority, tenants their round-robin, whatever the policy):

@@ -1,6 +1,6 @@
 """Synthesize the app and deploy its template into moto through CloudFormation.
 
-Steps (each listed in docs/local.md):
+Steps (each listed in docs/explanation/local.md):
 
 1. Synthesize ``app.py``'s stack with the local context (stage ``local``, time-scaled quota,
    short worker timeout and finalizer poll) and bundling skipped: the local function host imports
@@ -305,7 +305,8 @@ def deploy(
     types: dict[str, str] = {}
     for res in cfn.describe_stack_resources(StackName=stack_name)["StackResources"]:
         logical = res.get("LogicalResourceId")
-        if not logical:  # a resource type moto's CloudFormation skips (listed in docs/local.md)
+        # a resource type moto's CloudFormation skips (listed in docs/explanation/local.md)
+        if not logical:
             continue
         physical[logical] = res.get("PhysicalResourceId", "")
         types[logical] = template["Resources"].get(logical, {}).get("Type", "")

@@ -639,7 +639,8 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
     logging.getLogger("botocore").setLevel(logging.WARNING)
     # a record's exception is logged at debug level by the batch processor: keep it
     logging.getLogger("aws_lambda_powertools.utilities.batch.base").setLevel(logging.DEBUG)
-    # moto warns once per resource type its CloudFormation skips (listed in docs/local.md)
+    # moto warns once per resource type its CloudFormation skips (listed in
+    # docs/explanation/local.md)
     warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
     stack = LocalStack(options, state_dir, api_port)
     stopping = threading.Event()

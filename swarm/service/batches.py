@@ -520,8 +520,9 @@ class Batches:
         # a unit the governor can never grant would retry until its dead letter (an agent
         # unit draws turn by turn: its first turn's draw; a later turn too large for the bucket
         # stops it limit_tokens, swarm.core.agent.AgentSpec.max_draw)
-        # (in quota tokens: the output bound counted at the model's burndown, docs/governor.md)
-        # (each against its model's bucket: a model the tenant may not use is a 400 here)
+        # (in quota tokens: the output bound counted at the model's burndown,
+        # docs/explanation/governor.md) (each against its model's bucket: a model the tenant may not
+        # use is a 400 here)
         for index, (u, route) in enumerate(zip(request.units, routes, strict=True)):
             config = route.governor.config
             burndown = config.output_burndown

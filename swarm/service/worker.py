@@ -4,7 +4,7 @@ Tokens come first: under a queue most tries are refused by the governor, and suc
 costs the governor's request alone (no ledger read); tokens granted to a unit that turns out to
 have nothing to run (settled, held by another worker, refused admission) are given back. Then,
 nearly always, the claim and the settlement are one write each and nothing is read
-(``Ledger.claim_queued``, ``Ledger.settle_claimed``; docs/ledger.md).
+(``Ledger.claim_queued``, ``Ledger.settle_claimed``; docs/explanation/ledger.md).
 
 Outcomes map onto SQS (the handler does the mapping):
 
@@ -75,7 +75,7 @@ class WorkerTimings:
     requeue_delay_s: float = 30.0  # draining / throttled / busy: try again after this long
     # the longest the invocation holds on for tokens (and at most max_wait_s): a unit requeued
     # with its ticket comes back when its tokens are there, in whole seconds (SQS's delays), so
-    # holding on longer only bills Lambda-seconds (docs/governor.md, "Waiting")
+    # holding on longer only bills Lambda-seconds (docs/explanation/governor.md, "Waiting")
     max_hold_s: float = 1.0
     # SQS's longest delay (900 s, on this clock): a unit whose tokens are further away than that
     # is hidden in its lane instead of requeued (Requeue.hide)

@@ -1,7 +1,7 @@
 """Several models in the simulator and the planner: the registry's catalog, a unit mix across
 it, and money as exact integers.
 
-The catalog has cdk.json's ``models`` shape (docs/planner.md, "Several models")::
+The catalog has cdk.json's ``models`` shape (docs/explanation/planner.md, "Several models")::
 
     "models": {"default": "haiku",
                "catalog": {"haiku": {"model_id": "...", "tpm": 300000, "rpm": 1000,

@@ -1,5 +1,5 @@
 """Capacity planning: from a quota, a governor share, a unit profile and a budget, the fleet to
-deploy and what a batch will cost and take (``swarm plan``; docs/planner.md).
+deploy and what a batch will cost and take (``swarm plan``; docs/explanation/planner.md).
 
 The fleet's size is arithmetic (:func:`swarm.core.scheduling.size_fleet`, the same the stack's
 ``worker.concurrency: "auto"`` runs at synth); the makespan and the spend are simulated, on the

@@ -38,7 +38,7 @@ class Turn:
 
 @dataclass(frozen=True)
 class TurnModel:
-    """How an agent unit's turns grow (docs/planner.md, "Agent units").
+    """How an agent unit's turns grow (docs/explanation/planner.md, "Agent units").
 
     Unit ``i`` makes ``n`` model turns, ``n`` drawn from ``turns_min..turns_max`` on the seed.
     Turn ``k`` (1-based) reads ``input_k = prompt + (k - 1) x (output_tokens + tool_tokens)``:

@@ -110,12 +110,12 @@ def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> 
     """Fairness inside a lane at small scale (tests/scale has 2,000 units against 10): SQS fair
     queues (MessageGroupId = tenant) serve the tenant with fewer messages in flight first (locally
     the fair receive patch emulates them), and the governor queues each tenant's refused units
-    apart, at its share of the refill (docs/governor.md, "Lanes with a reserve queue, tenant by
-    tenant"). In a FIFO lane the small batch would wait behind the big tenant's whole backlog:
-    120 units of 10k tokens beyond what the governor's bucket holds when it is submitted, ~25 s
-    of its refill on the local clock. (Sized from the bucket: when this scenario ran first, the
-    bucket was full, 3M tokens, and 115 of 120 units were served, at the fleet's pace, before the
-    small tenant's units were queued. With units of 2k tokens the backlog was ~5 s, drained
+    apart, at its share of the refill (docs/explanation/governor.md, "Lanes with a reserve queue,
+    tenant by tenant"). In a FIFO lane the small batch would wait behind the big tenant's whole
+    backlog: 120 units of 10k tokens beyond what the governor's bucket holds when it is submitted,
+    ~25 s of its refill on the local clock. (Sized from the bucket: when this scenario ran first,
+    the bucket was full, 3M tokens, and 115 of 120 units were served, at the fleet's pace, before
+    the small tenant's units were queued. With units of 2k tokens the backlog was ~5 s, drained
     within a few of SQS's one-second delays, which the local clock does not scale: a small unit
     that lost one toss for a second's tokens saw ~23 big ones drawn meanwhile.)
 

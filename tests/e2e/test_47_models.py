@@ -1,10 +1,11 @@
-"""A batch across the shipped registry's two models on the local stack (issue 34; docs/governor.md,
-"Models"; docs/ledger.md, "Money"): Claude 3.5 Haiku (the default) and Claude Sonnet 4 (output
-burndown 5, an rpm of its own, prices four times Haiku's). Each unit is answered by the model it
-names, each model's bucket is drawn from, and the books are exact in tokens and in dollars: every
-unit's attempts and tokens are what the simulated model's seed says, and the dollars are every
-call of the model's log priced at its own model's prices. With a smaller budget in dollars the
-batch ends exhausted, and a top-up in dollars completes it, the books exact again."""
+"""A batch across the shipped registry's two models on the local stack (issue 34;
+docs/explanation/governor.md, "Models"; docs/explanation/ledger.md, "Money"): Claude 3.5 Haiku (the
+default) and Claude Sonnet 4 (output burndown 5, an rpm of its own, prices four times Haiku's). Each
+unit is answered by the model it names, each model's bucket is drawn from, and the books are exact
+in tokens and in dollars: every unit's attempts and tokens are what the simulated model's seed says,
+and the dollars are every call of the model's log priced at its own model's prices. With a smaller
+budget in dollars the batch ends exhausted, and a top-up in dollars completes it, the books exact
+again."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ STACK_ROLE_PREFIX = "Swarm-local-"
 
 _LIST_BUCKET = (
     "no code lists the bucket: S3 consults it to answer 404 instead of 403 for a missing key, "
-    "which the emulator does not model (docs/local.md)"
+    "which the emulator does not model (docs/explanation/local.md)"
 )
 _FUNCTIONS = (
     "Worker",

@@ -950,8 +950,8 @@ def test_an_api_timeout_past_api_gateways_fails_synth_naming_the_key(
 
 
 def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> None:
-    # Given the shipped tenant defaults (docs/how-to/budgets-and-tenants.md, docs/scale.md:
-    # 100,000 units is one batch)
+    # Given the shipped tenant defaults (docs/how-to/budgets-and-tenants.md,
+    # docs/explanation/scale.md: 100,000 units is one batch)
     limits = load_config(cdk_json_context()).tenants.defaults
     policy = TenantLimits(max_queued_units=limits.max_queued_units)
     # Then a manifest of MAX_MANIFEST_UNITS passes the cap's size check (it was a 400 at 20,000)
@@ -967,7 +967,8 @@ def test_the_default_tenant_cap_takes_the_largest_manifest_the_api_accepts() -> 
     assert MAX_MANIFEST_UNITS / units_per_s < 14 * 86_400 / 4
 
 
-# -- model.output_burndown: quota tokens per output token (docs/governor.md, "Output burndown") --
+# -- model.output_burndown: quota tokens per output token (docs/explanation/governor.md, "Output
+# burndown") --
 
 
 def _model(**model: Any) -> dict[str, Any]:
@@ -996,7 +997,7 @@ def test_the_output_burndown_defaults_to_what_bedrock_documents_for_the_model(
     config = load_config(_context(model=_model(**model)))  # one model, without the registry
     assert config.governor_config(config.registry.default).output_burndown == burndown
     # and it reaches every function that draws from or reads the governor
-    from infra.stack import _static_environment
+    from infra.control_plane import _static_environment
 
     models = json.loads(_static_environment(config, "worker")["MODELS"])
     assert models["catalog"][models["default"]]["burndown"] == burndown
@@ -1017,11 +1018,11 @@ def test_a_bad_output_burndown_is_refused_naming_the_key(value: Any, allowed: st
     assert "model.output_burndown" in str(error.value) and allowed in str(error.value)
 
 
-# -- prices: dollars per million tokens, dated, per model (docs/ledger.md, "Money") --
+# -- prices: dollars per million tokens, dated, per model (docs/explanation/ledger.md, "Money") --
 
 
 def test_the_shipped_prices_reach_the_api_and_the_worker_as_micro_dollars() -> None:
-    from infra.stack import _static_environment
+    from infra.control_plane import _static_environment
 
     config = load_config(cdk_json_context())
     haiku = config.registry.catalog["haiku"].parsed_prices
@@ -1092,7 +1093,7 @@ def test_every_function_of_the_governor_gets_every_models_quota(prod_synth: Synt
         assert (sonnet["tpm"], sonnet["share"], sonnet["burndown"]) == (200_000, 0.95, 5.0)
 
 
-# -- models: the registry of the models units may name (docs/governor.md, "Models") ----------
+# -- models: the registry of the models units may name (docs/explanation/governor.md, "Models") ----
 
 
 def _models(**catalog: Any) -> dict[str, Any]:
@@ -1172,11 +1173,11 @@ def test_a_tenants_models_must_be_registered_and_include_the_default(
     assert limits["defaults"]["models"] == ["haiku"]
 
 
-# -- rpm: each model's request bucket (docs/governor.md, "Requests per minute") ---------------
+# -- rpm: each model's request bucket (docs/explanation/governor.md, "Requests per minute") --------
 
 
 def test_a_models_rpm_reaches_the_governor_and_is_off_when_absent() -> None:
-    from infra.stack import _static_environment
+    from infra.control_plane import _static_environment
 
     shipped = load_config(cdk_json_context())
     assert shipped.governor_config("haiku").rpm is None  # absent: requests not governed

@@ -225,7 +225,7 @@ def emulator_cfn(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     emulator.patch_sqs_no_builtin_esm()
     patch_table_index_updates()
     with mock_aws(), warnings.catch_warnings():
-        # moto skips the resource types it cannot create (listed in docs/local.md)
+        # moto skips the resource types it cannot create (listed in docs/explanation/local.md)
         warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
         cache: dict[str, Any] = {}
 

@@ -1,7 +1,7 @@
 """Fixtures for the moto-backed integration tests (AWS's service limits enforced throughout).
 
-moto's DynamoDB backend is not atomic under threads (docs/local.md): every fixture here runs
-with :func:`swarm.local.patches.apply_all` applied, in-process (``mock_aws``) or in an embedded
+moto's DynamoDB backend is not atomic under threads (docs/explanation/local.md): every fixture here
+runs with :func:`swarm.local.patches.apply_all` applied, in-process (``mock_aws``) or in an embedded
 moto server on a free localhost port. ``plane`` is the whole control plane as the synthesized
 template declares it (:mod:`tests.integration.plane`).
 """

@@ -575,7 +575,8 @@ def control_plane(
         iam.enforce()
         try:
             with warnings.catch_warnings():
-                # moto skips the resource types it cannot create (listed in docs/local.md)
+                # moto skips the resource types it cannot create (listed in
+                # docs/explanation/local.md)
                 warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
                 deployed = deploy(admin, path, STACK, REGION)
             functions = _functions(deployed, admin, overrides)

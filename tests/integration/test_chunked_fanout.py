@@ -126,7 +126,7 @@ def test_one_child_admits_a_chunk_and_sends_it_ten_messages_per_request(
     run = ledger(plane).run(batch_id)
     assert run.in_flight == n and run.reserved == sum(u["projected_tokens"] for u in units(n))
     # (with the function's role, IAM enforced: SendMessageBatch is authorized as SendMessage)
-    # well within the function's timeout on this emulator (measured: see docs/scale.md)
+    # well within the function's timeout on this emulator (measured: see docs/explanation/scale.md)
     assert took < 60, took
 
 
@@ -169,7 +169,7 @@ def test_the_fan_out_books_each_units_place_and_sends_it_for_when_its_tokens_are
 ) -> None:
     """A reserved lane's units take their places in their tenant's queue at the fan-out, one
     write for the chunk, instead of each coming once to its lane to take it: each is sent with
-    its place, delayed until the place is ready (docs/governor.md)."""
+    its place, delayed until the place is ready (docs/explanation/governor.md)."""
     # Given a batch of 30 units of ~10,000 tokens on the normal lane (5% reserve), a bucket a
     # worker has created (empty) refilling at 95,000 tokens/s
     status, doc, _ = plane.api("POST", "/batches", {"units": units(30), "budget": 10**8})

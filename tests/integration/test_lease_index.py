@@ -1,6 +1,6 @@
 """The ledger's ``Leases`` index on moto: sparse (only units holding a lease are in it), kept by
 the writes that take, renew and end a lease, and what the finalizer's poll reads with it: the
-expired leases only, not the run's units (docs/ledger.md, docs/scale.md)."""
+expired leases only, not the run's units (docs/explanation/ledger.md, docs/explanation/scale.md)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from swarm.local.functions import WORKER_MESSAGE
 from tests.e2e.conftest import Stack, assert_books, expected_books, units, wait_for
 
 UNITS = 10_000
-#: the local lease over the longest worker message this batch may measure (docs/local.md)
+#: the local lease over the longest worker message this batch may measure
+#: (docs/explanation/local.md)
 MARGIN = 2.0
 
 

@@ -76,6 +76,24 @@ def test_generated_reference_pages_are_current(page: str) -> None:
     )
 
 
+def test_the_cli_reference_does_not_depend_on_argparse_help_formatting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """argparse's help layout differs between Python versions (usage wrapping, how an option's
+    value is shown) and terminal widths: the page is built from the parser's actions, so a
+    different help formatter, or width, gives the same page and `make docs` stays current."""
+    docgen = _docgen()
+    expected = docgen.cli_page()
+    import argparse
+
+    monkeypatch.setattr(argparse.HelpFormatter, "format_help", lambda self: "other layout\n")
+    monkeypatch.setenv("COLUMNS", "40")
+    assert docgen.cli_page() == expected
+    # and it still says what each command takes: an option, its value and its help
+    row = next(line for line in expected.splitlines() if "<code>--turns N&#124;A-B</code>" in line)
+    assert "model turns per unit" in row
+
+
 def test_the_config_reference_lists_every_shipped_cdk_json_key() -> None:
     import json
 
@@ -149,3 +167,17 @@ def test_the_readme_is_a_front_door() -> None:
     assert "make run" in readme and "make test" in readme
     for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|json))(?:#[\w-]+)?\)", readme):
         assert (ROOT / link).is_file(), f"README.md links to {link}, which does not exist"
+
+
+def test_the_version_is_one_semver_in_pyproject_the_package_and_the_changelog() -> None:
+    """The wheel's version (pyproject.toml), ``swarm.__version__`` and the newest released
+    section of CHANGELOG.md are one Semantic Versioning version."""
+    import tomllib
+
+    import swarm
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+    assert swarm.__version__ == version
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert released and released[0] == version, (released[:1], version)

@@ -1,6 +1,6 @@
 """The governor's request bucket (``GovernorConfig.rpm``): one request per model call beside the
-quota tokens, drawn in the same write, never over-granted (docs/governor.md, "Requests per
-minute")."""
+quota tokens, drawn in the same write, never over-granted (docs/explanation/governor.md, "Requests
+per minute")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Budgets in dollars through the services on in-memory ports (docs/ledger.md, "Money"): the
-API's budget_usd and top_up_usd, admission by projected cost, settlement by priced usage (cache
+"""Budgets in dollars through the services on in-memory ports (docs/explanation/ledger.md, "Money"):
+the API's budget_usd and top_up_usd, admission by projected cost, settlement by priced usage (cache
 tokens at their own rates), duplicates and dead workers, prices changed by a deploy."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """moto patches the local stack needs besides the DynamoDB one in
 :mod:`swarm.local.patches.dynamodb`.
 
-Each patch is small, process-wide, idempotent, and listed in docs/local.md with the reason:
+Each patch is small, process-wide, idempotent, and listed in docs/explanation/local.md with the
+reason:
 
 * :func:`patch_event_bus_ref`: moto's ``Ref`` of ``AWS::Events::EventBus`` renders the Python
   object (``<moto.events.models.EventBus object at 0x..>``) instead of the bus name, which breaks

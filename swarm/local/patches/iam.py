@@ -29,8 +29,8 @@ Every decision is recorded (:data:`AUDIT`): per role, the (action, resource) pai
 every refusal. The e2e tier reads them back (``GET /_local/iam``) to show that what each function
 calls is granted and what its role grants is called.
 
-Not checked locally (see docs/local.md): condition keys, resource-based policies (bucket and
-queue policies, Lambda permissions), KMS key policies, SCPs and permission boundaries.
+Not checked locally (see docs/explanation/local.md): condition keys, resource-based policies (bucket
+and queue policies, Lambda permissions), KMS key policies, SCPs and permission boundaries.
 """
 
 from __future__ import annotations

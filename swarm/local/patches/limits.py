@@ -3,7 +3,7 @@
 A green run on moto says nothing about a limit moto does not check, so the local stack (and the
 tests that call :func:`apply_all`) answer these requests as AWS does: the same error code, HTTP
 status and message. What moto 5.2.5 already enforces is left to moto and listed per service in
-docs/local.md ("Service limits enforced locally"), with the limits that stay unchecked.
+docs/explanation/local.md ("Service limits enforced locally"), with the limits that stay unchecked.
 
 Sources (checked for this module): the AWS developer guides and API references (through botocore
 1.44's bundled documentation: SQS messages and EventBridge entries are 1 MiB since 2025-2026, no

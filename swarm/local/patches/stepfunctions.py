@@ -13,7 +13,7 @@ affected: their API members are PascalCase already.)
 :func:`patch_sfn_start_execution` maps the parameters of the ``states:*`` integrations onto the
 operation's input shape (moto's own ``_to_boto_request``, which matches names case-insensitively
 through snake case), after moto's own normalisation (which turns an ``Input`` object into its
-JSON text). Process-wide and idempotent; listed in docs/local.md.
+JSON text). Process-wide and idempotent; listed in docs/explanation/local.md.
 
 :func:`patch_sfn_stop_stays_aborted`: an execution stopped while a task waits for its task token
 (the finalize loop's ``Poll``) stays ``ABORTED``, as on AWS.
