@@ -84,6 +84,7 @@ class SwarmStack(cdk.Stack):
         )
         environment.update(self.workers.mapping_ids())
         self.tools.grant_invoke(self.workers.worker.role)
+        self.tools.grant_read_secrets(self.workers.worker.role)
         self.drain_controller = self.drain.add_controller(
             factory=factory,
             mappings=list(self.workers.mappings.values()),
