@@ -6,7 +6,9 @@ Streamable HTTP with the ``mcp`` package. This module is the worker's side:
 - **stateless, one session per invocation per server**: the first call (or listing) of a
   server in an invocation opens a session, the invocation's later calls reuse it, and
   :meth:`McpServers.end_invocation` closes every session when the invocation ends. A session
-  that failed to open is not tried again in that invocation: its calls are error results;
+  that failed to open is not tried again in that invocation: its calls are error results. A
+  call that times out closes its session (the ``mcp`` package ends the connection): the
+  invocation's next call of that server opens a new one;
 - **specs listed at first use**: ``list_tools`` when a unit first names one of a server's tools,
   kept in the process (a warm worker) for :data:`SPECS_TTL_S`; a listing that fails keeps the
   last one it had, if any;
@@ -46,6 +48,8 @@ META_IDEMPOTENCY_KEY: Final = "swarm/idempotency_key"
 META_TENANT: Final = "swarm/tenant"
 META_BATCH: Final = "swarm/batch"
 META_UNIT: Final = "swarm/unit"
+#: the margin after a call's timeout at which the worker cancels it (its read timeout first)
+BACKSTOP_S: Final = 5.0
 #: how long a server's listed specs are kept in a warm worker (seconds)
 SPECS_TTL_S: Final = 300.0
 
@@ -263,6 +267,8 @@ class McpServers:
                     server.name, spec, _effect_of(server, tool.annotations)
                 )
         except Exception as error:
+            if _timed_out(error) or _closed(error):
+                self._drop(server.name, self._sessions.get(server.name))
             if cached is not None:  # a stale listing beats none
                 log.warning(
                     "listing MCP server %s failed, keeping the last: %r", server.name, error
@@ -303,23 +309,31 @@ class McpServers:
             )
         client = session.client
         try:
+            # the request's own read timeout ends the call and keeps the session; the outer bound
+            # (a margin later) is a backstop that cancels it
             result = session.portal.call(
                 _within(
-                    server.timeout_s,
-                    lambda: client.call_tool(call.name, arguments, meta=meta),
+                    server.timeout_s + BACKSTOP_S,
+                    lambda: client.call_tool(
+                        call.name, arguments, read_timeout_seconds=server.timeout_s, meta=meta
+                    ),
                 )
             )
-        except TimeoutError:
+        except Exception as error:
+            if _timed_out(error) or _closed(error):
+                # the mcp package closes the session's connection after a request's timeout:
+                # the invocation's next call opens a new one
+                self._drop(server.name, session)
+            if not _timed_out(error):
+                return ToolOutcome(
+                    "error",
+                    f"the tool {call.name!r} failed ({_why(error)}); try again in a later turn, "
+                    "or go on without it",
+                )
             return ToolOutcome(
                 "error",
                 f"the tool {call.name!r} did not answer within {server.timeout_s:g} s; try again "
                 "with a smaller input, or go on without it",
-            )
-        except Exception as error:
-            return ToolOutcome(
-                "error",
-                f"the tool {call.name!r} failed ({_why(error)}); try again in a later turn, or go "
-                "on without it",
             )
         return outcome_of(call.name, result)
 
@@ -349,6 +363,13 @@ class McpServers:
             self._sessions[server.name] = session
             return session
 
+    def _drop(self, name: str, session: _Session | None) -> None:
+        with self._lock:
+            if session is None or self._sessions.get(name) is not session:
+                return
+            del self._sessions[name]
+        session.close()
+
     def _portal_now(self) -> Any:
         if self._portal is None:
             from anyio.from_thread import start_blocking_portal
@@ -373,6 +394,22 @@ class McpServers:
             if self._portal_context is not None:
                 self._portal_context.__exit__(None, None, None)
             self._portal_context = self._portal = None
+
+
+def _timed_out(error: BaseException) -> bool:
+    """A timeout: anyio's backstop, httpx's, or the session's read timeout (an MCP error whose
+    code is REQUEST_TIMEOUT, -32001, or whose message says it timed out)."""
+    inner: BaseException = error
+    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
+        inner = inner.exceptions[0]
+    if isinstance(inner, TimeoutError) or "Timeout" in type(inner).__name__:
+        return True
+    code = getattr(getattr(inner, "error", None), "code", None)
+    return code == -32001 or "timed out" in str(inner).lower()
+
+
+def _closed(error: BaseException) -> bool:
+    return "connection closed" in str(error).lower()
 
 
 def _why(error: BaseException) -> str:
