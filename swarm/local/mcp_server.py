@@ -71,6 +71,7 @@ class Tally:
                 "effects": {k: n for k, n in self.effects.items() if k.startswith(prefix)},
                 "calls": {k: n for k, n in self.calls.items() if k.startswith(prefix)},
                 "tenants": {k: t for k, t in self.tenants.items() if k.startswith(prefix)},
+                "results": {k: r for k, r in self.results.items() if k.startswith(prefix)},
             }
 
 

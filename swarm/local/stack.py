@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.request
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,14 @@ from swarm.contract import (
 from swarm.core.agent_driver import KillPoint
 from swarm.local import billing
 from swarm.local.clients import client_factory
-from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
+from swarm.local.deploy import (
+    LOCAL_MCP_SECRET,
+    ROOT,
+    Deployed,
+    LocalOptions,
+    deploy,
+    synthesize,
+)
 from swarm.local.patches import iam
 from swarm.local.patches.iam import Credentials
 from swarm.settings import ModelsDoc
@@ -88,6 +95,7 @@ class LocalStack:
         self.tenant_prefix = ""
         self.operator_prefix = ""
         self.api_id = ""
+        self.mcp: Any = None  # the local MCP server (swarm.local.mcp_server)
 
     # ------------------------------------------------------------------ start
     def start(self) -> Target:
@@ -124,6 +132,7 @@ class LocalStack:
         self.endpoint = endpoint
         clients = client_factory(endpoint, self.admin_credentials, region=REGION, pool=CLIENT_POOL)
 
+        token = self._start_mcp_server()  # its URL is in the context: before synth
         t1 = time.monotonic()
         template = synthesize(self.state_dir / "cdk.out", self.options)
         self.timings["synth_s"] = time.monotonic() - t1
@@ -132,6 +141,10 @@ class LocalStack:
             clients, template, f"Swarm-{self.options.stage}", REGION, self.template_edit
         )
         self.timings["deploy_s"] = time.monotonic() - t2
+        # the MCP server's auth header, which only the worker's role may read
+        clients("secretsmanager").create_secret(
+            Name=LOCAL_MCP_SECRET, SecretString=f"Authorization: Bearer {token}"
+        )
         parent_type, child_type = billing.state_machine_types(self.deployed.template)
         billing.METER.configure(
             time_scale=self.options.time_scale, parent_type=parent_type, child_type=child_type
@@ -463,6 +476,28 @@ class LocalStack:
             results.append({"role": module, "call": what, "code": code})
         return results
 
+    def _start_mcp_server(self) -> str:
+        """Start the local MCP server (swarm.local.mcp_server) and register it in the options;
+        its port is kept in the state directory, so a restart synthesizes the same context.
+        Returns its bearer token (new at each start)."""
+        import secrets
+
+        from swarm.local.mcp_server import LocalMcpServer
+        from swarm.local.server import free_port
+
+        token = secrets.token_urlsafe(24)
+        port_file = self.state_dir / "mcp.port"
+        port = int(port_file.read_text()) if port_file.is_file() else 0
+        self.mcp = LocalMcpServer(token=token)
+        try:
+            url = self.mcp.start(port or free_port())
+        except RuntimeError:  # the kept port is taken: another
+            self.mcp = LocalMcpServer(token=token)
+            url = self.mcp.start(free_port())
+        port_file.write_text(url.rsplit(":", 1)[1].split("/", 1)[0])
+        self.options = replace(self.options, mcp_url=url)
+        return token
+
     # ------------------------------------------------------------------ admin (/_local/...)
     def admin(
         self, method: str, path: str, doc: Any, query: dict[str, str] | None = None
@@ -492,6 +527,10 @@ class LocalStack:
             quota, seconds = int(doc["quota_tpm"]), float(doc["seconds"])
             plane.storm(quota, time.time() + seconds)
             return 200, {"quota_tpm": quota, "until_s": seconds}
+        if path == "/_local/mcp" and method == "GET" and self.mcp is not None:
+            # the local MCP server's books: effects and calls per idempotency key
+            report = self.mcp.tally.report(f"{batch}/" if batch else "")
+            return 200, {"url": self.mcp.url, **report}
         if path == "/_local/faults" and method == "POST" and self.model is not None:
             if isinstance(doc.get("batch_id"), str) and isinstance(doc.get("kill"), list):
                 try:
@@ -586,6 +625,8 @@ class LocalStack:
         local_functions.uninstall()
         if self.server is not None:
             self.server.stop()
+        if self.mcp is not None:
+            self.mcp.stop()
 
 
 def _parameter_rules(deployed: Deployed, clients: Any) -> list[tuple[str, str]]:
