@@ -14,9 +14,11 @@ import pytest
 from infra.config import ConfigError, load_config
 from infra.context import cdk_json_context
 from swarm import contract as env
+from swarm.contract import WORKER
 from swarm.adapters.tools import ToolRegistry, grants_from_json
 from tests.infra.conftest import Synthesized, synthesize
 from tests.infra.helpers import as_list, statements_of_role
+from tests.infra.test_permissions import EXPECTED, granted
 from tests.infra.test_tools import _resolve
 
 THEIR_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:their/mcp-token-AbCdEf"
@@ -68,10 +70,20 @@ def test_the_worker_may_read_exactly_the_configured_secrets(mcp_synth: Synthesiz
     assert THEIR_SECRET in resources and len(resources) == 2
     [by_name] = [r for r in resources if r != THEIR_SECRET]
     # a name: the ARN Secrets Manager gives it, with its six random characters as a wildcard
-    joined = "".join(p if isinstance(p, str) else "" for p in by_name["Fn::Join"][1])
-    assert joined.endswith(":secretsmanager:::secret:swarm/search-token-??????") or joined.endswith(
-        ":secret:swarm/search-token-??????"
-    )
+    assert by_name == {
+        "Fn::Join": [
+            "",
+            [
+                "arn:",
+                {"Ref": "AWS::Partition"},
+                ":secretsmanager:",
+                {"Ref": "AWS::Region"},
+                ":",
+                {"Ref": "AWS::AccountId"},
+                ":secret:swarm/search-token-??????",
+            ],
+        ]
+    }
     # no other role may read them
     for role in mcp_synth.of_type("AWS::IAM::Policy").values():
         for s in role["Properties"]["PolicyDocument"]["Statement"]:
@@ -198,3 +210,18 @@ def test_an_mcp_registry_is_counted_in_the_4_kb_check(tmp_path: Path) -> None:
     long = {f"m{i}": {"mcp": {"url": "https://x.example.com/" + "p" * 400}} for i in range(6)}
     with pytest.raises(ConfigError, match="4 KB"):
         load_config(_context(long, []))
+
+
+def test_the_workers_permission_table_gains_exactly_the_secret_reads(
+    mcp_synth: Synthesized,
+) -> None:
+    table = granted(mcp_synth, WORKER)
+    secrets = {label: actions for label, actions in table.items() if ":secret:" in label}
+    assert {label: actions for label, actions in table.items() if label not in secrets} == (
+        EXPECTED[WORKER]
+    )
+    assert len(secrets) == 2 and set(secrets.values()) == {
+        frozenset({"secretsmanager:GetSecretValue"})
+    }
+    assert any(label.endswith(THEIR_SECRET) or THEIR_SECRET in label for label in secrets)
+    assert any("swarm/search-token-??????" in label for label in secrets)
