@@ -14,8 +14,8 @@ import pytest
 from infra.config import ConfigError, load_config
 from infra.context import cdk_json_context
 from swarm import contract as env
-from swarm.contract import WORKER
 from swarm.adapters.tools import ToolRegistry, grants_from_json
+from swarm.contract import WORKER
 from tests.infra.conftest import Synthesized, synthesize
 from tests.infra.helpers import as_list, statements_of_role
 from tests.infra.test_permissions import EXPECTED, granted
