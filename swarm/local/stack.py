@@ -383,10 +383,12 @@ class LocalStack:
     # ------------------------------------------------------------------ tools
     def _tool_calls(self, doc: Any) -> tuple[int, Any]:
         """``POST /_local/tools``: run tool calls as the worker does (swarm.adapters.tools
-        LambdaToolExecutor: its registry from the worker's deployed TOOL_REGISTRY, Invoke signed
-        with the worker's own role), until the worker runs agent units itself.
+        RegistryTools: its registry from the worker's deployed TOOL_REGISTRY, Invoke and the MCP
+        servers' secrets signed with the worker's own role), until the worker runs agent units
+        itself.
         Body ``{"tenant", "batch", "unit", "calls": [{"name", "input", "toolUseId"}]}``."""
-        from swarm.adapters.tools import LambdaToolExecutor, ToolRegistry
+        from swarm.adapters.mcp_tools import McpServers
+        from swarm.adapters.tools import LambdaToolExecutor, RegistryTools, ToolRegistry
         from swarm.contract import TOOL_REGISTRY
         from swarm.core.agent import ToolCall
 
@@ -395,19 +397,29 @@ class LocalStack:
         registry = ToolRegistry.from_json(variables.get(TOOL_REGISTRY))
         clients = self.function_clients[worker["FunctionName"]]
         executor = LambdaToolExecutor(registry, lambda _timeout: clients("lambda"))
+
+        def read_secret(secret: str) -> str:  # with the worker's role, as the worker reads it
+            return str(clients("secretsmanager").get_secret_value(SecretId=secret)["SecretString"])
+
+        mcp = McpServers(registry.mcp, read_secret=read_secret) if registry.mcp else None
+        runner = RegistryTools(registry, executor, mcp)
         tenant, batch, unit = (str(doc.get(k, "")) for k in ("tenant", "batch", "unit"))
         calls = doc.get("calls")
         if not tenant or not batch or not unit or not isinstance(calls, list):
             message = 'give {"tenant", "batch", "unit", "calls": [{"name", "input", "toolUseId"}]}'
             return 400, {"error": "invalid_request", "message": message}
         outcomes = []
-        for i, call in enumerate(calls):
-            ident = str(call.get("toolUseId") or f"tooluse_{i}")
-            tool_call = ToolCall(
-                0, ident, str(call.get("name")), call.get("input"), f"{batch}/{unit}/{ident}"
-            )
-            outcome = executor(tool_call, tenant, batch, unit)
-            outcomes.append({"status": outcome.status, "content": outcome.value})
+        try:
+            for i, call in enumerate(calls):
+                ident = str(call.get("toolUseId") or f"tooluse_{i}")
+                tool_call = ToolCall(
+                    0, ident, str(call.get("name")), call.get("input"), f"{batch}/{unit}/{ident}"
+                )
+                outcome = runner.run(tool_call, tenant)  # a Lambda tool or an MCP server's
+                outcomes.append({"status": outcome.status, "content": outcome.value})
+        finally:
+            if mcp is not None:
+                mcp.close()
         return 200, {"outcomes": outcomes}
 
     def _tool_probes(self) -> list[dict[str, Any]]:
