@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from swarm.adapters.client_errors import client_error_type, error_code
-from swarm.adapters.mcp_tools import McpServer, McpServers, ToolServerUnavailable, servers_from
+from swarm.adapters.mcp_tools import (
+    BACKSTOP_S,
+    McpServer,
+    McpServers,
+    ToolServerUnavailable,
+    servers_from,
+)
 from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from swarm.core.tool_declarations import SourceError, declared_tools
 from swarm.core.tool_protocol import MAX_ERROR_CHARS
@@ -282,7 +288,11 @@ class RegistryTools:
         if entry is not None:
             return entry.timeout_s
         found = self._mcp_tool(name)
-        return self.mcp.servers[found.server].timeout_s if self.mcp and found else 0.0
+        if self.mcp is None or found is None:
+            return 0.0
+        # opening the invocation's session (and listing) within the timeout, then the call
+        # within it, then the backstop (swarm.adapters.mcp_tools)
+        return 2 * self.mcp.servers[found.server].timeout_s + BACKSTOP_S
 
     def in_order(self, name: str) -> bool:
         entry = self.registry.get(name)
