@@ -103,16 +103,24 @@ class Granted(frozenset[str]):
     tools")."""
 
     open: frozenset[str]
+    #: every name the registry knows (its tools, the listed MCP tools): never an open server's
+    registered: frozenset[str]
 
-    def __new__(cls, names: Any = (), open: Any = ()) -> Granted:
+    def __new__(cls, names: Any = (), open: Any = (), registered: Any = ()) -> Granted:
         granted = super().__new__(cls, names)
         granted.open = frozenset(open)
+        granted.registered = frozenset(registered)
         return granted
 
     def __contains__(self, name: object) -> bool:
         if super().__contains__(name):
             return True
-        return bool(self.open) and isinstance(name, str) and TOOL_NAME.match(name) is not None
+        return (
+            bool(self.open)
+            and isinstance(name, str)
+            and name not in self.registered  # a registered tool needs its own grant
+            and TOOL_NAME.match(name) is not None
+        )
 
 
 class NamedTools(Mapping[str, Tool]):
@@ -148,7 +156,7 @@ class ToolGrants:
 
     def allowed(self, tenant: str) -> frozenset[str]:
         listed = self.overrides.get(tenant, self.defaults)
-        return Granted(listed, self.open_servers & set(listed))
+        return Granted(listed, self.open_servers & set(listed), self.names)
 
     def registry_view(self) -> Mapping[str, Tool]:
         """What the API checks a unit's ``tools`` against (:class:`NamedTools`)."""

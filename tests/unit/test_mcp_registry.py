@@ -49,6 +49,35 @@ def test_the_apis_view_accepts_an_open_servers_names_only_when_one_is_registered
     assert "anything" in opened.registry_view() and opened.open_servers == {"search"}
 
 
+def test_an_open_server_grants_no_registered_tool_the_tenant_was_not_granted() -> None:
+    doc = {
+        "functions": {"notes": "arn:aws:lambda:us-east-1:123456789012:function:notes"},
+        "tools": {
+            "notes_write": {
+                "arn": "arn:aws:lambda:us-east-1:123456789012:function:notes",
+                "timeout": 10,
+                "effect": "write",
+                "description": "Write a note",
+                "input_schema": {"type": "object"},
+            }
+        },
+        "toolsets": {},
+        "mcp": {"open": {"url": "https://o.example.com/mcp", "timeout": 10}},
+        "grants": {"defaults": ["open"], "overrides": {"writer": ["open", "notes_write"]}},
+    }
+    registry = ToolRegistry.from_json(json.dumps(doc))
+    # granted the open server only: its names, not the Lambda tool granted to another tenant
+    assert "whatever_it_lists" in registry.allowed("demo")
+    assert "notes_write" not in registry.allowed("demo")
+    assert "notes_write" in registry.allowed("writer")
+    grants = grants_from_json(json.dumps({"tools": ["notes_write"], **doc_grants(doc)}))
+    assert "notes_write" not in grants.allowed("demo")
+
+
+def doc_grants(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"mcp": {name: None for name in doc["mcp"]}, "grants": doc["grants"]}
+
+
 def test_a_grant_naming_neither_a_tool_nor_a_server_is_refused() -> None:
     doc = {**REGISTRY, "grants": {"defaults": ["nowhere"], "overrides": {}}}
     with pytest.raises(RegistryError, match="nowhere"):
