@@ -46,6 +46,7 @@ BASE_SECONDS_PER_1K_TOKENS = 0.5
 #: the local stack's MCP server: its registry entry, and the secret holding its auth header
 LOCAL_MCP_ENTRY = "local_mcp"
 LOCAL_MCP_SECRET = "swarm-local/mcp-auth"
+LOCAL_MCP_TOOLS = ["tally_write", "tally_read", "slow", "fail"]  # swarm.local.mcp_server's
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class LocalOptions:
     #: prefix (swarm.adapters.simulated_model; 0: no cache tokens)
     cache_share: float = 0.0
     #: the local MCP server's URL (swarm.local.mcp_server, started by the stack): registered as
-    #: the tool entry ``local_mcp`` (every tool it lists, its auth header in the secret
+    #: the tool entry ``local_mcp`` (its four tools, its auth header in the secret
     #: ``LOCAL_MCP_SECRET``) and granted to every tenant; None: no MCP entry
     mcp_url: str | None = None
 
@@ -121,7 +122,12 @@ class LocalOptions:
                 scaled["quota_rpm"] = max(1, int(base["quota_rpm"] * self.time_scale))
         extra: dict[str, Any] = {}
         if self.mcp_url is not None:  # http to localhost: accepted on the local stage only
-            server = {"url": self.mcp_url, "auth_secret": LOCAL_MCP_SECRET}
+            # its tools listed: the API then refuses a name the server lacks, as for any tool
+            server = {
+                "url": self.mcp_url,
+                "auth_secret": LOCAL_MCP_SECRET,
+                "tools": LOCAL_MCP_TOOLS,
+            }
             extra["tools"] = {**base["tools"], LOCAL_MCP_ENTRY: {"mcp": server}}
             tenants["defaults"]["tools"] = [*tenants["defaults"]["tools"], LOCAL_MCP_ENTRY]
         return {

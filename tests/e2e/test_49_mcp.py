@@ -1,6 +1,6 @@
 """Agent units whose tools come from an MCP server (docs/agents.md, "MCP tools"): the local
 stack runs a real MCP server of the ``mcp`` package (swarm.local.mcp_server, Streamable HTTP,
-stateless) and registers it as the entry ``local_mcp`` (every tool it lists, granted to every
+stateless) and registers it as the entry ``local_mcp`` (its tools listed, granted to every
 tenant, its auth header in a Secrets Manager secret only the worker's role may read). Every
 unit's worker is killed once while its tools run (after a call's effect, before its result is
 recorded), every message is delivered twice on top; then every unit completes, the server
