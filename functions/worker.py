@@ -265,7 +265,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     finally:
         worker.end(invocation)
         # an MCP server's session lives for one invocation (swarm.adapters.mcp_tools)
-        end_sessions = getattr(worker.tools, "end_invocation", None)
+        end_sessions = getattr(getattr(worker, "tools", None), "end_invocation", None)
         if end_sessions is not None:
             end_sessions()
 
