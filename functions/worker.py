@@ -264,6 +264,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         return _run(worker, lanes, bundling, invocation, runs, copies, failures, deadline)
     finally:
         worker.end(invocation)
+        # an MCP server's session lives for one invocation (swarm.adapters.mcp_tools)
+        end_sessions = getattr(getattr(worker, "tools", None), "end_invocation", None)
+        if end_sessions is not None:
+            end_sessions()
 
 
 def _run(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, Protocol
+from urllib.parse import urlparse
 
 from pydantic import (
     BaseModel,
@@ -464,6 +465,29 @@ MAX_TOOL_DESCRIPTION = 600
 MAX_TOOLSET_DESCRIPTION = 2000
 
 
+#: a Secrets Manager secret: its name (1-512 of letters, digits, ``/_+=.@-``) or its ARN
+SECRET_PATTERN = (
+    r"^(arn:aws[a-zA-Z-]*:secretsmanager:[a-z]{2}(-gov)?-[a-z]+-\d:\d{12}:secret:"
+    r"[A-Za-z0-9/_+=.@-]{1,512}|[A-Za-z0-9/_+=.@-]{1,512})$"
+)
+#: the hosts an ``http://`` MCP URL may name, on the local stack only (stage ``local``)
+LOCAL_MCP_HOSTS = ("localhost", "127.0.0.1")
+
+
+class McpConfig(_Strict):
+    """``tools.<name>.mcp``: an MCP server whose tools the worker calls over Streamable HTTP
+    (docs/agents.md, "MCP tools")."""
+
+    # the server's Streamable HTTP endpoint: https://... (http://localhost or 127.0.0.1 only on
+    # the local stack, stage local)
+    url: str = Field(min_length=1, max_length=512)
+    # a Secrets Manager secret (name or ARN) whose value is the auth header: one line
+    # "Name: value" (e.g. "Authorization: Bearer ...") or a JSON object of headers
+    auth_secret: str | None = Field(default=None, pattern=SECRET_PATTERN)
+    # the server's tools to expose (each under its own name); absent: every tool it lists
+    tools: tuple[str, ...] | None = Field(default=None, min_length=1, max_length=64)
+
+
 class ToolConfig(_Strict):
     """``tools.<name>``: one tool of the registry (docs/agents.md, "Tools")."""
 
@@ -484,8 +508,11 @@ class ToolConfig(_Strict):
     toolset: bool = False
     # "required": each call of the tool waits for a person's decision before it runs
     # (docs/agents.md, "Human gates"); "none": it runs at once (a unit may still gate it with
-    # input.limits.approve_tools)
+    # input.limits.approve_tools). On an mcp entry: every tool of its server
     approval: Literal["required", "none"] = "none"
+    # an MCP server (instead of source or function_arn): a tenant granted the entry's name gets
+    # its tools; effect, if given, is every tool's (else a tool annotated readOnlyHint is read)
+    mcp: McpConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -570,6 +597,49 @@ def resolve_tool(
     return ResolvedTool(
         name, description, schema, effect, tool.timeout_seconds, tool.source, tool.function_arn
     )
+
+
+def check_mcp(name: str, tool: ToolConfig, local: bool) -> McpConfig:
+    """``tool``'s MCP server, checked; ValueError naming ``tools.<name>.mcp...``."""
+    key = f"tools.{name}"
+    mcp = tool.mcp
+    assert mcp is not None
+    given = [
+        f
+        for f in ("source", "function_arn", "description", "input_schema")
+        if getattr(tool, f) is not None
+    ] + (["toolset"] if tool.toolset else [])
+    if given:
+        raise ValueError(
+            f"{key}.{given[0]}: an mcp entry takes its tools and their specs from the server "
+            "(give mcp, and optionally effect, timeout_seconds)"
+        )
+    url = urlparse(mcp.url)
+    if url.scheme == "http" and url.hostname in LOCAL_MCP_HOSTS:
+        if not local:
+            raise ValueError(
+                f"{key}.mcp.url: http:// is accepted only for localhost on the local stack "
+                f"(stage local); give the server's https:// URL (got {mcp.url!r})"
+            )
+    elif url.scheme != "https" or not url.hostname:
+        raise ValueError(
+            f"{key}.mcp.url: must be an https:// URL of the server's Streamable HTTP endpoint "
+            f"(got {mcp.url!r})"
+        )
+    if url.username or url.password:
+        raise ValueError(
+            f"{key}.mcp.url: must not carry credentials; put the header in a secret "
+            "(mcp.auth_secret)"
+        )
+    for i, each in enumerate(mcp.tools or ()):
+        if not TOOL_NAME.match(each):
+            raise ValueError(
+                f"{key}.mcp.tools[{i}]: {each!r} is not a tool name Converse accepts: 1 to 64 "
+                "letters, digits, '_' or '-'"
+            )
+    if mcp.tools is not None and len(set(mcp.tools)) != len(mcp.tools):
+        raise ValueError(f"{key}.mcp.tools: lists a tool twice ({list(mcp.tools)})")
+    return mcp
 
 
 def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
@@ -1188,6 +1258,8 @@ class SwarmConfig(_Strict):
         resolved: dict[str, ResolvedTool] = {}
         for name in sorted(self.tools):
             entry = self.tools[name]
+            if entry.mcp is not None:
+                continue  # its tools are the server's (mcp_servers)
             tools = toolset_tools(name, entry) if entry.toolset else [resolve_tool(name, entry)]
             for tool in tools:
                 if tool.name in resolved:
@@ -1197,6 +1269,30 @@ class SwarmConfig(_Strict):
                     )
                 resolved[tool.name] = tool
         return dict(sorted(resolved.items()))
+
+    def mcp_servers(self) -> dict[str, McpConfig]:
+        """The registry's MCP servers by entry name, checked (their listed tools' names unique
+        among every tool's)."""
+        servers = {
+            name: check_mcp(name, entry, self.stage == "local")
+            for name, entry in sorted(self.tools.items())
+            if entry.mcp is not None
+        }
+        taken = {tool: f"tools.{tool}" for tool in self.resolved_tools()}
+        for name, server in servers.items():
+            for i, tool in enumerate(server.tools or ()):
+                if tool in taken or tool in servers:
+                    raise ValueError(
+                        f"tools.{name}.mcp.tools[{i}]: {tool!r} is registered by another entry "
+                        f"too ({taken.get(tool, f'tools.{tool}')}): a tool name must be unique"
+                    )
+                taken[tool] = f"tools.{name}.mcp"
+        return servers
+
+    def mcp_secrets(self) -> list[str]:
+        """The secrets (names or ARNs) the MCP servers' auth headers are in."""
+        secrets = {s.auth_secret for s in self.mcp_servers().values() if s.auth_secret}
+        return sorted(secrets)
 
     def granted_tools(self, names: tuple[str, ...]) -> list[str]:
         """A tenant's ``tools`` list with each toolset's name replaced by its tools."""
@@ -1225,9 +1321,22 @@ class SwarmConfig(_Strict):
         and the tenants' grants."""
         tools: dict[str, dict[str, Any]] = {}
         toolsets: dict[str, dict[str, Any]] = {}
+        mcp: dict[str, dict[str, Any]] = {}
         for name, entry in sorted(self.tools.items()):
             if entry.toolset:
                 toolsets[name] = {"source": entry.source, "timeout": entry.timeout_seconds}
+                continue
+            if entry.mcp is not None:
+                server: dict[str, Any] = {"url": entry.mcp.url, "timeout": entry.timeout_seconds}
+                if entry.mcp.tools is not None:
+                    server["tools"] = list(entry.mcp.tools)
+                if entry.mcp.auth_secret is not None:
+                    server["secret"] = entry.mcp.auth_secret
+                if entry.effect is not None:
+                    server["effect"] = entry.effect
+                if entry.approval == "required":
+                    server["approval"] = "required"
+                mcp[name] = server
                 continue
             tool = resolve_tool(name, entry)
             if tool.source is not None:
@@ -1254,6 +1363,8 @@ class SwarmConfig(_Strict):
             "toolsets": toolsets,
             "grants": self._tool_grants(),
         }
+        if mcp:
+            doc["mcp"] = mcp
         return json.dumps(doc, separators=(",", ":"))
 
     def tool_grants_value(self) -> str:
@@ -1262,8 +1373,16 @@ class SwarmConfig(_Strict):
         toolsets = {
             name: entry.source for name, entry in sorted(self.tools.items()) if entry.toolset
         }
-        plain = sorted(name for name, entry in self.tools.items() if not entry.toolset)
-        doc = {"tools": plain, "toolsets": toolsets, "grants": self._tool_grants()}
+        plain = sorted(
+            name for name, entry in self.tools.items() if not entry.toolset and entry.mcp is None
+        )
+        doc: dict[str, Any] = {"tools": plain, "toolsets": toolsets, "grants": self._tool_grants()}
+        servers = {
+            name: None if server.tools is None else list(server.tools)
+            for name, server in self.mcp_servers().items()
+        }
+        if servers:  # an entry's listed tools, or null: every tool it lists (the worker checks)
+            doc["mcp"] = servers
         return json.dumps(doc, separators=(",", ":"))
 
     def _tool_grants(self) -> dict[str, Any]:
@@ -1284,12 +1403,20 @@ class SwarmConfig(_Strict):
             if override.tools is not None
         ]
         toolsets = {name for name, entry in self.tools.items() if entry.toolset}
+        servers = self.mcp_servers()  # raises naming tools.<name>.mcp...
         for key, names in granted:
             for i, name in enumerate(names):
-                if name not in resolved and name not in toolsets:
+                if name not in resolved and name not in toolsets and name not in servers:
                     known = (
-                        ", ".join([*resolved, *sorted(toolsets)]) or "none: the registry is empty"
+                        ", ".join([*resolved, *sorted(toolsets), *servers])
+                        or "none: the registry is empty"
                     )
+                    listed = [m for m, s in servers.items() if name in (s.tools or ())]
+                    if listed:
+                        raise ValueError(
+                            f"{key}[{i}]: {name!r} is a tool of the MCP entry {listed[0]!r}: "
+                            f"grant the entry's name ({listed[0]!r}), which gives all its tools"
+                        )
                     raise ValueError(
                         f"{key}[{i}]: {name!r} is not a tool of the registry (tools: {known})"
                     )

@@ -125,6 +125,7 @@ class SwarmControlPlane(Construct):
         )
         environment.update(self.workers.mapping_ids())
         self.tools.grant_invoke(self.workers.worker.role)
+        self.tools.grant_read_secrets(self.workers.worker.role)
         # a parked agent unit announces unit.awaiting_approval (docs/agents.md, "Human gates")
         self.bus.grant_put_events_to(self.workers.worker.role)
         self.drain_controller = self.drain.add_controller(

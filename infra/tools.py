@@ -183,6 +183,32 @@ class ToolFunctions(Construct):
         }
         return arns + sorted(external)
 
+    def secret_arns(self) -> list[str]:
+        """The MCP servers' auth secrets as IAM resources: a complete ARN as given; a name as
+        ``...:secret:<name>-??????`` (Secrets Manager adds a hyphen and six random characters to
+        a secret's ARN, so a policy naming a secret by its name needs the suffix wildcard)."""
+        stack = cdk.Stack.of(self)
+        return [
+            secret
+            if secret.startswith("arn:")
+            else stack.format_arn(
+                service="secretsmanager",
+                resource="secret",
+                resource_name=f"{secret}-??????",
+                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+            )
+            for secret in self.config.mcp_secrets()
+        ]
+
+    def grant_read_secrets(self, role: iam.IRole) -> None:
+        """``secretsmanager:GetSecretValue`` on exactly the MCP servers' auth secrets (nothing
+        when none has one)."""
+        arns = self.secret_arns()
+        if arns:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=arns)
+            )
+
     def grant_invoke(self, role: iam.IRole) -> None:
         """``lambda:InvokeFunction`` on exactly the registered functions (no ``:*`` versions:
         the worker invokes the unqualified ARN, or the qualified one cdk.json gives)."""

@@ -393,8 +393,6 @@ class Wiring:
 
     # -- services
     def batches(self) -> Batches:
-        from swarm.adapters.tools import named_tool
-
         s = self.settings_as(ApiSettings)
         grants = self.tool_grants()
         policy = ShedPolicy(
@@ -418,7 +416,7 @@ class Wiring:
                 units_per_message=s.bundle_units,
                 # the API's environment has the tools' names and grants, not their specs
                 # (Lambda's 4 KB): a unit's first-turn check counts its request without them
-                tools={name: named_tool(name) for name in grants.names},
+                tools=grants.registry_view(),
                 allowed_tools=grants.allowed,
             ),
             models=self.model_routes(read_only=True),
@@ -544,10 +542,24 @@ class Wiring:
 
     def tool_runner(self) -> RegistryTools | None:
         """The worker's tools (None: the registry is empty)."""
+        from swarm.adapters.mcp_tools import McpServers
         from swarm.adapters.tools import RegistryTools
 
         executor = self.tool_executor()
-        return RegistryTools(executor.registry, executor) if executor.registry.tools else None
+        registry = executor.registry
+        if not registry.tools and not registry.mcp:
+            return None
+        mcp = None
+        if registry.mcp:
+            clients = self.clients
+
+            def read(secret: str) -> str:
+                answer = clients("secretsmanager").get_secret_value(SecretId=secret)
+                return str(answer["SecretString"])
+
+            # the worker's role reads exactly the configured secrets (infra/workers.py)
+            mcp = McpServers(registry.mcp, read_secret=read)
+        return RegistryTools(registry, executor, mcp)
 
     def tool_grants(self) -> ToolGrants:
         """The tools' names and which tenant may use which: the API's view."""

@@ -28,13 +28,20 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
 from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.adapters.mcp_tools import (
+    BACKSTOP_S,
+    McpServer,
+    McpServers,
+    ToolServerUnavailable,
+    servers_from,
+)
 from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from swarm.core.tool_declarations import SourceError, declared_tools
 from swarm.core.tool_protocol import MAX_ERROR_CHARS
@@ -89,16 +96,71 @@ class RegisteredTool:
     tool: Tool
 
 
+class Granted(frozenset[str]):
+    """A tenant's tools. With ``open`` (MCP servers whose tools are listed at first use, granted
+    to the tenant), any other name Converse accepts is in it too: the API cannot list a private
+    server, so the worker checks the name against the server's listing (docs/agents.md, "MCP
+    tools")."""
+
+    open: frozenset[str]
+    #: every name the registry knows (its tools, the listed MCP tools): never an open server's
+    registered: frozenset[str]
+
+    def __new__(cls, names: Any = (), open: Any = (), registered: Any = ()) -> Granted:
+        granted = super().__new__(cls, names)
+        granted.open = frozenset(open)
+        granted.registered = frozenset(registered)
+        return granted
+
+    def __contains__(self, name: object) -> bool:
+        if super().__contains__(name):
+            return True
+        return (
+            bool(self.open)
+            and isinstance(name, str)
+            and name not in self.registered  # a registered tool needs its own grant
+            and TOOL_NAME.match(name) is not None
+        )
+
+
+class NamedTools(Mapping[str, Tool]):
+    """The registry as the API sees it (names, no specs): with an open MCP server, any name
+    Converse accepts (the worker checks it against the server's listing)."""
+
+    def __init__(self, names: frozenset[str], open_servers: bool) -> None:
+        self.names = names
+        self.open_servers = open_servers
+
+    def __getitem__(self, name: str) -> Tool:
+        if name in self.names or (self.open_servers and TOOL_NAME.match(name) is not None):
+            return named_tool(name)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.names))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 @dataclass(frozen=True)
 class ToolGrants:
-    """Which tools each tenant may give its units: the defaults, and overrides per tenant."""
+    """Which tools each tenant may give its units: the defaults, and overrides per tenant.
+    An MCP entry's name stays in a tenant's list beside its tools (the worker checks a call's
+    server against it); ``open_servers``: the MCP entries without a ``tools`` list."""
 
     names: frozenset[str]
     defaults: tuple[str, ...] = ()
     overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    open_servers: frozenset[str] = frozenset()
 
     def allowed(self, tenant: str) -> frozenset[str]:
-        return frozenset(self.overrides.get(tenant, self.defaults))
+        listed = self.overrides.get(tenant, self.defaults)
+        return Granted(listed, self.open_servers & set(listed), self.names)
+
+    def registry_view(self) -> Mapping[str, Tool]:
+        """What the API checks a unit's ``tools`` against (:class:`NamedTools`)."""
+        return NamedTools(self.names, bool(self.open_servers))
 
     @classmethod
     def parse(
@@ -108,23 +170,28 @@ class ToolGrants:
         toolsets: Mapping[str, tuple[str, ...]] | None = None,
     ) -> ToolGrants:
         """The grants of ``doc``, a toolset's name (``toolsets``: name -> its tools) replaced
-        by its tools."""
+        by its tools, an MCP entry's name (``doc["mcp"]``) kept beside its listed tools."""
         toolsets = toolsets or {}
+        servers = {str(k): v for k, v in (doc.get("mcp") or {}).items()}
 
         def expanded(listed: Any) -> tuple[str, ...]:
             out: list[str] = []
             for name in listed or ():
-                out += toolsets.get(name, (name,))
+                if name in servers:
+                    out += [name, *(servers[name] or ())]
+                else:
+                    out += toolsets.get(name, (name,))
             return tuple(out)
 
         grants = doc.get("grants") or {}
         defaults = expanded(grants.get("defaults"))
         overrides = {t: expanded(v) for t, v in (grants.get("overrides") or {}).items()}
         for tenant, listed in [("defaults", defaults), *overrides.items()]:
-            unknown = sorted(set(listed) - names)
+            unknown = sorted(set(listed) - names - set(servers))
             if unknown:
                 raise RegistryError(f"grants of {tenant} name unknown tools: {unknown}")
-        return cls(names, defaults, overrides)
+        open_servers = frozenset(name for name, tools in servers.items() if tools is None)
+        return cls(names, defaults, overrides, open_servers)
 
 
 @dataclass(frozen=True)
@@ -133,6 +200,8 @@ class ToolRegistry:
 
     tools: Mapping[str, RegisteredTool]
     grants: ToolGrants
+    #: the MCP servers (``tools.<name>.mcp``): their tools are listed at first use
+    mcp: Mapping[str, McpServer] = field(default_factory=dict)
 
     def __contains__(self, name: object) -> bool:
         return name in self.tools
@@ -177,11 +246,17 @@ class ToolRegistry:
                         raise RegistryError(f"the tool {name!r} is registered twice")
                     tools[name] = _registered(name, declared, functions[source], toolset["timeout"])
             toolsets = _toolsets(doc, declarations)
+            servers = servers_from(doc.get("mcp") or {})
+            names = frozenset(tools) | {n for s in servers.values() for n in s.tools or ()}
+            grants_doc = {
+                **doc,
+                "mcp": {name: server.tools for name, server in servers.items()},
+            }
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             if isinstance(error, RegistryError):
                 raise
             raise RegistryError(f"the tool registry is not the stack's JSON: {error!r}") from None
-        return cls(tools, ToolGrants.parse(doc, frozenset(tools), toolsets))
+        return cls(tools, ToolGrants.parse(grants_doc, names, toolsets), servers)
 
 
 def _registered(name: str, spec: Mapping[str, Any], arn: Any, timeout: Any) -> RegisteredTool:
@@ -214,21 +289,79 @@ class RegistryTools:
 
     registry: ToolRegistry
     executor: LambdaToolExecutor
+    #: the MCP servers' client (None: the registry has none)
+    mcp: McpServers | None = None
 
     def specs(self) -> Mapping[str, Tool]:
-        return self.registry.specs()
+        """The registry's specs, and the MCP servers' tools: a server is listed when a name
+        is first looked up (ToolServerUnavailable when it cannot be)."""
+        return _Specs(self.registry.specs(), self.mcp)
 
     def timeout_s(self, name: str) -> float:
         entry = self.registry.get(name)
-        return entry.timeout_s if entry is not None else 0.0
+        if entry is not None:
+            return entry.timeout_s
+        found = self._mcp_tool(name)
+        if self.mcp is None or found is None:
+            return 0.0
+        # opening the invocation's session (and listing) within the timeout, then the call
+        # within it, then the backstop (swarm.adapters.mcp_tools)
+        return 2 * self.mcp.servers[found.server].timeout_s + BACKSTOP_S
 
     def in_order(self, name: str) -> bool:
         entry = self.registry.get(name)
-        return entry is not None and entry.effect == "write"
+        if entry is not None:
+            return entry.effect == "write"
+        found = self._mcp_tool(name)
+        return found is not None and found.effect == "write"
 
     def run(self, call: ToolCall, tenant: str) -> ToolOutcome:
         batch, unit, _ = call.key.split("/", 2)  # the key: batch/unit/toolUseId
-        return self.executor.run(call, tenant, batch, unit)
+        if call.name in self.registry or self.mcp is None:
+            return self.executor.run(call, tenant, batch, unit)
+        found = self._mcp_tool(call.name)
+        if found is None:
+            return ToolOutcome("error", f"there is no tool named {call.name!r}")
+        # the tenant must be granted the tool's server (its entry's name)
+        if found.server not in frozenset(self.registry.allowed(tenant)):
+            return ToolOutcome("error", f"the tool {call.name!r} is not available to this unit")
+        return self.mcp.run(call, tenant, batch, unit)
+
+    def end_invocation(self) -> None:
+        """Close the invocation's MCP sessions (functions/worker.py, at the invocation's end)."""
+        if self.mcp is not None:
+            self.mcp.end_invocation()
+
+    def _mcp_tool(self, name: str) -> Any:
+        if self.mcp is None:
+            return None
+        try:
+            return self.mcp.find(name)
+        except ToolServerUnavailable:
+            return None
+
+
+class _Specs(Mapping[str, Tool]):
+    """The registry's specs, then the MCP servers' tools (listed at a lookup of their names)."""
+
+    def __init__(self, specs: Mapping[str, Tool], mcp: McpServers | None) -> None:
+        self.specs = specs
+        self.mcp = mcp
+
+    def __getitem__(self, name: str) -> Tool:
+        if name in self.specs:
+            return self.specs[name]
+        found = self.mcp.find(name) if self.mcp is not None else None
+        if found is None:
+            raise KeyError(name)
+        return found.tool
+
+    def __iter__(self) -> Iterator[str]:
+        names = set(self.specs) | set(self.mcp.known() if self.mcp is not None else ())
+        return iter(sorted(names))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def grants_from_json(
@@ -243,6 +376,7 @@ def grants_from_json(
         toolsets = _toolsets(doc, declarations)
         names = frozenset(str(name) for name in doc["tools"])
         names |= {name for members in toolsets.values() for name in members}
+        names |= {str(n) for listed in (doc.get("mcp") or {}).values() for n in listed or ()}
     except (ValueError, KeyError, TypeError) as error:
         if isinstance(error, RegistryError):
             raise

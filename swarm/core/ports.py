@@ -101,6 +101,11 @@ class ModelPlane(Protocol):
         ...
 
 
+class ToolsUnavailable(RuntimeError):
+    """The tools a unit names cannot be looked up now (an MCP server that cannot list its
+    tools): the unit waits in its lane and tries again, uncalled."""
+
+
 class ToolRunner(Protocol):
     """The deployment's tools (the registry in cdk.json) as the worker runs them."""
 

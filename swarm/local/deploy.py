@@ -43,6 +43,12 @@ STACK_TIMEOUT_S = 120
 BASE_SECONDS_PER_1K_TOKENS = 0.5
 
 
+#: the local stack's MCP server: its registry entry, and the secret holding its auth header
+LOCAL_MCP_ENTRY = "local_mcp"
+LOCAL_MCP_SECRET = "swarm-local/mcp-auth"
+LOCAL_MCP_TOOLS = ["tally_write", "tally_read", "slow", "fail"]  # swarm.local.mcp_server's
+
+
 @dataclass(frozen=True)
 class LocalOptions:
     """How the local stack differs from the deployed one (all through the app's context)."""
@@ -75,6 +81,10 @@ class LocalOptions:
     #: the simulated model's prompt cache: the share of a call's input that is its cacheable
     #: prefix (swarm.adapters.simulated_model; 0: no cache tokens)
     cache_share: float = 0.0
+    #: the local MCP server's URL (swarm.local.mcp_server, started by the stack): registered as
+    #: the tool entry ``local_mcp`` (its four tools, its auth header in the secret
+    #: ``LOCAL_MCP_SECRET``) and granted to every tenant; None: no MCP entry
+    mcp_url: str | None = None
 
     def context(self) -> dict[str, Any]:
         from infra.context import cdk_json_context
@@ -110,6 +120,16 @@ class LocalOptions:
             scaled = {"quota_tpm": int(base["quota_tpm"] * self.time_scale)}
             if base.get("quota_rpm") is not None:
                 scaled["quota_rpm"] = max(1, int(base["quota_rpm"] * self.time_scale))
+        extra: dict[str, Any] = {}
+        if self.mcp_url is not None:  # http to localhost: accepted on the local stage only
+            # its tools listed: the API then refuses a name the server lacks, as for any tool
+            server = {
+                "url": self.mcp_url,
+                "auth_secret": LOCAL_MCP_SECRET,
+                "tools": LOCAL_MCP_TOOLS,
+            }
+            extra["tools"] = {**base["tools"], LOCAL_MCP_ENTRY: {"mcp": server}}
+            tenants["defaults"]["tools"] = [*tenants["defaults"]["tools"], LOCAL_MCP_ENTRY]
         return {
             "stage": self.stage,
             **scaled,
@@ -117,6 +137,7 @@ class LocalOptions:
             "worker": worker,
             "fanout": fanout,
             "tenants": tenants,
+            **extra,
         }
 
     @property

@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.request
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,14 @@ from swarm.contract import (
 from swarm.core.agent_driver import KillPoint
 from swarm.local import billing
 from swarm.local.clients import client_factory
-from swarm.local.deploy import ROOT, Deployed, LocalOptions, deploy, synthesize
+from swarm.local.deploy import (
+    LOCAL_MCP_SECRET,
+    ROOT,
+    Deployed,
+    LocalOptions,
+    deploy,
+    synthesize,
+)
 from swarm.local.patches import iam
 from swarm.local.patches.iam import Credentials
 from swarm.settings import ModelsDoc
@@ -88,6 +95,7 @@ class LocalStack:
         self.tenant_prefix = ""
         self.operator_prefix = ""
         self.api_id = ""
+        self.mcp: Any = None  # the local MCP server (swarm.local.mcp_server)
 
     # ------------------------------------------------------------------ start
     def start(self) -> Target:
@@ -124,6 +132,7 @@ class LocalStack:
         self.endpoint = endpoint
         clients = client_factory(endpoint, self.admin_credentials, region=REGION, pool=CLIENT_POOL)
 
+        token = self._start_mcp_server()  # its URL is in the context: before synth
         t1 = time.monotonic()
         template = synthesize(self.state_dir / "cdk.out", self.options)
         self.timings["synth_s"] = time.monotonic() - t1
@@ -132,6 +141,10 @@ class LocalStack:
             clients, template, f"Swarm-{self.options.stage}", REGION, self.template_edit
         )
         self.timings["deploy_s"] = time.monotonic() - t2
+        # the MCP server's auth header, which only the worker's role may read
+        clients("secretsmanager").create_secret(
+            Name=LOCAL_MCP_SECRET, SecretString=f"Authorization: Bearer {token}"
+        )
         parent_type, child_type = billing.state_machine_types(self.deployed.template)
         billing.METER.configure(
             time_scale=self.options.time_scale, parent_type=parent_type, child_type=child_type
@@ -370,10 +383,12 @@ class LocalStack:
     # ------------------------------------------------------------------ tools
     def _tool_calls(self, doc: Any) -> tuple[int, Any]:
         """``POST /_local/tools``: run tool calls as the worker does (swarm.adapters.tools
-        LambdaToolExecutor: its registry from the worker's deployed TOOL_REGISTRY, Invoke signed
-        with the worker's own role), until the worker runs agent units itself.
+        RegistryTools: its registry from the worker's deployed TOOL_REGISTRY, Invoke and the MCP
+        servers' secrets signed with the worker's own role), until the worker runs agent units
+        itself.
         Body ``{"tenant", "batch", "unit", "calls": [{"name", "input", "toolUseId"}]}``."""
-        from swarm.adapters.tools import LambdaToolExecutor, ToolRegistry
+        from swarm.adapters.mcp_tools import McpServers
+        from swarm.adapters.tools import LambdaToolExecutor, RegistryTools, ToolRegistry
         from swarm.contract import TOOL_REGISTRY
         from swarm.core.agent import ToolCall
 
@@ -382,19 +397,29 @@ class LocalStack:
         registry = ToolRegistry.from_json(variables.get(TOOL_REGISTRY))
         clients = self.function_clients[worker["FunctionName"]]
         executor = LambdaToolExecutor(registry, lambda _timeout: clients("lambda"))
+
+        def read_secret(secret: str) -> str:  # with the worker's role, as the worker reads it
+            return str(clients("secretsmanager").get_secret_value(SecretId=secret)["SecretString"])
+
+        mcp = McpServers(registry.mcp, read_secret=read_secret) if registry.mcp else None
+        runner = RegistryTools(registry, executor, mcp)
         tenant, batch, unit = (str(doc.get(k, "")) for k in ("tenant", "batch", "unit"))
         calls = doc.get("calls")
         if not tenant or not batch or not unit or not isinstance(calls, list):
             message = 'give {"tenant", "batch", "unit", "calls": [{"name", "input", "toolUseId"}]}'
             return 400, {"error": "invalid_request", "message": message}
         outcomes = []
-        for i, call in enumerate(calls):
-            ident = str(call.get("toolUseId") or f"tooluse_{i}")
-            tool_call = ToolCall(
-                0, ident, str(call.get("name")), call.get("input"), f"{batch}/{unit}/{ident}"
-            )
-            outcome = executor(tool_call, tenant, batch, unit)
-            outcomes.append({"status": outcome.status, "content": outcome.value})
+        try:
+            for i, call in enumerate(calls):
+                ident = str(call.get("toolUseId") or f"tooluse_{i}")
+                tool_call = ToolCall(
+                    0, ident, str(call.get("name")), call.get("input"), f"{batch}/{unit}/{ident}"
+                )
+                outcome = runner.run(tool_call, tenant)  # a Lambda tool or an MCP server's
+                outcomes.append({"status": outcome.status, "content": outcome.value})
+        finally:
+            if mcp is not None:
+                mcp.close()
         return 200, {"outcomes": outcomes}
 
     def _tool_probes(self) -> list[dict[str, Any]]:
@@ -463,6 +488,28 @@ class LocalStack:
             results.append({"role": module, "call": what, "code": code})
         return results
 
+    def _start_mcp_server(self) -> str:
+        """Start the local MCP server (swarm.local.mcp_server) and register it in the options;
+        its port is kept in the state directory, so a restart synthesizes the same context.
+        Returns its bearer token (new at each start)."""
+        import secrets
+
+        from swarm.local.mcp_server import LocalMcpServer
+        from swarm.local.server import free_port
+
+        token = secrets.token_urlsafe(24)
+        port_file = self.state_dir / "mcp.port"
+        port = int(port_file.read_text()) if port_file.is_file() else 0
+        self.mcp = LocalMcpServer(token=token)
+        try:
+            url = self.mcp.start(port or free_port())
+        except RuntimeError:  # the kept port is taken: another
+            self.mcp = LocalMcpServer(token=token)
+            url = self.mcp.start(free_port())
+        port_file.write_text(url.rsplit(":", 1)[1].split("/", 1)[0])
+        self.options = replace(self.options, mcp_url=url)
+        return token
+
     # ------------------------------------------------------------------ admin (/_local/...)
     def admin(
         self, method: str, path: str, doc: Any, query: dict[str, str] | None = None
@@ -492,6 +539,10 @@ class LocalStack:
             quota, seconds = int(doc["quota_tpm"]), float(doc["seconds"])
             plane.storm(quota, time.time() + seconds)
             return 200, {"quota_tpm": quota, "until_s": seconds}
+        if path == "/_local/mcp" and method == "GET" and self.mcp is not None:
+            # the local MCP server's books: effects and calls per idempotency key
+            report = self.mcp.tally.report(f"{batch}/" if batch else "")
+            return 200, {"url": self.mcp.url, **report}
         if path == "/_local/faults" and method == "POST" and self.model is not None:
             if isinstance(doc.get("batch_id"), str) and isinstance(doc.get("kill"), list):
                 try:
@@ -586,6 +637,8 @@ class LocalStack:
         local_functions.uninstall()
         if self.server is not None:
             self.server.stop()
+        if self.mcp is not None:
+            self.mcp.stop()
 
 
 def _parameter_rules(deployed: Deployed, clients: Any) -> list[tuple[str, str]]:

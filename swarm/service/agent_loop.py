@@ -64,6 +64,7 @@ from swarm.core.ports import (
     ConverseCall,
     Governor,
     ModelThrottled,
+    ToolsUnavailable,
     requeue_delay,
 )
 from swarm.core.pricing import Prices, Usage, priced
@@ -594,6 +595,10 @@ def run_agent(
     from swarm.service.worker import Ack, Requeue, WorkReport
 
     delay = requeue_delay(worker.config.requeue_delay_s)
+    unavailable = _tools_unavailable(worker, item)
+    if unavailable is not None:  # an MCP server that cannot list its tools: wait, uncalled
+        why = f"tools unavailable: {unavailable}"
+        return WorkReport(Requeue(requeue_delay(worker.config.retry_backoff_s), why))
     refused = worker.enter(invocation)
     if refused is not None:
         return WorkReport(Requeue(delay, refused))
@@ -644,6 +649,22 @@ def run_agent(
         return loop.run()
     except Contended:  # an append refused: another worker moved the log
         return WorkReport(Ack("superseded: another worker continues this unit"))
+
+
+def _tools_unavailable(worker: Worker, item: QueuedUnit) -> str | None:
+    """Why the tools the unit names cannot be looked up now (a server whose tools are listed at
+    first use is down), or None; looked up before the claim, so the unit waits unclaimed."""
+    names = item.input.get("tools") if isinstance(item.input, dict) else None
+    if worker.tools is None or not isinstance(names, list):
+        return None
+    specs = worker.tools.specs()
+    try:
+        for name in names:
+            _ = isinstance(name, str) and name in specs
+    except ToolsUnavailable as e:
+        log.warning("agent unit %s waits: %s", item.unit_id, e)
+        return str(e)
+    return None
 
 
 def _unrunnable(item: QueuedUnit) -> AgentSpec:

@@ -310,10 +310,12 @@ def _tools_called(stack: Stack) -> None:
         {"name": "notes_read", "input": {"name": "plan"}, "toolUseId": "t3"},
         {"name": "notes_read", "input": {}, "toolUseId": "t4"},
         {"name": "object_read", "input": {"key": key}, "toolUseId": "t5"},
+        # the local MCP server's write tool: the worker reads its auth header from its secret
+        {"name": "tally_write", "input": {"entry": "e2e"}, "toolUseId": "t6"},
     ]
     body = {"tenant": TENANT, "batch": "b-grants", "unit": "u-tools", "calls": calls}
     outcomes = stack.local("POST", "/_local/tools", body)["outcomes"]
-    assert [o["status"] for o in outcomes] == ["success"] * 5, outcomes
+    assert [o["status"] for o in outcomes] == ["success"] * 6, outcomes
     assert outcomes[0]["content"]["value"] == 42
     assert outcomes[2]["content"] == {"name": "plan", "found": True, "value": "ship"}
     assert "plan" in outcomes[3]["content"]["names"]

@@ -37,6 +37,26 @@ print(json.dumps({"failed": failed, "outside": outside, "loaded": sorted(sys.mod
 """
 
 
+#: the worker's MCP client from the asset alone (swarm.adapters.mcp_tools imports it lazily)
+IMPORT_THE_MCP_CLIENT = """
+import json, sys
+asset = sys.argv[1]
+sys.path.insert(0, asset)
+import httpx2
+from anyio.from_thread import start_blocking_portal
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+import swarm.adapters.mcp_tools
+outside = sorted(
+    name for name, module in sys.modules.items()
+    if name.split(".")[0] in ("mcp", "mcp_types", "httpx2", "anyio", "swarm")
+    and not str(getattr(module, "__file__", "") or "").startswith(asset)
+)
+print(json.dumps({"outside": outside}))
+"""
+
+
 #: the BFCL toolset's run time from the asset alone: its declarations, every entry, and each
 #: backend class in its initial state (what functions/tools/bfcl.py does on a call)
 RUN_BFCL_FROM_THE_ASSET = """
@@ -96,6 +116,8 @@ def test_every_handler_imports_from_the_built_asset_alone(tmp_path: Path) -> Non
     assert all(module.startswith("bfcl_eval.") for module in ran["classes"].values())
     assert not (tmp_path / "bfcl_eval" / "model_handler").exists()
     assert (tmp_path / "functions" / "tools" / "bfcl.tools.json").is_file()
+    # and the worker's MCP client imports from it (the mcp package and its dependencies)
+    assert _run_alone(IMPORT_THE_MCP_CLIENT, tmp_path) == {"outside": []}
 
 
 def test_the_asset_holds_the_handlers_import_closure_and_no_tooling() -> None:

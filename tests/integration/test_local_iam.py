@@ -253,3 +253,38 @@ def test_the_local_api_refuses_unsigned_forged_and_unauthorized_callers(
     unknown = iam.Credentials("AKIAUNKNOWNUNKNOWN00", "secret", None)
     status, doc = api.authenticate("GET", "/fleet", "", signed(unknown, "GET", "/fleet"), b"")  # type: ignore[misc]
     assert status == 403 and set(doc) == {"error", "message"}, doc
+
+
+def test_a_secret_granted_by_its_name_with_the_suffix_wildcard_is_readable_and_only_it(
+    enforced: iam.Credentials,
+) -> None:
+    # Secrets Manager adds "-" and six random characters to a secret's ARN: a policy naming the
+    # secret by name ends "<name>-??????" (infra/tools.py), which IAM matches one character per ?
+    admin = client("secretsmanager", enforced)
+    mine = admin.create_secret(Name="mcp/token", SecretString="Authorization: Bearer x")["ARN"]
+    admin.create_secret(Name="mcp/token-other", SecretString="no")
+    admin.create_secret(Name="mcp/tokenX", SecretString="no")
+    prefix = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:"
+    grants = [
+        {
+            "Effect": "Allow",
+            "Action": ["secretsmanager:GetSecretValue"],
+            "Resource": f"{prefix}mcp/token-??????",
+        }
+    ]
+    role = function_role(enforced, "secrets-reader", grants)
+    secrets = client("secretsmanager", iam.assume(ACCOUNT, REGION, role, "s", "lambda"))
+    # by its name or its ARN: the request is authorized on the secret's ARN
+    assert secrets.get_secret_value(SecretId="mcp/token")["SecretString"].startswith("Auth")
+    assert secrets.get_secret_value(SecretId=mine)["ARN"] == mine
+    for other in ("mcp/token-other", "mcp/tokenX"):  # a longer name is not matched
+        with pytest.raises(ClientError) as denied:
+            secrets.get_secret_value(SecretId=other)
+        assert code(denied) == "AccessDeniedException", other
+
+
+def test_iam_wildcards_are_one_character_per_question_mark_and_dots_are_themselves() -> None:
+    assert iam.iam_match("arn:x:secret:a-??????", "arn:x:secret:a-AbC123")
+    assert not iam.iam_match("arn:x:secret:a-??????", "arn:x:secret:a-AbC1234")
+    assert not iam.iam_match("a.b", "axb") and iam.iam_match("a.b", "a.b")
+    assert iam.iam_match("s3:*", "s3:GetObject") and iam.iam_match("*", "anything")

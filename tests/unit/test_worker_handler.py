@@ -446,3 +446,22 @@ def test_the_units_of_first_deliveries_are_booked_together_and_run_with_their_ti
     assert worker.booked == [["h0", "h1", "one"]]
     assert worker.presented == {"h0": None, "h1": booked, "one": None, "a0": None, "a1": None}
     assert worker.first == {"h0": True, "h1": True, "one": True, "a0": False, "a1": False}
+
+
+def test_an_invocation_ends_its_mcp_sessions_whatever_its_units_did(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    # an MCP server's session lives for one invocation (swarm.adapters.mcp_tools): the handler
+    # ends them once, after its units, even when one raised
+    ended: list[int] = []
+
+    class Sessions:
+        def end_invocation(self) -> None:
+            ended.append(len(worker.seen))
+
+    worker = FakeWorker(
+        {"done": WorkReport(Ack("completed")), "broken": RuntimeError("the ledger is away")}
+    )
+    worker.tools = Sessions()  # type: ignore[attr-defined]
+    run(monkeypatch, worker, lanes, event("done", "broken"))
+    assert ended == [2]

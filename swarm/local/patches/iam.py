@@ -36,6 +36,7 @@ and queue policies, Lambda permissions), KMS key policies, SCPs and permission b
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.parse
 from collections import defaultdict
@@ -122,6 +123,27 @@ def _function_arn(region: str, account: str, name: str) -> str:
 _TASK_RESPONSES = frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"})
 
 
+def _secret_arn(region: str, account: str, secret_id: str) -> str:
+    """A secret's ARN (with the six random characters Secrets Manager adds), whether the
+    request names it by name or by ARN; an unknown one as ``...:secret:<id>``."""
+    from moto.secretsmanager.models import secretsmanager_backends
+
+    found = secretsmanager_backends[account][region].secrets.get(secret_id)
+    if found is not None:
+        return str(found.arn)
+    if secret_id.startswith("arn:"):
+        return secret_id
+    return f"arn:{PARTITION}:secretsmanager:{region}:{account}:secret:{secret_id}"
+
+
+def iam_match(pattern: str, value: str) -> re.Match[str] | None:
+    """IAM's wildcards: ``*`` any run of characters, ``?`` exactly one, everything else itself
+    (moto's own turns only ``*`` into a regex and leaves ``?`` and ``.`` to the regex, so a
+    secret's ``name-??????`` raised "multiple repeat")."""
+    parts = ["." if c == "?" else ".*" if c == "*" else re.escape(c) for c in pattern]
+    return re.match("^" + "".join(parts) + "$", value, re.DOTALL)
+
+
 def _token_state_machine(token: str, region: str, account: str) -> str | None:
     """The state machine whose execution issued ``token`` (a task waiting for it, or one that
     did), as AWS reads it from the token; None if no execution of the emulator ever did."""
@@ -198,6 +220,8 @@ def authorization_requests(
         elif len(segments) >= 3 and segments[1] == "event-source-mappings":
             arn = f"arn:{PARTITION}:lambda:{region}:{account}:event-source-mapping:{segments[2]}"
             pairs = [(action, arn)]
+    elif service == "secretsmanager" and "SecretId" in b:
+        pairs = [(action, _secret_arn(region, account, str(b["SecretId"])))]
     elif service == "sts" and action == "AssumeRole":
         pairs = [(action, str(b.get("RoleArn", "*")))]
     if not pairs:
@@ -281,7 +305,7 @@ def enforce() -> None:
     from moto.core.authorization import ActionAuthenticatorMixin
     from moto.core.exceptions import AccessDeniedError, JsonRESTError
     from moto.core.responses import BaseResponse
-    from moto.iam.access_control import IAMRequest, IAMRequestBase
+    from moto.iam.access_control import IAMPolicyStatement, IAMRequest, IAMRequestBase
 
     settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
     ActionAuthenticatorMixin.request_count = 0
@@ -358,6 +382,7 @@ def enforce() -> None:
         resource = f"arn:{PARTITION}:s3:::{bucket_name}" + (f"/{key_name}" if key_name else "")
         authorize_presigned(self, {k: v[0] for k, v in query.items()}, resource)
 
+    IAMPolicyStatement._match = staticmethod(iam_match)  # type: ignore[method-assign,assignment]
     IAMRequestBase.check_action_permitted = check_action_permitted  # type: ignore[method-assign]
     BaseResponse._authenticate_and_authorize_normal_action = authorize  # type: ignore[method-assign]
     ActionAuthenticatorMixin._authenticate_and_authorize_s3_action = authorize_s3  # type: ignore[method-assign]
