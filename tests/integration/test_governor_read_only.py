@@ -84,6 +84,7 @@ def _api_runtime(client: Any) -> Wiring:
             env.TENANT_PRINCIPAL_PREFIX: "swarm-tenant-",
             env.OPERATOR_PRINCIPAL_PREFIX: "swarm-operator-",
             env.TOOL_GRANTS: "",  # no tools
+            env.LEASE_SECONDS: "60",
         }
     )
     for lane in LANES:
