@@ -423,6 +423,8 @@ VALID: dict[str, dict[str, Any]] = {
     "getBatchResults": {"params": {"limit": 5}},
     "resumeBatch": {"json": {"top_up": 1000}},
     "getUnitTranscript": {"params": {"from_turn": 1}},
+    "listApprovals": {},
+    "decideApproval": {"json": {"decision": "reject", "reason": "fuzz"}},
     "createUpload": {"json": {"size_bytes": 100}},
     "getFleet": {},
     "getDrain": {},
@@ -438,7 +440,7 @@ def test_unsigned_and_foreign_signed_requests_are_refused_and_write_nothing(
         {"units": [{"unit_id": "u1", "projected_tokens": 100, "input": "hello"}], "budget": 0},
         idempotency_key="fuzz-owned",
     )["batch_id"]
-    params = {"batch_id": batch, "tenant": TENANT, "unit_id": "u1"}
+    params = {"batch_id": batch, "tenant": TENANT, "unit_id": "u1", "tool_use_id": "t1-1-0"}
     before = fuzz.quiet_footprint()
     writes = fuzz.writes()
     for path, operations in json.loads(DOCUMENT.read_text())["paths"].items():
