@@ -27,7 +27,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.config import SwarmConfig
-from infra.constants import MANIFEST_PREFIX, RESULTS_PREFIX, TENANT_RUNS_INDEX
+from infra.constants import LEASES_INDEX, MANIFEST_PREFIX, RESULTS_PREFIX, TENANT_RUNS_INDEX
 from infra.drain import grant_get_parameter
 from infra.functions import FunctionFactory, FunctionSpec, SwarmFunction, retention
 from infra.queues import LaneQueues
@@ -125,10 +125,15 @@ class FrontDoor(Construct):
             "dynamodb:UpdateItem",  # resume tops up; bindings
             "dynamodb:DeleteItem",  # an operator's re-bind of a tenant (its binding item)
         )
-        role.add_to_principal_policy(  # DynamoDBLedger.queued_units: the tenant's open runs
+        role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:Query"],
-                resources=[f"{ledger.table_arn}/index/{TENANT_RUNS_INDEX}"],
+                resources=[
+                    # DynamoDBLedger.queued_units: the tenant's open runs
+                    f"{ledger.table_arn}/index/{TENANT_RUNS_INDEX}",
+                    # GET /batches/{id}/approvals: a run's leased units (its parked ones)
+                    f"{ledger.table_arn}/index/{LEASES_INDEX}",
+                ],
             )
         )
         # Read only: shedding and the fleet view take a snapshot. Rather than granting the API

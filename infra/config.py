@@ -41,6 +41,7 @@ from swarm.contract import (
     BEDROCK_CONNECT_TIMEOUT_S,
     BEDROCK_DEFAULT_READ_TIMEOUT_S,
     DEFAULT_UNITS_PER_CHILD,
+    MAX_APPROVAL_TIMEOUT_HOURS,
     MAX_BUNDLE_UNITS,
     MAX_UNITS_PER_CHILD,
     bedrock_call_bound_s,
@@ -307,7 +308,7 @@ class ApprovalsConfig(_Strict):
     gates")."""
 
     # an undecided call is rejected by the sweeper after this many hours (1 to 14 days)
-    timeout_hours: int = Field(default=24, ge=1, le=336)
+    timeout_hours: int = Field(default=24, ge=1, le=MAX_APPROVAL_TIMEOUT_HOURS)
     # who decides: empty, the batch's tenant role; else only these operator roles (names, or
     # role ARNs of the stack's account), for tools whose effect a tenant must not approve itself
     deciders: tuple[str, ...] = ()

@@ -273,6 +273,8 @@ OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
 #: batch's tenant decides)
 APPROVAL_TIMEOUT_SECONDS: Final = "APPROVAL_TIMEOUT_SECONDS"
 APPROVAL_DECIDERS: Final = "APPROVAL_DECIDERS"
+#: the longest ``approvals.timeout_hours``: every parked unit's lease ends within it
+MAX_APPROVAL_TIMEOUT_HOURS: Final = 336
 
 
 # --- tools (cdk.json ``tools``: infra/config.py ToolsConfig; read by swarm.adapters.tools) -------

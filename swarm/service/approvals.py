@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from swarm.contract import MAX_APPROVAL_TIMEOUT_HOURS
 from swarm.core import agent
 from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.lanes import QueuedUnit
@@ -77,16 +78,28 @@ class Gates:
     lease_s: float
 
     def waiting(self, run: RunRecord, now: float) -> list[dict[str, Any]]:
-        """Every call of the run that waits for a decision, the longest waiting first (a read of
-        the run's units, and of each parked unit's log)."""
+        """Every call of the run that waits for a decision, the longest waiting first.
+
+        A parked unit's lease is its approvals' timeout, so the ledger's lease index lists it
+        among the run's leased units (those in flight too, as many as run at once): one keys-only
+        Query of the index, then a read of each listed unit and of each parked one's log, never
+        a read of every unit of the batch. The index is eventually consistent: a unit parked a
+        moment ago may be listed on the next call."""
+        # every parked lease ends within the longest timeout (the local stack's faster clock
+        # parks for less wall time, never more)
+        horizon = now + MAX_APPROVAL_TIMEOUT_HOURS * 3600
         out: list[dict[str, Any]] = []
-        for unit in self.ledger.units(run.run_id):
+        for unit_id in self.ledger.expired_leases(run.run_id, horizon):
+            try:
+                unit = self.ledger.unit(run.run_id, unit_id)
+            except NotFound:
+                continue
             if unit.state is not UnitState.AWAITING_APPROVAL:
                 continue
-            for e in agent.waiting_approvals(self.ledger.read_log(run.run_id, unit.unit_id)):
+            for e in agent.waiting_approvals(self.ledger.read_log(run.run_id, unit_id)):
                 out.append(
                     {
-                        "unit_id": unit.unit_id,
+                        "unit_id": unit_id,
                         "toolUseId": e["toolUseId"],
                         "tool": e["name"],
                         "input": e["input"],

@@ -63,6 +63,8 @@ EXPECTED: dict[FunctionName, Table] = {
         ),
         # DynamoDBLedger.tenant_queue: a tenant's open runs (POST /batches, resume)
         "tenant runs index": frozenset({"dynamodb:Query"}),
+        # Gates.waiting (GET /batches/{id}/approvals): a run's leased units, its parked ones
+        "leases index": frozenset({"dynamodb:Query"}),
         # DynamoDBGovernor(read_only=True).snapshot: one Query (POST /batches, GET /fleet);
         # a missing bucket reads as its initial state, so no PutItem (the workers create it)
         "governor table": frozenset({"dynamodb:Query"}),

@@ -275,3 +275,43 @@ def test_a_drained_budget_leaves_a_parked_unit_and_its_late_decision_joins_the_r
     tools: Tools = ap.tools
     assert tools.calls == 0
     assert_books_exact(ap, run_id)
+
+
+class _CountingLedger:
+    """The ledger, noting which units the listing reads."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+        self.read: list[str] = []
+
+    def units(self, run_id: str) -> Any:
+        raise AssertionError("the listing read every unit of the batch")
+
+    def unit(self, run_id: str, unit_id: str) -> Any:
+        self.read.append(unit_id)
+        return self._ledger.unit(run_id, unit_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def test_the_listing_reads_the_leased_units_only_never_every_unit_of_the_batch() -> None:
+    ap, approvals = gated_plane()
+    p = ap.plane
+    plain = {
+        "messages": [{"role": "user", "content": [{"text": "no tools"}]}],
+        "inferenceConfig": {"maxTokens": 64},
+    }
+    # a batch of 3 gated units beside 12 single-call units, which complete
+    run_id = ap.submit(
+        [*gated_units(3), *(UnitInput(f"s{i:02d}", 1_000, plain) for i in range(12))]
+    )
+    ap.pump()
+    run = p.ledger.run(run_id)
+    assert (run.awaiting, run.completed) == (3, 12)
+    counting = _CountingLedger(p.ledger)
+    listing = replace(approvals, ledger=counting)  # type: ignore[arg-type]
+    waiting = listing.waiting(run, p.clock.now())
+    # Then it lists the three waiting calls, having read those units alone (the lease index)
+    assert [w["unit_id"] for w in waiting] == ["g00", "g01", "g02"]
+    assert sorted(counting.read) == ["g00", "g01", "g02"]
