@@ -654,6 +654,7 @@ class InMemoryGovernor:
             return self._draw(amount, lane, now)
 
     def _draw(self, amount: int, lane: Lane, now: float) -> Draw:
+        now = max(now, self.state.updated_at)  # a thread's stale clock: the bucket's time
         before = self.state.available(self.config, now)
         requests = 0 if self.config.rpm is None else 1  # one model call
         self.state, result = self.state.draw(self.config, amount, lane, now, requests)
@@ -675,6 +676,7 @@ class InMemoryGovernor:
             return self._true_up(grant, used, now)
 
     def _true_up(self, grant: Grant, used: int, now: float) -> TrueUp:
+        now = max(now, self.state.updated_at)
         level = self.state.available(self.config, now)
         if used > grant.amount:
             self.history.observe(now, level)

@@ -646,3 +646,22 @@ def test_refunds_never_let_the_bucket_give_more_than_the_model_could_use(
             judged.append((now, now, used))
             calls.append((i + length, got.grant, used))
     assert over_granted(judged, 0.0, fill * 60_000, 60_000, 1_000) <= 1e-6
+
+
+@pytest.mark.parametrize("stale", ["draw", "true_up"])
+def test_a_callers_stale_clock_never_turns_the_buckets_clock_back(stale: str) -> None:
+    # Threads read the clock, then wait for the bucket's lock: one may arrive with a time
+    # before the last draw's. Its operation must not set the bucket's clock back, or the next
+    # draw is refilled twice for the same seconds (seen as a worker test's model throttles).
+    config = GovernorConfig(quota_tpm=60_000, share=1.0, initial_fill=0.0)
+    governor = InMemoryGovernor(config, now=0.0)
+    first = governor.draw(1_000, Lane.NORMAL, now=10.0)  # the 10,000 tokens refilled by t=10
+    assert first.granted
+    if stale == "draw":
+        assert governor.draw(1_000, Lane.NORMAL, now=5.0).granted  # a thread's clock of t=5
+    else:  # the call used 500 tokens more than drawn: debited at a thread's clock of t=5
+        assert first.grant is not None
+        governor.true_up(first.grant, 1_500, now=5.0)
+    # by t=20 the bucket has refilled 20,000 tokens in all: what is left is never more
+    left = governor.snapshot(20.0).available
+    assert left <= 20_000 - (2_000 if stale == "draw" else 1_500)

@@ -135,8 +135,8 @@ def test_a_tenant_without_a_cap_is_never_shed_for_its_own_queue() -> None:
 
 
 def test_a_submission_of_several_models_answers_to_the_throttled_or_the_slowest_bucket() -> None:
-    fast = InMemoryGovernor(GovernorConfig(600_000, 0.95), now=NOW)
-    slow = InMemoryGovernor(GovernorConfig(60_000, 0.95), now=NOW)
+    fast = InMemoryGovernor(GovernorConfig(600_000, 0.95), now=NOW - 60)
+    slow = InMemoryGovernor(GovernorConfig(60_000, 0.95), now=NOW - 60)
     # none throttled: the Retry-After of the work ahead is estimated at the slowest rate
     picked = binding_snapshot([fast.snapshot(NOW), slow.snapshot(NOW)], NOW, 60.0)
     assert picked == slow.snapshot(NOW)
