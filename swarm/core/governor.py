@@ -350,12 +350,8 @@ class BucketState:
         self, config: GovernorConfig, amount: float, lane: Lane, now: float, requests: int = 1
     ) -> tuple[BucketState, Draw]:
         """Draw ``amount`` tokens and, with a request bucket, ``requests`` requests: granted
-        only when both are there; refused, the wait is the later of the two. A ``now`` before
-        the bucket's own time (a caller that read its clock before another's draw) counts as
-        the bucket's time: its clock never runs backward, or the next draw would be refilled
-        twice for the same seconds."""
+        only when both are there; refused, the wait is the later of the two."""
         check_amount(config, amount, lane)
-        now = max(now, self.updated_at)
         available = self.available(config, now)
         floor = config.reserve(lane)
         counted = config.rpm is not None and requests > 0
@@ -377,7 +373,6 @@ class BucketState:
     def throttled(self, config: GovernorConfig, now: float) -> BucketState:
         """Multiplicative decrease, once per cool-down; recovery is additive over time. It cuts
         the request bucket's rate with the tokens' (a throttle does not say which was hit)."""
-        now = max(now, self.updated_at)  # as draw: the bucket's clock never runs backward
         state = replace(self, throttles=self.throttles + 1, last_throttle_at=now)
         if self.cut_rate is not None and now - self.cut_at < config.throttle_cooldown_s:
             return state

@@ -654,7 +654,9 @@ class InMemoryGovernor:
             return self._draw(amount, lane, now)
 
     def _draw(self, amount: int, lane: Lane, now: float) -> Draw:
-        now = max(now, self.state.updated_at)  # a thread's stale clock: the bucket's time
+        # a thread that read its clock before another's draw: the bucket's time (its clock
+        # never runs backward, or the next draw would be refilled twice for the same seconds)
+        now = max(now, self.state.updated_at)
         before = self.state.available(self.config, now)
         requests = 0 if self.config.rpm is None else 1  # one model call
         self.state, result = self.state.draw(self.config, amount, lane, now, requests)
@@ -710,7 +712,7 @@ class InMemoryGovernor:
 
     def report_throttle(self, now: float) -> None:
         with self._lock:
-            self.state = self.state.throttled(self.config, now)
+            self.state = self.state.throttled(self.config, max(now, self.state.updated_at))
 
     def snapshot(self, now: float) -> GovernorSnapshot:
         with self._lock:
