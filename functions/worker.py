@@ -179,7 +179,7 @@ def copy_of(message_id: str, done: Done) -> Copy | None:
     backoff (its ticket was spent by the grant)."""
     outcome = done.report.outcome
     if isinstance(outcome, Requeue):
-        item = replace(done.item, ticket=outcome.ticket)
+        item = replace(done.item, ticket=outcome.ticket, tools_down_since=outcome.tools_down_since)
         return Copy(message_id, item, outcome.delay_s, done.ended)
     if isinstance(outcome, RetryLater):
         return Copy(message_id, replace(done.item, ticket=None), outcome.after_s, done.ended)

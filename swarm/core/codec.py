@@ -200,6 +200,7 @@ def queued_to_doc(q: QueuedUnit) -> Doc:
         "tokens": q.tokens,
         "input": q.input,
         **({"ticket": ticket_to_doc(q.ticket)} if q.ticket is not None else {}),
+        **({"tools_down_since": q.tools_down_since} if q.tools_down_since is not None else {}),
     }
 
 
@@ -215,11 +216,16 @@ def queued_from_doc(doc: Doc) -> QueuedUnit:
             tokens=int(doc["tokens"]),
             input=from_json(doc.get("input", "")),  # a message of any version: str or object
             ticket=ticket_from_doc(doc.get("ticket")),
+            tools_down_since=_float_or_none(doc.get("tools_down_since")),
         )
     except KeyError as missing:
         raise InvalidInput(str(missing.args[0]), "missing from the queue message") from None
     except (TypeError, ValueError) as bad:
         raise InvalidInput("message", f"malformed queue message: {bad}") from None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def bucket_to_doc(state: BucketState) -> Doc:

@@ -47,6 +47,10 @@ class QueuedUnit:
     input: Prompt = ""
     #: tokens the governor booked for this attempt on an earlier try (docs/explanation/governor.md)
     ticket: Ticket | None = None
+    #: when a worker first found this unit's tools unlisted (an MCP server down: the unit waits
+    #: in its lane unclaimed), on the workers' clock; None: they were listed. A unit that waits
+    #: longer than ``WorkerTimings.tools_wait_s`` fails (docs/agents.md, "MCP tools")
+    tools_down_since: float | None = None
 
 
 @dataclass(frozen=True)

@@ -596,9 +596,15 @@ def run_agent(
 
     delay = requeue_delay(worker.config.requeue_delay_s)
     unavailable = _tools_unavailable(worker, item)
+    gone: str | None = None  # the tools stayed unlisted too long: the unit fails, named so
     if unavailable is not None:  # an MCP server that cannot list its tools: wait, uncalled
-        why = f"tools unavailable: {unavailable}"
-        return WorkReport(Requeue(requeue_delay(worker.config.retry_backoff_s), why))
+        since = item.tools_down_since if item.tools_down_since is not None else worker.now()
+        waited = worker.now() - since
+        if waited < worker.config.tools_wait_s:
+            why = f"tools unavailable: {unavailable}"
+            back = requeue_delay(worker.config.retry_backoff_s)
+            return WorkReport(Requeue(back, why, tools_down_since=since))
+        gone = f"its tools could not be listed for {waited:.0f} s: {unavailable}"
     refused = worker.enter(invocation)
     if refused is not None:
         return WorkReport(Requeue(delay, refused))
@@ -614,6 +620,8 @@ def run_agent(
     res = claim.unit.reservation
     if not claim.claimed or res is None:
         return WorkReport(Requeue(delay, f"claim refused: {claim.reason}"), attempt=item.attempt)
+    if gone is not None:
+        return _fail(worker, item, claim.unit, res.attempt, deadline, gone)
     registry = worker.tools.specs() if worker.tools is not None else {}
     try:
         route = worker.route(item)  # a model of another registry: it cannot run here
@@ -629,13 +637,8 @@ def run_agent(
             model_id=model_id if isinstance(model_id, str) else None,
         )
     except InvalidInput as e:  # accepted by an API of another registry: it cannot run here
-        log.warning("agent unit %s cannot run: %s", item.unit_id, e)
-        failed = Stop("failed", f"the unit cannot run on this deployment: {e}", "")
-        loop = AgentLoop(worker, item, _unrunnable(item), claim.unit, res.attempt, deadline)
-        loop.log = ledger.read_log(item.run_id, item.unit_id)
-        if not loop.log or loop.log[-1].get("type") != "stopped":
-            loop._append([agent.stopped(failed, now())])
-        return loop._finish(Finished(failed.reason, failed.detail, ""))
+        detail = f"the unit cannot run on this deployment: {e}"
+        return _fail(worker, item, claim.unit, res.attempt, deadline, detail)
     config = route.governor.config  # a turn larger than the lane can be granted stops the unit
     spec = replace(
         spec,
@@ -649,6 +652,25 @@ def run_agent(
         return loop.run()
     except Contended:  # an append refused: another worker moved the log
         return WorkReport(Ack("superseded: another worker continues this unit"))
+
+
+def _fail(
+    worker: Worker,
+    item: QueuedUnit,
+    unit: UnitRecord,
+    attempt: int,
+    deadline: float | None,
+    detail: str,
+) -> WorkReport:
+    """End the claimed loop ``failed``, not retried, with ``detail`` in its transcript (once:
+    a delivery again finds it stopped)."""
+    log.warning("agent unit %s cannot run: %s", item.unit_id, detail)
+    failed = Stop("failed", detail, "")
+    loop = AgentLoop(worker, item, _unrunnable(item), unit, attempt, deadline)
+    loop.log = worker.ledger.read_log(item.run_id, item.unit_id)
+    if not loop.log or loop.log[-1].get("type") != "stopped":
+        loop._append([agent.stopped(failed, worker.now())])
+    return loop._finish(Finished(failed.reason, failed.detail, ""))
 
 
 def _tools_unavailable(worker: Worker, item: QueuedUnit) -> str | None:

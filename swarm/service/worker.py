@@ -90,6 +90,10 @@ class WorkerTimings:
     #: how long a gated tool call waits for a person's decision before the sweeper rejects it
     #: (cdk.json ``approvals.timeout_hours``; docs/agents.md, "Human gates")
     approval_timeout_s: float = 24 * 3600.0
+    #: how long an agent unit waits in its lane for its tools to be listed (an MCP server that
+    #: is down) before it fails, named so in its transcript: a server gone for good does not
+    #: keep a unit cycling through its lane forever (docs/agents.md, "MCP tools")
+    tools_wait_s: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ class Requeue:
     #: (a visibility timeout, up to 12 hours) rather than send a copy that would come back every
     #: 15 minutes until its turn (functions/worker.py)
     hide: bool = False
+    #: the unit's tools could not be listed: since when (``QueuedUnit.tools_down_since``), which
+    #: the copy carries
+    tools_down_since: float | None = None
 
 
 Outcome = Ack | RetryLater | Requeue

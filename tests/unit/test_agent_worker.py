@@ -155,8 +155,8 @@ class AgentPlane:
             match report.outcome:
                 case RetryLater(after_s=after):
                     p.queue.send(item, after)
-                case Requeue(delay_s=delay, ticket=ticket):
-                    p.queue.send(replace(item, ticket=ticket), delay)
+                case Requeue(delay_s=delay, ticket=ticket, tools_down_since=since):
+                    p.queue.send(replace(item, ticket=ticket, tools_down_since=since), delay)
                 case Ack():
                     pass
         raise AssertionError("the lanes never drained")

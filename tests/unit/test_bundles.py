@@ -132,7 +132,13 @@ def test_every_unit_goes_once_never_before_it_is_due_and_at_most_a_window_late(
 
 def test_a_bundles_message_carries_each_unit_as_it_was() -> None:
     ticket = Ticket("g", 0, 10_000, Lane.NORMAL, 5.0, Decimal(1), Decimal(0), 1.0, slot=True)
-    units = (unit("u0"), replace(unit("u1"), ticket=ticket), replace_input(unit("u2"), ""))
+    waiting = replace(unit("u3"), tools_down_since=12.5)  # its tools unlisted since then
+    units = (
+        unit("u0"),
+        replace(unit("u1"), ticket=ticket),
+        replace_input(unit("u2"), ""),
+        waiting,
+    )
     body = codec.bundle_body(units)
     assert codec.parse_message(body) == units
     # shared fields once: smaller than the units' own messages together
@@ -141,7 +147,7 @@ def test_a_bundles_message_carries_each_unit_as_it_was() -> None:
     one = codec.bundle_body(units[:1])
     assert one == codec.message_body(units[0])
     assert codec.parse_message(one) == units[:1] and codec.parse_message_body(one) == units[0]
-    with pytest.raises(InvalidInput, match="a bundle of 3 units"):
+    with pytest.raises(InvalidInput, match="a bundle of 4 units"):
         codec.parse_message_body(body)
 
 

@@ -465,3 +465,18 @@ def test_an_invocation_ends_its_mcp_sessions_whatever_its_units_did(
     worker.tools = Sessions()  # type: ignore[attr-defined]
     run(monkeypatch, worker, lanes, event("done", "broken"))
     assert ended == [2]
+
+
+def test_a_unit_waiting_for_its_tools_goes_back_saying_since_when(
+    monkeypatch: pytest.MonkeyPatch, lanes: FakeLanes
+) -> None:
+    """The copy carries ``tools_down_since`` (its wait is bounded by it); any other requeue
+    carries none (a unit whose tools were listed starts its count afresh)."""
+    down = Requeue(10, "tools unavailable: the MCP server 'm' is down", tools_down_since=42.0)
+    worker = FakeWorker(
+        {"u0": WorkReport(down), "u1": WorkReport(Requeue(3, "governor: tokens not there yet"))}
+    )
+    run(monkeypatch, worker, lanes, event("u0", "u1"))
+    copies = {u.unit_id: u for bundles in lanes.bundles for b in bundles for u in b.units}
+    assert copies["u0"].tools_down_since == 42.0
+    assert copies["u1"].tools_down_since is None
