@@ -854,7 +854,12 @@ class DynamoDBLedger:
         events: Sequence[tuple[int, Mapping[str, Any]]] = (),
     ) -> RunRecord:
         """A read, then ONE TransactWriteItems: the unit and the books as read
-        (``decide_park``) and each event only if its seq is free (taken: Contended)."""
+        (``decide_park``) and each event only if its seq is free (taken: Contended).
+
+        A park leaves ``outstanding`` as it is, so :func:`items.run_update`'s conditions on it
+        do not order two parks; on an exhausting run, whose closure waits for the last unit in
+        flight, the write is conditioned on the in-flight count read (two parks deciding on
+        the same count would each leave one in flight, and neither would close the run)."""
         log = log_key(run_id, unit_id)
         encoded = encode_events(log, events, MAX_TURN_EVENTS)
 
@@ -863,9 +868,11 @@ class DynamoDBLedger:
             new_run, new_unit = decide_park(run, unit, attempt, now, until)
             if new_unit == unit:
                 return run
+            exhausting = run.state is RunState.EXHAUSTING
+            extra = [("in_flight", "=", run.in_flight)] if exhausting else []
             writes = [
                 items.unit_update(self.table_name, unit, new_unit),
-                items.run_update(self.table_name, run, new_run),
+                items.run_update(self.table_name, run, new_run, extra),
                 *(items.log_put(self.table_name, log, seq, text) for seq, text in encoded),
             ]
             return _Write(writes, lambda: new_run, self._log_conflict(run_id, unit_id, encoded))

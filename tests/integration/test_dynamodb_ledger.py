@@ -458,6 +458,43 @@ def test_a_turn_whose_run_stopped_being_open_meanwhile_is_written_on_the_state_r
     assert ledger.read_log("run-1", "u0") == [{"e": 0}]
 
 
+def test_the_last_of_two_racing_parks_closes_the_exhausting_run(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A park moves a unit from in flight to awaiting, leaving ``outstanding`` as it is, so no
+    condition on it orders two parks: each would decide on the books it read (one in flight
+    left) and neither would close the run. The park of an exhausting run is conditioned on the
+    in-flight count it read (a CI-found race: two loops of one invocation parked together)."""
+    # Given an exhausting run whose two admitted loops are claimed (its third unit refused)
+    ledger = DynamoDBLedger(TABLE, client=dynamodb)
+    other = DynamoDBLedger(TABLE, client=dynamodb)
+    ledger.open_run(spec(units=3, tokens=100, budget=250), now=0.0)
+    for unit_id in ("u0", "u1"):
+        ledger.admit("run-1", unit_id, 0, now=0.0)
+        assert ledger.claim_queued("run-1", unit_id, 0, now=1.0, lease_s=30, loop=True)
+    assert not ledger.admit("run-1", "u2", 0, now=2.0).admitted
+    assert ledger.run("run-1").state is RunState.EXHAUSTING
+    # and another worker parks u1 right after this one's park of u0 read the books
+    read = ledger._read_run_unit
+    raced: list[bool] = []
+
+    def read_then_park_other(run_id: str, unit_id: str) -> Any:
+        found = read(run_id, unit_id)
+        if not raced:
+            raced.append(True)
+            other.park("run-1", "u1", 0, now=3.0, until=1_000.0)
+        return found
+
+    monkeypatch.setattr(ledger, "_read_run_unit", read_then_park_other)
+    # When this one parks u0
+    ledger.park("run-1", "u0", 0, now=4.0, until=1_000.0)
+    # Then the run is closed: its write was refused on the books it read, and decided again
+    run = ledger.run("run-1")
+    assert raced and (run.state, run.in_flight, run.awaiting, run.remainder) == (
+        RunState.EXHAUSTED, 0, 2, 1,
+    )  # fmt: skip
+
+
 def test_threads_settling_the_same_turn_bill_it_exactly_once(
     dynamodb: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
