@@ -111,6 +111,20 @@ class Gates:
         out.sort(key=lambda w: (w["requested_at"], w["unit_id"], w["toolUseId"]))
         return out
 
+    def next_timeout(self, run_id: str, now: float) -> float | None:
+        """When the run's first parked unit times out (its lease), None if none is listed: a
+        closed run's parked units are looked at again then (``Finalizer.finalize``)."""
+        horizon = now + MAX_APPROVAL_TIMEOUT_HOURS * 3600
+        ends: list[float] = []
+        for unit_id in self.ledger.expired_leases(run_id, horizon):
+            try:
+                unit = self.ledger.unit(run_id, unit_id)
+            except NotFound:
+                continue
+            if unit.state is UnitState.AWAITING_APPROVAL and unit.reservation is not None:
+                ends.append(unit.reservation.lease_expires)
+        return min(ends, default=None)
+
     def decide(
         self,
         run: RunRecord,

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: how soon the sweeper looks again at a closed run whose parked units the lease index does not
+#: list yet (it is eventually consistent)
+PARKED_RECHECK_S = 60.0
+
 
 @dataclass
 class Finalizer:
@@ -139,11 +143,15 @@ class Finalizer:
             # As of the closure read above: a closed run has nothing in flight or pending, so a
             # unit that is neither completed nor dead-lettered is in its remainder, even if a
             # top-up has reopened the run (and requeued that unit) since.
+            # an exhausted run's parked units are in its remainder too, their calls' decisions
+            # still taken (marked so below)
+            read = self.ledger.units(run_id)
+            parked = {u.unit_id for u in read if u.state is UnitState.AWAITING_APPROVAL}
             units = [
                 u
                 if u.state in (UnitState.COMPLETED, UnitState.DEAD_LETTERED)
                 else u.with_(state=UnitState.REMAINDER)
-                for u in self.ledger.units(run_id)
+                for u in read
             ]
             remainder = [u.unit_id for u in units if u.state is UnitState.REMAINDER]
             remainder_key = f"results/{run_id}/remainder-{epoch}.json"
@@ -190,6 +198,7 @@ class Finalizer:
                             "state": u.state.value,
                             "attempts": u.attempts,
                             "tokens": u.spent,
+                            **({"awaiting_approval": True} if u.unit_id in parked else {}),
                         }
                         for u in units
                     },
@@ -225,7 +234,14 @@ class Finalizer:
                 },
             )
             announced = True
-        if self.watch is not None:  # announced (now or before): the sweeper can forget the run
+        if self.watch is not None and run.awaiting and self.approvals is not None:
+            # an exhausted run's parked units outlive its closure (their decisions are still
+            # taken: docs/agents.md, "Human gates"): the sweeper looks again when the first
+            # times out, and its sweep (this call) rejects it; the index may lag a unit parked
+            # a moment ago, so a minute at most when none is listed yet
+            due = self.approvals.next_timeout(run_id, now)
+            self.watch.check(run_id, now + PARKED_RECHECK_S if due is None else due)
+        elif self.watch is not None:  # announced (now or before): the sweeper can forget it
             self.watch.release(run_id, run.state, epoch)
         return {
             "run_id": run_id,

@@ -15,9 +15,13 @@ import pytest
 from swarm.core import agent
 from swarm.core.agent import AskApproval, AwaitApproval, RunTools, SettleTurn, Tool
 from swarm.core.errors import Conflict, InvalidInput, NotFound
+from swarm.core.memory import MemoryRunWatch
 from swarm.core.records import RunState, UnitState
 from swarm.service.approvals import TIMEOUT_DECIDER, Gates
-from swarm.service.batches import UnitInput
+from swarm.service.batches import UnitInput, results_key
+from swarm.service.finalizer import Finalizer
+from swarm.service.results import Results
+from swarm.service.sweeper import SweepConfig, Sweeper
 from tests.unit.test_agent_worker import (
     CALC,
     NOTES_READ,
@@ -274,6 +278,62 @@ def test_a_drained_budget_leaves_a_parked_unit_and_its_late_decision_joins_the_r
     assert run.remainder == 2 and run.awaiting == 1
     tools: Tools = ap.tools
     assert tools.calls == 0
+    assert_books_exact(ap, run_id)
+
+
+def test_an_exhausted_runs_parked_units_stay_in_its_remainder_and_still_time_out() -> None:
+    """Exhaustion closes the run; its parked units are in the remainder with their calls still
+    waiting, the sweeper times them out after the closure, and a top-up's resume runs them."""
+    ap, approvals = gated_plane()
+    p = ap.plane
+    timeout_s = p.worker.config.approval_timeout_s
+    watch = MemoryRunWatch(p.ledger, grace_s=30.0)
+    results = Results(p.ledger, p.results)
+    finalizer = Finalizer(
+        p.ledger, p.queue, p.blobs, p.events, results, watch=watch, approvals=approvals
+    )
+    sweeper = Sweeper(p.ledger, watch, p.executions, finalizer, SweepConfig(interval_s=60.0))
+    run_id = ap.submit(gated_units(3), budget=100_000)  # two caps: the third is refused
+    ap.pump()
+    parked_at = p.clock.now()
+    finalizer.finalize(run_id, parked_at)
+    p.executions.statuses[run_id] = "SUCCEEDED"  # its execution ended with the closure
+    run = p.ledger.run(run_id)
+    assert run.state is RunState.EXHAUSTED and run.awaiting == 2 and run.remainder == 1
+    # Then the results hold the parked units in the remainder, marked as awaiting a decision
+    summary = p.blobs.get_json(results_key(run_id, run.state, run.exhaustions))
+    parked = sorted(u for u, doc in summary["units"].items() if doc.get("awaiting_approval"))
+    assert len(parked) == 2 and set(parked) <= set(summary["remainder"])
+    assert len(summary["remainder"]) == 3
+    # and the sweeper still watches the run, due when the first parked call times out
+    watched = watch.get(run_id)
+    assert watched is not None and parked_at < watched.sweep_at <= parked_at + timeout_s
+    # When one is decided after the closure, and the other is left
+    approvals.decide(run, parked[0], "t1-1-0", "approve", "", ALICE, p.clock.now())
+    sweeper.sweep(p.clock.now() + 60)  # not due yet: nothing times out
+    assert p.ledger.run(run_id).awaiting == 1
+    p.clock.t += timeout_s + 1
+    sweeper.sweep(p.clock.now())
+    # Then the sweeper rejected the undecided call after its timeout, and forgot the run
+    log = p.ledger.read_log(run_id, parked[1])
+    assert log[-1]["decision"] == "reject" and log[-1]["by"] == TIMEOUT_DECIDER
+    run = p.ledger.run(run_id)
+    assert (run.state, run.awaiting, run.remainder, run.reserved) == (RunState.EXHAUSTED, 0, 3, 0)
+    assert watch.get(run_id) is None
+    # and a top-up's resume runs the remainder: the two decided units to their end, the third
+    # (refused at the exhaustion) to its own gate
+    p.batches.resume("acme", run_id, 10**6, p.clock.now())
+    p.fan_out()
+    ap.pump()
+    run = p.ledger.run(run_id)
+    assert (run.state, run.completed, run.awaiting) == (RunState.OPEN, 2, 1), run
+    [third] = [u for u in summary["remainder"] if u not in parked]
+    approvals.decide(run, third, "t1-1-0", "approve", "", ALICE, p.clock.now())
+    ap.pump()
+    run = p.ledger.run(run_id)
+    assert run.state is RunState.COMPLETED and run.completed == 3 and run.reserved == 0, run
+    tools: Tools = ap.tools
+    assert sorted(k.split("/")[1] for k in tools.effects) == sorted([parked[0], third])
     assert_books_exact(ap, run_id)
 
 
