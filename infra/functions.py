@@ -86,6 +86,7 @@ _FILLED_BY = {
     "TOOL_REGISTRY": "tools",
     "TOOL_GRANTS": "tools and tenants.*.tools",
     "TENANT_LIMITS": "tenants.overrides",
+    "APPROVAL_TOOL_DECIDERS": "tools.*.approval.deciders",
 }
 
 

@@ -111,6 +111,18 @@ class Gates:
         out.sort(key=lambda w: (w["requested_at"], w["unit_id"], w["toolUseId"]))
         return out
 
+    def requested(self, run: RunRecord, unit_id: str, tool_use_id: str) -> dict[str, Any]:
+        """The ``approval_requested`` event of call ``tool_use_id`` of unit ``unit_id`` (its
+        tool's name: who may decide it), waiting or decided; NotFound: no such unit or call."""
+        self.ledger.unit(run.run_id, unit_id)  # NotFound: no such unit
+        requested, _ = _find(self.ledger.read_log(run.run_id, unit_id), tool_use_id)
+        if requested is None:
+            raise NotFound(
+                f"unit {unit_id!r} of batch {run.run_id!r} has no tool call {tool_use_id!r} "
+                "waiting for a decision"
+            )
+        return requested
+
     def decide(
         self,
         run: RunRecord,
