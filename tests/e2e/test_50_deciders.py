@@ -60,9 +60,7 @@ def _refusal(call: Callable[[str], Any], batch_id: str) -> tuple[int, str, str]:
     return error.status, error.code, str(error).replace(batch_id, "<batch>")
 
 
-def test_a_tool_naming_operator_deciders_is_decided_by_them_only(
-    stack: Stack, here: Path
-) -> None:
+def test_a_tool_naming_operator_deciders_is_decided_by_them_only(stack: Stack, here: Path) -> None:
     tenant, client, key, bid = fresh_batch(stack, "deciders", "deciders-cli")
     units = publishing_units(UNITS)
     doc = client.submit({"units": units, "budget": 1_000_000}, idempotency_key=key)
