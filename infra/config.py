@@ -553,6 +553,28 @@ class ToolConfig(_Strict):
     # its tools; effect, if given, is every tool's (else a tool annotated readOnlyHint is read)
     mcp: McpConfig | None = None
 
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _one_approval(cls, value: Any) -> Any:
+        """One clear error for what is neither form (not one per form of the union)."""
+        form = 'must be "required", "none" or {"deciders": ["<operator role name or ARN>", ...]}'
+        if isinstance(value, str) and value not in ("required", "none"):
+            raise ValueError(f"{form} (got {value!r})")
+        if isinstance(value, Mapping):
+            extra = sorted(set(value) - {"deciders"})
+            deciders = value.get("deciders", [])
+            if extra:
+                raise ValueError(f"{form}: {extra[0]!r} is not a key of it")
+            if not isinstance(deciders, list | tuple) or not all(
+                isinstance(d, str) for d in deciders
+            ):
+                raise ValueError(f"{form}: deciders must be a list of role names or ARNs")
+            if len(deciders) > MAX_TOOL_DECIDERS:
+                raise ValueError(f"{form}: at most {MAX_TOOL_DECIDERS} deciders")
+        elif not isinstance(value, str | ToolApprovalConfig):
+            raise ValueError(f"{form} (got {type(value).__name__})")
+        return value
+
     @property
     def gated(self) -> bool:
         """Whether each call of the tool waits for a person's decision."""

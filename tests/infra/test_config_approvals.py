@@ -16,6 +16,11 @@ from tests.infra.test_config import _context
 _TOOLS = cdk_json_context()["tools"]
 
 
+def _gated(name: str, deciders: list[str]) -> dict[str, Any]:
+    """cdk.json's tools with ``name`` gated, decided by ``deciders``."""
+    return {**_TOOLS, name: {**_TOOLS[name], "approval": {"deciders": deciders}}}
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "says"),
     [
@@ -34,12 +39,50 @@ _TOOLS = cdk_json_context()["tools"]
         (
             {"tools": {**_TOOLS, "notes_write": {**_TOOLS["notes_write"], "approval": "maybe"}}},
             "tools.notes_write.approval",
-            "'required' or 'none'",
+            'must be "required", "none" or {"deciders"',
         ),
         (
             {"tools": {**_TOOLS, "bfcl": {**_TOOLS["bfcl"], "approval": "required"}}},
             "tools.bfcl.approval",
             "a toolset is not gated as a whole",
+        ),
+        (
+            {"tools": _gated("notes_write", ["swarm-operator-ok", "swarm-tenant-acme"])},
+            "tools.notes_write.approval.deciders[1]",
+            "not an operator role",
+        ),
+        (
+            {"tools": _gated("notes_write", ["no such role!"])},
+            "tools.notes_write.approval.deciders[0]",
+            "neither an IAM role name nor a role ARN",
+        ),
+        (
+            {"tools": _gated("bfcl", ["swarm-operator-ok"])},
+            "tools.bfcl.approval",
+            "a toolset is not gated as a whole",
+        ),
+        (
+            {"tools": {**_TOOLS, "notes_write": {"source": "notes", "approval": {"who": []}}}},
+            "tools.notes_write.approval",
+            "'who' is not a key of it",
+        ),
+        (
+            {
+                "tools": {
+                    **_TOOLS,
+                    "remote": {
+                        "mcp": {"url": "https://mcp.example.com/mcp"},
+                        "approval": {"deciders": ["swarm-operator-ok"]},
+                    },
+                }
+            },
+            "tools.remote.approval.deciders",
+            "must list its tools (mcp.tools)",
+        ),
+        (
+            {"tools": _gated("notes_write", [f"swarm-operator-{'x' * 47}{i}" for i in range(8)])},
+            "tools.*.approval.deciders",
+            "more than 512",
         ),
     ],
 )
@@ -71,3 +114,52 @@ def test_approvals_reach_the_functions_and_a_gated_tool_the_workers_registry() -
     # the shipped cdk.json: a day, the batch's tenant decides
     shipped = load_config(cdk_json_context())
     assert shipped.approvals.timeout_hours == 24 and shipped.approvals.deciders == ()
+
+
+def test_a_tools_own_deciders_reach_the_api_and_gate_it_in_the_workers_registry() -> None:
+    arn = "arn:aws:iam::123456789012:role/ops/swarm-operator-security"
+    tools = {
+        **_gated("notes_write", [arn, "swarm-operator-legal"]),
+        "notes_read": {**_TOOLS["notes_read"], "approval": {"deciders": []}},  # as "required"
+        "calculator": {**_TOOLS["calculator"], "approval": {"deciders": ["swarm-operator-legal"]}},
+        "remote": {
+            "mcp": {"url": "https://mcp.example.com/mcp", "tools": ["pay", "refund"]},
+            "approval": {"deciders": ["swarm-operator-legal", "swarm-operator-security"]},
+        },
+    }
+    config = load_config(_context(approvals={"deciders": ["swarm-operator-approver"]}, tools=tools))
+    # each tool naming deciders (an mcp entry: each listed tool), by role name
+    assert config.tool_deciders() == {
+        "calculator": ["swarm-operator-legal"],
+        "notes_write": ["swarm-operator-legal", "swarm-operator-security"],
+        "pay": ["swarm-operator-legal", "swarm-operator-security"],
+        "refund": ["swarm-operator-legal", "swarm-operator-security"],
+    }
+    # compact: tools sharing their roles grouped, a tool naming none left out
+    assert config.tool_deciders_value() == (
+        "calculator=swarm-operator-legal;"
+        "notes_write,pay,refund=swarm-operator-legal,swarm-operator-security"
+    )
+    # the worker only learns that the calls wait (whoever decides them)
+    registry = json.loads(config.tool_registry_value(dict.fromkeys(config.tool_sources(), "a")))
+    assert registry["tools"]["notes_write"]["approval"] == "required"
+    assert registry["tools"]["notes_read"]["approval"] == "required"
+    assert registry["mcp"]["remote"]["approval"] == "required"
+    assert "approval" not in registry["tools"]["object_read"]
+    # the shipped cdk.json names none: an empty variable
+    assert load_config(cdk_json_context()).tool_deciders_value() == ""
+
+
+def test_the_api_reads_each_tools_deciders_else_the_deployments() -> None:
+    from swarm.settings import ApiSettings
+
+    settings = ApiSettings.model_construct(
+        approval_deciders="swarm-operator-approver",
+        approval_tool_deciders="calculator=swarm-operator-legal;notes_write,pay=a-b,c=d",
+    )
+    assert settings.deciders_of("calculator") == {"swarm-operator-legal"}
+    assert settings.deciders_of("pay") == {"a-b", "c=d"}  # a role name may hold "="
+    assert settings.deciders_of("notes_read") == {"swarm-operator-approver"}
+    assert settings.tool_deciders("notes_read") == frozenset()
+    nobody = ApiSettings.model_construct(approval_deciders="", approval_tool_deciders="")
+    assert nobody.deciders_of("notes_write") == frozenset()  # the batch's tenant
