@@ -328,11 +328,18 @@ def decide(batch_id: str, unit_id: str, tool_use_id: str) -> Response[str]:
     if not re.match(agent.NAME_PATTERN, tool_use_id):
         raise InvalidInput("tool_use_id", f"must match {agent.NAME_PATTERN} (a toolUseId)")
     user_arn = app.current_event.request_context.identity.user_arn or ""
-    tool = approvals_service().requested(run, unit_id, tool_use_id)["name"]  # no such call: 404
-    _may_decide(caller, role_name_of(user_arn), tool)
+    role = role_name_of(user_arn)
     body = parse_decision(app.current_event.body)
     decided = approvals_service().decide(
-        run, unit_id, tool_use_id, body.decision, body.reason, user_arn, time.time()
+        run,
+        unit_id,
+        tool_use_id,
+        body.decision,
+        body.reason,
+        user_arn,
+        time.time(),
+        # who decides depends on the call's tool: checked once it is found (no such call: 404)
+        may_decide=lambda tool: _may_decide(caller, role, tool),
     )
     logger.info("tool call decided", decision=decided.event["decision"], by=user_arn)
     doc = DecidedDoc(**decided.doc(run.run_id, unit_id))

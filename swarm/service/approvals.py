@@ -111,18 +111,6 @@ class Gates:
         out.sort(key=lambda w: (w["requested_at"], w["unit_id"], w["toolUseId"]))
         return out
 
-    def requested(self, run: RunRecord, unit_id: str, tool_use_id: str) -> dict[str, Any]:
-        """The ``approval_requested`` event of call ``tool_use_id`` of unit ``unit_id`` (its
-        tool's name: who may decide it), waiting or decided; NotFound: no such unit or call."""
-        self.ledger.unit(run.run_id, unit_id)  # NotFound: no such unit
-        requested, _ = _find(self.ledger.read_log(run.run_id, unit_id), tool_use_id)
-        if requested is None:
-            raise NotFound(
-                f"unit {unit_id!r} of batch {run.run_id!r} has no tool call {tool_use_id!r} "
-                "waiting for a decision"
-            )
-        return requested
-
     def decide(
         self,
         run: RunRecord,
@@ -132,9 +120,13 @@ class Gates:
         reason: str,
         by: str,
         now: float,
+        may_decide: Callable[[str], None] | None = None,
     ) -> GateDecision:
         """Record ``decision`` on call ``tool_use_id`` of unit ``unit_id`` (NotFound: no such
-        unit, or no such call waits or waited; Conflict: a different decision was recorded)."""
+        unit, or no such call waits or waited; Conflict: a different decision was recorded).
+        ``may_decide`` is called with the call's tool name once the call is found, before
+        anything is answered of it (it raises to refuse the caller: who decides depends on the
+        tool)."""
         if decision not in agent.DECISIONS:
             raise InvalidInput("decision", f'must be "approve" or "reject", got {decision!r}')
         for _ in range(_TRIES):
@@ -146,6 +138,8 @@ class Gates:
                     f"unit {unit_id!r} of batch {run.run_id!r} has no tool call {tool_use_id!r} "
                     "waiting for a decision"
                 )
+            if may_decide is not None:
+                may_decide(requested["name"])
             if recorded is not None:
                 if recorded["decision"] != decision:
                     why = recorded["reason"] or "no reason"
