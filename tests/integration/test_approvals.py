@@ -194,3 +194,6 @@ def test_each_call_is_decided_by_its_own_tools_deciders(decided_per_tool: Contro
     assert status == 200 and decided["decided_by"] == plane.operator_arn("legal"), decided
     status, decided, _ = plane.api("POST", calc, approve, operator=True, operator_name="approver")
     assert status == 200 and decided["decided_by"] == plane.operator_arn("approver"), decided
+    # and a decided call is not answered to the tenant either: still its 403
+    status, refused, _ = plane.api("POST", notes, approve)
+    assert status == 403 and "swarm-operator-security" in refused["message"], refused
