@@ -148,18 +148,3 @@ def test_a_tools_own_deciders_reach_the_api_and_gate_it_in_the_workers_registry(
     assert "approval" not in registry["tools"]["object_read"]
     # the shipped cdk.json names none: an empty variable
     assert load_config(cdk_json_context()).tool_deciders_value() == ""
-
-
-def test_the_api_reads_each_tools_deciders_else_the_deployments() -> None:
-    from swarm.settings import ApiSettings
-
-    settings = ApiSettings.model_construct(
-        approval_deciders="swarm-operator-approver",
-        approval_tool_deciders="calculator=swarm-operator-legal;notes_write,pay=a-b,c=d",
-    )
-    assert settings.deciders_of("calculator") == {"swarm-operator-legal"}
-    assert settings.deciders_of("pay") == {"a-b", "c=d"}  # a role name may hold "="
-    assert settings.deciders_of("notes_read") == {"swarm-operator-approver"}
-    assert settings.tool_deciders("notes_read") == frozenset()
-    nobody = ApiSettings.model_construct(approval_deciders="", approval_tool_deciders="")
-    assert nobody.deciders_of("notes_write") == frozenset()  # the batch's tenant
