@@ -5,12 +5,14 @@ reaches the functions."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.config import ConfigError, load_config
 from infra.context import cdk_json_context
+from tests.infra.conftest import synthesize
 from tests.infra.test_config import _context
 
 _TOOLS = cdk_json_context()["tools"]
@@ -148,3 +150,21 @@ def test_a_tools_own_deciders_reach_the_api_and_gate_it_in_the_workers_registry(
     assert "approval" not in registry["tools"]["object_read"]
     # the shipped cdk.json names none: an empty variable
     assert load_config(cdk_json_context()).tool_deciders_value() == ""
+
+
+def test_only_the_api_function_learns_a_tools_deciders(tmp_path: Path) -> None:
+    tools = _gated("notes_write", ["arn:aws:iam::123456789012:role/ops/swarm-operator-security"])
+    synthesized = synthesize(tmp_path, _context(tools=tools), nag=False)
+    stack = synthesized.stack
+
+    def variables(function: Any) -> dict[str, Any]:
+        props = synthesized.resources[synthesized.logical_id(function)]["Properties"]
+        found: dict[str, Any] = props["Environment"]["Variables"]
+        return found
+
+    api = variables(stack.control_plane.lambda_functions["api"])
+    assert api["APPROVAL_TOOL_DECIDERS"] == "notes_write=swarm-operator-security"
+    assert api["APPROVAL_DECIDERS"] == ""  # the other gated calls: the tenant's
+    # the worker only learns that the calls wait (its registry: the test above), not who
+    # decides them
+    assert "APPROVAL_TOOL_DECIDERS" not in variables(stack.workers.worker.function)
