@@ -345,8 +345,9 @@ class ApprovalsConfig(_Strict):
 #: the most operator roles one tool's ``approval.deciders`` names
 MAX_TOOL_DECIDERS = 8
 #: the most the tools' deciders may take in the API function's environment
-#: (APPROVAL_TOOL_DECIDERS): Lambda allows 4 KB for all of a function's variables, the
-#: tenants' limits up to 2 KB of them, and the API's others about 1.5 KB
+#: (APPROVAL_TOOL_DECIDERS): Lambda allows 4 KB for all of a function's variables, and the
+#: API's others take about 2.5 KB with the shipped tenants (their tokens at their longest); the
+#: sum is checked at synth too (infra/functions.py), naming this key among the large ones
 MAX_TOOL_DECIDERS_BYTES = 512
 
 #: a tenant's name: an IAM role name's characters (swarm.core.records.check_tenant)

@@ -168,3 +168,18 @@ def test_only_the_api_function_learns_a_tools_deciders(tmp_path: Path) -> None:
     # the worker only learns that the calls wait (its registry: the test above), not who
     # decides them
     assert "APPROVAL_TOOL_DECIDERS" not in variables(stack.workers.worker.function)
+
+
+def test_deciders_that_do_not_fit_the_api_beside_the_tenants_fail_synth_naming_both(
+    tmp_path: Path,
+) -> None:
+    tools = _gated("notes_write", [f"swarm-operator-{'x' * 47}{i}" for i in range(7)])
+    tenants = cdk_json_context()["tenants"]
+    many = {f"tenant-{'y' * 30}-{i}": {"max_queued_units": 5000} for i in range(12)}
+    context = _context(tools=tools, tenants={**tenants, "overrides": many})
+    with pytest.raises(ConfigError) as error:  # each fits its own cap, not both together
+        synthesize(tmp_path, context, nag=False)
+    message = str(error.value)
+    assert "api function's environment" in message, message
+    assert "APPROVAL_TOOL_DECIDERS 459 bytes (from tools.*.approval.deciders)" in message
+    assert "TENANT_LIMITS" in message and "approval.deciders" in message.rsplit(";", 1)[1]
