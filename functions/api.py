@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 from aws_lambda_powertools import Metrics, Tracer
@@ -281,8 +281,39 @@ def approvals(batch_id: str) -> Response[str]:
     logger.append_keys(batch_id=batch_id)
     run = batches().run_for(tenant, batch_id)
     waiting = approvals_service().waiting(run, time.time())
-    doc = ApprovalsDoc(batch_id=run.run_id, waiting=[WaitingCall(**w) for w in waiting])
+    calls = [WaitingCall(**w, deciders=_deciders_doc(w["tool"])) for w in waiting]
+    doc = ApprovalsDoc(batch_id=run.run_id, waiting=calls)
     return _json(200, doc.model_dump(mode="json"))
+
+
+def _deciders_doc(tool: str) -> list[str] | Literal["tenant"]:
+    """Who decides a gated call of ``tool``: the operator role names, or "tenant"."""
+    deciders = runtime().settings_as(ApiSettings).deciders_of(tool)
+    return sorted(deciders) if deciders else "tenant"
+
+
+def _may_decide(caller: Caller, role: str | None, tool: str) -> None:
+    """Forbidden unless the caller decides gated calls of ``tool``: the roles its entry names
+    (cdk.json tools.<name>.approval.deciders), else those of approvals.deciders, else the
+    batch's tenant (the caller already reads the batch)."""
+    settings = runtime().settings_as(ApiSettings)
+    own = settings.tool_deciders(tool)
+    deciders = own or settings.deciders()
+    if deciders and (not caller.operator or role not in deciders):
+        where = (
+            f"{tool}'s own decider roles only (cdk.json approval.deciders of its tools entry"
+            if own
+            else "this deployment's decider roles only (cdk.json approvals.deciders"
+        )
+        raise Forbidden(
+            f"gated calls of {tool} are decided by {where}: {', '.join(sorted(deciders))}): "
+            "call with one of them"
+        )
+    if not deciders and caller.operator:
+        raise Forbidden(
+            "the batch's tenant decides its gated tool calls (cdk.json approvals.deciders "
+            "names no operator role): call with the tenant's role"
+        )
 
 
 @app.post("/batches/<batch_id>/units/<unit_id>/approvals/<tool_use_id>")
@@ -293,24 +324,22 @@ def decide(batch_id: str, unit_id: str, tool_use_id: str) -> Response[str]:
     caller = _caller()
     logger.append_keys(batch_id=batch_id, unit_id=unit_id, tool_use_id=tool_use_id)
     run = batches().run_for(caller.tenant, batch_id)  # another tenant's batch: 404
-    user_arn = app.current_event.request_context.identity.user_arn or ""
-    deciders = runtime().settings_as(ApiSettings).deciders()
-    if deciders and (not caller.operator or role_name_of(user_arn) not in deciders):
-        raise Forbidden(
-            "this deployment's gated tool calls are decided by its decider roles only (cdk.json "
-            f"approvals.deciders: {', '.join(sorted(deciders))}): call with one of them"
-        )
-    if not deciders and caller.operator:
-        raise Forbidden(
-            "the batch's tenant decides its gated tool calls (cdk.json approvals.deciders "
-            "names no operator role): call with the tenant's role"
-        )
     check_id("unit_id", unit_id)
     if not re.match(agent.NAME_PATTERN, tool_use_id):
         raise InvalidInput("tool_use_id", f"must match {agent.NAME_PATTERN} (a toolUseId)")
+    user_arn = app.current_event.request_context.identity.user_arn or ""
+    role = role_name_of(user_arn)
     body = parse_decision(app.current_event.body)
     decided = approvals_service().decide(
-        run, unit_id, tool_use_id, body.decision, body.reason, user_arn, time.time()
+        run,
+        unit_id,
+        tool_use_id,
+        body.decision,
+        body.reason,
+        user_arn,
+        time.time(),
+        # who decides depends on the call's tool: checked once it is found (no such call: 404)
+        may_decide=lambda tool: _may_decide(caller, role, tool),
     )
     logger.info("tool call decided", decision=decided.event["decision"], by=user_arn)
     doc = DecidedDoc(**decided.doc(run.run_id, unit_id))

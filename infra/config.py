@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
@@ -303,6 +303,30 @@ ROLE_ARN = re.compile(
 )
 
 
+def role_name(given: str) -> str:
+    """A decider's role name: ``given``, or a role ARN's last path part."""
+    match = ROLE_ARN.match(given)
+    return match.group("name") if match else given
+
+
+def check_deciders(key: str, deciders: Sequence[str], prefix: str) -> None:
+    """Each of ``deciders`` is an operator role (a name with the operator prefix, or such a
+    role's ARN), never a tenant's; ValueError naming ``key[i]``."""
+    for i, given in enumerate(deciders):
+        if ROLE_ARN.match(given) is None and not ROLE_NAME.match(given):
+            raise ValueError(
+                f"{key}[{i}]: {given!r} is neither an IAM role name nor a role ARN "
+                "(arn:aws:iam::<account>:role/<name>)"
+            )
+        name = role_name(given)
+        if not name.startswith(prefix) or name == prefix:
+            raise ValueError(
+                f"{key}[{i}]: {name!r} is not an operator role: name one '{prefix}<name>' "
+                "(api.operator_principal_prefix); a tenant role decides by default, with "
+                "approvals.deciders empty"
+            )
+
+
 class ApprovalsConfig(_Strict):
     """Human gates: tool calls that wait for a person's decision (docs/agents.md, "Human
     gates")."""
@@ -315,12 +339,16 @@ class ApprovalsConfig(_Strict):
 
     def decider_names(self) -> list[str]:
         """The deciders' role names (an ARN's last path part)."""
-        names = []
-        for given in self.deciders:
-            match = ROLE_ARN.match(given)
-            names.append(match.group("name") if match else given)
-        return names
+        return [role_name(given) for given in self.deciders]
 
+
+#: the most operator roles one tool's ``approval.deciders`` names
+MAX_TOOL_DECIDERS = 8
+#: the most the tools' deciders may take in the API function's environment
+#: (APPROVAL_TOOL_DECIDERS): Lambda allows 4 KB for all of a function's variables, and the
+#: API's others take about 2.5 KB with the shipped tenants (their tokens at their longest); the
+#: sum is checked at synth too (infra/functions.py), naming this key among the large ones
+MAX_TOOL_DECIDERS_BYTES = 512
 
 #: a tenant's name: an IAM role name's characters (swarm.core.records.check_tenant)
 TENANT_NAME = re.compile(TENANT_PATTERN)
@@ -489,6 +517,15 @@ class McpConfig(_Strict):
     tools: tuple[str, ...] | None = Field(default=None, min_length=1, max_length=64)
 
 
+class ToolApprovalConfig(_Strict):
+    """``tools.<name>.approval`` as an object: the tool is gated, and these operator roles
+    decide its calls (docs/agents.md, "Human gates")."""
+
+    # operator roles (names, or role ARNs of the stack's account) that decide this tool's calls
+    # instead of approvals.deciders or the batch's tenant; empty: as "required"
+    deciders: tuple[str, ...] = Field(default=(), max_length=MAX_TOOL_DECIDERS)
+
+
 class ToolConfig(_Strict):
     """``tools.<name>``: one tool of the registry (docs/agents.md, "Tools")."""
 
@@ -509,11 +546,45 @@ class ToolConfig(_Strict):
     toolset: bool = False
     # "required": each call of the tool waits for a person's decision before it runs
     # (docs/agents.md, "Human gates"); "none": it runs at once (a unit may still gate it with
-    # input.limits.approve_tools). On an mcp entry: every tool of its server
-    approval: Literal["required", "none"] = "none"
+    # input.limits.approve_tools); {"deciders": [...]}: gated, and only these operator roles
+    # decide its calls (else approvals.deciders, else the batch's tenant). On an mcp entry:
+    # every tool of its server (deciders: its listed mcp.tools)
+    approval: Literal["required", "none"] | ToolApprovalConfig = "none"
     # an MCP server (instead of source or function_arn): a tenant granted the entry's name gets
     # its tools; effect, if given, is every tool's (else a tool annotated readOnlyHint is read)
     mcp: McpConfig | None = None
+
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _one_approval(cls, value: Any) -> Any:
+        """One clear error for what is neither form (not one per form of the union)."""
+        form = 'must be "required", "none" or {"deciders": ["<operator role name or ARN>", ...]}'
+        if isinstance(value, str) and value not in ("required", "none"):
+            raise ValueError(f"{form} (got {value!r})")
+        if isinstance(value, Mapping):
+            extra = sorted(set(value) - {"deciders"})
+            deciders = value.get("deciders", [])
+            if extra:
+                raise ValueError(f"{form}: {extra[0]!r} is not a key of it")
+            if not isinstance(deciders, list | tuple) or not all(
+                isinstance(d, str) for d in deciders
+            ):
+                raise ValueError(f"{form}: deciders must be a list of role names or ARNs")
+            if len(deciders) > MAX_TOOL_DECIDERS:
+                raise ValueError(f"{form}: at most {MAX_TOOL_DECIDERS} deciders")
+        elif not isinstance(value, str | ToolApprovalConfig):
+            raise ValueError(f"{form} (got {type(value).__name__})")
+        return value
+
+    @property
+    def gated(self) -> bool:
+        """Whether each call of the tool waits for a person's decision."""
+        return self.approval != "none"
+
+    @property
+    def deciders(self) -> tuple[str, ...]:
+        """The operator roles ``approval.deciders`` names (empty: the default deciders)."""
+        return self.approval.deciders if isinstance(self.approval, ToolApprovalConfig) else ()
 
 
 @dataclass(frozen=True)
@@ -649,7 +720,7 @@ def toolset_tools(name: str, tool: ToolConfig) -> list[ResolvedTool]:
     key = f"tools.{name}"
     if tool.source is None or tool.function_arn is not None:
         raise ValueError(f"{key}.toolset: a toolset needs a source (and no function_arn)")
-    if tool.approval == "required":
+    if tool.gated:
         raise ValueError(
             f"{key}.approval: a toolset is not gated as a whole; list the calls to gate in a "
             "unit's input.limits.approve_tools"
@@ -882,23 +953,50 @@ class SwarmConfig(_Strict):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
     def _deciders_are_operators(self) -> None:
-        """Each of ``approvals.deciders`` is an operator role (a name with the operator
-        prefix, or such a role's ARN), never a tenant's: a tenant must not approve its own."""
+        """Each of ``approvals.deciders`` and of a tool's ``approval.deciders`` is an operator
+        role (a name with the operator prefix, or such a role's ARN), never a tenant's: a tenant
+        must not approve its own. A tool naming deciders is one the API knows by name (an mcp
+        entry lists its tools), and they all fit the API function's environment."""
         prefix = self.api.operator_principal_prefix
-        for i, given in enumerate(self.approvals.deciders):
-            match = ROLE_ARN.match(given)
-            name = match.group("name") if match else given
-            if match is None and not ROLE_NAME.match(given):
+        check_deciders("approvals.deciders", self.approvals.deciders, prefix)
+        for name, entry in sorted(self.tools.items()):
+            key = f"tools.{name}.approval.deciders"
+            check_deciders(key, entry.deciders, prefix)
+            if entry.deciders and entry.mcp is not None and entry.mcp.tools is None:
                 raise ValueError(
-                    f"approvals.deciders[{i}]: {given!r} is neither an IAM role name nor a role "
-                    "ARN (arn:aws:iam::<account>:role/<name>)"
+                    f"{key}: an mcp entry naming deciders must list its tools (mcp.tools): the "
+                    "API decides who may approve a call by its tool's name, and only the "
+                    "worker learns what else the server lists"
                 )
-            if not name.startswith(prefix) or name == prefix:
-                raise ValueError(
-                    f"approvals.deciders[{i}]: {name!r} is not an operator role: name one "
-                    f"'{prefix}<name>' (api.operator_principal_prefix); a tenant role decides "
-                    "by default, with approvals.deciders empty"
-                )
+        size = len(self.tool_deciders_value().encode())
+        if size > MAX_TOOL_DECIDERS_BYTES:
+            raise ValueError(
+                f"tools.*.approval.deciders: the tools' deciders take {size:,} bytes of the API "
+                f"function's environment, more than {MAX_TOOL_DECIDERS_BYTES:,} (Lambda allows "
+                "4 KB for all its variables): name fewer roles per tool, or leave the common "
+                "ones to approvals.deciders"
+            )
+
+    def tool_deciders(self) -> dict[str, list[str]]:
+        """Each gated tool whose entry names deciders -> their role names (an mcp entry's:
+        each of its listed tools)."""
+        out: dict[str, list[str]] = {}
+        for name, entry in sorted(self.tools.items()):
+            if not entry.deciders:
+                continue
+            names = sorted({role_name(given) for given in entry.deciders})
+            tools = [name] if entry.mcp is None else list(entry.mcp.tools or ())
+            for tool in tools:
+                out[tool] = names
+        return out
+
+    def tool_deciders_value(self) -> str:
+        """:data:`swarm.contract.APPROVAL_TOOL_DECIDERS`: compact, the tools that name deciders
+        only, ``tool,tool=role,role;...`` (tools sharing their roles grouped); empty: none."""
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for tool, roles in self.tool_deciders().items():
+            groups.setdefault(tuple(roles), []).append(tool)
+        return ";".join(f"{','.join(tools)}={','.join(roles)}" for roles, tools in groups.items())
 
     @property
     def production(self) -> bool:
@@ -1335,7 +1433,7 @@ class SwarmConfig(_Strict):
                     server["secret"] = entry.mcp.auth_secret
                 if entry.effect is not None:
                     server["effect"] = entry.effect
-                if entry.approval == "required":
+                if entry.gated:
                     server["approval"] = "required"
                 mcp[name] = server
                 continue
@@ -1347,7 +1445,7 @@ class SwarmConfig(_Strict):
                     if getattr(entry, field) is not None
                 }
                 tools[name] = {"source": tool.source, "timeout": tool.timeout_seconds, **given}
-                if entry.approval == "required":
+                if entry.gated:
                     tools[name]["approval"] = "required"
             else:
                 tools[name] = {
@@ -1356,7 +1454,7 @@ class SwarmConfig(_Strict):
                     "effect": tool.effect,
                     "description": tool.description,
                     "input_schema": tool.input_schema,
-                    **({"approval": "required"} if entry.approval == "required" else {}),
+                    **({"approval": "required"} if entry.gated else {}),
                 }
         doc = {
             "functions": {source: arns[source] for source in self.tool_sources()},

@@ -244,6 +244,7 @@ def _static_environment(config: SwarmConfig, service: str) -> dict[str, str]:
         env.OPERATOR_PRINCIPAL_PREFIX: config.api.operator_principal_prefix,
         env.APPROVAL_TIMEOUT_SECONDS: str(config.approvals.timeout_hours * 3600),
         env.APPROVAL_DECIDERS: ",".join(config.approvals.decider_names()),
+        env.APPROVAL_TOOL_DECIDERS: config.tool_deciders_value(),
         env.RESULTS_URL_SECONDS: str(config.results.download_url_seconds),
         env.UPLOAD_URL_SECONDS: str(config.uploads.url_seconds),
         env.UNITS_PER_CHILD: str(config.fanout.units_per_child),

@@ -86,6 +86,7 @@ _FILLED_BY = {
     "TOOL_REGISTRY": "tools",
     "TOOL_GRANTS": "tools and tenants.*.tools",
     "TENANT_LIMITS": "tenants.overrides",
+    "APPROVAL_TOOL_DECIDERS": "tools.*.approval.deciders",
 }
 
 
@@ -138,7 +139,8 @@ class Environment:
         raise ConfigError(
             f"the {function} function's environment would take up to {total:,} bytes, more than "
             f"Lambda's {MAX_ENVIRONMENT_BYTES:,}: {parts}; register fewer models or tools, "
-            "shorten the tools' descriptions and schemas, or give fewer tenant overrides"
+            "shorten the tools' descriptions and schemas, give fewer tenant overrides, or name "
+            "fewer roles in the tools' approval.deciders"
         )
 
 

@@ -273,6 +273,10 @@ OPERATOR_PRINCIPAL_PREFIX: Final = "OPERATOR_PRINCIPAL_PREFIX"
 #: batch's tenant decides)
 APPROVAL_TIMEOUT_SECONDS: Final = "APPROVAL_TIMEOUT_SECONDS"
 APPROVAL_DECIDERS: Final = "APPROVAL_DECIDERS"
+#: the tools whose own operator roles decide their calls (cdk.json ``tools.<name>.approval.
+#: deciders``), compact: ``tool,tool=role,role;tool=role`` (a tool's name has no ``=``); a tool
+#: not listed is decided by APPROVAL_DECIDERS; empty: none is
+APPROVAL_TOOL_DECIDERS: Final = "APPROVAL_TOOL_DECIDERS"
 #: the longest ``approvals.timeout_hours``: every parked unit's lease ends within it
 MAX_APPROVAL_TIMEOUT_HOURS: Final = 336
 
@@ -417,6 +421,7 @@ FUNCTION_ENV: Final[Mapping[FunctionName, tuple[str, ...]]] = {
         TENANT_PRINCIPAL_PREFIX,
         OPERATOR_PRINCIPAL_PREFIX,
         APPROVAL_DECIDERS,  # who decides a gated tool call (empty: the batch's tenant)
+        APPROVAL_TOOL_DECIDERS,  # who decides the calls of a tool naming its own deciders
         LEASE_SECONDS,  # a decided unit's lease until a worker claims it
         RESULTS_URL_SECONDS,
         UPLOAD_URL_SECONDS,
@@ -497,6 +502,7 @@ OPTIONAL_VARS: Final = frozenset(
         TOOL_REGISTRY,
         TOOL_GRANTS,
         APPROVAL_DECIDERS,
+        APPROVAL_TOOL_DECIDERS,
         APPROVAL_TIMEOUT_SECONDS,  # (default: 24 hours)
     }
 )

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from swarm.contract import (
     APPROVAL_DECIDERS,
     APPROVAL_TIMEOUT_SECONDS,
+    APPROVAL_TOOL_DECIDERS,
     BEDROCK_READ_TIMEOUT_SECONDS,
     BUCKET_NAME,
     BUNDLE_MAX_WINDOW_SECONDS,
@@ -381,9 +382,25 @@ class ApiSettings(
     units_per_child: int = Field(alias=UNITS_PER_CHILD, ge=1, le=MAX_UNITS_PER_CHILD)
     #: the operator role names that decide gated tool calls (empty: the batch's tenant)
     approval_deciders: str | None = Field(default=None, alias=APPROVAL_DECIDERS)
+    #: the tools that name their own deciders: ``tool,tool=role,role;...`` (empty: none)
+    approval_tool_deciders: str | None = Field(default=None, alias=APPROVAL_TOOL_DECIDERS)
 
     def deciders(self) -> frozenset[str]:
+        """The deployment's decider role names (approvals.deciders; empty: the tenant)."""
         return frozenset(n for n in (self.approval_deciders or "").split(",") if n)
+
+    def tool_deciders(self, tool: str) -> frozenset[str]:
+        """The role names ``tool``'s own entry names (its approval.deciders; empty: none)."""
+        for group in (self.approval_tool_deciders or "").split(";"):
+            tools, _, roles = group.partition("=")  # a tool's name has no "="
+            if tool in tools.split(","):
+                return frozenset(n for n in roles.split(",") if n)
+        return frozenset()
+
+    def deciders_of(self, tool: str) -> frozenset[str]:
+        """Who decides a gated call of ``tool``: its own deciders, else the deployment's;
+        empty: the batch's tenant."""
+        return self.tool_deciders(tool) or self.deciders()
 
     def shed_depth(self, lane: Lane) -> int:
         """The lane's depth past which new submissions are shed."""

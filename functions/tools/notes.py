@@ -1,6 +1,8 @@
-"""The ``notes_read`` and ``notes_write`` tools: a key-value store of the calling tenant's own
-(swarm.adapters.tool_notes, a DynamoDB table of its own). ``notes_write`` has at most one
-effect per idempotency key; its role holds item rights on the notes table alone."""
+"""The ``notes_read``, ``notes_write`` and ``notes_publish`` tools: a key-value store of the
+calling tenant's own (swarm.adapters.tool_notes, a DynamoDB table of its own). ``notes_write``
+and ``notes_publish`` (the same write, meant to be registered gated: the local stack's operator
+decides its calls) have at most one effect per idempotency key; the role holds item rights on
+the notes table alone."""
 
 from __future__ import annotations
 
@@ -31,6 +33,24 @@ TOOLS: dict[str, dict[str, Any]] = {
         "description": (
             "Saves a text note under a name, replacing the note of that name. Notes are kept "
             "for your tenant and can be read by later turns and units with notes_read."
+        ),
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "1-128 letters, digits or _.:/-"},
+                "value": {
+                    "type": "string",
+                    "description": "the note's text (at most 16,000 characters)",
+                },
+            },
+            "required": ["name", "value"],
+        },
+        "effect": "write",
+    },
+    "notes_publish": {
+        "description": (
+            "Publishes a text note under a name, replacing the note of that name, as notes_write "
+            "saves one; where it is registered gated, each call waits for its approvers."
         ),
         "input_schema": {
             "type": "object",

@@ -80,7 +80,7 @@ def bfcl_script(request: dict[str, Any]) -> Mapping[str, Any] | None:
 def _tool_input(name: str, unit: str, k: int, rng: random.Random) -> dict[str, Any]:
     if name == "calculator":
         return {"expression": f"{rng.randint(2, 99)} * {rng.randint(2, 99)} + {k}"}
-    if name == "notes_write":
+    if name in ("notes_write", "notes_publish"):
         return {"name": f"{unit}-{k}", "value": f"finding {k} of {unit}: {rng.randint(0, 10**6)}"}
     if name == "notes_read":
         return {"name": f"{unit}-{max(1, k - 1)}"}

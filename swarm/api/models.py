@@ -818,6 +818,13 @@ class WaitingCall(BaseModel):
     turn: int
     requested_at: float = Field(description="when the call started waiting (epoch seconds)")
     waited_s: float = Field(description="how long it has waited so far")
+    deciders: list[str] | Literal["tenant"] = Field(
+        default="tenant",
+        description=(
+            "who may decide the call: the operator role names (its tool's cdk.json "
+            'approval.deciders, else approvals.deciders), or "tenant": the batch\'s tenant'
+        ),
+    )
 
 
 class Approvals(BaseModel):

@@ -254,8 +254,9 @@ ROUTES: tuple[Route, ...] = (
         "/batches/{batch_id}/approvals",
         "listApprovals",
         "The batch's tool calls that wait for a person's decision (human gates): each with its "
-        "unit, tool, input, toolUseId and how long it has waited; for the batch's tenant, an "
-        "operator, or a decider role (cdk.json approvals.deciders)",
+        "unit, tool, input, toolUseId, how long it has waited and who may decide it; for the "
+        "batch's tenant, an operator, or a decider role (cdk.json approvals.deciders, a tool's "
+        "approval.deciders)",
         {
             200: Reply("the waiting calls, the longest waiting first", Approvals),
             400: _INVALID,
@@ -272,7 +273,8 @@ ROUTES: tuple[Route, ...] = (
         "Approve or reject one waiting tool call: approved, the tool runs once; rejected, the "
         "model gets an error result carrying the reason. The same decision again answers the "
         "recorded one; a different one is a 409. By the batch's tenant, or only the decider "
-        "roles when cdk.json approvals.deciders names them",
+        "roles when the call's tool names them (cdk.json tools.<name>.approval.deciders) or "
+        "else cdk.json approvals.deciders does",
         {
             200: Reply("the decision as recorded", Decided),
             400: _INVALID,

@@ -437,7 +437,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def approvals_lines(doc: dict[str, Any]) -> list[str]:
-    """The waiting calls, one a line: unit, toolUseId, tool, how long it waited, its input."""
+    """The waiting calls, one a line: unit, toolUseId, tool, who decides it (the operator
+    roles, or the tenant), how long it waited, its input."""
     waiting = doc["waiting"]
     if not waiting:
         return [f"batch {doc['batch_id']}: no tool call waits for a decision"]
@@ -445,9 +446,11 @@ def approvals_lines(doc: dict[str, Any]) -> list[str]:
     for w in waiting:
         given = json.dumps(w["input"], ensure_ascii=False)
         given = given if len(given) <= 120 else given[:117] + "..."
+        deciders = w.get("deciders", "tenant")
+        by = deciders if isinstance(deciders, str) else ",".join(deciders)
         lines.append(
-            f"  {w['unit_id']}  {w['toolUseId']}  {w['tool']}  waited {w['waited_s']:,.0f} s  "
-            f"{given}"
+            f"  {w['unit_id']}  {w['toolUseId']}  {w['tool']}  decided by {by}  "
+            f"waited {w['waited_s']:,.0f} s  {given}"
         )
     lines.append(
         f"decide with: swarm approve {doc['batch_id']} UNIT TOOLUSE [--reason R] | "
@@ -718,9 +721,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "approvals",
         help="the batch's tool calls that wait for a person's decision (human gates)",
         description=(
-            "Lists each waiting call of an agent batch: its unit, toolUseId, tool, how long it "
-            "has waited and its input. A call waits when its tool is registered with "
-            'approval: "required" or the unit lists it in input.limits.approve_tools.'
+            "Lists each waiting call of an agent batch: its unit, toolUseId, tool, who decides "
+            "it (operator roles, or the tenant), how long it has waited and its input. A call "
+            'waits when its tool is registered with approval: "required" (or {"deciders": '
+            "[...]}) or the unit lists it in input.limits.approve_tools."
         ),
     )
     p.add_argument("batch", metavar="BATCH")
@@ -745,7 +749,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             description=(
                 f"{text[0].upper()}{text[1:]}. The same decision again answers the one "
                 "recorded; a different one is refused (409). The batch's tenant decides, or "
-                "only the operator roles cdk.json approvals.deciders names (--operator)."
+                "only the operator roles the tool's cdk.json approval.deciders names, else "
+                "approvals.deciders (--operator); swarm approvals shows whose turn it is."
             ),
         )
         p.add_argument("batch", metavar="BATCH")

@@ -47,6 +47,10 @@ BASE_SECONDS_PER_1K_TOKENS = 0.5
 LOCAL_MCP_ENTRY = "local_mcp"
 LOCAL_MCP_SECRET = "swarm-local/mcp-auth"
 LOCAL_MCP_TOOLS = ["tally_write", "tally_read", "slow", "fail"]  # swarm.local.mcp_server's
+LOCAL_OPERATOR = "local"  # the local operator role: <operator prefix>local
+#: the local stack's tool whose calls only its operator role decides (approval.deciders): the
+#: notes source's second write tool, granted to every tenant
+LOCAL_GATED_TOOL = "notes_publish"
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,11 @@ class LocalOptions:
             scaled = {"quota_tpm": int(base["quota_tpm"] * self.time_scale)}
             if base.get("quota_rpm") is not None:
                 scaled["quota_rpm"] = max(1, int(base["quota_rpm"] * self.time_scale))
-        extra: dict[str, Any] = {}
+        operator = f"{base['api']['operator_principal_prefix']}{LOCAL_OPERATOR}"
+        gated = {"source": "notes", "approval": {"deciders": [operator]}}
+        tools = {**base["tools"], LOCAL_GATED_TOOL: gated}
+        tenants["defaults"]["tools"] = [*tenants["defaults"]["tools"], LOCAL_GATED_TOOL]
+        extra: dict[str, Any] = {"tools": tools}
         if self.mcp_url is not None:  # http to localhost: accepted on the local stage only
             # its tools listed: the API then refuses a name the server lacks, as for any tool
             server = {
@@ -128,7 +136,7 @@ class LocalOptions:
                 "auth_secret": LOCAL_MCP_SECRET,
                 "tools": LOCAL_MCP_TOOLS,
             }
-            extra["tools"] = {**base["tools"], LOCAL_MCP_ENTRY: {"mcp": server}}
+            extra["tools"] = {**tools, LOCAL_MCP_ENTRY: {"mcp": server}}
             tenants["defaults"]["tools"] = [*tenants["defaults"]["tools"], LOCAL_MCP_ENTRY]
         return {
             "stage": self.stage,

@@ -41,6 +41,7 @@ from swarm.local import billing
 from swarm.local.clients import client_factory
 from swarm.local.deploy import (
     LOCAL_MCP_SECRET,
+    LOCAL_OPERATOR,
     ROOT,
     Deployed,
     LocalOptions,
@@ -57,7 +58,6 @@ log = logging.getLogger("swarm.local")
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 DEMO_TENANT = "demo"
-LOCAL_OPERATOR = "local"  # the local operator role: <operator prefix>local
 #: a tenant name: IAM role name characters (the role is ``<tenant prefix><tenant>``)
 TENANT_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,32}$")
 STATE_DIR = LOCAL_TARGET_FILE.parent

@@ -134,9 +134,13 @@ class Gates:
         reason: str,
         by: str,
         now: float,
+        may_decide: Callable[[str], None] | None = None,
     ) -> GateDecision:
         """Record ``decision`` on call ``tool_use_id`` of unit ``unit_id`` (NotFound: no such
-        unit, or no such call waits or waited; Conflict: a different decision was recorded)."""
+        unit, or no such call waits or waited; Conflict: a different decision was recorded).
+        ``may_decide`` is called with the call's tool name once the call is found, before
+        anything is answered of it (it raises to refuse the caller: who decides depends on the
+        tool)."""
         if decision not in agent.DECISIONS:
             raise InvalidInput("decision", f'must be "approve" or "reject", got {decision!r}')
         for _ in range(_TRIES):
@@ -148,6 +152,8 @@ class Gates:
                     f"unit {unit_id!r} of batch {run.run_id!r} has no tool call {tool_use_id!r} "
                     "waiting for a decision"
                 )
+            if may_decide is not None:
+                may_decide(requested["name"])
             if recorded is not None:
                 if recorded["decision"] != decision:
                     why = recorded["reason"] or "no reason"

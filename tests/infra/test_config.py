@@ -565,15 +565,21 @@ def test_the_local_stacks_context_passes_every_synth_check_the_timing_included()
 
 
 def test_the_local_stack_lets_every_tenant_use_every_lane_and_keeps_the_rest_of_tenants() -> None:
-    from swarm.local.deploy import LocalOptions
+    from swarm.local.deploy import LOCAL_GATED_TOOL, LocalOptions
 
     shipped = cdk_json_context()["tenants"]
-    local = load_config(_context(**LocalOptions().context())).tenants
+    config = load_config(_context(**LocalOptions().context()))
+    local = config.tenants
     assert local.defaults.lanes == (Lane.HIGH, Lane.NORMAL, Lane.LOW)
     assert "high" not in shipped["defaults"]["lanes"]
-    # only the lanes differ from what cdk.json ships
+    # only the lanes differ from what cdk.json ships, and the tool only the operator decides
     kept = {**local.defaults.doc(), "tools": list(local.defaults.tools)}
-    assert {**kept, "lanes": shipped["defaults"]["lanes"]} == shipped["defaults"]
+    granted = [*shipped["defaults"]["tools"], LOCAL_GATED_TOOL]
+    assert {**kept, "lanes": shipped["defaults"]["lanes"]} == {
+        **shipped["defaults"],
+        "tools": granted,
+    }
+    assert config.tool_deciders() == {LOCAL_GATED_TOOL: ["swarm-operator-local"]}
 
 
 def test_the_worker_gets_the_read_timeout(prod_synth: Synthesized) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from swarm.contract import APPROVAL_DECIDERS
+from swarm.contract import APPROVAL_DECIDERS, APPROVAL_TOOL_DECIDERS
 from swarm.core.records import Lane
 from tests.integration.plane import ControlPlane, control_plane, ledger
 
@@ -143,3 +143,57 @@ def test_deciders_replace_the_tenant(decided_by_operators: ControlPlane) -> None
     )
     assert status == 200, decided
     assert decided["decided_by"] == plane.operator_arn("approver")
+
+
+@pytest.fixture
+def decided_per_tool(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Any:
+    env = {
+        APPROVAL_DECIDERS: "swarm-operator-approver",
+        APPROVAL_TOOL_DECIDERS: "notes_write=swarm-operator-security,swarm-operator-legal",
+    }
+    with control_plane(monkeypatch, None, **env) as p:
+        yield p
+
+
+def test_each_call_is_decided_by_its_own_tools_deciders(decided_per_tool: ControlPlane) -> None:
+    plane = decided_per_tool
+    calculating = gated_unit("u1")
+    calculating["input"]["tools"] = calculating["input"]["limits"]["approve_tools"] = ["calculator"]
+    status, doc, _ = plane.api("POST", "/batches", {"units": [gated_unit("u0"), calculating]})
+    assert status == 201, doc
+    batch_id = doc["batch_id"]
+    plane.run_state_machine()
+    plane.work()
+    # the listing says whose turn each call is: notes_write names its own deciders, the
+    # calculator (gated by the unit) falls back on approvals.deciders
+    status, doc, _ = plane.api("GET", f"/batches/{batch_id}/approvals")
+    assert status == 200, doc
+    waiting = {w["unit_id"]: w for w in doc["waiting"]}
+    assert waiting["u0"]["tool"] == "notes_write" and waiting["u1"]["tool"] == "calculator"
+    assert waiting["u0"]["deciders"] == ["swarm-operator-legal", "swarm-operator-security"]
+    assert waiting["u1"]["deciders"] == ["swarm-operator-approver"]
+    notes = f"/batches/{batch_id}/units/u0/approvals/{waiting['u0']['toolUseId']}"
+    calc = f"/batches/{batch_id}/units/u1/approvals/{waiting['u1']['toolUseId']}"
+    approve = {"decision": "approve"}
+    # the tenant decides neither: each 403 names that call's deciders
+    status, refused, _ = plane.api("POST", notes, approve)
+    assert status == 403 and "swarm-operator-security" in refused["message"], refused
+    assert "swarm-operator-approver" not in refused["message"]
+    status, refused, _ = plane.api("POST", calc, approve)
+    assert status == 403 and "swarm-operator-approver" in refused["message"], refused
+    # the deployment's decider may not decide a tool naming its own, nor its deciders another
+    status, refused, _ = plane.api("POST", notes, approve, operator=True, operator_name="approver")
+    assert status == 403 and "swarm-operator-security" in refused["message"], refused
+    status, refused, _ = plane.api("POST", calc, approve, operator=True, operator_name="legal")
+    assert status == 403, refused
+    # another tenant: the 404 of a batch that does not exist, before any decider check
+    status, other, _ = plane.api("POST", notes, approve, tenant="globex")
+    assert status == 404, other
+    # each call's own deciders decide it
+    status, decided, _ = plane.api("POST", notes, approve, operator=True, operator_name="legal")
+    assert status == 200 and decided["decided_by"] == plane.operator_arn("legal"), decided
+    status, decided, _ = plane.api("POST", calc, approve, operator=True, operator_name="approver")
+    assert status == 200 and decided["decided_by"] == plane.operator_arn("approver"), decided
+    # and a decided call is not answered to the tenant either: still its 403
+    status, refused, _ = plane.api("POST", notes, approve)
+    assert status == 403 and "swarm-operator-security" in refused["message"], refused

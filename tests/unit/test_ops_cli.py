@@ -98,13 +98,29 @@ def test_the_waiting_calls_are_listed_one_a_line_with_how_to_decide() -> None:
                 "turn": 1,
                 "requested_at": 10.0,
                 "waited_s": 95.4,
-            }
+                "deciders": "tenant",
+            },
+            {
+                "unit_id": "u-2",
+                "toolUseId": "t1-1-0",
+                "tool": "notes_publish",
+                "input": {},
+                "turn": 1,
+                "requested_at": 11.0,
+                "waited_s": 94.0,
+                "deciders": ["swarm-operator-a", "swarm-operator-b"],
+            },
         ],
     }
-    head, call, how = approvals_lines(doc)
-    assert head == "batch b-1: 1 tool call(s) wait for a decision"
-    assert call.startswith("  u-1  t1-1-0  notes_write  waited 95 s  {") and call.endswith("...")
-    assert len(call) < 200  # a long input is cut
+    head, call, other, how = approvals_lines(doc)
+    assert head == "batch b-1: 2 tool call(s) wait for a decision"
+    assert call.startswith("  u-1  t1-1-0  notes_write  decided by tenant  waited 95 s  {")
+    assert call.endswith("...") and len(call) < 220  # a long input is cut
+    # whose turn it is: a tool naming its own deciders shows them
+    assert other == (
+        "  u-2  t1-1-0  notes_publish  decided by swarm-operator-a,swarm-operator-b  "
+        "waited 94 s  {}"
+    )
     assert "swarm approve b-1 UNIT TOOLUSE" in how and "swarm reject b-1" in how
     assert approvals_lines({"batch_id": "b-1", "waiting": []}) == [
         "batch b-1: no tool call waits for a decision"

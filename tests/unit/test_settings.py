@@ -229,3 +229,16 @@ def test_the_prices_reach_the_wiring_in_one_place_and_a_bad_table_is_named() -> 
         _wiring("fanout").prices()
     with pytest.raises(SettingsError, match="MODEL_PRICES is not a price table"):
         Settings.from_env(environment("worker") | {env.MODEL_PRICES: '{"default": {"input": 1}}'})
+
+
+def test_the_api_reads_each_tools_deciders_else_the_deployments() -> None:
+    settings = ApiSettings.model_construct(
+        approval_deciders="swarm-operator-approver",
+        approval_tool_deciders="calculator=swarm-operator-legal;notes_write,pay=a-b,c=d",
+    )
+    assert settings.deciders_of("calculator") == {"swarm-operator-legal"}
+    assert settings.deciders_of("pay") == {"a-b", "c=d"}  # a role name may hold "="
+    assert settings.deciders_of("notes_read") == {"swarm-operator-approver"}
+    assert settings.tool_deciders("notes_read") == frozenset()
+    nobody = ApiSettings.model_construct(approval_deciders="", approval_tool_deciders="")
+    assert nobody.deciders_of("notes_write") == frozenset()  # the batch's tenant

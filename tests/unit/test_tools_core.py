@@ -372,7 +372,7 @@ def test_a_source_tools_spec_reaches_the_worker_from_the_asset_with_what_cdk_jso
     # Then the variable holds no declared spec, only the change
     assert "input_schema" not in text and "Adds up, exactly." in text
     registry = ToolRegistry.from_json(text)
-    assert set(registry.tools) == {"notes_read", "notes_write", "calculator"}
+    assert set(registry.tools) == {"notes_read", "notes_write", "notes_publish", "calculator"}
     calculator = registry.get("calculator")
     assert calculator is not None and calculator.tool.description == "Adds up, exactly."
     assert calculator.tool.input_schema == config.resolved_tools()["calculator"].input_schema
