@@ -319,6 +319,12 @@ def check_deciders(key: str, deciders: Sequence[str], prefix: str) -> None:
                 "(arn:aws:iam::<account>:role/<name>)"
             )
         name = role_name(given)
+        if any(c in name for c in ",=;"):  # the API's environment lists them with those
+            raise ValueError(
+                f"{key}[{i}]: {name!r}: a decider's role name may not contain ',', '=' or ';' "
+                "(IAM allows them; the API function's environment separates names with them): "
+                "rename the role"
+            )
         if not name.startswith(prefix) or name == prefix:
             raise ValueError(
                 f"{key}[{i}]: {name!r} is not an operator role: name one '{prefix}<name>' "

@@ -39,6 +39,11 @@ def _gated(name: str, deciders: list[str]) -> dict[str, Any]:
             "neither an IAM role name nor a role ARN",
         ),
         (
+            {"approvals": {"deciders": ["swarm-operator-a,b"]}},
+            "approvals.deciders[0]",
+            "may not contain ',', '=' or ';'",
+        ),
+        (
             {"tools": {**_TOOLS, "notes_write": {**_TOOLS["notes_write"], "approval": "maybe"}}},
             "tools.notes_write.approval",
             'must be "required", "none" or {"deciders"',
