@@ -283,6 +283,14 @@ def _attach(state_dir: Path) -> Target:
     return Target.load(target_file)
 
 
+@pytest.fixture
+def here(stack: Stack, tmp_path: Path) -> Path:
+    """A working directory where `swarm` finds the session's local stack (its
+    ``.swarm/local.json``): the CLI scenarios run in it."""
+    stack.target.save(tmp_path / ".swarm" / "local.json")
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # the drain switch is an SSM call: the local emulator takes any credentials

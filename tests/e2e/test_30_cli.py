@@ -181,13 +181,6 @@ def write_units(path: Path, n: int, tokens: Callable[[int], int], prefix: str) -
     return path
 
 
-@pytest.fixture
-def here(stack: Stack, tmp_path: Path) -> Path:
-    """A working directory where `swarm` finds the session's local stack."""
-    stack.target.save(tmp_path / ".swarm" / "local.json")
-    return tmp_path
-
-
 # ------------------------------------------------------------------ submit and status
 
 

@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.e2e.conftest import Stack, fresh_batch, wait_for
 from tests.e2e.test_30_cli import ok, swarm
 from tests.e2e.test_45_agents import _books_exact, _notes
@@ -40,14 +38,6 @@ def gated_units(n: int) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
-
-
-@pytest.fixture
-def here(stack: Stack, tmp_path: Path) -> Path:
-    """A directory whose .swarm/local.json is the session stack: where the CLI finds it."""
-    (tmp_path / ".swarm").mkdir()
-    stack.target.save(tmp_path / ".swarm" / "local.json")
-    return tmp_path
 
 
 def test_gated_writes_park_their_units_until_decided_through_the_cli(

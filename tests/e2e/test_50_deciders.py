@@ -44,14 +44,6 @@ def publishing_units(n: int) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture
-def here(stack: Stack, tmp_path: Path) -> Path:
-    """A directory whose .swarm/local.json is the session stack: where the CLI finds it."""
-    (tmp_path / ".swarm").mkdir()
-    stack.target.save(tmp_path / ".swarm" / "local.json")
-    return tmp_path
-
-
 def _refusal(call: Callable[[str], Any], batch_id: str) -> tuple[int, str, str]:
     """The API's refusal of ``call(batch_id)``: status, code and message, the id masked."""
     with pytest.raises(ApiError) as refused:
