@@ -243,12 +243,10 @@ def bucket_from_doc(doc: Doc) -> BucketState:
     return BucketState(
         tokens=float(doc["tokens"]),
         updated_at=float(doc["updated_at"]),
-        cut_rate=None if doc["cut_rate"] is None else float(doc["cut_rate"]),
+        cut_rate=_float_or_none(doc["cut_rate"]),
         cut_at=float(doc["cut_at"]),
         throttles=int(doc["throttles"]),
-        last_throttle_at=None
-        if doc["last_throttle_at"] is None
-        else float(doc["last_throttle_at"]),
+        last_throttle_at=_float_or_none(doc["last_throttle_at"]),
     )
 
 

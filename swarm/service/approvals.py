@@ -20,7 +20,7 @@ no message and no worker. This module is the other side:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -77,29 +77,32 @@ class Gates:
     #: visibility timeout): past it, :meth:`sweep` sends it again
     lease_s: float
 
-    def waiting(self, run: RunRecord, now: float) -> list[dict[str, Any]]:
-        """Every call of the run that waits for a decision, the longest waiting first.
-
-        A parked unit's lease is its approvals' timeout, so the ledger's lease index lists it
-        among the run's leased units (those in flight too, as many as run at once): one keys-only
-        Query of the index, then a read of each listed unit and of each parked one's log, never
-        a read of every unit of the batch. The index is eventually consistent: a unit parked a
-        moment ago may be listed on the next call."""
+    def _parked(self, run_id: str, now: float) -> Iterator[UnitRecord]:
+        """The run's parked units. A parked unit's lease is its approvals' timeout, so the
+        ledger's lease index lists it among the run's leased units (those in flight too, as
+        many as run at once): one keys-only Query of the index, then a read of each listed
+        unit, never a read of every unit of the batch. The index is eventually consistent: a
+        unit parked a moment ago may be listed on the next call."""
         # every parked lease ends within the longest timeout (the local stack's faster clock
         # parks for less wall time, never more)
         horizon = now + MAX_APPROVAL_TIMEOUT_HOURS * 3600
-        out: list[dict[str, Any]] = []
-        for unit_id in self.ledger.expired_leases(run.run_id, horizon):
+        for unit_id in self.ledger.expired_leases(run_id, horizon):
             try:
-                unit = self.ledger.unit(run.run_id, unit_id)
+                unit = self.ledger.unit(run_id, unit_id)
             except NotFound:
                 continue
-            if unit.state is not UnitState.AWAITING_APPROVAL:
-                continue
-            for e in agent.waiting_approvals(self.ledger.read_log(run.run_id, unit_id)):
+            if unit.state is UnitState.AWAITING_APPROVAL and unit.reservation is not None:
+                yield unit
+
+    def waiting(self, run: RunRecord, now: float) -> list[dict[str, Any]]:
+        """Every call of the run that waits for a decision, the longest waiting first: each
+        parked unit (:meth:`_parked`) and its log read."""
+        out: list[dict[str, Any]] = []
+        for unit in self._parked(run.run_id, now):
+            for e in agent.waiting_approvals(self.ledger.read_log(run.run_id, unit.unit_id)):
                 out.append(
                     {
-                        "unit_id": unit_id,
+                        "unit_id": unit.unit_id,
                         "toolUseId": e["toolUseId"],
                         "tool": e["name"],
                         "input": e["input"],
@@ -114,15 +117,7 @@ class Gates:
     def next_timeout(self, run_id: str, now: float) -> float | None:
         """When the run's first parked unit times out (its lease), None if none is listed: a
         closed run's parked units are looked at again then (``Finalizer.finalize``)."""
-        horizon = now + MAX_APPROVAL_TIMEOUT_HOURS * 3600
-        ends: list[float] = []
-        for unit_id in self.ledger.expired_leases(run_id, horizon):
-            try:
-                unit = self.ledger.unit(run_id, unit_id)
-            except NotFound:
-                continue
-            if unit.state is UnitState.AWAITING_APPROVAL and unit.reservation is not None:
-                ends.append(unit.reservation.lease_expires)
+        ends = [u.reservation.lease_expires for u in self._parked(run_id, now) if u.reservation]
         return min(ends, default=None)
 
     def decide(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -416,6 +417,25 @@ def test_a_log_is_read_a_page_at_a_time_in_seq_order(dynamodb: Any) -> None:
     assert ledger.requests - before >= 3
 
 
+def after_first_read(
+    monkeypatch: pytest.MonkeyPatch, ledger: DynamoDBLedger, write: Callable[[], object]
+) -> list[bool]:
+    """Another worker's ``write`` right after ``ledger``'s first read of a run and unit (a
+    race, made to happen); the list holds True once it has."""
+    read = ledger._read_run_unit
+    raced: list[bool] = []
+
+    def read_then_write(run_id: str, unit_id: str) -> Any:
+        found = read(run_id, unit_id)
+        if not raced:
+            raced.append(True)
+            write()
+        return found
+
+    monkeypatch.setattr(ledger, "_read_run_unit", read_then_write)
+    return raced
+
+
 def test_a_turn_whose_run_stopped_being_open_meanwhile_is_written_on_the_state_read_again(
     dynamodb: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -424,17 +444,11 @@ def test_a_turn_whose_run_stopped_being_open_meanwhile_is_written_on_the_state_r
     ledger = DynamoDBLedger(TABLE, client=dynamodb)
     other = DynamoDBLedger(TABLE, client=dynamodb)
     _loop_claimed(ledger, units=2, budget=150)
-    read = ledger._read_run_unit
-    raced: list[bool] = []
 
-    def read_then_exhaust(run_id: str, unit_id: str) -> Any:
-        found = read(run_id, unit_id)
-        if not raced:
-            raced.append(True)
-            assert not other.admit("run-1", "u1", 0, now=2.0).admitted  # 150 - 100 < 100
-        return found
+    def exhaust() -> None:
+        assert not other.admit("run-1", "u1", 0, now=2.0).admitted  # 150 - 100 < 100
 
-    monkeypatch.setattr(ledger, "_read_run_unit", read_then_exhaust)
+    raced = after_first_read(monkeypatch, ledger, exhaust)
     transactions: list[list[str | None]] = []
     write = ledger._write
 
@@ -475,17 +489,9 @@ def test_the_last_of_two_racing_parks_closes_the_exhausting_run(
     assert not ledger.admit("run-1", "u2", 0, now=2.0).admitted
     assert ledger.run("run-1").state is RunState.EXHAUSTING
     # and another worker parks u1 right after this one's park of u0 read the books
-    read = ledger._read_run_unit
-    raced: list[bool] = []
-
-    def read_then_park_other(run_id: str, unit_id: str) -> Any:
-        found = read(run_id, unit_id)
-        if not raced:
-            raced.append(True)
-            other.park("run-1", "u1", 0, now=3.0, until=1_000.0)
-        return found
-
-    monkeypatch.setattr(ledger, "_read_run_unit", read_then_park_other)
+    raced = after_first_read(
+        monkeypatch, ledger, lambda: other.park("run-1", "u1", 0, now=3.0, until=1_000.0)
+    )
     # When this one parks u0
     ledger.park("run-1", "u0", 0, now=4.0, until=1_000.0)
     # Then the run is closed: its write was refused on the books it read, and decided again
