@@ -127,6 +127,10 @@ DEFAULT_RESULTS_PAGE = 100
 MAX_RESULTS_PAGE = 1_000
 MAX_RESULTS_PAGE_BYTES = 4 * 1024 * 1024
 MAX_NEXT_TOKEN_CHARS = 512
+#: parked units per page of approvals (GET /batches/{id}/approvals: a unit's waiting calls are
+#: never split across pages; a page also stops early when it grows past MAX_RESULTS_PAGE_BYTES)
+DEFAULT_APPROVALS_PAGE = 100
+MAX_APPROVALS_PAGE = 1_000
 
 
 # ------------------------------------------------------------------ a unit's input
@@ -828,10 +832,34 @@ class WaitingCall(BaseModel):
 
 
 class Approvals(BaseModel):
-    """A batch's tool calls that wait for a decision, the longest waiting first."""
+    """A page of a batch's tool calls that wait for a decision: the calls of up to ``limit``
+    parked units, in the order of their timeouts (the longest waiting first), a unit's calls
+    never split across pages."""
 
     batch_id: str
     waiting: list[WaitingCall]
+    next_token: str | None = Field(
+        default=None, description="pass as next_token for the next page; null on the last"
+    )
+
+
+class ApprovalsQuery(BaseModel):
+    """The query of ``GET /batches/{batch_id}/approvals``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(
+        default=DEFAULT_APPROVALS_PAGE,
+        ge=1,
+        le=MAX_APPROVALS_PAGE,
+        description="parked units per page (each with all its waiting calls)",
+    )
+    next_token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NEXT_TOKEN_CHARS,
+        description="the previous page's next_token",
+    )
 
 
 class Decided(BaseModel):
