@@ -15,7 +15,7 @@ import pytest
 from swarm.api.models import MAX_RESULTS_PAGE_BYTES
 from swarm.core import agent
 from swarm.core.errors import InvalidInput
-from swarm.core.memory import InMemoryLanes, InMemoryLedger, MemoryBlobs
+from swarm.core.memory import InMemoryLedger, MemoryBlobs, MemoryQueue
 from swarm.core.records import Lane, RunRecord, RunSpec, UnitSpec
 from swarm.service.approvals import Gates, decode_token, encode_token
 
@@ -35,7 +35,7 @@ def plane(units: int) -> tuple[InMemoryLedger, Gates]:
         now=0.0,
     )
     ledger.open_run(RunSpec("b-2", "acme", Lane.NORMAL, 10_000, (UnitSpec("u00", 1_000),)), now=0.0)
-    gates = Gates(ledger, InMemoryLanes(), MemoryBlobs(), lease_s=60.0)
+    gates = Gates(ledger, MemoryQueue(), MemoryBlobs(), lease_s=60.0)
     return ledger, gates
 
 
