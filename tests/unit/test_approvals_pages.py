@@ -192,3 +192,29 @@ def test_a_token_round_trips_its_position() -> None:
 
     key = LeaseKey(1_765_000_000.123456, "unit-7")
     assert decode_token("b-1", encode_token("b-1", key)) == key
+
+
+def test_the_client_follows_every_page_into_one_answer() -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    from swarm.client import Client
+
+    pages_by_token = {
+        None: {"batch_id": "b-1", "waiting": [{"unit_id": "u0"}], "next_token": "A"},
+        "A": {"batch_id": "b-1", "waiting": [], "next_token": "B"},  # a page of in-flight units
+        "B": {"batch_id": "b-1", "waiting": [{"unit_id": "u1"}, {"unit_id": "u1"}]},
+    }
+    asked: list[dict[str, list[str]]] = []
+
+    def request(method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        assert method == "GET" and urlsplit(path).path == "/batches/b-1/approvals"
+        query = parse_qs(urlsplit(path).query)
+        asked.append(query)
+        return 200, pages_by_token[query.get("next_token", [None])[0]]
+
+    client = Client.__new__(Client)
+    client.request = request  # type: ignore[method-assign]
+    doc = client.approvals("b-1")
+    assert [w["unit_id"] for w in doc["waiting"]] == ["u0", "u1", "u1"]
+    assert doc["next_token"] is None and len(asked) == 3
+    assert [q.get("next_token") for q in asked] == [None, ["A"], ["B"]]
