@@ -28,7 +28,8 @@ import pytest
 
 from swarm.adapters.simulated_model import attempt_fails, billed_tokens
 from swarm.cli.local import down, running_pid, up
-from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, Target
+from swarm.cli.ops import WATCH_TOLERATED_ERRORS
+from swarm.client import LOCAL_TARGET_FILE, ApiError, Client, NoAnswer, Target
 from swarm.local.clients import credentials_of, local_client
 from swarm.local.deploy import LocalOptions
 from swarm.service.batches import batch_id_for
@@ -250,10 +251,20 @@ def wait_for(
     interval_s: float = 0.5,
 ) -> dict[str, Any]:
     """Poll the batch's status until ``until`` holds; fail after ``timeout_s`` plus one lease
-    (``REDELIVERY``)."""
+    (``REDELIVERY``). As ``swarm status --watch`` does, up to ``WATCH_TOLERATED_ERRORS`` checks in
+    a row that get no answer are tried again (the local stack is one process: a stall of it
+    delays an answer past the client's timeout; its log names the stall, ``slow request``)."""
     deadline = time.monotonic() + timeout_s + REDELIVERY["s"]
+    unanswered = 0
     while True:
-        doc: dict[str, Any] = client.status(batch_id)
+        try:
+            doc: dict[str, Any] = client.status(batch_id)
+        except NoAnswer:
+            unanswered += 1
+            if unanswered > WATCH_TOLERATED_ERRORS or time.monotonic() > deadline:
+                raise
+            continue
+        unanswered = 0
         if until(doc):
             return doc
         if time.monotonic() > deadline:
