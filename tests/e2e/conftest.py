@@ -43,6 +43,12 @@ OPTIONS = LocalOptions(time_scale=10.0, model_seed=7)
 _TENANTS: set[str] = {"demo"}  # the tenant roles this process has made sure of
 
 
+#: how long a scenario's request waits for the stack's answer: the stack is one process shared by
+#: the concurrent scenarios, whose stalls (its log names them: swarm/local/watchdog.py) are not
+#: the API's latency; a failure still fails, this much later
+CLIENT_TIMEOUT_S = 120
+
+
 @dataclass
 class Stack:
     target: Target
@@ -53,7 +59,9 @@ class Stack:
         if tenant not in _TENANTS:
             self.local("POST", "/_local/tenants", {"tenant": tenant})
             _TENANTS.add(tenant)
-        return Client(Target(**{**asdict(self.target), "tenant": tenant}), timeout_s=60)
+        return Client(
+            Target(**{**asdict(self.target), "tenant": tenant}), timeout_s=CLIENT_TIMEOUT_S
+        )
 
     def aws(self, service: str) -> Any:
         """A client of the emulator as its own admin (the tests' view of the books)."""
@@ -66,7 +74,7 @@ class Stack:
 
     def local(self, method: str, path: str, body: Any = None) -> Any:
         """The emulator's own control surface (``/_local/...``), signed as the demo tenant."""
-        return Client(self.target, timeout_s=60).request(method, path, body)[1]
+        return Client(self.target, timeout_s=CLIENT_TIMEOUT_S).request(method, path, body)[1]
 
     def pause_mapping(self, uuid: str, timeout_s: float = 30) -> None:
         """Disable an event source mapping and wait until its poller takes nothing more: it has
