@@ -38,6 +38,7 @@ from swarm.api.gateway import GatewayError, GatewayResponses
 from swarm.local import billing
 from swarm.local.events import proxy_event
 from swarm.local.patches import iam
+from swarm.local.watchdog import Watchdog
 
 log = logging.getLogger("swarm.local")
 
@@ -99,6 +100,8 @@ class LocalApi:
         self.admin = admin
         self.stage = stage
         self.responses = responses or GatewayResponses.of()
+        #: names a stall of the process in its log (a request in flight too long, and why)
+        self.watchdog = Watchdog()
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(
@@ -110,9 +113,11 @@ class LocalApi:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self) -> None:
+        self.watchdog.start()
         self.thread.start()
 
     def stop(self) -> None:
+        self.watchdog.stop()
         self.server.shutdown()
         self.server.server_close()
 
@@ -280,27 +285,30 @@ class LocalApi:
                     self.close_connection = True  # the body is not read
                     return
                 raw = self.rfile.read(length) if length else b""
-                try:
-                    # a body that is not UTF-8 reaches the function as text with U+FFFD for
-                    # the bytes that do not decode (the function refuses what does not parse);
-                    # the signature is checked on the bytes sent
-                    body = raw.decode(errors="replace")
-                    query = dict(urllib.parse.parse_qsl(parsed.query))
-                    if parsed.path.startswith("/_local/"):
-                        doc = json.loads(body) if body else None
-                        status, out = api.admin(self.command, parsed.path, doc, query)
-                        self._json(status, out)
-                        return
-                    headers = {k: v for k, v in self.headers.items()}
-                    status, hdrs, data = api.invoke(
-                        self.command, parsed.path, query, headers, body, parsed.query, raw
-                    )
-                    self._respond(status, hdrs, data)
-                except Exception as e:
-                    log.exception("local API failure")
-                    self._json(502, {"error": "internal", "message": str(e)})
-                finally:
-                    log.debug("%s %s in %.3fs", self.command, self.path, time.monotonic() - started)
+                with api.watchdog.request(f"{self.command} {parsed.path}"):
+                    try:
+                        self._answer(parsed, raw)
+                    except Exception as e:
+                        log.exception("local API failure")
+                        self._json(502, {"error": "internal", "message": str(e)})
+                log.debug("%s %s in %.3fs", self.command, self.path, time.monotonic() - started)
+
+            def _answer(self, parsed: urllib.parse.SplitResult, raw: bytes) -> None:
+                # a body that is not UTF-8 reaches the function as text with U+FFFD for the
+                # bytes that do not decode (the function refuses what does not parse); the
+                # signature is checked on the bytes sent
+                body = raw.decode(errors="replace")
+                query = dict(urllib.parse.parse_qsl(parsed.query))
+                if parsed.path.startswith("/_local/"):
+                    doc = json.loads(body) if body else None
+                    status, out = api.admin(self.command, parsed.path, doc, query)
+                    self._json(status, out)
+                    return
+                headers = {k: v for k, v in self.headers.items()}
+                status, hdrs, data = api.invoke(
+                    self.command, parsed.path, query, headers, body, parsed.query, raw
+                )
+                self._respond(status, hdrs, data)
 
             do_GET = _handle
             do_POST = _handle

@@ -355,6 +355,7 @@ class FunctionHost:
         invocation = Invocation(function_name, dict(env), cold=cold)
         token = self._current.set(invocation)
         serial = SERIALIZED.get(module_name, contextlib.nullcontext())
+        queued = time.perf_counter()
         started: float | None = None
         try:
             with serial:  # waiting for it is this process's, not the function's, time
@@ -362,6 +363,20 @@ class FunctionHost:
                 return getattr(sandbox, attr)(event, LambdaContext(function_name))
         finally:
             measured = 0.0 if started is None else time.perf_counter() - started
+            waited = (started or time.perf_counter()) - queued
+            request = _request_line(event)
+            if request is not None and waited + measured >= SLOW_INVOCATION_S:
+                log.warning(
+                    "slow request %s",
+                    json.dumps(
+                        {
+                            "function": function_name,
+                            "request": request,
+                            "waited_s": round(waited, 2),
+                            "ran_s": round(measured, 2),
+                        }
+                    ),
+                )
             self._current.reset(token)
             with self._lock:
                 self._idle.setdefault(function_name, []).append(sandbox)
@@ -412,6 +427,18 @@ class FunctionHost:
         sys.modules[unique] = module
         copy_spec.loader.exec_module(module)
         return module, True
+
+
+#: an API invocation that waited (for the API's one-at-a-time lock) and ran this long is logged
+#: (``slow request``): the local stack is one process, and a stall of its API is read from its log
+SLOW_INVOCATION_S = 10.0
+
+
+def _request_line(event: Any) -> str | None:
+    """An API proxy event's ``METHOD path`` (None for any other event)."""
+    if isinstance(event, dict) and "httpMethod" in event:
+        return f"{event.get('httpMethod')} {event.get('path')}"
+    return None
 
 
 #: Handlers whose framework keeps per-request state at class level, shared by every sandbox of
