@@ -62,6 +62,15 @@ def escaped_bytes(body: str) -> int:
     return len(json.dumps(body, ensure_ascii=True)) - 2
 
 
+def response_bytes(doc: Any) -> int:
+    """``doc``'s bytes in the API function's response to Lambda, at worst: its JSON as the handler
+    writes a body (``json.dumps``: every non-ASCII character escaped), JSON-escaped once more as
+    the proxy response's ``body`` string (:func:`escaped_bytes`). A page's bound
+    (:data:`MAX_RESULTS_PAGE_BYTES`) counts this, not the UTF-8 bytes of its JSON: a quote in a
+    model's answer is 4 bytes here, a CJK character 7, an emoji 14."""
+    return escaped_bytes(json.dumps(doc))
+
+
 #: an uploaded manifest's units: the submit writes O(1) items whatever the count (the open step
 #: writes the unit records, swarm.service.opener), so the bound is the API function's time
 #: and memory to read, validate and write the manifest (measured: docs/explanation/scale.md)
@@ -122,7 +131,7 @@ BATCH_ID_PATTERN = rf"^{BATCH_ID_PREFIX}[0-9a-f]{{24}}$"
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 #: units per page of results: a page's answer stays under Lambda's 6 MB (answers are inlined up
 #: to swarm.core.results.MAX_INLINE_OUTPUT_BYTES, and a page stops early when it grows past
-#: MAX_RESULTS_PAGE_BYTES)
+#: MAX_RESULTS_PAGE_BYTES, counted as the response carries it: response_bytes)
 DEFAULT_RESULTS_PAGE = 100
 MAX_RESULTS_PAGE = 1_000
 MAX_RESULTS_PAGE_BYTES = 4 * 1024 * 1024

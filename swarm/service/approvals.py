@@ -28,7 +28,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from swarm.api.models import DEFAULT_APPROVALS_PAGE, MAX_APPROVALS_PAGE, MAX_RESULTS_PAGE_BYTES
+from swarm.api.models import (
+    DEFAULT_APPROVALS_PAGE,
+    MAX_APPROVALS_PAGE,
+    MAX_RESULTS_PAGE_BYTES,
+    response_bytes,
+)
 from swarm.contract import MAX_APPROVAL_TIMEOUT_HOURS
 from swarm.core import agent
 from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
@@ -147,7 +152,7 @@ class Gates:
                 return out, encode_token(run.run_id, after) if after is not None else None
             calls = self._calls(run.run_id, key.unit_id, now, extra)
             if calls:
-                line = sum(len(json.dumps(json.dumps(c))) for c in calls)
+                line = sum(response_bytes(c) for c in calls)
                 if listed and size + line > MAX_RESULTS_PAGE_BYTES:  # go on from this unit
                     return out, encode_token(run.run_id, after) if after is not None else None
                 out.extend(calls)
