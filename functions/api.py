@@ -36,6 +36,7 @@ from swarm.service.api_models import (
     TooLarge,
     Unauthenticated,
     caller_of,
+    parse_approvals_query,
     parse_decision,
     parse_results_query,
     parse_resume,
@@ -109,6 +110,10 @@ def _error(
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return _json(status, Error(error=code.value, message=message).model_dump(), headers)
 
+
+#: the reads one page of approvals may take: it ends there (a next_token goes on), well within
+#: API Gateway's 29 s integration timeout
+_APPROVALS_PAGE_S = 15.0
 
 _MISCONFIGURED = "the service is misconfigured; its operators are alerted"
 
@@ -279,10 +284,19 @@ def approvals(batch_id: str) -> Response[str]:
     batch_id = _path_param(batch_id)
     tenant = _caller().tenant  # None: an operator (a decider is one), who may read any batch
     logger.append_keys(batch_id=batch_id)
+    query = parse_approvals_query(app.current_event.query_string_parameters)
     run = batches().run_for(tenant, batch_id)
-    waiting = approvals_service().waiting(run, time.time())
-    calls = [WaitingCall(**w, deciders=_deciders_doc(w["tool"])) for w in waiting]
-    doc = ApprovalsDoc(batch_id=run.run_id, waiting=calls)
+    deadline = time.monotonic() + _APPROVALS_PAGE_S
+    waiting, token = approvals_service().waiting(
+        run,
+        time.time(),
+        query.limit,
+        query.next_token,
+        extra=lambda call: {"deciders": _deciders_doc(call["tool"])},
+        keep_going=lambda: time.monotonic() < deadline,
+    )
+    calls = [WaitingCall(**w) for w in waiting]
+    doc = ApprovalsDoc(batch_id=run.run_id, waiting=calls, next_token=token)
     return _json(200, doc.model_dump(mode="json"))
 
 

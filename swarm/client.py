@@ -26,6 +26,7 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
+from swarm.api.models import MAX_APPROVALS_PAGE
 from swarm.contract import (
     OUTPUT_API_URL,
     OUTPUT_DRAIN_PARAMETER,
@@ -517,8 +518,31 @@ class Client:
         return raw
 
     def approvals(self, batch_id: str, *, operator: bool = False) -> dict[str, Any]:
-        """The batch's tool calls that wait for a decision: ``GET /batches/{id}/approvals``."""
-        path = f"/batches/{_segment(batch_id)}/approvals"
+        """Every tool call of the batch that waits for a decision: ``GET
+        /batches/{id}/approvals``, page after page (:meth:`approvals_page`), joined into one
+        answer (its ``next_token`` null)."""
+        doc = self.approvals_page(batch_id, operator=operator)
+        waiting: list[dict[str, Any]] = list(doc["waiting"])
+        while doc.get("next_token") is not None:
+            doc = self.approvals_page(
+                batch_id, operator=operator, limit=MAX_APPROVALS_PAGE, next_token=doc["next_token"]
+            )
+            waiting.extend(doc["waiting"])
+        return {**doc, "waiting": waiting, "next_token": None}
+
+    def approvals_page(
+        self,
+        batch_id: str,
+        *,
+        operator: bool = False,
+        limit: int = MAX_APPROVALS_PAGE,
+        next_token: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of ``GET /batches/{id}/approvals``: the waiting calls of up to ``limit``
+        parked units, and the ``next_token`` of the next page (null on the last)."""
+        query = {"limit": str(limit), "next_token": next_token}
+        given = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        path = f"/batches/{_segment(batch_id)}/approvals?{given}"
         doc: dict[str, Any] = self.request("GET", path, operator=operator)[1]
         return doc
 

@@ -19,7 +19,7 @@ import pytest
 from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.ledger import Fate, remainder_of
 from swarm.core.memory import InMemoryLedger
-from swarm.core.ports import ClaimedSettlement, Ledger
+from swarm.core.ports import ClaimedSettlement, LeaseKey, Ledger
 from swarm.core.pricing import Priced, Prices, Usage, cost_micro, priced
 from swarm.core.records import Lane, Reservation, RunSpec, RunState, UnitSpec, UnitState
 from swarm.core.tenancy import HOLD_WINDOW_S
@@ -747,6 +747,40 @@ class LedgerContract:
     def test_expired_leases_of_an_unknown_run_is_not_found(self, ledger: Ledger) -> None:
         with pytest.raises(NotFound):
             ledger.expired_leases("nope", now=0.0)
+
+    def test_the_lease_index_reads_a_page_at_a_time_from_a_position(self, ledger: Ledger) -> None:
+        # Given seven leased units, two pairs of them with the same lease (ties by unit id),
+        # one of them past the bound, and another run's leases
+        ledger.open_run(spec(units=8), now=0.0)
+        ledger.open_run(spec("run-2", units=2), now=0.0)
+        for uid, lease in (("u5", 10), ("u2", 30), ("u0", 20), ("u6", 20), ("u3", 40)):
+            ledger.admit("run-1", uid, 0, now=0.0, lease_s=lease)
+        ledger.admit("run-1", "u1", 0, now=0.0, lease_s=30)
+        ledger.admit("run-1", "u4", 0, now=0.0, lease_s=500)  # past the bound
+        ledger.admit("run-2", "u0", 0, now=0.0, lease_s=5)
+        whole = ledger.expired_leases("run-1", now=100.0)
+        assert whole == ["u5", "u0", "u6", "u1", "u2", "u3"]
+        # When the index is read a few entries at a time, each page after the last one's key
+        for size in (1, 2, 4, 6, 7):
+            keys: list[LeaseKey] = []
+            after: LeaseKey | None = None
+            while True:
+                page = ledger.leases_page("run-1", 100.0, after, size)
+                assert len(page.keys) <= size
+                keys += page.keys
+                if not page.more:
+                    break
+                assert page.keys, "a page that says more follows names where to go on from"
+                after = page.keys[-1]
+            # Then the pages hold the entries once each, in the index's order, with their leases
+            assert [k.unit_id for k in keys] == whole, size
+            assert [k.lease for k in keys] == [10.0, 20.0, 20.0, 30.0, 30.0, 40.0]
+        # a position between two ties goes on with the second; a position past the last, none
+        tie = ledger.leases_page("run-1", 100.0, LeaseKey(20.0, "u0"), 10)
+        assert [k.unit_id for k in tie.keys] == ["u6", "u1", "u2", "u3"] and not tie.more
+        assert ledger.leases_page("run-1", 100.0, LeaseKey(40.0, "u3"), 10).keys == []
+        with pytest.raises(NotFound):
+            ledger.leases_page("nope", 100.0, None, 10)
 
     # -- batched admission (the fan-out of a manifest chunk)
     @pytest.mark.parametrize("budget", [20_000, 6_050, 100])

@@ -69,7 +69,7 @@ from swarm.core.ledger import (
     scan_leases,
     tool_calls_in,
 )
-from swarm.core.ports import ClaimedSettlement, TenantQueued, UnitsPage
+from swarm.core.ports import ClaimedSettlement, LeaseKey, LeasesPage, TenantQueued, UnitsPage
 from swarm.core.pricing import Priced
 from swarm.core.records import (
     AttemptRecord,
@@ -1278,6 +1278,38 @@ class DynamoDBLedger:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return [unit_id for _, unit_id in sorted(found)]  # the oldest expiry first
+
+    def leases_page(
+        self, run_id: str, until: float, after: LeaseKey | None, limit: int
+    ) -> LeasesPage:
+        """One keys-only Query of the ``Leases`` index (``Limit``: ``limit``), starting after
+        the entry ``after`` (``ExclusiveStartKey``: the index's keys and the table's). The
+        index lists ties in the table's sort key order (the unit id), as :meth:`expired_leases`
+        sorts them."""
+        self.run(run_id)  # NotFound for an unknown run
+        pk = items.string(items.run_pk(run_id))
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": LEASES_INDEX,
+            "KeyConditionExpression": "#pk = :pk AND #lease <= :until",
+            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#lease": LEASE_EXPIRY},
+            "ExpressionAttributeValues": {":pk": pk, ":until": items.real(until)},
+            "Limit": limit,
+        }
+        if after is not None:
+            kwargs["ExclusiveStartKey"] = {
+                PARTITION_KEY: pk,
+                SORT_KEY: items.string(items.unit_sk(after.unit_id)),
+                LEASE_EXPIRY: items.real(after.lease),
+            }
+        page = self._call("query", **kwargs)
+        prefix = items.unit_sk("")
+        keys = [
+            LeaseKey(float(item[LEASE_EXPIRY]["N"]), item[SORT_KEY]["S"][len(prefix) :])
+            for item in page.get("Items", [])
+            if item[SORT_KEY]["S"].startswith(prefix)  # only units carry a lease
+        ]
+        return LeasesPage(keys, "LastEvaluatedKey" in page)
 
     def reclaim_expired(
         self, run_id: str, now: float, keep_going: Callable[[], bool] = always

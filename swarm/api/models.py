@@ -62,6 +62,15 @@ def escaped_bytes(body: str) -> int:
     return len(json.dumps(body, ensure_ascii=True)) - 2
 
 
+def response_bytes(doc: Any) -> int:
+    """``doc``'s bytes in the API function's response to Lambda, at worst: its JSON as the handler
+    writes a body (``json.dumps``: every non-ASCII character escaped), JSON-escaped once more as
+    the proxy response's ``body`` string (:func:`escaped_bytes`). A page's bound
+    (:data:`MAX_RESULTS_PAGE_BYTES`) counts this, not the UTF-8 bytes of its JSON: a quote in a
+    model's answer is 4 bytes here, a CJK character 7, an emoji 14."""
+    return escaped_bytes(json.dumps(doc))
+
+
 #: an uploaded manifest's units: the submit writes O(1) items whatever the count (the open step
 #: writes the unit records, swarm.service.opener), so the bound is the API function's time
 #: and memory to read, validate and write the manifest (measured: docs/explanation/scale.md)
@@ -122,11 +131,15 @@ BATCH_ID_PATTERN = rf"^{BATCH_ID_PREFIX}[0-9a-f]{{24}}$"
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 #: units per page of results: a page's answer stays under Lambda's 6 MB (answers are inlined up
 #: to swarm.core.results.MAX_INLINE_OUTPUT_BYTES, and a page stops early when it grows past
-#: MAX_RESULTS_PAGE_BYTES)
+#: MAX_RESULTS_PAGE_BYTES, counted as the response carries it: response_bytes)
 DEFAULT_RESULTS_PAGE = 100
 MAX_RESULTS_PAGE = 1_000
 MAX_RESULTS_PAGE_BYTES = 4 * 1024 * 1024
 MAX_NEXT_TOKEN_CHARS = 512
+#: parked units per page of approvals (GET /batches/{id}/approvals: a unit's waiting calls are
+#: never split across pages; a page also stops early when it grows past MAX_RESULTS_PAGE_BYTES)
+DEFAULT_APPROVALS_PAGE = 100
+MAX_APPROVALS_PAGE = 1_000
 
 
 # ------------------------------------------------------------------ a unit's input
@@ -828,10 +841,34 @@ class WaitingCall(BaseModel):
 
 
 class Approvals(BaseModel):
-    """A batch's tool calls that wait for a decision, the longest waiting first."""
+    """A page of a batch's tool calls that wait for a decision: the calls of up to ``limit``
+    parked units, in the order of their timeouts (the longest waiting first), a unit's calls
+    never split across pages."""
 
     batch_id: str
     waiting: list[WaitingCall]
+    next_token: str | None = Field(
+        default=None, description="pass as next_token for the next page; null on the last"
+    )
+
+
+class ApprovalsQuery(BaseModel):
+    """The query of ``GET /batches/{batch_id}/approvals``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(
+        default=DEFAULT_APPROVALS_PAGE,
+        ge=1,
+        le=MAX_APPROVALS_PAGE,
+        description="parked units per page (each with all its waiting calls)",
+    )
+    next_token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NEXT_TOKEN_CHARS,
+        description="the previous page's next_token",
+    )
 
 
 class Decided(BaseModel):

@@ -31,6 +31,7 @@ from swarm.api.models import (
     SAFE_BODY_BYTES,
     ApprovalDecision,
     Approvals,
+    ApprovalsQuery,
     BatchResume,
     BatchStatus,
     BatchSubmission,
@@ -253,18 +254,30 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/batches/{batch_id}/approvals",
         "listApprovals",
-        "The batch's tool calls that wait for a person's decision (human gates): each with its "
-        "unit, tool, input, toolUseId, how long it has waited and who may decide it; for the "
-        "batch's tenant, an operator, or a decider role (cdk.json approvals.deciders, a tool's "
-        "approval.deciders)",
+        "A page of the batch's tool calls that wait for a person's decision (human gates): "
+        "each with its unit, tool, input, toolUseId, how long it has waited and who may decide "
+        "it, the calls of up to limit parked units (a unit's calls never split across pages); "
+        "for the batch's tenant, an operator, or a decider role (cdk.json approvals.deciders, "
+        "a tool's approval.deciders)",
         {
-            200: Reply("the waiting calls, the longest waiting first", Approvals),
+            200: Reply(
+                "a page of waiting calls, the longest waiting unit first",
+                Approvals,
+                links={
+                    "NextPage": Link(
+                        "listApprovals",
+                        "the next page (while next_token is not null)",
+                        {**_THIS_BATCH, "query.next_token": "$response.body#/next_token"},
+                    ),
+                },
+            ),
             400: _INVALID,
             **_AUTH,
             404: _NO_BATCH,
             429: _THROTTLED,
             500: _MISCONFIGURED,
         },
+        query=ApprovalsQuery,
     ),
     Route(
         "POST",

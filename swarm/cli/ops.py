@@ -724,7 +724,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Lists each waiting call of an agent batch: its unit, toolUseId, tool, who decides "
             "it (operator roles, or the tenant), how long it has waited and its input. A call "
             'waits when its tool is registered with approval: "required" (or {"deciders": '
-            "[...]}) or the unit lists it in input.limits.approve_tools."
+            "[...]}) or the unit lists it in input.limits.approve_tools. Shows every waiting "
+            "call: it follows the listing's pages (next_token) to the last, the unit that "
+            "waits longest first."
         ),
     )
     p.add_argument("batch", metavar="BATCH")
@@ -734,7 +736,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="list again as it changes, until the batch is closed and nothing waits",
     )
     p.add_argument("--interval", type=float, default=2.0, help="--watch: seconds between reads")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print the API's JSON (every page's calls in one)"
+    )
     p.add_argument("--operator", action="store_true", help="call as an operator role")
     target_options(p)
     p.set_defaults(handler=expecting_the_api(cmd_approvals))

@@ -63,6 +63,8 @@ from swarm.core.ports import (
     ClaimedSettlement,
     DrainState,
     LaneDepth,
+    LeaseKey,
+    LeasesPage,
     MappingState,
     RunningUnits,
     SignedUpload,
@@ -486,6 +488,18 @@ class InMemoryLedger:
             if u.reservation is not None and u.reservation.swept_from <= now
         ]
         return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
+
+    def leases_page(
+        self, run_id: str, until: float, after: LeaseKey | None, limit: int
+    ) -> LeasesPage:
+        self.run(run_id)
+        keys = sorted(  # as the lease index lists them (Reservation.sweep_at)
+            LeaseKey(u.reservation.swept_from, u.unit_id)
+            for u in self._units[run_id].values()
+            if u.reservation is not None and u.reservation.swept_from <= until
+        )
+        rest = [k for k in keys if after is None or k > after]
+        return LeasesPage(rest[:limit], len(rest) > limit)
 
     def reclaim_expired(
         self, run_id: str, now: float, keep_going: Callable[[], bool] = always

@@ -190,6 +190,21 @@ class UnitsPage:
     last: str | None  # the last unit id read, when there may be more; None at the end
 
 
+@dataclass(frozen=True, order=True)
+class LeaseKey:
+    """A position in the ledger's lease index: a unit's entry, ordered as the index lists
+    them (its lease, :attr:`~swarm.core.records.Reservation.swept_from`, then its unit id)."""
+
+    lease: float
+    unit_id: str
+
+
+@dataclass(frozen=True)
+class LeasesPage:
+    keys: list[LeaseKey]  # in the index's order
+    more: bool  # entries may follow the last key (False: the index holds no more of them)
+
+
 @dataclass(frozen=True)
 class TenantQueued:
     """A tenant's queued units as a decision reads them, with the version of the tenant's
@@ -483,6 +498,15 @@ class Ledger(Protocol):
         """The units of the run whose lease expired by ``now``, the oldest expiry first (ties by
         unit id): the lease index, which holds only units with a lease, so this reads only the
         expired ones, not every unit. May lag a write just made: callers re-read before acting."""
+        ...
+
+    def leases_page(
+        self, run_id: str, until: float, after: LeaseKey | None, limit: int
+    ) -> LeasesPage:
+        """:meth:`expired_leases` a page at a time, with their positions: up to ``limit`` of
+        the run's leases that end by ``until``, in the index's order, starting after ``after``
+        (None: from the first). One keys-only read of the index, however many units the run
+        has; as eventually consistent as :meth:`expired_leases`."""
         ...
 
     def reclaim_expired(

@@ -22,6 +22,7 @@ from swarm.api.models import (
     SAFE_BODY_BYTES,
     UPLOADS_PREFIX,
     ApprovalDecision,
+    ApprovalsQuery,
     BatchResume,
     BatchSubmission,
     ResultsQuery,
@@ -140,6 +141,11 @@ def parse_upload(body: str | None) -> UploadRequest:
 def parse_transcript_query(params: Mapping[str, str] | None) -> TranscriptQuery:
     """``GET /batches/{id}/units/{unit}/transcript``'s query string (``from_turn``)."""
     return _validate(TranscriptQuery, dict(params or {}))
+
+
+def parse_approvals_query(params: Mapping[str, str] | None) -> ApprovalsQuery:
+    """``GET /batches/{id}/approvals``'s query string (``limit``, ``next_token``)."""
+    return _validate(ApprovalsQuery, dict(params or {}))
 
 
 def parse_results_query(params: Mapping[str, str] | None) -> ResultsQuery:

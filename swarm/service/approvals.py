@@ -5,7 +5,7 @@ A gated tool call (docs/agents.md, "Human gates") parks its agent unit: the work
 no message and no worker. This module is the other side:
 
 - :meth:`Gates.waiting` lists a batch's waiting calls (the unit, the tool, its input, its
-  toolUseId, how long it has waited);
+  toolUseId, how long it has waited), a page of parked units at a time (``next_token``);
 - :meth:`Gates.decide` records one decision (``approve`` | ``reject``, a reason, who, when)
   as an ``approval_decided`` event: a repeat of the same decision answers the recorded one, a
   different one is a Conflict (409). The decision that leaves none of the unit's calls waiting
@@ -19,17 +19,28 @@ no message and no worker. This module is the other side:
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from swarm.api.models import (
+    DEFAULT_APPROVALS_PAGE,
+    MAX_APPROVALS_PAGE,
+    MAX_RESULTS_PAGE_BYTES,
+    response_bytes,
+)
 from swarm.contract import MAX_APPROVAL_TIMEOUT_HOURS
 from swarm.core import agent
 from swarm.core.errors import Conflict, Contended, InvalidInput, NotFound
 from swarm.core.lanes import QueuedUnit
-from swarm.core.ports import BlobStore, LaneQueue, Ledger
-from swarm.core.records import RunRecord, RunState, UnitRecord, UnitState
+from swarm.core.ports import BlobStore, LaneQueue, LeaseKey, Ledger
+from swarm.core.records import RunRecord, RunState, UnitRecord, UnitState, check_id
+from swarm.core.results import always
 from swarm.service.batches import manifest_key, manifest_units
 
 log = logging.getLogger(__name__)
@@ -38,6 +49,12 @@ log = logging.getLogger(__name__)
 TIMEOUT_DECIDER: Final = "swarm:approvals-timeout"
 #: how many times a decision is tried again when another decision moved the log meanwhile
 _TRIES: Final = 4
+#: index entries asked for at a time (one keys-only Query each)
+_INDEX_PAGE: Final = MAX_APPROVALS_PAGE
+#: units of the lease index one page of approvals reads at most (the in-flight units the index
+#: lists beside the parked ones too): a page answers well within API Gateway's 29 s, and the
+#: token goes on from there
+LOOK_BUDGET: Final = 2 * MAX_APPROVALS_PAGE
 
 
 @dataclass(frozen=True)
@@ -77,48 +94,110 @@ class Gates:
     #: visibility timeout): past it, :meth:`sweep` sends it again
     lease_s: float
 
-    def _parked(self, run_id: str, now: float) -> Iterator[UnitRecord]:
-        """The run's parked units. A parked unit's lease is its approvals' timeout, so the
-        ledger's lease index lists it among the run's leased units (those in flight too, as
-        many as run at once): one keys-only Query of the index, then a read of each listed
-        unit, never a read of every unit of the batch. The index is eventually consistent: a
-        unit parked a moment ago may be listed on the next call."""
+    def _parked_unit(self, run_id: str, unit_id: str) -> UnitRecord | None:
+        """The unit, if it is parked (the index may list it a moment after it moved on)."""
+        try:
+            unit = self.ledger.unit(run_id, unit_id)
+        except NotFound:
+            return None
+        if unit.state is UnitState.AWAITING_APPROVAL and unit.reservation is not None:
+            return unit
+        return None
+
+    def _listed(
+        self, run_id: str, now: float, after: LeaseKey | None, ask: Callable[[], int]
+    ) -> Iterator[tuple[LeaseKey, bool]]:
+        """The run's leased units from the position ``after`` on, as the ledger's lease index
+        lists them (a parked unit's lease is its approvals' timeout, so the index lists it
+        among the run's leased units, those in flight too: as many as run at once), each with
+        whether more entries may follow it: keys-only Queries of the index, ``ask()`` entries
+        at a time, never a read of every unit of the batch. The index is eventually
+        consistent: a unit parked a moment ago may be listed on the next call."""
         # every parked lease ends within the longest timeout (the local stack's faster clock
         # parks for less wall time, never more)
         horizon = now + MAX_APPROVAL_TIMEOUT_HOURS * 3600
-        for unit_id in self.ledger.expired_leases(run_id, horizon):
-            try:
-                unit = self.ledger.unit(run_id, unit_id)
-            except NotFound:
-                continue
-            if unit.state is UnitState.AWAITING_APPROVAL and unit.reservation is not None:
-                yield unit
+        while True:
+            page = self.ledger.leases_page(run_id, horizon, after, min(ask(), _INDEX_PAGE))
+            for i, key in enumerate(page.keys):
+                yield key, page.more or i < len(page.keys) - 1
+            if not page.more or not page.keys:
+                return
+            after = page.keys[-1]
 
-    def waiting(self, run: RunRecord, now: float) -> list[dict[str, Any]]:
-        """Every call of the run that waits for a decision, the longest waiting first: each
-        parked unit (:meth:`_parked`) and its log read."""
+    def waiting(
+        self,
+        run: RunRecord,
+        now: float,
+        limit: int = DEFAULT_APPROVALS_PAGE,
+        next_token: str | None = None,
+        extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        keep_going: Callable[[], bool] = always,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the run's calls that wait for a decision, and the token of the next
+        page (None: the last). A page holds the calls of up to ``limit`` parked units, in the
+        lease index's order (a parked unit's lease is its park time plus the timeout: the
+        longest waiting first), each unit's calls in the order they were asked for; a unit's
+        calls are never split across pages. A page also stops before the unit that would take
+        its answer past :data:`MAX_RESULTS_PAGE_BYTES` (as Lambda's response carries it:
+        JSON-escaped), after :data:`LOOK_BUDGET` units of the index are read, or when
+        ``keep_going()`` turns False (after one unit at least): the token goes on from there.
+        ``extra`` adds fields to each call (counted in the page's bytes)."""
+        after = decode_token(run.run_id, next_token) if next_token is not None else None
         out: list[dict[str, Any]] = []
-        for unit in self._parked(run.run_id, now):
-            for e in agent.waiting_approvals(self.ledger.read_log(run.run_id, unit.unit_id)):
-                out.append(
-                    {
-                        "unit_id": unit.unit_id,
-                        "toolUseId": e["toolUseId"],
-                        "tool": e["name"],
-                        "input": e["input"],
-                        "turn": e["turn"],
-                        "requested_at": e["at"],
-                        "waited_s": round(max(0.0, now - float(e["at"])), 3),
-                    }
-                )
-        out.sort(key=lambda w: (w["requested_at"], w["unit_id"], w["toolUseId"]))
-        return out
+        listed: list[str] = []  # the page's parked units so far (the index is asked for more)
+        size = 0
+        listing = self._listed(run.run_id, now, after, lambda: limit - len(listed))
+        for looked, (key, more) in enumerate(listing):
+            if looked and (looked >= LOOK_BUDGET or not keep_going()):
+                return out, encode_token(run.run_id, after) if after is not None else None
+            calls = self._calls(run.run_id, key.unit_id, now, extra)
+            if calls:
+                line = sum(response_bytes(c) for c in calls)
+                if listed and size + line > MAX_RESULTS_PAGE_BYTES:  # go on from this unit
+                    return out, encode_token(run.run_id, after) if after is not None else None
+                out.extend(calls)
+                size += line
+                listed.append(key.unit_id)
+            after = key
+            if len(listed) == limit or not more:
+                return out, encode_token(run.run_id, key) if more else None
+        return out, None
+
+    def _calls(
+        self,
+        run_id: str,
+        unit_id: str,
+        now: float,
+        extra: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    ) -> list[dict[str, Any]]:
+        """The calls of the unit that wait for a decision (none: it is not parked)."""
+        unit = self._parked_unit(run_id, unit_id)
+        if unit is None:
+            return []
+        calls = []
+        for e in agent.waiting_approvals(self.ledger.read_log(run_id, unit_id)):
+            call = {
+                "unit_id": unit_id,
+                "toolUseId": e["toolUseId"],
+                "tool": e["name"],
+                "input": e["input"],
+                "turn": e["turn"],
+                "requested_at": e["at"],
+                "waited_s": round(max(0.0, now - float(e["at"])), 3),
+            }
+            calls.append(call if extra is None else {**call, **extra(call)})
+        return calls
 
     def next_timeout(self, run_id: str, now: float) -> float | None:
         """When the run's first parked unit times out (its lease), None if none is listed: a
-        closed run's parked units are looked at again then (``Finalizer.finalize``)."""
-        ends = [u.reservation.lease_expires for u in self._parked(run_id, now) if u.reservation]
-        return min(ends, default=None)
+        closed run's parked units are looked at again then (``Finalizer.finalize``). The index
+        lists leases in their order, so the first parked unit it lists is the one: the units
+        listed after it are not read."""
+        for key, _ in self._listed(run_id, now, None, lambda: _INDEX_PAGE):
+            unit = self._parked_unit(run_id, key.unit_id)
+            if unit is not None and unit.reservation is not None:
+                return unit.reservation.lease_expires
+        return None
 
     def decide(
         self,
@@ -242,6 +321,37 @@ class Gates:
                 self.decide(run, unit_id, e["toolUseId"], "reject", reason, TIMEOUT_DECIDER, now)
             except Conflict:  # a person decided meanwhile
                 continue
+
+
+def encode_token(run_id: str, key: LeaseKey) -> str:
+    """A page's ``next_token``: the batch and the position in its lease index after the page's
+    last unit (opaque to callers)."""
+    raw = json.dumps({"b": run_id, "l": key.lease, "u": key.unit_id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_token(run_id: str, token: str) -> LeaseKey:
+    """The position ``token`` (:func:`encode_token`) gives; InvalidInput naming ``next_token``
+    if it is malformed or another batch's."""
+    try:
+        doc = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
+        batch, lease, unit_id = doc["b"], doc["l"], doc["u"]
+        if not isinstance(lease, (int, float)) or isinstance(lease, bool):
+            raise ValueError(lease)
+        if not math.isfinite(lease) or not isinstance(batch, str):
+            raise ValueError(lease)
+        key = LeaseKey(float(lease), check_id("next_token", unit_id))
+    except (InvalidInput, UnicodeError, binascii.Error, ValueError, TypeError, KeyError):
+        raise InvalidInput(
+            "next_token", "is not a token this API gave: pass a page's next_token unchanged"
+        ) from None
+    if batch != run_id:
+        raise InvalidInput(
+            "next_token",
+            f"is a token of another batch ({batch}), not of {run_id}: pass the next_token of "
+            "this batch's previous page, or none for its first page",
+        )
+    return key
 
 
 def _find(

@@ -24,6 +24,7 @@ from swarm.api.models import (
     ResultsQuery,
     Transcript,
     UnitResult,
+    response_bytes,
 )
 from swarm.core import agent
 from swarm.core.errors import InvalidInput, NotFound
@@ -90,7 +91,7 @@ class Results:
         units: list[UnitResult] = []
         size = 0
         for doc in self._docs(run.run_id, wanted):
-            line = len(json.dumps(doc, ensure_ascii=False).encode())
+            line = response_bytes(doc)
             if units and size + line > MAX_RESULTS_PAGE_BYTES:  # continue after the last one
                 after = wanted[len(units) - 1].unit_id
                 break
@@ -149,10 +150,10 @@ class Results:
             "answer": whole["answer"],
             "stop": whole["stop"],
         }
-        size = len(json.dumps(doc, ensure_ascii=False).encode())
+        size = response_bytes(doc)
         kept: list[dict[str, Any]] = []
         for turn in (t for t in whole["turns"] if t["turn"] >= from_turn):
-            size += len(json.dumps(turn, ensure_ascii=False).encode()) + 1
+            size += response_bytes(turn) + 1
             if kept and size > MAX_RESULTS_PAGE_BYTES:
                 doc["next_turn"] = turn["turn"]
                 break

@@ -68,6 +68,17 @@ def test_gated_writes_park_their_units_until_decided_through_the_cli(
     ]
     assert sorted(w["unit_id"] for w in listed) == [u["unit_id"] for u in units]
     assert all(w["tool"] == "notes_write" and w["waited_s"] >= 0 for w in listed)
+    # the API's pages, a unit each, list the same calls in the same order (the index's)
+    paged: list[dict[str, Any]] = []
+    token = None
+    for _ in range(UNITS + 2):
+        page = client.approvals_page(bid, limit=1, next_token=token)
+        assert len(page["waiting"]) <= 1, page
+        paged += page["waiting"]
+        token = page["next_token"]
+        if token is None:
+            break
+    assert [w["toolUseId"] for w in paged] == [w["toolUseId"] for w in listed], paged
     lines = ok(swarm(here, "approvals", bid, "--tenant", tenant))
     assert lines[0] == f"batch {bid}: {UNITS} tool call(s) wait for a decision", lines
     tool_use = {w["unit_id"]: w["toolUseId"] for w in listed}

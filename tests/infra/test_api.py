@@ -111,6 +111,9 @@ def test_the_gateway_validates_with_the_handlers_own_models(synth: Synthesized) 
                 expected[f"method.request.querystring.{name}"] = False
         if route.path.endswith("/transcript"):
             expected["method.request.querystring.from_turn"] = False
+        if route.path.endswith("/approvals"):
+            for name in ("limit", "next_token"):
+                expected[f"method.request.querystring.{name}"] = False
         assert props.get("RequestParameters", {}) == expected
 
 

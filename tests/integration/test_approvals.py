@@ -197,3 +197,42 @@ def test_each_call_is_decided_by_its_own_tools_deciders(decided_per_tool: Contro
     # and a decided call is not answered to the tenant either: still its 403
     status, refused, _ = plane.api("POST", notes, approve)
     assert status == 403 and "swarm-operator-security" in refused["message"], refused
+
+
+def test_the_listing_pages_by_parked_unit_and_refuses_a_bad_limit_or_token(
+    plane: ControlPlane,
+) -> None:
+    # Given a batch of three parked units (one waiting call each) and another parked batch
+    batch_id = parked_batch(plane, 3)
+    other_id = parked_batch(plane, 1)
+    route = f"/batches/{batch_id}/approvals"
+    status, whole, _ = plane.api("GET", route)
+    assert status == 200 and len(whole["waiting"]) == 3 and whole["next_token"] is None, whole
+    # When the tenant reads it a unit a page, following next_token
+    seen: list[str] = []
+    token: str | None = None
+    for _ in range(5):
+        query = {"limit": "1"} | ({"next_token": token} if token else {})
+        status, page, _ = plane.api("GET", route, query=query)
+        assert status == 200 and len(page["waiting"]) <= 1, page
+        seen += [w["unit_id"] for w in page["waiting"]]
+        token = page["next_token"]
+        if token is None:
+            break
+    # Then the pages list each unit once, in the order of the whole listing
+    assert seen == [w["unit_id"] for w in whole["waiting"]], seen
+    status, first, _ = plane.api("GET", route, query={"limit": "1"})
+    assert first["next_token"], first
+    # a bad limit, a made-up token, or a token of another batch is a 400 naming the field
+    for query, field in (
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1001"}, "limit"),
+        ({"limit": "many"}, "limit"),
+        ({"next_token": "garbage!"}, "next_token"),
+        ({"sort": "asc"}, "sort"),
+    ):
+        status, bad, _ = plane.api("GET", route, query=query)
+        assert status == 400 and bad["message"].startswith(field), (query, bad)
+    query = {"next_token": first["next_token"]}
+    status, bad, _ = plane.api("GET", f"/batches/{other_id}/approvals", query=query)
+    assert status == 400 and bad["message"].startswith("next_token: is a token of another"), bad

@@ -198,7 +198,8 @@ def test_gated_units_park_without_a_message_and_complete_with_the_decided_effect
     announced = [d for t, d in p.events.published if t == "unit.awaiting_approval"]
     assert sorted(d["unit_id"] for d in announced) == ["g00", "g01", "g02", "g03"]
     # the batch lists the four calls
-    waiting = approvals.waiting(run, p.clock.now())
+    waiting, token = approvals.waiting(run, p.clock.now())
+    assert token is None  # one page holds them
     assert [(w["unit_id"], w["tool"], w["toolUseId"]) for w in waiting] == [
         (f"g0{i}", "notes_write", "t1-1-0") for i in range(4)
     ]
@@ -371,7 +372,8 @@ def test_the_listing_reads_the_leased_units_only_never_every_unit_of_the_batch()
     assert (run.awaiting, run.completed) == (3, 12)
     counting = _CountingLedger(p.ledger)
     listing = replace(approvals, ledger=counting)  # type: ignore[arg-type]
-    waiting = listing.waiting(run, p.clock.now())
+    waiting, token = listing.waiting(run, p.clock.now())
+    assert token is None
     # Then it lists the three waiting calls, having read those units alone (the lease index)
     assert [w["unit_id"] for w in waiting] == ["g00", "g01", "g02"]
     assert sorted(counting.read) == ["g00", "g01", "g02"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from swarm.api.models import response_bytes
 from swarm.core import agent
 from swarm.core.agent import Tool, ToolCall, ToolOutcome
 from swarm.core.agent_driver import KillPoint
@@ -203,6 +204,33 @@ def test_agent_units_run_their_loops_with_tools_and_the_books_are_exact() -> Non
     transcript = results.transcript(run, "a000")
     assert [t["turn"] for t in transcript["turns"]] == list(range(1, 9))
     assert transcript["figures"]["tool_calls"] == agent.summary(logs["a000"])["tool_calls"]
+
+
+def test_a_long_transcript_is_read_in_pages_that_each_fit_the_bound_as_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ap = AgentPlane()
+    run_id = ap.submit(agent_units(1, turns=8))
+    ap.pump()
+    run = ap.plane.ledger.run(run_id)
+    results = Results(ap.plane.ledger, ap.plane.results)
+    whole = results.transcript(run, "a000")
+    assert "next_turn" not in whole and len(whole["turns"]) == 8
+    # a bound of about three turns as the response carries them (JSON-escaped twice)
+    bound = response_bytes({**whole, "turns": whole["turns"][:3]})
+    monkeypatch.setattr("swarm.service.results.MAX_RESULTS_PAGE_BYTES", bound)
+    read: list[int] = []
+    from_turn, pages = 1, 0
+    while True:
+        page = results.transcript(run, "a000", from_turn)
+        pages += 1
+        # within the bound but for the page's own keys ("turns", "next_turn": a few bytes)
+        assert response_bytes(page) <= bound + 64 or len(page["turns"]) == 1, page
+        read += [t["turn"] for t in page["turns"]]
+        if "next_turn" not in page:
+            break
+        from_turn = page["next_turn"]
+    assert read == list(range(1, 9)) and pages >= 3  # every turn once, in order
 
 
 def test_workers_killed_at_every_point_of_a_turn_and_duplicates_change_nothing() -> None:

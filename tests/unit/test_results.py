@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from swarm.api.models import ResultsQuery
+from swarm.api.models import LAMBDA_PAYLOAD_BYTES, ResultsQuery
 from swarm.core.errors import InvalidInput, NotFound
 from swarm.core.lanes import QueuedUnit
 from swarm.core.memory import MemoryResults
 from swarm.core.ports import ModelPlane, ModelRequest, ModelResult
 from swarm.core.records import Lane, RunState, UnitState
-from swarm.core.results import LOST, AttemptOutcome, attempt_key
+from swarm.core.results import LOST, MAX_INLINE_OUTPUT_BYTES, AttemptOutcome, attempt_key
 from swarm.service.api_models import parse_results_query
 from swarm.service.results import Results, decode_token, encode_token
 from swarm.service.worker import Ack
@@ -170,6 +170,35 @@ def test_pages_filter_by_state_stop_on_size_and_link_an_answer_too_long_to_inlin
     (big,) = [u for u in units if u["unit_id"] == "u002"]
     assert "output" not in big and str(big["output_url"]).endswith(f"{key}?expires=300")
     assert pages(p, run_id, state="dead_lettered") == []
+
+
+def test_a_page_of_non_ascii_answers_fits_lambdas_response_as_the_api_sends_it() -> None:
+    """The page's bound counts each answer as the response carries it: the handler's JSON
+    escapes every non-ASCII character (6 bytes), and the proxy response escapes that body again
+    (7 bytes). Counted in UTF-8 (3 bytes a CJK character), four answers just under the inline
+    limit made a 4 MiB page whose response was 9.8 MB, past Lambda's 6 MB."""
+    p, _ = plane(failure_rate=0.0)
+    run_id = p.submit(4)
+    p.run(run_id)
+    answer = "答" * (MAX_INLINE_OUTPUT_BYTES // 3 - 100)  # inlined: under the limit in UTF-8
+    for unit_id in ("u000", "u001", "u002", "u003"):
+        key = attempt_key(run_id, unit_id, 0)
+        doc = json.loads(p.results.objects[key])
+        p.results.objects[key] = json.dumps({**doc, "output": answer}).encode()
+    reader = Results(p.ledger, p.results)
+    token = None
+    seen: list[str] = []
+    for _ in range(10):
+        page = reader.page(p.ledger.run(run_id), ResultsQuery(limit=4, next_token=token))
+        # the response Lambda returns: the body as functions/api.py writes it, in the proxy JSON
+        response = json.dumps({"statusCode": 200, "body": json.dumps(page)})
+        assert len(response) < LAMBDA_PAYLOAD_BYTES, (len(response), len(page["units"]))
+        assert all(u["output"] == answer for u in page["units"])  # inlined, whole
+        seen += [u["unit_id"] for u in page["units"]]
+        token = page.get("next_token")
+        if token is None:
+            break
+    assert seen == ["u000", "u001", "u002", "u003"]
 
 
 def test_the_download_appears_once_the_results_file_is_written() -> None:
