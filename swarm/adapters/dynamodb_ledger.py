@@ -1256,60 +1256,46 @@ class DynamoDBLedger:
         return self._expired_leases(run_id, now)
 
     def _expired_leases(self, run_id: str, now: float) -> list[str]:
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
-            "IndexName": LEASES_INDEX,
-            "KeyConditionExpression": "#pk = :pk AND #lease <= :now",
-            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#lease": LEASE_EXPIRY},
-            "ExpressionAttributeValues": {
-                ":pk": items.string(items.run_pk(run_id)),
-                ":now": items.real(now),
-            },
-        }
-        prefix = items.unit_sk("")
-        found: list[tuple[float, str]] = []
+        kwargs = self._leases_query(run_id, now)
+        found: list[LeaseKey] = []
         while True:
             page = self._call("query", **kwargs)
-            for item in page.get("Items", []):
-                sk = item[SORT_KEY]["S"]
-                if sk.startswith(prefix):  # only units carry a lease
-                    found.append((float(item[LEASE_EXPIRY]["N"]), sk[len(prefix) :]))
+            found += _lease_keys(page)
             if "LastEvaluatedKey" not in page:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return [unit_id for _, unit_id in sorted(found)]  # the oldest expiry first
+        return [key.unit_id for key in sorted(found)]  # the oldest expiry first
+
+    def _leases_query(self, run_id: str, until: float) -> dict[str, Any]:
+        """A keys-only Query of the run's entries of the ``Leases`` index that end by ``until``."""
+        return {
+            "TableName": self.table_name,
+            "IndexName": LEASES_INDEX,
+            "KeyConditionExpression": "#pk = :pk AND #lease <= :until",
+            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#lease": LEASE_EXPIRY},
+            "ExpressionAttributeValues": {
+                ":pk": items.string(items.run_pk(run_id)),
+                ":until": items.real(until),
+            },
+        }
 
     def leases_page(
         self, run_id: str, until: float, after: LeaseKey | None, limit: int
     ) -> LeasesPage:
         """One keys-only Query of the ``Leases`` index (``Limit``: ``limit``), starting after
-        the entry ``after`` (``ExclusiveStartKey``: the index's keys and the table's). The
-        index lists ties in the table's sort key order (the unit id), as :meth:`expired_leases`
-        sorts them."""
+        the entry ``after`` (``ExclusiveStartKey``: the index's keys and the table's, so a page
+        goes on exactly after its last entry, whatever order the index gives units of the same
+        lease: DynamoDB promises none)."""
         self.run(run_id)  # NotFound for an unknown run
-        pk = items.string(items.run_pk(run_id))
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
-            "IndexName": LEASES_INDEX,
-            "KeyConditionExpression": "#pk = :pk AND #lease <= :until",
-            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#lease": LEASE_EXPIRY},
-            "ExpressionAttributeValues": {":pk": pk, ":until": items.real(until)},
-            "Limit": limit,
-        }
+        kwargs = {**self._leases_query(run_id, until), "Limit": limit}
         if after is not None:
             kwargs["ExclusiveStartKey"] = {
-                PARTITION_KEY: pk,
+                PARTITION_KEY: items.string(items.run_pk(run_id)),
                 SORT_KEY: items.string(items.unit_sk(after.unit_id)),
                 LEASE_EXPIRY: items.real(after.lease),
             }
         page = self._call("query", **kwargs)
-        prefix = items.unit_sk("")
-        keys = [
-            LeaseKey(float(item[LEASE_EXPIRY]["N"]), item[SORT_KEY]["S"][len(prefix) :])
-            for item in page.get("Items", [])
-            if item[SORT_KEY]["S"].startswith(prefix)  # only units carry a lease
-        ]
-        return LeasesPage(keys, "LastEvaluatedKey" in page)
+        return LeasesPage(_lease_keys(page), "LastEvaluatedKey" in page)
 
     def reclaim_expired(
         self, run_id: str, now: float, keep_going: Callable[[], bool] = always
@@ -1385,3 +1371,14 @@ def _together(pairs: Sequence[tuple[RunRecord, RunRecord]]) -> tuple[RunRecord, 
         **{c: getattr(old, c) + sum(getattr(a, c) - getattr(b, c) for b, a in pairs) for c in names}
     )
     return old, new
+
+
+def _lease_keys(page: Mapping[str, Any]) -> list[LeaseKey]:
+    """The unit entries of a page of the ``Leases`` index, in its order (only units carry a
+    lease)."""
+    prefix = items.unit_sk("")
+    return [
+        LeaseKey(float(item[LEASE_EXPIRY]["N"]), item[SORT_KEY]["S"][len(prefix) :])
+        for item in page.get("Items", [])
+        if item[SORT_KEY]["S"].startswith(prefix)
+    ]

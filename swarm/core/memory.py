@@ -482,23 +482,22 @@ class InMemoryLedger:
 
     def expired_leases(self, run_id: str, now: float) -> list[str]:
         self.run(run_id)
-        expired = [  # as the lease index lists them (Reservation.sweep_at)
-            (u.reservation.swept_from, u.unit_id)
+        return [key.unit_id for key in self._leases(run_id, now)]  # the oldest expiry first
+
+    def _leases(self, run_id: str, until: float) -> list[LeaseKey]:
+        """The run's leases that end by ``until``, as the lease index lists them
+        (Reservation.sweep_at)."""
+        return sorted(
+            LeaseKey(u.reservation.swept_from, u.unit_id)
             for u in self._units[run_id].values()
-            if u.reservation is not None and u.reservation.swept_from <= now
-        ]
-        return [unit_id for _, unit_id in sorted(expired)]  # the oldest expiry first
+            if u.reservation is not None and u.reservation.swept_from <= until
+        )
 
     def leases_page(
         self, run_id: str, until: float, after: LeaseKey | None, limit: int
     ) -> LeasesPage:
         self.run(run_id)
-        keys = sorted(  # as the lease index lists them (Reservation.sweep_at)
-            LeaseKey(u.reservation.swept_from, u.unit_id)
-            for u in self._units[run_id].values()
-            if u.reservation is not None and u.reservation.swept_from <= until
-        )
-        rest = [k for k in keys if after is None or k > after]
+        rest = [k for k in self._leases(run_id, until) if after is None or k > after]
         return LeasesPage(rest[:limit], len(rest) > limit)
 
     def reclaim_expired(

@@ -148,13 +148,14 @@ class Gates:
         size = 0
         listing = self._listed(run.run_id, now, after, lambda: limit - len(listed))
         for looked, (key, more) in enumerate(listing):
-            if looked and (looked >= LOOK_BUDGET or not keep_going()):
-                return out, encode_token(run.run_id, after) if after is not None else None
+            # a cut before this unit goes on from the last one looked at (there is one: looked)
+            if looked and after is not None and (looked >= LOOK_BUDGET or not keep_going()):
+                return out, encode_token(run.run_id, after)
             calls = self._calls(run.run_id, key.unit_id, now, extra)
+            line = sum(response_bytes(c) for c in calls)
+            if calls and listed and after is not None and size + line > MAX_RESULTS_PAGE_BYTES:
+                return out, encode_token(run.run_id, after)  # this unit opens the next page
             if calls:
-                line = sum(response_bytes(c) for c in calls)
-                if listed and size + line > MAX_RESULTS_PAGE_BYTES:  # go on from this unit
-                    return out, encode_token(run.run_id, after) if after is not None else None
                 out.extend(calls)
                 size += line
                 listed.append(key.unit_id)

@@ -7,15 +7,17 @@ batch, or a made-up one, is refused naming ``next_token``."""
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from swarm.api.models import MAX_RESULTS_PAGE_BYTES
+from swarm.api.models import MAX_RESULTS_PAGE_BYTES, response_bytes
+from swarm.client import Client
 from swarm.core import agent
 from swarm.core.errors import InvalidInput
 from swarm.core.memory import InMemoryLedger, MemoryBlobs, MemoryQueue
+from swarm.core.ports import LeaseKey
 from swarm.core.records import Lane, RunRecord, RunSpec, UnitSpec
 from swarm.service.approvals import Gates, decode_token, encode_token
 
@@ -121,7 +123,7 @@ def test_a_page_stops_before_the_unit_that_would_pass_the_byte_bound() -> None:
     first, token = gates.waiting(run, 20.0, limit=1_000)
     # Then it carries the eight units that fit the bound, and the token goes on with the next
     assert [w["unit_id"] for w in first] == [f"u{i:02d}" for i in range(8)]
-    assert sum(len(json.dumps(json.dumps(w))) for w in first) <= MAX_RESULTS_PAGE_BYTES
+    assert sum(response_bytes(w) for w in first) <= MAX_RESULTS_PAGE_BYTES
     assert token is not None
     second, token = gates.waiting(run, 20.0, limit=1_000, next_token=token)
     assert [w["unit_id"] for w in second] == ["u08", "u09"] and token is None
@@ -137,6 +139,25 @@ def test_a_page_stops_when_its_time_is_up_and_the_token_goes_on() -> None:
     assert [w["unit_id"] for w in first] == ["u00"] and token is not None
     rest, token = gates.waiting(run, 10.0, limit=10, next_token=token)
     assert [w["unit_id"] for w in rest] == ["u01", "u02"] and token is None
+
+
+def test_a_page_stops_after_its_read_budget_and_the_token_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("swarm.service.approvals.LOOK_BUDGET", 3)
+    ledger, gates = plane(6)
+    # Given three units in flight whose leases come first in the index, then three parked
+    for i in range(3):
+        ledger.admit("b-1", f"u{i:02d}", 0, now=0.0, lease_s=60.0)
+    for i in range(3, 6):
+        park(ledger, f"u{i:02d}", at=float(i))
+    run = ledger.run("b-1")
+    # When a page is asked for: it reads three index entries, all in flight, and stops
+    first, token = gates.waiting(run, 10.0, limit=10)
+    # Then it holds no call yet, and its token goes on where it stopped
+    assert first == [] and token is not None
+    second, token = gates.waiting(run, 10.0, limit=10, next_token=token)
+    assert [w["unit_id"] for w in second] == ["u03", "u04", "u05"] and token is None
 
 
 def test_an_extra_field_is_added_to_each_call() -> None:
@@ -188,17 +209,11 @@ def test_a_token_of_another_batch_is_refused_naming_next_token() -> None:
 
 
 def test_a_token_round_trips_its_position() -> None:
-    from swarm.core.ports import LeaseKey
-
     key = LeaseKey(1_765_000_000.123456, "unit-7")
     assert decode_token("b-1", encode_token("b-1", key)) == key
 
 
 def test_the_client_follows_every_page_into_one_answer() -> None:
-    from urllib.parse import parse_qs, urlsplit
-
-    from swarm.client import Client
-
     pages_by_token = {
         None: {"batch_id": "b-1", "waiting": [{"unit_id": "u0"}], "next_token": "A"},
         "A": {"batch_id": "b-1", "waiting": [], "next_token": "B"},  # a page of in-flight units
