@@ -106,7 +106,6 @@ def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) 
     assert final["counts"]["completed"] + final["counts"]["dead_lettered"] == 160
 
 
-@pytest.mark.long
 def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> None:
     """Fairness inside a lane at small scale (tests/scale has 2,000 units against 10): SQS fair
     queues (MessageGroupId = tenant) serve the tenant with fewer messages in flight first (locally
