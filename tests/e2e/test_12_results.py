@@ -63,7 +63,6 @@ def deliver_again(stack: Stack, unit: QueuedUnit) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.long
 def test_every_completed_unit_keeps_exactly_the_output_the_model_gave_its_successful_attempt(
     stack: Stack,
 ) -> None:

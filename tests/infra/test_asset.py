@@ -89,7 +89,6 @@ def _write(root: Path, relative: str, text: str) -> None:
     path.write_text(text)
 
 
-@pytest.mark.long
 @pytest.mark.slow
 def test_every_handler_imports_from_the_built_asset_alone(tmp_path: Path) -> None:
     # Given the asset as `cdk synth` bundles it (the same code), with wheels for this machine

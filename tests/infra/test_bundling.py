@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from infra.bundling import LocalPipBundling, source_hash
 from infra.functions import ARCHITECTURE, RUNTIME
 
 
-@pytest.mark.long
 def test_the_asset_holds_wheels_for_the_functions_architecture_and_python(tmp_path: Path) -> None:
     machine = "aarch64" if ARCHITECTURE.name == "arm64" else "x86_64"
     python = RUNTIME.name.removeprefix("python")

@@ -53,7 +53,6 @@ def reports(synth: Synthesized, prod_synth: Synthesized) -> list[dict[str, Any]]
     ]
 
 
-@pytest.mark.long
 def test_checkov_finds_no_failing_check(reports: list[dict[str, Any]]) -> None:
     for report in reports:
         failed = [

@@ -386,7 +386,6 @@ def _normalized(template: dict[str, Any]) -> str:
     return ASSET_HASH.sub("<asset-hash>", json.dumps(template, sort_keys=True))
 
 
-@pytest.mark.long
 def test_python_app_py_builds_the_same_template_as_pytest(
     synth: Synthesized, tmp_path: Path
 ) -> None:
@@ -411,7 +410,6 @@ def test_python_app_py_builds_the_same_template_as_pytest(
     assert _normalized(template) == _normalized(synth.template)
 
 
-@pytest.mark.long
 @pytest.mark.slow
 def test_cdk_cli_synth_builds_the_same_template(synth: Synthesized, tmp_path: Path) -> None:
     """`npx cdk synth` offline: same template (bundling skipped, as in every test)."""

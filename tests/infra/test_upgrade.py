@@ -242,7 +242,6 @@ def _table_indexes(clients: Any, name: str) -> list[str]:
     return [i["IndexName"] for i in table.get("GlobalSecondaryIndexes", [])]
 
 
-@pytest.mark.long
 @pytest.mark.slow
 def test_a_stack_of_the_previous_release_upgrades_in_staged_deploys(
     emulator_cfn: Any, tmp_path: Path

@@ -780,7 +780,6 @@ class _VirtualClock:
             return self.t
 
 
-@pytest.mark.long
 def test_two_models_governors_drawn_by_concurrent_threads_never_over_grant_requests(
     dynamodb: Any,
 ) -> None:

@@ -153,7 +153,6 @@ def fair_contest(client: Any, seed: int) -> tuple[list[int], list[int], int]:
     return done["small"], done["big"], booked
 
 
-@pytest.mark.long
 def test_a_tenant_coming_to_a_deep_queue_is_served_at_its_share_not_behind_it(
     dynamodb: Any,
 ) -> None:

@@ -114,7 +114,6 @@ def results(plane: ControlPlane, batch_id: str, **query: str) -> list[dict[str, 
         query = {**query, "next_token": doc["next_token"]}
 
 
-@pytest.mark.long
 def test_outputs_are_kept_once_read_by_page_and_downloadable_by_their_tenant_only(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,7 +221,6 @@ def test_a_duplicate_sqs_delivery_settles_once(plane: ControlPlane) -> None:
     assert run.spent == sum(a.tokens for a in attempts)
 
 
-@pytest.mark.long
 def test_failed_attempts_are_redelivered_and_their_tokens_counted(
     aws_credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

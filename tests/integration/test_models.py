@@ -22,7 +22,6 @@ def _named(unit: dict[str, Any], model: str | None) -> dict[str, Any]:
     return {**unit, "input": request}
 
 
-@pytest.mark.long
 def test_a_batch_across_two_models_runs_each_unit_on_its_own_model_and_bucket(
     plane: ControlPlane,
 ) -> None:
