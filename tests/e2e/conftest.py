@@ -1,16 +1,19 @@
-"""One local stack for the whole tier; every test talks to it over HTTP.
+"""A local stack for the tier; every test talks to it over HTTP.
 
-`make test` starts the stack in the background (``swarm local up --state-dir .swarm/test-stack``)
-while lint, types and the other tiers run, then runs this tier against it with
-``SWARM_E2E_STATE_DIR`` set: the tests attach to that stack (and xdist workers share it). Without
-the variable (``pytest tests/e2e/test_x.py``) the session starts a stack of its own and stops it.
+`make test` starts three stacks in the background (``swarm local up --state-dir
+.swarm/test-stack``, ``-exclusive`` and ``-lease``) while lint, types and the other tiers run,
+then runs this tier against them with ``SWARM_E2E_STATE_DIR`` set: the tests attach to that
+stack (and xdist workers share it). Without the variable (``pytest tests/e2e/test_x.py``) the
+session starts a stack of its own and stops it.
 
 The stack runs on the time scale of ``make run`` (quota x10; the model's latency and every timer,
 visibility timeouts and leases included, / 10). Scenarios are scoped to their own tenant and
 batch: the simulated model counts calls, tokens and throttles per batch, faults are armed for one
 batch, and every unit's outcome is a function of ``(model seed, unit id, attempt)`` that the
 tests compute in advance (:func:`expected_books`). Scenarios that change the whole stack (the
-drain switch, a quota storm) are marked ``exclusive`` and run after the others, one at a time.
+drain switch, a quota storm) are marked ``exclusive``: they run one at a time on a stack of
+their own, beside the others; those that wait out a killed claim's lease (``lease_wait``) run
+all at once on a third (scripts/test-suite).
 """
 
 from __future__ import annotations

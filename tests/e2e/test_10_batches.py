@@ -177,6 +177,7 @@ def test_budget_exhaustion_then_resume_after_top_up(stack: Stack, currency: str)
     assert_money(final, results, billed_micro(stack.model(doc["batch_id"])))
 
 
+@pytest.mark.lease_wait
 @CURRENCIES
 def test_a_worker_dying_mid_unit_is_redelivered_and_settled_once_per_attempt(
     stack: Stack, currency: str
@@ -310,6 +311,7 @@ def stop_in_callback(sfn: Any, arn: str, timeout_s: float = 120) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.lease_wait
 def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
     stack: Stack,
 ) -> None:

@@ -63,6 +63,7 @@ def deliver_again(stack: Stack, unit: QueuedUnit) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.lease_wait
 def test_every_completed_unit_keeps_exactly_the_output_the_model_gave_its_successful_attempt(
     stack: Stack,
 ) -> None:

@@ -11,6 +11,8 @@ import hashlib
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from swarm.cli.judge import judged
 from swarm.cli.ops import bfcl_units, generated_agent_units
 from swarm.core.agent_driver import KillPoint
@@ -88,6 +90,7 @@ def _books_exact(client: Any, bid: str, transcripts: dict[str, Any]) -> None:
     assert status["agent"]["turns"] == sum(len(t["turns"]) for t in transcripts.values())
 
 
+@pytest.mark.lease_wait
 def test_bfcl_units_killed_at_every_point_of_a_turn_end_in_their_ground_truth_state(
     stack: Stack,
 ) -> None:
@@ -124,6 +127,7 @@ def test_bfcl_units_killed_at_every_point_of_a_turn_end_in_their_ground_truth_st
     assert model["calls"] == answered + kills[KillPoint.AFTER_MODEL_CALL]
 
 
+@pytest.mark.lease_wait
 def test_agent_loops_killed_at_every_point_of_a_turn_and_delivered_twice_stay_exact(
     stack: Stack,
 ) -> None:

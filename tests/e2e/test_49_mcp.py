@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from swarm.cli.ops import generated_agent_units
 from swarm.core.agent_driver import KillPoint
 from tests.e2e.conftest import Stack, fresh_batch, wait_for
@@ -23,6 +25,7 @@ TOOLS = ("tally_write", "tally_read")
 RUN_S = 900.0
 
 
+@pytest.mark.lease_wait
 def test_mcp_tools_with_workers_killed_mid_call_have_one_effect_per_key_and_exact_books(
     stack: Stack,
 ) -> None:

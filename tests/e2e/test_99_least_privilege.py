@@ -13,9 +13,9 @@ It checks, over the stack's whole life:
 
 Its verdict does not depend on what ran before it: the module's fixture (:func:`exercised`)
 first makes every call this file expects, whether the other scenarios ran (``make test`` runs
-this file last, ``exclusive``, after the concurrent phase) or not (the file alone, or the tier
-in reverse order on a fresh stack). It is ``exclusive`` because the fixture pauses the low
-lane's workers for a moment.
+this file last of the ``exclusive`` scenarios, on a stack the concurrent ones do not use) or
+not (the file alone, or the tier in reverse order on a fresh stack). It is ``exclusive``
+because the fixture pauses the low lane's workers for a moment.
 """
 
 from __future__ import annotations
