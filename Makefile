@@ -36,7 +36,7 @@ run: setup  ## the main job: Lab 6.1 from the simulator, then a batch through th
 	$(BIN)/swarm sim lab61
 	$(BIN)/swarm local demo
 
-test: setup  ## lint, types, every tier with coverage, the package check, e2e on local stacks started first (~20 min)
+test: setup  ## lint, types, every tier with coverage, the package check, e2e on local stacks started first (~25 min)
 	scripts/test-suite fast
 
 test-scale: setup  ## the long scenarios (a 2,000-unit fairness flood, a 10,000-unit batch, a drain under a deep queue) on two local stacks (~15 min)
