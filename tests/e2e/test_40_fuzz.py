@@ -22,7 +22,7 @@ order, budgets and top-ups cut to :data:`FUZZ_BUDGET` or :data:`FUZZ_BUDGET_USD`
 granted upload is made (:func:`after_call`), so that sequences reach real batches and the batches
 created stay small.
 
-The module is ``exclusive``: it runs alone on its stack (the other scenarios run on another), so
+The module is ``exclusive``: it runs alone on its stack (the others run on other stacks), so
 the API function's calls while a request is served are that request's, and the footprint moves
 only with it.
 """
