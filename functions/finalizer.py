@@ -1,8 +1,9 @@
 """Finalizer: the state machine's finalize loop (statemachines/fanout.asl.json).
 
-``{"action": "poll", "batch_id", "execution_arn", "polls", "max_polls", "task_token"}`` (the
-``Poll`` task, which waits for its token): sweep expired leases (stopping ``MARGIN_S`` before
-the function's timeout: the next poll goes on), then keep the token for whoever
+``{"action": "poll", "batch_id", "execution_arn", "polls", "max_polls", "wait_seconds",
+"task_token"}`` (the ``Poll`` task, which waits for its token): sweep expired leases (stopping
+``MARGIN_S`` before the function's timeout, and once it has used ``POLL_SWEEP_SHARE`` of the
+task's ``wait_seconds``: the next poll goes on), then keep the token for whoever
 closes the run (:meth:`swarm.service.finalizer.Finalizer.poll`) and return: the task waits until
 the closing worker hands the token back, or times out and polls again. A run closed already
 raises :class:`RunClosed`, and an execution that has polled ``max_polls`` times raises
@@ -47,10 +48,19 @@ W = TypeVar("W", Finalizer, Opener)
 #: the margin covers the books' update, a throttled page's backoff, the file's saved progress)
 MARGIN_S = 60.0
 
+#: a poll's sweep stops once it has used this share of the poll task's timeout (``wait_seconds``,
+#: fanout.finalizer_max_poll_seconds), which counts from the task's start, this invocation
+#: included: a poll still running at its task's timeout loses its answer (a run it found closed
+#: is written only by a later poll that ends in time), and the next poll sweeps beside it
+POLL_SWEEP_SHARE = 0.5
 
-def keep_going(context: LambdaContext) -> Callable[[], bool]:
-    """True until ``MARGIN_S`` before the invocation's timeout."""
-    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000.0 - MARGIN_S
+
+def keep_going(context: LambdaContext, within_s: float | None = None) -> Callable[[], bool]:
+    """True until ``MARGIN_S`` before the invocation's timeout, and for at most ``within_s``."""
+    budget = context.get_remaining_time_in_millis() / 1000.0 - MARGIN_S
+    if within_s is not None:
+        budget = min(budget, within_s)
+    deadline = time.monotonic() + budget
     return lambda: time.monotonic() < deadline
 
 
@@ -87,7 +97,10 @@ def poll(
     if polls >= limit:
         raise PollLimit(f"{polls} polls of at most {limit}: continue as a new execution")
     token = str(event["task_token"])
-    closed = finalizer().poll(batch_id, time.time(), token, execution, keep_going(context))
+    # (an execution started by an earlier definition passes no wait_seconds)
+    wait_s = event.get("wait_seconds")
+    sweeping = keep_going(context, None if wait_s is None else POLL_SWEEP_SHARE * float(wait_s))
+    closed = finalizer().poll(batch_id, time.time(), token, execution, sweeping)
     logger.info("poll", closed=closed, polls=polls)
     if closed:
         raise RunClosed(f"run {batch_id} is closed")

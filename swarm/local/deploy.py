@@ -73,7 +73,13 @@ class LocalOptions:
     worker_timeout_s: int = 240
     governor_max_wait_s: float = 5.0
     finalizer_poll_s: int = 1
-    finalizer_max_poll_s: int = 3  # the finalize loop's longest wait (deployed: 300 s)
+    #: the finalize loop's longest wait for its run's closer (deployed: 300 s; this is the same on
+    #: the local clock). A poll's task times out this long after it starts, its Lambda
+    #: invocation included (moto times it as AWS does), and a poll that times out loses its
+    #: answer: a run it found closed is written only by a later poll that ends in time. With 3 s,
+    #: on a busy emulator (load 11 on the 2 cores), a run was found closed by 5 polls in a row
+    #: before one ended in time, and in a CI run three closed runs had no results after 30 s
+    finalizer_max_poll_s: int = 30
     sweeper_rate_minutes: int = 1  # the schema's minimum: the sweeper looks every 6 s at x10
     #: the most map children at once (cdk.json's fanout.max_concurrency, if lower): the emulator
     #: runs every child's fan-out invocation inside its one process, and 100 children admitting

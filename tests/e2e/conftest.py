@@ -51,6 +51,11 @@ _TENANTS: set[str] = {"demo"}  # the tenant roles this process has made sure of
 #: the API's latency; a failure still fails, this much later
 CLIENT_TIMEOUT_S = 120
 
+#: how long a closure's results object may take: the run's closer wakes the finalize loop's poll
+#: at once, and if nobody could (the poll's task was not waiting yet), the loop's next poll comes
+#: within its longest wait (LocalOptions.finalizer_max_poll_s, 30 s); then its Close writes it
+RESULTS_WAIT_S = 2 * OPTIONS.finalizer_max_poll_s
+
 
 @dataclass
 class Stack:
@@ -122,13 +127,17 @@ class Stack:
         doc: dict[str, Any] = self.local("GET", path)
         return doc
 
-    def results(self, batch_id: str, state: str, timeout_s: float = 30) -> dict[str, Any]:
+    def results(
+        self, batch_id: str, state: str, timeout_s: float = RESULTS_WAIT_S
+    ) -> dict[str, Any]:
         """The finalizer's results object for the run's latest closure as ``state`` (written
-        after the closure, reading every outcome: a big batch needs a longer ``timeout_s``)."""
+        after the closure, reading every outcome: a big batch needs a longer ``timeout_s``).
+        None after ``timeout_s``: fails, naming the run's executions and where each one is."""
         s3 = self.aws("s3")
         bucket = next(b["Name"] for b in s3.list_buckets()["Buckets"] if "batches" in b["Name"])
         prefix = f"results/{batch_id}/{state}-"
-        # the finalizer (the state machine's poll loop, 1 s locally) writes it once the run closes
+        # the finalize loop's Close writes it once the run's closer wakes its poll, or at the
+        # loop's next poll (RESULTS_WAIT_S)
         deadline = time.monotonic() + timeout_s
         while True:
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
@@ -140,8 +149,34 @@ class Stack:
                 )
                 return doc
             if time.monotonic() > deadline:
-                raise AssertionError(f"no {prefix}*.json in the bucket")
+                raise AssertionError(
+                    f"no {prefix}*.json in the bucket after {timeout_s:g} s; the run's "
+                    f"executions: {self.executions(batch_id)}"
+                )
             time.sleep(0.5)
+
+    def executions(self, batch_id: str) -> dict[str, str]:
+        """The run's executions of the fan-out state machine (its continuations and restarts
+        included): each one's status and its last few events, for a failure's message."""
+        sfn = self.aws("stepfunctions")
+        machine = next(
+            m["stateMachineArn"]
+            for m in sfn.list_state_machines()["stateMachines"]
+            if "fanout" in m["name"]
+        )
+        found: dict[str, str] = {}
+        for e in sfn.list_executions(stateMachineArn=machine, maxResults=1000)["executions"]:
+            if not e["name"].startswith(batch_id):
+                continue
+            events = sfn.get_execution_history(
+                executionArn=e["executionArn"], maxResults=6, reverseOrder=True
+            )["events"]
+            last = ", ".join(
+                f"{v['type']} {v.get('stateEnteredEventDetails', {}).get('name', '')}".strip()
+                for v in reversed(events)
+            )
+            found[e["name"]] = f"{e['status']} (last: {last})"
+        return found
 
 
 def units(n: int, prefix: str = "u", tokens: Callable[[int], int] | None = None) -> list[Any]:

@@ -361,8 +361,10 @@ def test_the_finalize_loop_waits_for_the_closure_and_sweeps_when_nobody_ends_the
     assert poll["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
     assert poll["Parameters"]["Payload"]["action"] == "poll"
     assert poll["ResultPath"] is None
-    # When nobody hands it back within finalizer_max_poll_seconds, the loop sweeps again
+    # When nobody hands it back within finalizer_max_poll_seconds, the loop sweeps again; the
+    # poll knows that timeout, which counts its invocation too, and sweeps within it
     assert poll["TimeoutSeconds"] == fanout.finalizer_max_poll_seconds
+    assert poll["Parameters"]["Payload"]["wait_seconds"] == fanout.finalizer_max_poll_seconds
     catches = {",".join(c["ErrorEquals"]): c["Next"] for c in poll["Catch"]}
     assert catches["States.Timeout"] == "CountPoll"
     # When the run's closer hands it back, or the run is closed already, the closure is written

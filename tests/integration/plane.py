@@ -77,7 +77,8 @@ class TierOptions(LocalOptions):
     at time scale 1, with this tier's knobs: a quota and a small bucket that refill in a blink
     (the normal lane keeps 5% of 300,000 tokens), bundles gathered within 3 s (the bucket fills in
     3.2), a model that never fails unless a test says so, and a finalize loop that continues as a
-    new execution after 2 polls."""
+    new execution after 2 polls, each waiting at most 3 s for the run's closer (a poll here is a
+    call of this process's moto, not of a busy emulator's: swarm.local.deploy.LocalOptions)."""
 
     time_scale: float = 1.0
     failure_rate: float | None = 0.0
@@ -85,6 +86,7 @@ class TierOptions(LocalOptions):
     model_quota_tpm: int = 6_500_000  # the model's own quota, above the governed rate
     governor_capacity_tokens: int = 300_000
     finalizer_polls_per_execution: int = 2
+    finalizer_max_poll_s: int = 3
 
     def context(self) -> dict[str, Any]:
         context = super().context()

@@ -16,7 +16,7 @@ through snake case), after moto's own normalisation (which turns an ``Input`` ob
 JSON text). Process-wide and idempotent; listed in docs/explanation/local.md.
 
 :func:`patch_sfn_stop_stays_aborted`: an execution stopped while a task waits for its task token
-(the finalize loop's ``Poll``) stays ``ABORTED``, as on AWS.
+(the finalize loop's ``Poll``) is ``ABORTED`` at once, as on AWS.
 """
 
 from __future__ import annotations
@@ -59,22 +59,31 @@ def patch_sfn_start_execution() -> None:
 
 
 def patch_sfn_stop_stays_aborted() -> None:
-    """An execution stopped while a task waits for its token ended FAILED on moto: the stop
-    ends the wait, the task's error then replaces the stopped state (``Environment.set_error``
-    overwrites any state). On AWS a stopped execution is ``ABORTED``, whatever its task was
-    doing, and the sweeper reads that status. The patch keeps a stopped program stopped."""
+    """An execution stopped while a task waits for its token ended FAILED on moto, and only
+    when the task's wait timed out: the stop did not end the wait, and the task's timeout error
+    then replaced the stopped state (``Environment.set_error`` overwrites any state). On AWS a
+    stopped execution is ``ABORTED`` at once, whatever its task was doing, and the sweeper reads
+    that status. The patch ends the execution's waits for their tokens when it is stopped, and
+    keeps a stopped program stopped."""
     with _GUARD:
         if "sfn-stop-stays-aborted" in _APPLIED:
             return
         from moto.stepfunctions.parser.asl.eval.environment import Environment
         from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
 
-        original = Environment.set_error
+        original_error, original_stop = Environment.set_error, Environment.set_stop
 
         def set_error(self: Any, error: Any) -> None:
             if isinstance(self._program_state, ProgramStopped):
                 return
-            original(self, error)
+            original_error(self, error)
+
+        def set_stop(self: Any, stop_date: Any, cause: str | None, error: str | None) -> None:
+            original_stop(self, stop_date, cause, error)
+            # every frame shares the execution's pool of task tokens: end the waits on them
+            for endpoint in list(self.callback_pool_manager._pool.values()):
+                endpoint.interrupt_all()
 
         Environment.set_error = set_error  # type: ignore[method-assign]
+        Environment.set_stop = set_stop  # type: ignore[method-assign]
         _APPLIED.add("sfn-stop-stays-aborted")
