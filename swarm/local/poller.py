@@ -1,7 +1,8 @@
 """The parts of Lambda and EventBridge that moto does not run, done the way AWS does them.
 
 :class:`MappingPoller` is the Lambda SQS poller for one event source mapping: it reads the mapping
-from moto (so ``Enabled`` flips by the drain controller take effect within a second), long-polls as
+from moto again whenever it is written (so ``Enabled`` flips by the drain controller take effect at
+once: :mod:`swarm.local.changes`), long-polls as
 Lambda's pollers do (20 s on the deployed clock) for up to ``BatchSize`` messages (the queue's
 own visibility timeout applies, as for Lambda's pollers: the emulator's SQS counts its seconds on
 the deployed clock, :func:`swarm.local.patches.emulator.patch_sqs_deployed_clock`), invokes the
@@ -11,8 +12,8 @@ reported failures. A function error (an unhandled exception, a crashed worker) d
 the batch comes back after its visibility timeout, as on AWS.
 
 :class:`ParameterRule` is an EventBridge rule on an SSM parameter: moto emits no "Parameter Store
-Change" events, so it polls the parameter and invokes the rule's target with that event when the
-parameter's version changes.
+Change" events, so it reads the parameter whenever a parameter is written and invokes the rule's
+target with that event when the parameter's version changes.
 """
 
 from __future__ import annotations
@@ -21,20 +22,22 @@ import json
 import logging
 import re
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.local.changes import CHANGES, MAPPINGS, PARAMETERS
 from swarm.local.events import sqs_event
 
 log = logging.getLogger("swarm.local")
 
 #: Lambda's default when a mapping sets no MaximumConcurrency (bounded locally)
 DEFAULT_CONCURRENCY = 5
-REFRESH_S = 0.5
+#: how often a waiting loop looks at its stop event (no request: the writes it follows wake it)
+WAKE_S = 0.5
 #: Lambda's SQS pollers long-poll 20 s (on the deployed clock: locally ``20 / time_scale``)
 AWS_LONG_POLL_S = 20
 
@@ -132,25 +135,29 @@ class MappingPoller:
         return self._active
 
     def run(self) -> None:
+        CHANGES.require()
+        seen = CHANGES.version(MAPPINGS)  # before the read: a write after it is read again
         self.refresh()
         pool = ThreadPoolExecutor(
             max_workers=max(self.max_concurrency, 1), thread_name_prefix=f"esm-{self.uuid[:8]}"
         )
-        last_refresh = time.monotonic()
         try:
             while not self.stop.is_set():
-                if time.monotonic() - last_refresh > REFRESH_S:
+                latest = CHANGES.version(MAPPINGS)
+                if latest != seen:  # a mapping was written: this one, perhaps
                     try:
                         self.refresh()
+                        seen = latest
                     except Exception:  # moto going down: the loop ends with stop
                         log.exception("mapping %s: refresh failed", self.uuid)
-                    last_refresh = time.monotonic()
+                        self.stop.wait(1)
+                        continue
                 if not self.enabled:
-                    self.stop.wait(REFRESH_S / 2)
+                    CHANGES.wait(MAPPINGS, seen, WAKE_S)
                     continue
                 with self._cond:
                     if self._active >= self.max_concurrency:
-                        self._cond.wait(REFRESH_S / 2)
+                        self._cond.wait(WAKE_S / 2)
                         continue
                 self.receiving = True  # a long poll in flight still delivers what it gets
                 try:
@@ -241,15 +248,17 @@ class ParameterRule:
     region: str
     account: str
     stop: threading.Event
-    interval_s: float = 0.25
     fired: int = 0
     errors: int = 0
 
     def _version(self) -> int | None:
+        """The parameter's version; None while it does not exist (any other failure raises)."""
         try:
             doc = self.clients("ssm").get_parameter(Name=self.parameter)["Parameter"]
-        except Exception:
-            return None
+        except client_error_type() as e:
+            if error_code(e) == "ParameterNotFound":
+                return None
+            raise
         return int(doc["Version"])
 
     def event(self, operation: str) -> dict[str, Any]:
@@ -260,9 +269,28 @@ class ParameterRule:
         )
 
     def run(self) -> None:
-        seen = self._version()
-        while not self.stop.wait(self.interval_s):
-            version = self._version()
+        CHANGES.require()
+        written: int | None = None  # the writes read so far (None: the parameter not read yet)
+        seen: int | None = None
+        while not self.stop.is_set():
+            # (taken before the read: a write after it is read again)
+            if written is None:
+                latest = CHANGES.version(PARAMETERS)
+            else:
+                latest = CHANGES.wait(PARAMETERS, written, WAKE_S)
+                if latest == written:
+                    continue
+            try:
+                version = self._version()
+            except Exception:  # read again (the write is not taken as seen), or moto going down
+                if not self.stop.is_set():
+                    log.exception("rule on %s: reading it failed", self.parameter)
+                self.stop.wait(1)
+                continue
+            first, written = written is None, latest
+            if first:
+                seen = version
+                continue
             if version is None or version == seen:
                 continue
             operation = "Create" if seen is None else "Update"

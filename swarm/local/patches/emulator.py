@@ -62,6 +62,11 @@ reason:
   thread starts a new thread. The patch reuses one client per region and service, with a
   connection pool sized for the map's concurrency (measured: a 2,000-unit fan-out in ~130 s
   instead of ~150 s, one run each).
+* :func:`patch_change_signals`: the local stack's pollers follow the event source mappings and
+  the drain parameter (:mod:`swarm.local.poller`); moto emits no event when they are written, and
+  reading them over HTTP every half second cost an idle stack most of its 22% of a core. The
+  patch bumps :data:`swarm.local.changes.CHANGES` after each write of either, and the pollers wait
+  for that.
 """
 
 from __future__ import annotations
@@ -467,7 +472,53 @@ def patch_sfn_client_cache() -> None:
     _once("sfn-client-cache", apply)
 
 
+def patch_change_signals() -> None:
+    def apply() -> None:
+        from moto.awslambda.models import LambdaBackend
+        from moto.ssm.models import SimpleSystemManagerBackend
+
+        from swarm.local.changes import CHANGES, MAPPINGS, PARAMETERS
+
+        def signalling(kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def write(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return original(*args, **kwargs)
+                finally:  # a refused write changed nothing: a poller reads the same state again
+                    CHANGES.bump(kind)
+
+            return write
+
+        for backend, kind, names in (
+            (
+                LambdaBackend,
+                MAPPINGS,
+                (
+                    "create_event_source_mapping",
+                    "update_event_source_mapping",
+                    "delete_event_source_mapping",
+                ),
+            ),
+            (
+                SimpleSystemManagerBackend,
+                PARAMETERS,
+                (
+                    "put_parameter",
+                    "label_parameter_version",
+                    "delete_parameter",
+                    "delete_parameters",
+                ),
+            ),
+        ):
+            for name in names:
+                setattr(backend, name, signalling(kind, getattr(backend, name)))
+        CHANGES.signalled = True
+
+    _once("change-signals", apply)
+
+
 def apply_all() -> None:
+    patch_change_signals()  # the pollers wait for writes instead of polling (swarm.local.changes)
     patch_event_bus_ref()
     patch_state_machine_cfn()
     patch_sqs_no_builtin_esm()
