@@ -269,8 +269,16 @@ def show_results(client: Client, batch: str, directory: Path, timeout_s: float) 
 def _options(args: argparse.Namespace) -> LocalOptions:
     if args.time_scale <= 0:
         raise InvalidInput("--time-scale", "must be > 0")
+    worker_timeout_s = getattr(args, "worker_timeout_s", None)
+    if worker_timeout_s is None:
+        worker_timeout_s = LocalOptions.worker_timeout_s
+    elif not 10 <= worker_timeout_s <= 900:
+        raise InvalidInput("--worker-timeout-s", "must be 10 to 900 (Lambda's limit), in seconds")
     return LocalOptions(
-        time_scale=args.time_scale, failure_rate=args.failure_rate, model_seed=args.model_seed
+        time_scale=args.time_scale,
+        failure_rate=args.failure_rate,
+        model_seed=args.model_seed,
+        worker_timeout_s=worker_timeout_s,
     )
 
 
@@ -336,6 +344,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(p)
     p.add_argument("--foreground", action="store_true", help="run here until Ctrl-C")
     p.add_argument("--port", type=int, default=0, help="API port on 127.0.0.1 (default: free)")
+    p.add_argument(
+        "--worker-timeout-s",
+        type=int,
+        help=f"the worker's timeout, deployed seconds ({LocalOptions.worker_timeout_s}); the "
+        "lanes' visibility timeout and the claims' lease are 6x it over the time scale: raise "
+        "it when a big batch's worker messages come near the lease (swarm local status --json: "
+        "longest_invocation_s)",
+    )
     p.set_defaults(handler=cmd_up)
 
     p = verbs.add_parser("down", help="stop the local stack and remove .swarm/local.json")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from swarm.cli import build_parser
+from swarm.cli.local import _options
 from tests.unit.helpers import run_cli
 
 
@@ -21,6 +23,8 @@ from tests.unit.helpers import run_cli
         (["sim", "run", "--min-tokens", "20000"], "tokens: need 1 <= min <= max"),
         (["sim", "run", "--kill-at", "10"], "--kill-at: needs --state FILE"),
         (["sim", "sweep", "--workers", "10,x"], "'x' is not a whole number"),
+        (["local", "up", "--worker-timeout-s", "5"], "--worker-timeout-s: must be 10 to 900"),
+        (["local", "up", "--worker-timeout-s", "901"], "--worker-timeout-s: must be 10 to 900"),
         (["bench", "governor", "--reserve", "1"], "--reserve"),
         (
             ["bench", "governor", "--reserve", "0.99"],
@@ -92,3 +96,11 @@ def test_the_governor_benchmarks_lane_keeps_the_reserve_it_is_given() -> None:
 
     assert BenchConfig().governor_config().reserve(Lane.NORMAL) == 0  # the issue's: it books
     assert BenchConfig(reserve=0.05).governor_config().reserve(Lane.NORMAL) == 15_000
+
+
+def test_local_up_takes_the_workers_timeout_its_lease_follows() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["local", "up", "--worker-timeout-s", "480"])
+    assert _options(args).worker_timeout_s == 480
+    # the default: LocalOptions' (the lease 6 x 240 s over the time scale of 10: 144 s)
+    assert _options(parser.parse_args(["local", "up"])).worker_timeout_s == 240
