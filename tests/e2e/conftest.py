@@ -155,15 +155,16 @@ class Stack:
                 )
             time.sleep(0.5)
 
+    def fanout_machine(self) -> str:
+        """The fan-out state machine's ARN (every run's executions are its)."""
+        machines = self.aws("stepfunctions").list_state_machines()["stateMachines"]
+        return str(next(m["stateMachineArn"] for m in machines if "fanout" in m["name"]))
+
     def executions(self, batch_id: str) -> dict[str, str]:
         """The run's executions of the fan-out state machine (its continuations and restarts
         included): each one's status and its last few events, for a failure's message."""
         sfn = self.aws("stepfunctions")
-        machine = next(
-            m["stateMachineArn"]
-            for m in sfn.list_state_machines()["stateMachines"]
-            if "fanout" in m["name"]
-        )
+        machine = self.fanout_machine()
         found: dict[str, str] = {}
         for e in sfn.list_executions(stateMachineArn=machine, maxResults=1000)["executions"]:
             if not e["name"].startswith(batch_id):

@@ -327,11 +327,7 @@ def test_a_run_whose_execution_died_is_restarted_by_the_sweeper_and_completes(
     doc = client.submit({"units": batch, "budget": 2_000_000}, idempotency_key=key)
     assert doc["batch_id"] == bid
     sfn = stack.aws("stepfunctions")
-    machine = next(
-        m["stateMachineArn"]
-        for m in sfn.list_state_machines()["stateMachines"]
-        if "fanout" in m["name"]
-    )
+    machine = stack.fanout_machine()
 
     def executions() -> dict[str, dict[str, Any]]:
         listed = sfn.list_executions(stateMachineArn=machine, maxResults=1000)["executions"]
