@@ -1,6 +1,8 @@
 """Every patch the control plane applies to moto, in one package.
 
-- :mod:`.dynamodb`: item operations atomic, as DynamoDB's are (every moto server needs it);
+- :mod:`.dynamodb`: item operations atomic, as DynamoDB's are (every moto server needs it),
+  each expression string parsed once and item responses written without moto's serializer
+  (the same answers for less CPU);
 - :func:`patch_server_module_list` (here): moto's request routing without a directory listing
   per request (every moto server);
 - :mod:`.limits`: the AWS service limits moto does not enforce (the local stack and the
@@ -18,7 +20,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-from swarm.local.patches.dynamodb import patch_dynamodb_atomicity
+from swarm.local.patches.dynamodb import (
+    patch_dynamodb_atomicity,
+    patch_dynamodb_expressions,
+    patch_dynamodb_json,
+)
 
 _PATCH_GUARD = threading.Lock()
 
@@ -44,6 +50,8 @@ def patch_server_module_list() -> None:
 
 PATCHES: dict[str, Callable[[], None]] = {
     "dynamodb-atomicity": patch_dynamodb_atomicity,
+    "dynamodb-expressions": patch_dynamodb_expressions,
+    "dynamodb-json": patch_dynamodb_json,
     "server-module-list": patch_server_module_list,
 }
 

@@ -22,13 +22,21 @@ Not undone on a rollback: DynamoDB Streams records (the control plane uses no st
 The patch is idempotent, process-wide (it patches the class, so every backend and every account
 is covered) and reversible (:func:`unpatch_dynamodb_atomicity`, used by the test that proves the
 patch matters).
+
+Two more patches here change no answer, only what it costs: :func:`patch_dynamodb_expressions`
+parses each expression string once, :func:`patch_dynamodb_json` writes the item operations'
+responses with ``json.dumps`` instead of moto's shape-walking serializer.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
+import json
+import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -232,3 +240,131 @@ def dynamodb_unpatched() -> Iterator[None]:
     finally:
         if was:
             patch_dynamodb_atomicity()
+
+
+#: distinct expression strings kept parsed (the control plane writes with a few dozen)
+EXPRESSION_CACHE_SIZE = 4096
+
+
+def patch_dynamodb_expressions() -> None:
+    """Parse each DynamoDB expression string once (idempotent, process-wide).
+
+    moto parses an ``UpdateExpression`` twice per request (``responses.py`` checks the names it
+    uses, then the backend parses it again) and lexes a ``ConditionExpression`` with a dozen
+    regular expressions, on every write. The control plane's writes use a few dozen expression
+    strings over and over: under a 10,000-unit batch that parsing and lexing took about a fifth
+    of the local stack's busy time (py-spy, 2026-12-07). The parse of an update expression depends on its
+    string alone and moto never changes the tree it returns (its validator works on a deep copy),
+    so the tree is cached by string; a condition expression's tokens depend on its string alone,
+    so they are cached and fresh nodes built from them each time (moto's later passes build on
+    them). An expression moto rejects raises as before, each time (errors are not cached)."""
+    from moto.dynamodb.comparisons import ConditionExpressionParser
+    from moto.dynamodb.parsing import expressions
+
+    # a module moto marks `# type: ignore` as a whole: mypy sees none of its names
+    UpdateExpressionParser: Any = expressions.UpdateExpressionParser  # type: ignore[attr-defined]
+    with _PATCH_GUARD:
+        if getattr(UpdateExpressionParser.make, "__swarm_patched__", False):
+            return
+        parse = functools.lru_cache(maxsize=EXPRESSION_CACHE_SIZE)(UpdateExpressionParser.make)
+
+        def make(cls: type, expression_str: str) -> Any:
+            return parse(expression_str)
+
+        make.__swarm_patched__ = True  # type: ignore[attr-defined]
+        UpdateExpressionParser.make = classmethod(make)
+
+        lex_uncached = ConditionExpressionParser._lex_condition_expression
+
+        @functools.lru_cache(maxsize=EXPRESSION_CACHE_SIZE)
+        def tokens(expression: str) -> tuple[tuple[str, str], ...]:
+            nodes = lex_uncached(ConditionExpressionParser(expression, None, None))
+            return tuple((node.nonterminal, node.text) for node in nodes)
+
+        def lex(parser: Any) -> Any:
+            literal = parser.Kind.LITERAL
+            return deque(
+                parser.Node(nonterminal=kind, kind=literal, text=text, value=text, children=[])
+                for kind, text in tokens(parser.condition_expression)
+            )
+
+        ConditionExpressionParser._lex_condition_expression = lex  # type: ignore[method-assign,assignment]
+
+
+#: the item operations whose results moto builds as DynamoDB JSON already (attribute-value maps,
+#: counts, keys, consumed capacity): their responses can be written with ``json.dumps``
+ITEM_OPERATIONS = frozenset(
+    {
+        "GetItem",
+        "PutItem",
+        "UpdateItem",
+        "DeleteItem",
+        "Query",
+        "Scan",
+        "BatchGetItem",
+        "BatchWriteItem",
+        "TransactGetItems",
+        "TransactWriteItems",
+    }
+)
+
+#: set SWARM_VERIFY_DYNAMODB_JSON=1 to serialise every item response both ways and fail on any
+#: difference (how the fast path was checked against moto's serializer on the whole suite)
+VERIFY_JSON = os.environ.get("SWARM_VERIFY_DYNAMODB_JSON") == "1"
+
+
+class SerializerMismatch(AssertionError):
+    """The fast path's body differs from moto's serializer's (SWARM_VERIFY_DYNAMODB_JSON=1)."""
+
+
+def _blob(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):  # a B or BS value: base64 on the wire
+        return base64.b64encode(value).decode()
+    raise TypeError(f"not DynamoDB JSON: {type(value).__name__}")
+
+
+def patch_dynamodb_json() -> None:
+    """Write item operations' responses with ``json.dumps`` (idempotent, process-wide).
+
+    moto serialises every response by walking the operation's output shape, looking each member
+    up under several spellings: for a ``Query`` or ``BatchGetItem`` that walk visits every
+    attribute of every item, and it took 43% of the ledger's integration tests' time and 8% of
+    the local stack's under a 10,000-unit batch (py-spy, 2026-12-07). The results of the item
+    operations are DynamoDB JSON already, so they are dumped as they are, as the serializer
+    writes them: only the output shape's members, ``None`` left out, binary values base64.
+    Errors, and every other operation, go through moto's serializer."""
+    from moto.core.utils import get_service_model
+    from moto.dynamodb.responses import DynamoHandler
+
+    with _PATCH_GUARD:
+        if getattr(DynamoHandler.serialized, "__swarm_patched__", False):
+            return
+        original = DynamoHandler.serialized
+        # operation: (status, headers, the output shape's members)
+        shapes: dict[str, tuple[int, dict[str, str], frozenset[str]]] = {}
+
+        def serialized(self: Any, action_result: Any) -> Any:
+            operation = self._get_action()
+            result = action_result.result
+            if operation not in ITEM_OPERATIONS or isinstance(result, BaseException):
+                return original(self, action_result)
+            if operation not in shapes or VERIFY_JSON:
+                status, headers, body = original(self, action_result)
+                output = get_service_model("dynamodb").operation_model(operation).output_shape
+                members = frozenset(output.members)
+                shapes[operation] = (status, {"Content-Type": headers["Content-Type"]}, members)
+                if not VERIFY_JSON:
+                    return status, headers, body
+                expected = json.loads(body)
+            status, base_headers, members = shapes[operation]
+            fast = json.dumps(
+                {k: v for k, v in result.items() if v is not None and k in members}, default=_blob
+            )
+            if VERIFY_JSON and json.loads(fast) != expected:
+                raise SerializerMismatch(f"{operation}: {fast} != moto's {json.dumps(expected)}")
+            headers = dict(base_headers)
+            headers.update(self.response_headers)
+            return status, headers, fast
+
+        serialized.__swarm_patched__ = True  # type: ignore[attr-defined]
+        DynamoHandler.serialized = serialized  # type: ignore[method-assign]
