@@ -253,11 +253,12 @@ def patch_dynamodb_expressions() -> None:
     uses, then the backend parses it again) and lexes a ``ConditionExpression`` with a dozen
     regular expressions, on every write. The control plane's writes use a few dozen expression
     strings over and over: under a 10,000-unit batch that parsing and lexing took about a fifth
-    of the local stack's busy time (py-spy, 2026-12-07). The parse of an update expression depends on its
-    string alone and moto never changes the tree it returns (its validator works on a deep copy),
-    so the tree is cached by string; a condition expression's tokens depend on its string alone,
-    so they are cached and fresh nodes built from them each time (moto's later passes build on
-    them). An expression moto rejects raises as before, each time (errors are not cached)."""
+    of the local stack's busy time (py-spy, 2026-12-07). The parse of an update expression
+    depends on its string alone and moto never changes the tree it returns (its validator works
+    on a deep copy), so the tree is cached by string; a condition expression's tokens depend on
+    its string alone, so they are cached and fresh nodes built from them each time (moto's later
+    passes build on them). An expression moto rejects raises as before, each time (errors are
+    not cached)."""
     from moto.dynamodb.comparisons import ConditionExpressionParser
     from moto.dynamodb.parsing import expressions
 
