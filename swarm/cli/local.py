@@ -24,7 +24,7 @@ from typing import Any
 
 from swarm.client import LOCAL_TARGET_FILE, Client, Target, one_line
 from swarm.core.errors import InvalidInput, SwarmError
-from swarm.local.deploy import LocalOptions
+from swarm.local.deploy import LocalOptions, worker_timeout_bounds
 
 STATE_DIR = LOCAL_TARGET_FILE.parent
 READY_TIMEOUT_S = 300
@@ -272,8 +272,12 @@ def _options(args: argparse.Namespace) -> LocalOptions:
     worker_timeout_s = getattr(args, "worker_timeout_s", None)
     if worker_timeout_s is None:
         worker_timeout_s = LocalOptions.worker_timeout_s
-    elif not 10 <= worker_timeout_s <= 900:
-        raise InvalidInput("--worker-timeout-s", "must be 10 to 900 (Lambda's limit), in seconds")
+    else:
+        low, high = worker_timeout_bounds()
+        if not low <= worker_timeout_s <= high:
+            raise InvalidInput(
+                "--worker-timeout-s", f"must be {low} to {high} (Lambda's limit), in seconds"
+            )
     return LocalOptions(
         time_scale=args.time_scale,
         failure_rate=args.failure_rate,

@@ -162,6 +162,18 @@ class LocalOptions:
 # ------------------------------------------------------------------ synth
 
 
+def worker_timeout_bounds() -> tuple[int, int]:
+    """cdk.json's bounds of ``worker.timeout_seconds`` (infra.config.WorkerConfig), which the
+    local stack's synthesis enforces (``swarm local up --worker-timeout-s`` checks them first,
+    naming its option)."""
+    from infra.config import WorkerConfig
+
+    metadata = WorkerConfig.model_fields["timeout_seconds"].metadata
+    low = next(m.ge for m in metadata if hasattr(m, "ge"))
+    high = next(m.le for m in metadata if hasattr(m, "le"))
+    return int(low), int(high)
+
+
 def scaled_models(models: dict[str, Any], time_scale: float) -> dict[str, Any]:
     """cdk.json's ``models`` with each model's quotas (per minute) ``time_scale`` times larger:
     a local minute is ``time_scale`` times shorter."""
