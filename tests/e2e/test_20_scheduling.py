@@ -1,9 +1,10 @@
 """Backpressure and priorities on the local stack, through the HTTP API (drain: test_30_cli.py).
 
-The quota storm changes the whole stack, and priorities is judged against the flood's
-share of the quota, so they are ``exclusive``: they run one at a time, on a stack the
-tenant-scoped scenarios do not use. Units here are larger (10k-20k tokens: 0.5-1 s of model
-latency each at time scale 10) so that a batch lasts long enough to be caught in flight.
+The quota storm changes the whole stack, priorities is judged against the flood's share of the
+quota, and fairness against the big tenant's units in flight, so they are ``exclusive``: they run
+one at a time, on a stack the tenant-scoped scenarios do not use. Units here are larger (10k-20k
+tokens: 0.5-1 s of model latency each at time scale 10) so that a batch lasts long enough to be
+caught in flight.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) 
     assert final["counts"]["completed"] + final["counts"]["dead_lettered"] == 160
 
 
+# Alone on its stack: on the first stack, beside the tenant-scoped scenarios, it once failed
+# (2026-12-07: 65 of the 94 big units counted ahead were served before the small tenant's 3, which
+# waited 6.4 s): the stack's log showed those 65 served by invocations that had received them in
+# batches before the small tenant's units were queued, a busy stack holding more of them in flight.
+@pytest.mark.exclusive
 def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> None:
     """Fairness inside a lane at small scale (tests/scale has 2,000 units against 10): SQS fair
     queues (MessageGroupId = tenant) serve the tenant with fewer messages in flight first (locally
