@@ -109,8 +109,9 @@ def test_a_high_lane_batch_behind_a_low_lane_flood_finishes_first(stack: Stack) 
 
 # Alone on its stack: on the first stack, beside the tenant-scoped scenarios, it once failed
 # (2026-12-07: 65 of the 94 big units counted ahead were served before the small tenant's 3, which
-# waited 6.4 s): the stack's log showed those 65 served by invocations that had received them in
-# batches before the small tenant's units were queued, a busy stack holding more of them in flight.
+# waited 6.4 s). The stack's log showed them served by six worker invocations holding batches of
+# them, two started 5 and 13 s before the small tenant's units were queued: units already in a
+# worker's batch count as ahead here, and a busy stack holds more of them.
 @pytest.mark.exclusive
 def test_a_small_tenant_is_served_before_a_big_tenants_backlog(stack: Stack) -> None:
     """Fairness inside a lane at small scale (tests/scale has 2,000 units against 10): SQS fair
