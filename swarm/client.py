@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import re
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -146,6 +147,20 @@ def aws_failure(error: BaseException) -> str | None:
     return None
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a reader polling for it (``swarm local up`` waits
+    for the local stack's ``local.json``) never sees an empty or half-written file, and a
+    crash mid-write leaves the previous one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True)
 class Target:
     api_url: str
@@ -171,7 +186,7 @@ class Target:
 
     def save(self, path: Path = LOCAL_TARGET_FILE) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        write_atomically(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path = LOCAL_TARGET_FILE) -> Target:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from swarm.client import LOCAL_TARGET_FILE, Target
+from swarm.client import LOCAL_TARGET_FILE, Target, write_atomically
 from swarm.contract import (
     NOTES_TABLE_NAME,
     OUTPUT_BUCKET_NAME,
@@ -716,7 +716,7 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
         "time_scale": options.time_scale,
         "timings": stack.timings,
     }
-    runtime_file(state_dir).write_text(json.dumps(info, indent=2) + "\n")
+    write_atomically(runtime_file(state_dir), json.dumps(info, indent=2) + "\n")
     target.save(state_dir / LOCAL_TARGET_FILE.name)  # last: its presence means "ready"
     log.info("local stack ready: %s", json.dumps(info))
     print(f"swarm local stack ready: API {target.api_url}", flush=True)

@@ -23,7 +23,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import NoCredentialsError, TokenRetrievalError
 
 from swarm.cli import ops
-from swarm.client import Client, Target
+from swarm.client import Client, Target, write_atomically
 from tests.unit.helpers import run_cli
 
 Answer = Callable[[BaseHTTPRequestHandler], None]
@@ -521,3 +521,16 @@ def test_a_bad_mix_is_one_line_naming_the_option(
     )
     assert says in line, line
     assert api.seen == []  # nothing sent
+
+
+def test_the_target_file_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
+    # `swarm local up` polls for the stack's local.json and reads it as soon as it exists: a
+    # file opened for writing but not yet written failed one CI run ("is damaged")
+    path = tmp_path / "local.json"
+    first = Target("http://127.0.0.1:1", "us-east-1", "/swarm/local/drain", "http://127.0.0.1:2")
+    first.save(path)
+    assert Target.load(path) == first
+    with pytest.raises(UnicodeEncodeError):  # fails at the write, after the file is opened
+        write_atomically(path, '{"api_url": "http://127.0.0.1:3"\ud800}')
+    assert Target.load(path) == first  # the previous file, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.json"]  # no temporary left
