@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from swarm.adapters.client_errors import client_error_type, error_code
+from swarm.core.codec import parse_message
+from swarm.core.errors import InvalidInput
 from swarm.local.changes import CHANGES, MAPPINGS, PARAMETERS
 from swarm.local.events import sqs_event
 
@@ -78,6 +81,31 @@ def eventbridge_event(
 
 
 @dataclass
+class Receipts:
+    """When the pollers received each unit's messages (the host's clock, as ``time.time()``):
+    the order in which SQS gave a lane's units out. A unit already received cannot be reordered
+    by the queue's fairness; the e2e fairness scenario tells those apart with it
+    (``GET /_local/receipts?batch=``)."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _at: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # run -> unit -> times
+
+    def note(self, messages: list[dict[str, Any]], at: float) -> None:
+        for message in messages:
+            try:
+                units = parse_message(str(message.get("Body", "")))
+            except InvalidInput:  # not a lane message: nothing to note
+                continue
+            with self._lock:
+                for unit in units:
+                    self._at.setdefault(unit.run_id, {}).setdefault(unit.unit_id, []).append(at)
+
+    def of_run(self, run_id: str) -> dict[str, list[float]]:
+        with self._lock:
+            return {unit: list(times) for unit, times in self._at.get(run_id, {}).items()}
+
+
+@dataclass
 class MappingPoller:
     clients: Any
     uuid: str
@@ -96,6 +124,7 @@ class MappingPoller:
     #: returns, as Lambda's pollers finish theirs
     receiving: bool = False
     _queue_url: str = ""
+    receipts: Receipts | None = None  # when each unit's messages were received
 
     def refresh(self) -> dict[str, Any]:
         self._mapping = self.clients("lambda").get_event_source_mapping(UUID=self.uuid)
@@ -171,6 +200,8 @@ class MappingPoller:
                     self.receiving = False
                 if not messages:
                     continue
+                if self.receipts is not None:
+                    self.receipts.note(messages, time.time())
                 with self._cond:
                     self._active += 1
                     self.stats.max_in_flight = max(self.stats.max_in_flight, self._active)

@@ -50,6 +50,7 @@ from swarm.local.deploy import (
 )
 from swarm.local.patches import iam
 from swarm.local.patches.iam import Credentials
+from swarm.local.poller import Receipts
 from swarm.settings import ModelsDoc
 from swarm.wiring import simulated_quotas
 
@@ -83,6 +84,7 @@ class LocalStack:
         self.host: Any = None
         self.model: Any = None
         self.pollers: list[Any] = []
+        self.receipts = Receipts()
         self.rules: list[Any] = []
         self.schedules: list[Any] = []
         self.threads: list[threading.Thread] = []
@@ -329,6 +331,7 @@ class LocalStack:
                 self.stop_event,
                 self.options.time_scale,
                 queue_clients=self.role_clients(roles[function], "lambda", billing.ESM_CALLER),
+                receipts=self.receipts,
             )
             self.pollers.append(poller)
             self._thread(poller.run, f"poller-{uuid[:8]}")
@@ -539,6 +542,10 @@ class LocalStack:
             quota, seconds = int(doc["quota_tpm"]), float(doc["seconds"])
             plane.storm(quota, time.time() + seconds)
             return 200, {"quota_tpm": quota, "until_s": seconds}
+        if path == "/_local/receipts" and method == "GET" and batch:
+            # when the lanes' pollers received each unit's messages (a unit requeued by the
+            # governor is received again)
+            return 200, {"batch_id": batch, "received": self.receipts.of_run(batch)}
         if path == "/_local/mcp" and method == "GET" and self.mcp is not None:
             # the local MCP server's books: effects and calls per idempotency key
             report = self.mcp.tally.report(f"{batch}/" if batch else "")

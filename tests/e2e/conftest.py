@@ -110,6 +110,13 @@ class Stack:
             last[unit_id] = max(at, last.get(unit_id, at))
         return last
 
+    def receipts(self, batch_id: str) -> dict[str, list[float]]:
+        """When the lanes' pollers received each unit's messages (the host's clock, as
+        ``time.time()``; a unit sent back to its lane is received again): a unit received is in
+        a worker's hands, past the queue's ordering."""
+        doc = self.local("GET", f"/_local/receipts?batch={batch_id}")
+        return {unit: [float(t) for t in times] for unit, times in doc["received"].items()}
+
     def lease_s(self) -> float:
         """The claims' lease on the local clock: the worker's ``LEASE_SECONDS`` (the lanes'
         visibility timeout, on the deployed clock) over the stack's time scale."""
