@@ -47,6 +47,12 @@ BASE_SECONDS_PER_1K_TOKENS = 0.5
 LOCAL_MCP_ENTRY = "local_mcp"
 LOCAL_MCP_SECRET = "swarm-local/mcp-auth"
 LOCAL_MCP_TOOLS = ["tally_write", "tally_read", "slow", "fail"]  # swarm.local.mcp_server's
+#: its calls' timeout, real seconds (cdk.json's default is 10): the server is a thread of the
+#: stack's one GIL-bound process, whose stalls are not time-scaled. In the e2e tier (2026-12-07)
+#: that stack's API requests waited up to 21.7 s, and one call of the MCP kill scenario answered
+#: an error (its cause was not logged then; the worker logs a failed call now): this is twice
+#: that wait
+LOCAL_MCP_TIMEOUT_S = 45
 LOCAL_OPERATOR = "local"  # the local operator role: <operator prefix>local
 #: the local stack's tool whose calls only its operator role decides (approval.deciders): the
 #: notes source's second write tool, granted to every tenant
@@ -142,7 +148,8 @@ class LocalOptions:
                 "auth_secret": LOCAL_MCP_SECRET,
                 "tools": LOCAL_MCP_TOOLS,
             }
-            extra["tools"] = {**tools, LOCAL_MCP_ENTRY: {"mcp": server}}
+            entry = {"mcp": server, "timeout_seconds": LOCAL_MCP_TIMEOUT_S}
+            extra["tools"] = {**tools, LOCAL_MCP_ENTRY: entry}
             tenants["defaults"]["tools"] = [*tenants["defaults"]["tools"], LOCAL_MCP_ENTRY]
         return {
             "stage": self.stage,

@@ -390,6 +390,17 @@ class AgentLoop:
         events = []
         for c in step.calls:
             result, latency = outcomes.get(c.tool_use_id, (ToolOutcome("error", c.refused), 0.0))
+            if result.status != "success":  # the model acts on it; the operator sees it here
+                log.warning(
+                    "tool call %s (%s) of %s, turn %d: %s after %.1f s: %.300s",
+                    c.tool_use_id,
+                    c.name,
+                    self.item.unit_id,
+                    c.turn,
+                    result.status,
+                    latency,
+                    result.value,
+                )
             events.append(agent.tool_result(c, result.status, cut(result.value), latency, now))
         return events
 

@@ -5,6 +5,7 @@ continued by a top-up, and BFCL's multi-turn entries judged by BFCL's own state 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -491,3 +492,39 @@ def test_bfcl_multi_turn_base_through_the_worker_every_state_equals_its_ground_t
     for unit_journal in journals.journals.values():
         keys = [json.loads(e)["key"] for e in unit_journal]
         assert len(keys) == len(set(keys))
+
+
+@dataclass
+class DownCalculator(Tools):
+    """The notes work; every calculator call answers an error."""
+
+    def run(self, call: ToolCall, tenant: str) -> ToolOutcome:
+        if call.name == "calculator":
+            self.calls += 1
+            return ToolOutcome("error", "the calculator is down")
+        return super().run(call, tenant)
+
+
+def test_a_tool_call_answered_with_an_error_is_logged_for_the_operator(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ap = AgentPlane(tools=DownCalculator())
+    with caplog.at_level(logging.WARNING, logger="swarm.service.agent_loop"):
+        run_id = ap.submit(agent_units(3, turns=8))
+        ap.pump()
+    assert ap.plane.ledger.run(run_id).state is RunState.COMPLETED  # the model went on
+    failed = [
+        (unit_id, call)
+        for unit_id, log in ap.logs(run_id).items()
+        for call in log
+        if call["type"] == "tool_result" and call["status"] == "error"
+    ]
+    assert {call["name"] for _, call in failed} == {"calculator", "notes_read"}  # a note unset
+    assert failed, "the loops called the calculator"
+    lines = [r.getMessage() for r in caplog.records]
+    for unit_id, call in failed:
+        expected = f"tool call {call['toolUseId']} ({call['name']}) of {unit_id}, turn "
+        assert any(
+            line.startswith(expected) and line.endswith(f": {call['content'][0]['text']}")
+            for line in lines
+        ), (expected, lines)
