@@ -112,6 +112,8 @@ def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = Fals
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not target_file.exists():
         if process.poll() is not None:
+            if process.returncode == 0:  # SIGTERM or SIGINT while it started
+                raise SwarmError("the local stack was stopped before it was ready")
             tail = log_path.read_text()[-3000:]
             raise SwarmError(f"the local stack exited with {process.returncode}:\n{tail}")
         if time.monotonic() > deadline:

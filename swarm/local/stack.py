@@ -693,6 +693,11 @@ def runtime_file(state_dir: Path) -> Path:
     return state_dir / RUNTIME_FILE
 
 
+class StopStarting(BaseException):
+    """SIGTERM or SIGINT while the stack starts: raised in the main thread, where ``start``
+    runs (a synthesis subprocess is killed on its way out)."""
+
+
 def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
     """Run the stack until SIGTERM/SIGINT; write the Target (``local.json``) once ready."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -703,18 +708,30 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
     # docs/explanation/local.md)
     warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
     stack = LocalStack(options, state_dir, api_port)
-    stopping = threading.Event()
+    stopping, ready = threading.Event(), threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
         stopping.set()
+        if not ready.is_set():  # nothing served yet: stop starting
+            raise StopStarting
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # the pid first, so `swarm local down` (a test suite's cleanup) stops a stack still starting
+    state_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(runtime_file(state_dir), json.dumps({"pid": os.getpid()}) + "\n")
     try:
         target = stack.start()
+        ready.set()
+    except StopStarting:
+        log.info("stopped while starting")
+        stack.stop()
+        runtime_file(state_dir).unlink(missing_ok=True)
+        return 0
     except Exception:
         log.exception("the local stack failed to start")
         stack.stop()
+        runtime_file(state_dir).unlink(missing_ok=True)
         return 1
     info = {
         "pid": os.getpid(),
