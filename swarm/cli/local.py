@@ -70,7 +70,7 @@ def up(options: LocalOptions, state_dir: Path, port: int = 0, quiet: bool = Fals
     pid = running_pid(state_dir)
     if pid is not None:
         raise InvalidInput(
-            "local up", f"the local stack is already up (pid {pid}): `swarm local down`"
+            "local up", f"the local stack is already up or starting (pid {pid}): `swarm local down`"
         )
     state_dir.mkdir(parents=True, exist_ok=True)
     target_file = state_dir / LOCAL_TARGET_FILE.name

@@ -13,7 +13,7 @@ import pytest
 
 from swarm.cli.local import _alive, down, running_pid, up
 from swarm.client import LOCAL_TARGET_FILE
-from swarm.core.errors import SwarmError
+from swarm.core.errors import InvalidInput, SwarmError
 from swarm.local.deploy import LocalOptions
 
 
@@ -37,6 +37,9 @@ def test_a_stack_stopped_while_it_starts_stops_on_sigterm_and_up_says_so(
         assert starting.is_alive() and time.monotonic() < deadline, outcome
         time.sleep(0.05)
     assert not (state / LOCAL_TARGET_FILE.name).exists()  # a start takes tens of seconds
+    # (a second `up` there is refused, naming it)
+    with pytest.raises(InvalidInput, match=rf"already up or starting \(pid {pid}\)"):
+        up(LocalOptions(), state, quiet=True)
     # When it is brought down
     assert down(state)
     starting.join(60)
