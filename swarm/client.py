@@ -15,7 +15,6 @@ import http.client
 import json
 import os
 import re
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -35,6 +34,7 @@ from swarm.contract import (
     drain_parameter_name,
 )
 from swarm.core.errors import InvalidInput, SwarmError
+from swarm.core.files import write_atomically
 
 LOCAL_TARGET_FILE = Path(".swarm") / "local.json"
 DEFAULT_LOCAL_TENANT = "demo"
@@ -145,20 +145,6 @@ def aws_failure(error: BaseException) -> str | None:
     if isinstance(error, BotoCoreError):
         return f"AWS: {text}"
     return None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all: a reader polling for it (``swarm local up`` waits
-    for the local stack's ``local.json``) never sees an empty or half-written file, and a
-    crash mid-write leaves the previous one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from swarm.client import LOCAL_TARGET_FILE, Target, write_atomically
+from swarm.client import LOCAL_TARGET_FILE, Target
 from swarm.contract import (
     NOTES_TABLE_NAME,
     OUTPUT_BUCKET_NAME,
@@ -37,6 +37,7 @@ from swarm.contract import (
     OUTPUT_TOOL_JOURNALS_TABLE,
 )
 from swarm.core.agent_driver import KillPoint
+from swarm.core.files import write_atomically
 from swarm.local import billing
 from swarm.local.clients import client_factory
 from swarm.local.deploy import (
@@ -708,11 +709,13 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
     # docs/explanation/local.md)
     warnings.filterwarnings("ignore", message="Tried to parse", category=UserWarning)
     stack = LocalStack(options, state_dir, api_port)
-    stopping, ready = threading.Event(), threading.Event()
+    stopping, starting = threading.Event(), threading.Event()
+    starting.set()
 
     def on_signal(signum: int, frame: Any) -> None:
         stopping.set()
-        if not ready.is_set():  # nothing served yet: stop starting
+        if starting.is_set():  # nothing served yet: stop starting (once: not again mid-stop)
+            starting.clear()
             raise StopStarting
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -722,7 +725,7 @@ def serve(options: LocalOptions, state_dir: Path, api_port: int = 0) -> int:
     write_atomically(runtime_file(state_dir), json.dumps({"pid": os.getpid()}) + "\n")
     try:
         target = stack.start()
-        ready.set()
+        starting.clear()
     except StopStarting:
         log.info("stopped while starting")
         stack.stop()

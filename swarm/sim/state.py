@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from swarm.core import codec
 from swarm.core.clock import VirtualClock
 from swarm.core.errors import InvalidInput
+from swarm.core.files import write_atomically
 from swarm.core.lanes import Policy
 from swarm.core.memory import InMemoryGovernor, InMemoryLanes, InMemoryLedger
 from swarm.core.scheduling import Schedule, ServiceModel
@@ -110,15 +109,7 @@ def _workload(doc: dict[str, Any]) -> Workload:
 
 def save(sim: Simulation, path: Path) -> None:
     """Write atomically: a crash mid-write leaves the previous file, never half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_doc(sim), f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(Path(path), json.dumps(to_doc(sim)))
 
 
 def load(path: Path, workers: int | None = None) -> Simulation:

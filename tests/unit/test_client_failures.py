@@ -23,7 +23,8 @@ from botocore.credentials import Credentials
 from botocore.exceptions import NoCredentialsError, TokenRetrievalError
 
 from swarm.cli import ops
-from swarm.client import Client, Target, write_atomically
+from swarm.client import Client, Target
+from swarm.core.files import write_atomically
 from tests.unit.helpers import run_cli
 
 Answer = Callable[[BaseHTTPRequestHandler], None]
